@@ -1,0 +1,185 @@
+/* comm.c — collectives over MPI with an agreement check and a trace event each. See comm.h. */
+#include "comm.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum comm_op { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, OP_BARRIER } comm_op;
+static const char *const op_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+
+/* One collective in flight: what it is, for the agreement check and the event. */
+typedef struct call {
+    comm_op op;
+    const char *unit;
+    const char *reduce; /* "sum" / "avg" / NULL */
+    int64_t detail;     /* what else must agree: the reduction (1 sum, 2 avg) or the broadcast root */
+    uint64_t count;     /* floats in the whole buffer */
+    uint64_t bytes_sent, bytes_recv;
+    double start_us;
+} call;
+
+static int mpi_failed(context *ctx, int rc, const call *c, const char *what) {
+    if (rc == MPI_SUCCESS) return 0;
+    char reason[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(rc, reason, &length);
+    snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': %s failed: %s", ctx->rank, op_names[c->op],
+             c->unit, what, reason);
+    return -1;
+}
+
+static const char *detail_name(comm_op op) { return op == OP_BROADCAST ? "root" : "reduction code"; }
+
+/* Every rank says (op, count, detail); all must agree. Costs one tiny all-gather, and turns a would-be hang or silent
+ * corruption into an error that names the disagreeing ranks. */
+static int agree(context *ctx, const call *c) {
+    uint64_t mine[3] = {(uint64_t)c->op, c->count, (uint64_t)c->detail};
+    uint64_t *everyone = malloc(sizeof mine * (size_t)ctx->world_size);
+    if (everyone == NULL) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
+                 op_names[c->op], c->unit);
+        return -1;
+    }
+    int rc = MPI_Allgather(mine, 3, MPI_UINT64_T, everyone, 3, MPI_UINT64_T, ctx->comm);
+    if (mpi_failed(ctx, rc, c, "size agreement (MPI_Allgather)")) {
+        free(everyone);
+        return -1;
+    }
+    int status = 0;
+    for (int rank = 0; rank < ctx->world_size && status == 0; rank++) {
+        const uint64_t *theirs = &everyone[3 * rank];
+        if (theirs[0] != mine[0] || theirs[2] != mine[2]) {
+            snprintf(ctx->error, sizeof ctx->error,
+                     "rank %d: %s on unit '%s' (%s %lld) but rank %d called %s (%s %lld): every rank must call "
+                     "the same collective", ctx->rank, op_names[c->op], c->unit, detail_name(c->op),
+                     (long long)c->detail, rank, theirs[0] <= OP_BARRIER ? op_names[theirs[0]] : "an unknown op",
+                     detail_name(c->op), (long long)theirs[2]);
+            status = -1;
+        } else if (theirs[1] != mine[1]) {
+            snprintf(ctx->error, sizeof ctx->error,
+                     "rank %d: %s on unit '%s' of %llu floats, but rank %d passed %llu floats", ctx->rank,
+                     op_names[c->op], c->unit, (unsigned long long)c->count, rank, (unsigned long long)theirs[1]);
+            status = -1;
+        }
+    }
+    free(everyone);
+    return status;
+}
+
+/* Checks that applies before any data moves; the same on every rank, so every rank fails together. */
+static int begin(context *ctx, call *c, size_t chunk_count) {
+    c->start_us = trace_now_us(&ctx->trace);
+    if (chunk_count > (size_t)INT_MAX) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': %zu floats per message exceeds MPI's int "
+                 "count limit %d", ctx->rank, op_names[c->op], c->unit, chunk_count, INT_MAX);
+        return -1;
+    }
+    return agree(ctx, c);
+}
+
+static void finish(context *ctx, const call *c) {
+    trace_collective_info info = {
+        .op = op_names[c->op],
+        .unit = c->unit,
+        .reduce = c->reduce,
+        .count = c->count,
+        .bytes = c->count * sizeof(float),
+        .bytes_sent = c->bytes_sent,
+        .bytes_recv = c->bytes_recv,
+        .seq = ctx->collective_seq++,
+        .start_us = c->start_us,
+        .dur_us = trace_now_us(&ctx->trace) - c->start_us,
+    };
+    trace_collective(&ctx->trace, &info);
+    ctx->last_collective = info;
+    ctx->last_collective.unit = NULL; /* the caller's string may not outlive the call */
+}
+
+static int not_divisible(context *ctx, const call *c) {
+    snprintf(ctx->error, sizeof ctx->error,
+             "rank %d: %s on unit '%s' of %llu floats over %d ranks: not divisible; pad to a multiple of the world "
+             "size first (a FlatParameter does)", ctx->rank, op_names[c->op], c->unit, (unsigned long long)c->count,
+             ctx->world_size);
+    return -1;
+}
+
+static void scale(float *buffer, size_t count, float factor) {
+    for (size_t i = 0; i < count; i++) buffer[i] *= factor;
+}
+
+static const char *reduce_name(comm_reduce reduce) { return reduce == COMM_AVG ? "avg" : "sum"; }
+
+/* Ring traffic for an all-gather or reduce-scatter: each rank sends and receives (N-1) chunks of full/N. */
+static uint64_t ring_chunk_bytes(const context *ctx, size_t full_count) {
+    return (uint64_t)(full_count / (size_t)ctx->world_size) * sizeof(float) * (uint64_t)(ctx->world_size - 1);
+}
+
+int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_count, const char *unit) {
+    call c = {.op = OP_ALL_GATHER, .unit = unit, .count = full_count};
+    c.bytes_sent = c.bytes_recv = ring_chunk_bytes(ctx, full_count);
+    size_t shard_count = full_count / (size_t)ctx->world_size;
+    if (begin(ctx, &c, shard_count) != 0) return -1;
+    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, &c);
+    int rc = MPI_Allgather(shard, (int)shard_count, MPI_FLOAT, full, (int)shard_count, MPI_FLOAT, ctx->comm);
+    if (mpi_failed(ctx, rc, &c, "MPI_Allgather")) return -1;
+    finish(ctx, &c);
+    return 0;
+}
+
+int comm_reduce_scatter(context *ctx, const float *full, float *shard, size_t full_count, comm_reduce reduce,
+                        const char *unit) {
+    call c = {.op = OP_REDUCE_SCATTER, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
+              .count = full_count};
+    c.bytes_sent = c.bytes_recv = ring_chunk_bytes(ctx, full_count);
+    size_t shard_count = full_count / (size_t)ctx->world_size;
+    if (begin(ctx, &c, shard_count) != 0) return -1;
+    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, &c);
+    int rc = MPI_Reduce_scatter_block(full, shard, (int)shard_count, MPI_FLOAT, MPI_SUM, ctx->comm);
+    if (mpi_failed(ctx, rc, &c, "MPI_Reduce_scatter_block")) return -1;
+    if (reduce == COMM_AVG) scale(shard, shard_count, 1.0f / (float)ctx->world_size);
+    finish(ctx, &c);
+    return 0;
+}
+
+int comm_all_reduce(context *ctx, float *buffer, size_t count, comm_reduce reduce, const char *unit) {
+    call c = {.op = OP_ALL_REDUCE, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
+              .count = count};
+    c.bytes_sent = c.bytes_recv =
+        (uint64_t)(2.0 * (double)(ctx->world_size - 1) / (double)ctx->world_size * (double)count * sizeof(float));
+    if (begin(ctx, &c, count) != 0) return -1;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buffer, (int)count, MPI_FLOAT, MPI_SUM, ctx->comm);
+    if (mpi_failed(ctx, rc, &c, "MPI_Allreduce")) return -1;
+    if (reduce == COMM_AVG) scale(buffer, count, 1.0f / (float)ctx->world_size);
+    finish(ctx, &c);
+    return 0;
+}
+
+int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const char *unit) {
+    call c = {.op = OP_BROADCAST, .unit = unit, .detail = root, .count = count};
+    if (ctx->world_size > 1) {
+        if (ctx->rank == root) c.bytes_sent = count * sizeof(float);
+        else c.bytes_recv = count * sizeof(float);
+    }
+    if (begin(ctx, &c, count) != 0) return -1;
+    if (root < 0 || root >= ctx->world_size) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: broadcast on unit '%s': root %d is not a rank of 0..%d",
+                 ctx->rank, unit, root, ctx->world_size - 1);
+        return -1;
+    }
+    int rc = MPI_Bcast(buffer, (int)count, MPI_FLOAT, root, ctx->comm);
+    if (mpi_failed(ctx, rc, &c, "MPI_Bcast")) return -1;
+    finish(ctx, &c);
+    return 0;
+}
+
+int comm_barrier(context *ctx, const char *unit) {
+    call c = {.op = OP_BARRIER, .unit = unit};
+    if (begin(ctx, &c, 0) != 0) return -1;
+    int rc = MPI_Barrier(ctx->comm);
+    if (mpi_failed(ctx, rc, &c, "MPI_Barrier")) return -1;
+    finish(ctx, &c);
+    return 0;
+}

@@ -1,0 +1,17 @@
+/* config.h — settings from the environment, checked: a bad value stops every rank with a message that names the
+ * variable, the value and what is allowed (`SEED='x' is not an integer in 0..2147483647`).
+ *
+ * Every rank reads the same environment (mpirun forwards it), so every rank reaches the same verdict and exits
+ * together; only rank 0 prints.
+ */
+#ifndef FSDPLAB_CONFIG_H
+#define FSDPLAB_CONFIG_H
+
+#include "context.h"
+
+/* The integer in variable `name`, or default_value when unset or empty; must lie in [min_value, max_value]. */
+long cfg_env_int(context *ctx, const char *name, long default_value, long min_value, long max_value);
+/* The value of `name`, which must be one of the NULL-terminated `choices`; default_value when unset or empty. */
+const char *cfg_env_choice(context *ctx, const char *name, const char *default_value, const char *const *choices);
+
+#endif

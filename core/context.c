@@ -1,0 +1,176 @@
+/* context.c — MPI start-up and shut-down, the run's output directory, ordered printing. See context.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "context.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../trace/chrome.h"
+
+void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int line) {
+    if (rc == MPI_SUCCESS) return;
+    char reason[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(rc, reason, &length);
+    fprintf(stderr, "rank %d: %s:%d: %s failed: %s\n", ctx->rank, file, line, call, reason);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1); /* not reached */
+}
+
+void ctx_fatal(context *ctx, const char *format, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(message, sizeof message, format, args);
+    va_end(args);
+    fprintf(stderr, "rank %d: %s: %s\n", ctx->rank, ctx->program, message);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1); /* not reached */
+}
+
+void ctx_exit_all(context *ctx, int status, const char *format, ...) {
+    if (ctx->rank == 0) {
+        va_list args;
+        va_start(args, format);
+        fprintf(stderr, "%s: error: ", ctx->program);
+        vfprintf(stderr, format, args);
+        fprintf(stderr, "\n");
+        va_end(args);
+        fflush(stderr);
+    }
+    trace_close(&ctx->trace);
+    MPI_Finalize();
+    exit(status);
+}
+
+void ctx_require_world_size(context *ctx, int min_ranks, int max_ranks) {
+    if (ctx->world_size >= min_ranks && ctx->world_size <= max_ranks) return;
+    ctx_exit_all(ctx, 2, "this lab needs %d to %d ranks, got %d; run it as: mpirun -np %d lab/%s", min_ranks,
+                 max_ranks, ctx->world_size, min_ranks, ctx->program);
+}
+
+int ctx_make_directories(const char *path) {
+    char partial[1024];
+    size_t length = strlen(path);
+    if (length == 0 || length >= sizeof partial) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(partial, path, length + 1);
+    for (size_t i = 1; i <= length; i++) {
+        if (partial[i] != '/' && partial[i] != '\0') continue;
+        char saved = partial[i];
+        partial[i] = '\0';
+        if (mkdir(partial, 0755) != 0 && errno != EEXIST) return -1;
+        partial[i] = saved;
+    }
+    struct stat info;
+    if (stat(path, &info) != 0) return -1;
+    if (!S_ISDIR(info.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const char *default_outdir) {
+    memset(ctx, 0, sizeof *ctx);
+    snprintf(ctx->program, sizeof ctx->program, "%s", program);
+    int rc = MPI_Init(argc, argv);
+    if (rc != MPI_SUCCESS) {
+        fprintf(stderr, "%s: MPI_Init failed (code %d)\n", program, rc);
+        exit(1);
+    }
+    ctx->comm = MPI_COMM_WORLD;
+    CTX_MPI(ctx, MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN));
+    CTX_MPI(ctx, MPI_Comm_rank(ctx->comm, &ctx->rank));
+    CTX_MPI(ctx, MPI_Comm_size(ctx->comm, &ctx->world_size));
+
+    const char *outdir = getenv("OUT");
+    if (outdir == NULL || outdir[0] == '\0') outdir = default_outdir;
+    if (strlen(outdir) >= sizeof ctx->outdir - 32) ctx_exit_all(ctx, 2, "OUT='%s' is too long", outdir);
+    snprintf(ctx->outdir, sizeof ctx->outdir, "%s", outdir);
+
+    /* Rank 0 makes the directory; a failure is reported once and every rank exits. */
+    int made = 1;
+    if (ctx->rank == 0 && ctx_make_directories(ctx->outdir) != 0) {
+        fprintf(stderr, "%s: error: cannot create output directory OUT='%s': %s\n", program, ctx->outdir,
+                strerror(errno));
+        made = 0;
+    }
+    CTX_MPI(ctx, MPI_Bcast(&made, 1, MPI_INT, 0, ctx->comm));
+    if (!made) {
+        MPI_Finalize();
+        exit(2);
+    }
+    if (trace_open(&ctx->trace, ctx->outdir, ctx->rank, ctx->world_size) != 0)
+        ctx_fatal(ctx, "cannot open the event file in %s", ctx->outdir);
+    mem_init(&ctx->mem, ctx->rank, &ctx->trace);
+    /* t0 right after a barrier, so every rank's timestamps start together. */
+    CTX_MPI(ctx, MPI_Barrier(ctx->comm));
+    trace_reset_t0(&ctx->trace);
+}
+
+int ctx_all_true(context *ctx, int ok) {
+    int local = ok ? 1 : 0, all = 0;
+    CTX_MPI(ctx, MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, ctx->comm));
+    return all;
+}
+
+void ctx_print_ordered(context *ctx, const char *text) {
+    int length = (int)strlen(text);
+    int *lengths = NULL, *offsets = NULL;
+    char *all = NULL;
+    if (ctx->rank == 0) {
+        lengths = calloc((size_t)ctx->world_size, sizeof *lengths);
+        offsets = calloc((size_t)ctx->world_size, sizeof *offsets);
+        if (lengths == NULL || offsets == NULL) ctx_fatal(ctx, "out of memory gathering text to print");
+    }
+    CTX_MPI(ctx, MPI_Gather(&length, 1, MPI_INT, lengths, 1, MPI_INT, 0, ctx->comm));
+    int total = 0;
+    if (ctx->rank == 0) {
+        for (int rank = 0; rank < ctx->world_size; rank++) {
+            offsets[rank] = total;
+            total += lengths[rank];
+        }
+        all = malloc((size_t)total + 1);
+        if (all == NULL) ctx_fatal(ctx, "out of memory gathering %d bytes of text to print", total);
+    }
+    CTX_MPI(ctx, MPI_Gatherv(text, length, MPI_CHAR, all, lengths, offsets, MPI_CHAR, 0, ctx->comm));
+    if (ctx->rank == 0) {
+        all[total] = '\0';
+        fputs(all, stdout);
+        fflush(stdout);
+    }
+    free(all);
+    free(lengths);
+    free(offsets);
+}
+
+int ctx_finish(context *ctx) {
+    size_t leaks = mem_shutdown(&ctx->mem);
+    trace_close(&ctx->trace);
+    int clean = ctx_all_true(ctx, leaks == 0);
+    int status = clean ? 0 : 1;
+    if (ctx->rank == 0) {
+        if (!clean) fprintf(stderr, "%s: error: tracked memory leaked on some rank (listed above)\n", ctx->program);
+        char trace_path[600], error[512];
+        snprintf(trace_path, sizeof trace_path, "%s/trace.json", ctx->outdir);
+        if (chrome_export(ctx->outdir, trace_path, error, sizeof error) != 0) {
+            fprintf(stderr, "%s: error: writing %s: %s\n", ctx->program, trace_path, error);
+            status = 1;
+        } else {
+            printf("\nevents: %s/rank*.jsonl\ntrace:  %s  (open in chrome://tracing or https://ui.perfetto.dev)\n",
+                   ctx->outdir, trace_path);
+        }
+        fflush(stdout);
+    }
+    CTX_MPI(ctx, MPI_Bcast(&status, 1, MPI_INT, 0, ctx->comm));
+    MPI_Finalize();
+    return status;
+}

@@ -1,0 +1,55 @@
+/* context.h — the one explicit context of a run: who we are (rank, world), where events go, the memory tracker.
+ *
+ * There are no globals in fsdplab; every function that needs the rank, the trace or the allocator takes a context.
+ * A program's life is: ctx_init (MPI up, output dir made, trace opened, start barrier, t0) ... ctx_finish (leaks
+ * checked, trace closed, rank 0 writes trace.json, MPI down).
+ */
+#ifndef FSDPLAB_CONTEXT_H
+#define FSDPLAB_CONTEXT_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "../trace/trace.h"
+#include "mem.h"
+
+typedef struct context {
+    int rank;
+    int world_size;
+    MPI_Comm comm;             /* errors return (MPI_ERRORS_RETURN) and every call is checked */
+    trace_sink trace;
+    mem_tracker mem;
+    uint64_t collective_seq;   /* next collective's sequence number; equal on every rank for the same collective */
+    trace_collective_info last_collective; /* what the last finished collective moved and took (unit: NULL) */
+    char program[64];          /* e.g. "01_shard", for messages */
+    char outdir[512];          /* where rank<R>.jsonl and trace.json go */
+    char error[1024];          /* the last error a function returned -1 for */
+} context;
+
+/* Starts MPI and the run. OUT (environment) overrides default_outdir. Aborts with a message on failure. */
+void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const char *default_outdir);
+/* Checks every rank's leaks, closes the trace and (rank 0) writes <outdir>/trace.json, then finalises MPI.
+ * Returns the process exit status: 0, or 1 when memory leaked or the export failed. */
+int ctx_finish(context *ctx);
+
+/* A bad world size or setting is the same on every rank: rank 0 prints the message, every rank exits `status`
+ * cleanly (MPI finalised), so mpirun reports a plain non-zero exit instead of an abort. */
+void ctx_exit_all(context *ctx, int status, const char *format, ...) __attribute__((format(printf, 3, 4), noreturn));
+/* Requires min_ranks <= world size <= max_ranks, else ctx_exit_all with a message that names the value. */
+void ctx_require_world_size(context *ctx, int min_ranks, int max_ranks);
+/* Something went wrong on this rank only: print "rank R: <message>" and abort every rank. */
+void ctx_fatal(context *ctx, const char *format, ...) __attribute__((format(printf, 2, 3), noreturn));
+
+/* Every rank contributes a text; rank 0 prints them in rank order (so tables do not interleave). Collective. */
+void ctx_print_ordered(context *ctx, const char *text);
+/* True on every rank iff `ok` is true on every rank (an all-reduce of a flag). Collective. */
+int ctx_all_true(context *ctx, int ok);
+
+/* Aborts naming rank, file, line, the MPI call and MPI's error string when rc is not MPI_SUCCESS. */
+void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int line);
+#define CTX_MPI(ctx, call) ctx_check_mpi((ctx), (call), #call, __FILE__, __LINE__)
+
+/* mkdir -p. Returns 0 or -1 with errno set. */
+int ctx_make_directories(const char *path);
+
+#endif

@@ -1,0 +1,210 @@
+/* flat_param.c — FlatParameter layout, sharding, unshard / reshard, gradient reduce-scatter. See flat_param.h. */
+#include "flat_param.h"
+
+#include "rng.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *fp_shard_state_name(fp_shard_state state) { return state == FP_UNSHARDED ? "UNSHARDED" : "SHARDED"; }
+
+void fp_fill_normal(const char *name, size_t first, size_t count, float *out, void *user) {
+    const fp_normal_init *init = user;
+    uint64_t stream = rng_stream_of(name);
+    for (size_t i = 0; i < count; i++) out[i] = rng_normal(init->seed, stream, first + i, 0.0f, init->std);
+}
+
+static int bad_spec(flat_param *fp, int index, const char *why) {
+    snprintf(fp->ctx->error, sizeof fp->ctx->error, "rank %d: unit '%s': parameter %d: %s", fp->ctx->rank, fp->unit,
+             index, why);
+    free(fp->params);
+    fp->params = NULL;
+    return -1;
+}
+
+int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count) {
+    memset(fp, 0, sizeof *fp);
+    fp->ctx = ctx;
+    snprintf(fp->unit, sizeof fp->unit, "%s", unit);
+    if (count < 1) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: unit '%s': no parameters to flatten", ctx->rank, unit);
+        return -1;
+    }
+    fp->params = calloc((size_t)count, sizeof *fp->params); /* layout metadata, not tensor memory */
+    if (fp->params == NULL) ctx_fatal(ctx, "unit '%s': out of memory for %d parameter records", unit, count);
+    fp->param_count = count;
+
+    size_t offset = 0;
+    for (int i = 0; i < count; i++) {
+        const fp_tensor_spec *spec = &specs[i];
+        fp_param_info *info = &fp->params[i];
+        if (spec->name == NULL || spec->name[0] == '\0') return bad_spec(fp, i, "empty name");
+        if (strlen(spec->name) >= FP_NAME_MAX) return bad_spec(fp, i, "name too long");
+        for (int j = 0; j < i; j++)
+            if (strcmp(fp->params[j].name, spec->name) == 0) return bad_spec(fp, i, "name registered twice");
+        if (spec->ndim < 1 || spec->ndim > FP_MAX_DIMS) return bad_spec(fp, i, "ndim must be 1..4");
+        snprintf(info->name, sizeof info->name, "%s", spec->name);
+        info->ndim = spec->ndim;
+        info->numel = 1;
+        for (int d = 0; d < spec->ndim; d++) {
+            if (spec->shape[d] < 1) return bad_spec(fp, i, "a dimension is < 1");
+            info->shape[d] = spec->shape[d];
+            info->numel *= (size_t)spec->shape[d];
+        }
+        info->offset = offset;
+        offset += info->numel;
+    }
+    size_t world = (size_t)ctx->world_size;
+    fp->unpadded_numel = offset;
+    fp->padded_unsharded_numel = (offset + world - 1) / world * world;
+    fp->pad_numel = fp->padded_unsharded_numel - offset;
+    fp->sharded_numel = fp->padded_unsharded_numel / world;
+
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._local_shard", unit);
+    fp->local_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_PARAM_SHARD, owner);
+    fp->shard_state = FP_SHARDED;
+    return 0;
+}
+
+void fp_free(flat_param *fp) {
+    mem_tracker *mem = &fp->ctx->mem;
+    mem_free(mem, fp->full_grad_padded);
+    mem_free(mem, fp->grad_shard);
+    mem_free(mem, fp->full_param_padded);
+    mem_free(mem, fp->local_shard);
+    free(fp->params);
+    memset(fp, 0, sizeof *fp);
+}
+
+void fp_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end) {
+    *begin = (size_t)rank * fp->sharded_numel;
+    *end = *begin + fp->sharded_numel;
+}
+
+int fp_param_shard_overlap(const flat_param *fp, int param_index, int rank, size_t *begin, size_t *end) {
+    const fp_param_info *info = &fp->params[param_index];
+    size_t shard_begin, shard_end;
+    fp_shard_range(fp, rank, &shard_begin, &shard_end);
+    size_t first = info->offset > shard_begin ? info->offset : shard_begin;
+    size_t last = info->offset + info->numel < shard_end ? info->offset + info->numel : shard_end;
+    if (first >= last) {
+        *begin = *end = 0;
+        return 0;
+    }
+    *begin = first - info->offset;
+    *end = last - info->offset;
+    return 1;
+}
+
+int fp_find_param(const flat_param *fp, const char *name) {
+    for (int i = 0; i < fp->param_count; i++)
+        if (strcmp(fp->params[i].name, name) == 0) return i;
+    return -1;
+}
+
+void fp_fill_flat_range(const flat_param *fp, fp_fill_fn fill, void *user, size_t begin, size_t end, float *out) {
+    memset(out, 0, (end - begin) * sizeof *out); /* the padding, and anything no parameter covers */
+    for (int i = 0; i < fp->param_count; i++) {
+        const fp_param_info *info = &fp->params[i];
+        size_t first = info->offset > begin ? info->offset : begin;
+        size_t last = info->offset + info->numel < end ? info->offset + info->numel : end;
+        if (first < last) fill(info->name, first - info->offset, last - first, out + (first - begin), user);
+    }
+}
+
+void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user) {
+    size_t begin, end;
+    fp_shard_range(fp, fp->ctx->rank, &begin, &end);
+    fp_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
+}
+
+static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_state to, const char *hook) {
+    trace_state(&fp->ctx->trace, fp->unit, "ShardState", fp_shard_state_name(from), fp_shard_state_name(to), hook);
+}
+
+int fp_unshard(flat_param *fp, const char *hook) {
+    if (fp->shard_state == FP_UNSHARDED) return 0;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
+    fp->full_param_padded =
+        mem_alloc(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
+    if (comm_all_gather(fp->ctx, fp->local_shard, fp->full_param_padded, fp->padded_unsharded_numel, fp->unit) != 0) {
+        mem_free(&fp->ctx->mem, fp->full_param_padded);
+        fp->full_param_padded = NULL;
+        return -1;
+    }
+    fp->shard_state = FP_UNSHARDED;
+    shard_state_event(fp, FP_SHARDED, FP_UNSHARDED, hook);
+    return 0;
+}
+
+void fp_reshard(flat_param *fp, const char *hook) {
+    if (fp->shard_state == FP_SHARDED) return;
+    mem_free(&fp->ctx->mem, fp->full_param_padded);
+    fp->full_param_padded = NULL;
+    fp->shard_state = FP_SHARDED;
+    shard_state_event(fp, FP_UNSHARDED, FP_SHARDED, hook);
+}
+
+static const fp_param_info *param_or_abort(const flat_param *fp, const char *name) {
+    int index = fp_find_param(fp, name);
+    if (index < 0) ctx_fatal(fp->ctx, "unit '%s': no parameter named '%s'", fp->unit, name);
+    return &fp->params[index];
+}
+
+float *fp_param_view(const flat_param *fp, const char *name) {
+    const fp_param_info *info = param_or_abort(fp, name);
+    if (fp->shard_state != FP_UNSHARDED)
+        ctx_fatal(fp->ctx, "unit '%s': parameter '%s' used while the unit is SHARDED; unshard it first", fp->unit,
+                  name);
+    return fp->full_param_padded + info->offset;
+}
+
+float *fp_alloc_full_grad(flat_param *fp) {
+    if (fp->full_grad_padded != NULL) return fp->full_grad_padded;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s.full_grad_padded", fp->unit);
+    fp->full_grad_padded =
+        mem_alloc(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_GRAD_UNSHARDED, owner);
+    return fp->full_grad_padded;
+}
+
+float *fp_grad_view(const flat_param *fp, const char *name) {
+    const fp_param_info *info = param_or_abort(fp, name);
+    if (fp->full_grad_padded == NULL)
+        ctx_fatal(fp->ctx, "unit '%s': gradient of '%s' used before fp_alloc_full_grad", fp->unit, name);
+    return fp->full_grad_padded + info->offset;
+}
+
+int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
+    context *ctx = fp->ctx;
+    if (fp->full_grad_padded == NULL)
+        ctx_fatal(ctx, "unit '%s': reduce-scatter of a gradient that was never allocated", fp->unit);
+    char owner[MEM_OWNER_MAX];
+    /* The first gradient lands straight in grad_shard; later ones (accumulation) need a buffer to add from. */
+    int accumulate = fp->grad_shard != NULL;
+    float *target;
+    if (accumulate) {
+        snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
+        target = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_COMM_BUFFER, owner);
+    } else {
+        snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
+        target = fp->grad_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
+    }
+    int status = comm_reduce_scatter(ctx, fp->full_grad_padded, target, fp->padded_unsharded_numel, reduce, fp->unit);
+    if (accumulate) {
+        if (status == 0)
+            for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += target[i];
+        mem_free(&ctx->mem, target);
+    }
+    mem_free(&ctx->mem, fp->full_grad_padded);
+    fp->full_grad_padded = NULL;
+    return status;
+}
+
+void fp_zero_grad(flat_param *fp) {
+    mem_free(&fp->ctx->mem, fp->grad_shard);
+    fp->grad_shard = NULL;
+}

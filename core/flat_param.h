@@ -1,0 +1,110 @@
+/* flat_param.h — the FlatParameter: one FSDP unit's parameters as one flat, padded, sharded buffer.
+ *
+ *   registration order:  [ p0 ........ | p1 .... | p2 ........... | pad ]   padded_unsharded_numel
+ *   rank r keeps chunk r: [  rank 0   ][  rank 1   ][  rank 2   ]            sharded_numel each
+ *
+ * The parameters are concatenated in the order they were registered and padded with zeros so the total divides by
+ * the world size; rank r keeps chunk r (`_local_shard`, category param_shard). fp_unshard all-gathers the chunks
+ * into `_full_param_padded` (param_unsharded) and every parameter becomes a view into it; fp_reshard frees it.
+ * For gradients the mirror image: a full padded gradient (grad_unsharded) is reduce-scattered into the sharded
+ * gradient (grad_shard), added to what is there (gradient accumulation).
+ *
+ * Names and sizes follow torch/distributed/fsdp/_flat_param.py, so the two read alike.
+ */
+#ifndef FSDPLAB_FLAT_PARAM_H
+#define FSDPLAB_FLAT_PARAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"
+#include "context.h"
+
+#define FP_MAX_DIMS 4
+#define FP_NAME_MAX 128
+
+/* What a caller registers: a named tensor's shape. */
+typedef struct fp_tensor_spec {
+    const char *name;
+    int ndim;
+    int64_t shape[FP_MAX_DIMS];
+} fp_tensor_spec;
+
+/* Where a registered parameter lives in the flat buffer. */
+typedef struct fp_param_info {
+    char name[FP_NAME_MAX];
+    int ndim;
+    int64_t shape[FP_MAX_DIMS];
+    size_t numel;
+    size_t offset; /* into the unsharded flat buffer */
+} fp_param_info;
+
+typedef enum fp_shard_state { FP_SHARDED, FP_UNSHARDED } fp_shard_state;
+
+typedef struct flat_param {
+    context *ctx;
+    char unit[64];
+    int param_count;
+    fp_param_info *params;           /* registration order */
+    size_t unpadded_numel;           /* sum of the parameters' numel */
+    size_t padded_unsharded_numel;   /* unpadded_numel rounded up to a multiple of the world size */
+    size_t pad_numel;                /* padded_unsharded_numel - unpadded_numel, zeros at the end */
+    size_t sharded_numel;            /* padded_unsharded_numel / world size */
+    float *local_shard;              /* _local_shard: sharded_numel floats, always present */
+    float *full_param_padded;        /* _full_param_padded: padded_unsharded_numel floats while UNSHARDED, else NULL */
+    float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
+    float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */
+    fp_shard_state shard_state;
+} flat_param;
+
+/* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the
+ * others (a value must depend only on the name and the index). */
+typedef void (*fp_fill_fn)(const char *name, size_t first, size_t count, float *out, void *user);
+
+/* An fp_fill_fn: normal(0, std) from a counter-based RNG keyed by (seed, parameter name, index), as HF initialises
+ * weights; `user` points to an fp_normal_init. */
+typedef struct fp_normal_init {
+    uint64_t seed;
+    float std;
+} fp_normal_init;
+void fp_fill_normal(const char *name, size_t first, size_t count, float *out, void *user);
+
+/* Lays out the parameters and allocates a zeroed local shard. Returns -1 with ctx->error on a bad spec (empty or
+ * repeated name, a dimension < 1, more than FP_MAX_DIMS dims). */
+int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count);
+void fp_free(flat_param *fp);
+
+/* The flat index range [begin, end) that `rank` owns (padding included). */
+void fp_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end);
+/* The part of parameter `param_index` that `rank` owns, as [begin, end) within the parameter; 0 if none. */
+int fp_param_shard_overlap(const flat_param *fp, int param_index, int rank, size_t *begin, size_t *end);
+/* Index of the parameter called `name`, or -1. */
+int fp_find_param(const flat_param *fp, const char *name);
+
+/* out[i - begin] = value of flat element i for i in [begin, end): parameters' values, 0 in the padding. */
+void fp_fill_flat_range(const flat_param *fp, fp_fill_fn fill, void *user, size_t begin, size_t end, float *out);
+/* Fills this rank's local shard (its chunk of the flat buffer). */
+void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user);
+
+/* SHARDED -> UNSHARDED: allocate the padded full buffer and all-gather every rank's shard into it. A no-op when
+ * already UNSHARDED. Writes a ShardState `state` event with `hook`. Returns -1 with ctx->error if the collective fails. */
+int fp_unshard(flat_param *fp, const char *hook);
+/* UNSHARDED -> SHARDED: free the padded full buffer. A no-op when already SHARDED. */
+void fp_reshard(flat_param *fp, const char *hook);
+/* The parameter's values inside the unsharded buffer. Aborts (naming rank, unit, parameter) while SHARDED or for an
+ * unknown name. */
+float *fp_param_view(const flat_param *fp, const char *name);
+
+/* Allocates the zeroed padded full gradient (grad_unsharded) that backward accumulates into; returns it. */
+float *fp_alloc_full_grad(flat_param *fp);
+/* The parameter's gradient inside the full gradient. Aborts when there is none or the name is unknown. */
+float *fp_grad_view(const flat_param *fp, const char *name);
+/* Reduce-scatters the full gradient (sum or mean over ranks) and adds the result into grad_shard (allocated zeroed
+ * on first use), then frees the full gradient. Returns -1 with ctx->error if the collective fails. */
+int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce);
+/* Frees the sharded gradient (torch's zero_grad(set_to_none=True)). */
+void fp_zero_grad(flat_param *fp);
+
+const char *fp_shard_state_name(fp_shard_state state);
+
+#endif

@@ -1,0 +1,160 @@
+/* mem.c — the tracked allocator. See mem.h. */
+#include "mem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const category_names[MEM_CATEGORY_COUNT] = {
+    "param_shard", "param_unsharded", "grad_unsharded", "grad_shard",  "optim_state",
+    "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
+};
+
+const char *mem_category_name(mem_category category) {
+    if ((int)category < 0 || category >= MEM_CATEGORY_COUNT) return "invalid_category";
+    return category_names[category];
+}
+
+int mem_category_from_name(const char *name) {
+    for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
+        if (strcmp(category_names[category], name) == 0) return category;
+    return -1;
+}
+
+void mem_init(mem_tracker *tracker, int rank, trace_sink *trace) {
+    memset(tracker, 0, sizeof *tracker);
+    tracker->rank = rank;
+    tracker->trace = trace;
+    tracker->next_id = 1;
+}
+
+static void emit(mem_tracker *tracker, const mem_block *block, int is_alloc) {
+    if (tracker->trace == NULL) return;
+    trace_memory_info info = {
+        .id = block->id,
+        .bytes = block->bytes,
+        .category = mem_category_name(block->category),
+        .owner = block->owner,
+        .live_bytes = tracker->live_bytes,
+        .category_live_bytes = tracker->category_live_bytes[block->category],
+    };
+    if (is_alloc) trace_alloc(tracker->trace, &info);
+    else trace_free(tracker->trace, &info);
+}
+
+void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner) {
+    if ((int)category < 0 || category >= MEM_CATEGORY_COUNT) {
+        fprintf(stderr, "rank %d: mem_alloc for '%s': invalid category %d\n", tracker->rank, owner, (int)category);
+        abort();
+    }
+    if (tracker->live_count == tracker->live_capacity) {
+        size_t capacity = tracker->live_capacity ? 2 * tracker->live_capacity : 64;
+        mem_block *grown = realloc(tracker->live_blocks, capacity * sizeof *grown);
+        if (grown == NULL) {
+            fprintf(stderr, "rank %d: mem_alloc for '%s': cannot grow the tracker table to %zu blocks\n",
+                    tracker->rank, owner, capacity);
+            abort();
+        }
+        tracker->live_blocks = grown;
+        tracker->live_capacity = capacity;
+    }
+    /* calloc(0) may return NULL; a zero-byte block still gets a unique address so it can be freed and traced. */
+    void *ptr = calloc(bytes ? bytes : 1, 1);
+    if (ptr == NULL) {
+        fprintf(stderr, "rank %d: out of memory allocating %zu bytes of %s for '%s' (%zu bytes live)\n",
+                tracker->rank, bytes, mem_category_name(category), owner, tracker->live_bytes);
+        abort();
+    }
+    /* The address may be one we saw freed: it is no longer a candidate for "double free". */
+    for (size_t i = 0; i < MEM_RECENT_FREES; i++)
+        if (tracker->recent_frees[i].ptr == ptr) tracker->recent_frees[i].ptr = NULL;
+
+    mem_block *block = &tracker->live_blocks[tracker->live_count++];
+    block->ptr = ptr;
+    block->bytes = bytes;
+    block->category = category;
+    block->id = tracker->next_id++;
+    snprintf(block->owner, sizeof block->owner, "%s", owner);
+
+    tracker->live_bytes += bytes;
+    tracker->category_live_bytes[category] += bytes;
+    if (tracker->live_bytes > tracker->peak_bytes) tracker->peak_bytes = tracker->live_bytes;
+    if (tracker->category_live_bytes[category] > tracker->category_peak_bytes[category])
+        tracker->category_peak_bytes[category] = tracker->category_live_bytes[category];
+    emit(tracker, block, 1);
+    return ptr;
+}
+
+static mem_block *find_live(const mem_tracker *tracker, const void *ptr) {
+    for (size_t i = 0; i < tracker->live_count; i++)
+        if (tracker->live_blocks[i].ptr == ptr) return &tracker->live_blocks[i];
+    return NULL;
+}
+
+const mem_block *mem_find(const mem_tracker *tracker, const void *ptr) { return find_live(tracker, ptr); }
+
+int mem_try_free(mem_tracker *tracker, void *ptr) {
+    if (ptr == NULL) return 0;
+    mem_block *block = find_live(tracker, ptr);
+    if (block == NULL) {
+        for (size_t i = 0; i < MEM_RECENT_FREES; i++) {
+            const mem_block *freed = &tracker->recent_frees[i];
+            if (freed->ptr == ptr) {
+                snprintf(tracker->error, sizeof tracker->error,
+                         "rank %d: double free of %zu bytes of %s owned by '%s' (allocation id %llu)",
+                         tracker->rank, freed->bytes, mem_category_name(freed->category), freed->owner,
+                         (unsigned long long)freed->id);
+                return -1;
+            }
+        }
+        snprintf(tracker->error, sizeof tracker->error,
+                 "rank %d: free of pointer %p that the tracked allocator did not hand out (or freed long ago)",
+                 tracker->rank, ptr);
+        return -1;
+    }
+    mem_block freed = *block;
+    *block = tracker->live_blocks[--tracker->live_count]; /* unordered table: swap the last one in */
+    tracker->recent_frees[tracker->recent_next] = freed;
+    tracker->recent_next = (tracker->recent_next + 1) % MEM_RECENT_FREES;
+    tracker->live_bytes -= freed.bytes;
+    tracker->category_live_bytes[freed.category] -= freed.bytes;
+    free(ptr);
+    emit(tracker, &freed, 0);
+    return 0;
+}
+
+void mem_free(mem_tracker *tracker, void *ptr) {
+    if (mem_try_free(tracker, ptr) != 0) {
+        fprintf(stderr, "%s\n", tracker->error);
+        abort();
+    }
+}
+
+void mem_reset_peak(mem_tracker *tracker) {
+    tracker->peak_bytes = tracker->live_bytes;
+    for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
+        tracker->category_peak_bytes[category] = tracker->category_live_bytes[category];
+}
+
+size_t mem_shutdown(mem_tracker *tracker) {
+    size_t leaks = tracker->live_count;
+    while (tracker->live_count > 0) {
+        const mem_block *block = &tracker->live_blocks[tracker->live_count - 1];
+        fprintf(stderr, "rank %d: leak: %zu bytes of %s owned by '%s' (allocation id %llu) still live at shutdown\n",
+                tracker->rank, block->bytes, mem_category_name(block->category), block->owner,
+                (unsigned long long)block->id);
+        mem_free(tracker, block->ptr);
+    }
+    free(tracker->live_blocks);
+    tracker->live_blocks = NULL;
+    tracker->live_capacity = 0;
+    return leaks;
+}
+
+const char *mem_format_bytes(size_t bytes, char *buffer, size_t buffer_size) {
+    if (bytes >= 1000000000ull) snprintf(buffer, buffer_size, "%.2f GB", (double)bytes / 1e9);
+    else if (bytes >= 1000000ull) snprintf(buffer, buffer_size, "%.1f MB", (double)bytes / 1e6);
+    else if (bytes >= 1000ull) snprintf(buffer, buffer_size, "%.1f KB", (double)bytes / 1e3);
+    else snprintf(buffer, buffer_size, "%zu B", bytes);
+    return buffer;
+}

@@ -1,0 +1,80 @@
+/* mem.h — the tracked allocator: every byte the runtime allocates, by category and owner.
+ *
+ * FSDP is a story about memory, so nothing in the core calls malloc directly: each block is allocated with a
+ * category (what it is for, DESIGN.md §6) and an owner (who holds it, e.g. "layers.3.flat_param"). The tracker
+ * keeps live and peak bytes per category and in total, and writes an `alloc` / `free` event for each, so that
+ * sum(alloc) - sum(free) in the trace is exactly the live bytes it reports.
+ *
+ * Misuse aborts with a message that names the rank and the owner: freeing twice, freeing a pointer the tracker
+ * never gave out. Blocks still live at mem_shutdown are listed as leaks. (The tracker's own bookkeeping table is
+ * not counted: it is the ruler, not the thing measured.)
+ */
+#ifndef FSDPLAB_MEM_H
+#define FSDPLAB_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../trace/trace.h"
+
+typedef enum mem_category {
+    MEM_PARAM_SHARD,
+    MEM_PARAM_UNSHARDED,
+    MEM_GRAD_UNSHARDED,
+    MEM_GRAD_SHARD,
+    MEM_OPTIM_STATE,
+    MEM_ACTIVATION,
+    MEM_CHECKPOINT_INPUT,
+    MEM_WORKSPACE,
+    MEM_COMM_BUFFER,
+    MEM_DATA,
+    MEM_CATEGORY_COUNT
+} mem_category;
+
+#define MEM_OWNER_MAX 96
+#define MEM_RECENT_FREES 1024
+
+typedef struct mem_block {
+    void *ptr;
+    size_t bytes;
+    mem_category category;
+    uint64_t id;
+    char owner[MEM_OWNER_MAX];
+} mem_block;
+
+typedef struct mem_tracker {
+    int rank;
+    trace_sink *trace;                       /* may be NULL: no events */
+    mem_block *live_blocks;                  /* unordered table of live blocks */
+    size_t live_count, live_capacity;
+    mem_block recent_frees[MEM_RECENT_FREES]; /* ring of the last frees, to tell a double free from a wild pointer */
+    size_t recent_next;
+    uint64_t next_id;
+    size_t live_bytes, peak_bytes;
+    size_t category_live_bytes[MEM_CATEGORY_COUNT];
+    size_t category_peak_bytes[MEM_CATEGORY_COUNT];
+    char error[512];                         /* the last misuse, for mem_try_free callers and tests */
+} mem_tracker;
+
+const char *mem_category_name(mem_category category);
+/* Returns the category whose name is `name`, or -1. */
+int mem_category_from_name(const char *name);
+
+void mem_init(mem_tracker *tracker, int rank, trace_sink *trace);
+/* Zeroed block of `bytes` bytes. Aborts naming rank, owner and size when the system has no memory. */
+void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner);
+/* Frees a block from mem_alloc. NULL is a no-op (like free). Aborts on a double free or an unknown pointer. */
+void mem_free(mem_tracker *tracker, void *ptr);
+/* Like mem_free but returns -1 and fills tracker->error instead of aborting (tests use it). */
+int mem_try_free(mem_tracker *tracker, void *ptr);
+/* The block record of a live pointer, or NULL. */
+const mem_block *mem_find(const mem_tracker *tracker, const void *ptr);
+/* Starts a new peak window (e.g. a step): peaks restart from the bytes live now. */
+void mem_reset_peak(mem_tracker *tracker);
+/* Lists every live block on stderr as a leak (rank, owner, category, bytes), frees them, and returns their count. */
+size_t mem_shutdown(mem_tracker *tracker);
+
+/* "12.3 MB", "4.0 KB", "17 B": binary-free SI-ish units, as the seed's log prints (1 MB = 1e6 bytes). */
+const char *mem_format_bytes(size_t bytes, char *buffer, size_t buffer_size);
+
+#endif

@@ -1,0 +1,20 @@
+/* rng.h — a counter-based random number generator: a value depends only on (seed, stream, index).
+ *
+ * No state, no order: rank 3 can make element 1,000,000 of a parameter without making the 999,999 before it, so
+ * any rank builds any shard alone, and the same seed gives the same weights at any world size (DESIGN.md §5).
+ * The stream is usually rng_stream_of(parameter name). Mixing is SplitMix64's finaliser, applied three times.
+ */
+#ifndef FSDPLAB_RNG_H
+#define FSDPLAB_RNG_H
+
+#include <stdint.h>
+
+/* FNV-1a of a name: the stream of a named tensor. */
+uint64_t rng_stream_of(const char *name);
+uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t index);
+/* Uniform in [0, 1), 24 random bits (exactly representable as float). */
+float rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
+/* Normal(mean, std) by Box-Muller from the two uniforms at counters 2*index and 2*index+1. */
+float rng_normal(uint64_t seed, uint64_t stream, uint64_t index, float mean, float std);
+
+#endif

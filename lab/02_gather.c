@@ -1,0 +1,114 @@
+/* lab 02 — unshard and reshard: the all-gather that makes a unit whole for a moment, and the free that ends it.
+ *
+ * What it teaches
+ *   Between uses, a rank holds only its shard of a unit (lab 01). To compute with the unit, FSDP all-gathers every
+ *   rank's shard into one padded full buffer (`_full_param_padded`, category param_unsharded) and points each
+ *   parameter at its slice of it; right after, it frees that buffer again (reshard). So the peak memory of FSDP is
+ *   "all shards + one (or two) unsharded units", and every unshard costs an all-gather in which each rank sends its
+ *   shard to the N-1 others and receives theirs: (N-1)/N of the unit's bytes each way.
+ *
+ * What to run
+ *   mpirun -np 2 lab/02_gather         then -np 4: the shard shrinks, the unsharded buffer does not
+ *   env: OUT (default runs/02_gather), SEED (default 1234)
+ *
+ * What to look at
+ *   The printed memory table (before / during / after). In the trace: on the memory track the param_unsharded band
+ *   appears at the all_gather on the comm track and vanishes at reshard; the ShardState instants SHARDED -> UNSHARDED
+ *   -> SHARDED; the flow arrows joining the same all_gather on every rank.
+ *
+ * The check (`make check-02`): every parameter view equals the original, and live memory after reshard equals the
+ * shard-only level before unshard, on every rank.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/comm.h"
+#include "../core/config.h"
+#include "../core/context.h"
+#include "../core/flat_param.h"
+#include "lesson_layer.h"
+
+typedef struct memory_row {
+    const char *moment;
+    size_t live, param_shard, param_unsharded;
+} memory_row;
+
+static memory_row memory_now(const context *ctx, const char *moment) {
+    return (memory_row){moment, ctx->mem.live_bytes, ctx->mem.category_live_bytes[MEM_PARAM_SHARD],
+                        ctx->mem.category_live_bytes[MEM_PARAM_UNSHARDED]};
+}
+
+static void print_memory_table(const memory_row *rows, int count) {
+    char live[32], shard[32], unsharded[32];
+    printf("  %-16s %12s %14s %16s\n", "rank 0", "live", "param_shard", "param_unsharded");
+    for (int i = 0; i < count; i++)
+        printf("  %-16s %12s %14s %16s\n", rows[i].moment, mem_format_bytes(rows[i].live, live, sizeof live),
+               mem_format_bytes(rows[i].param_shard, shard, sizeof shard),
+               mem_format_bytes(rows[i].param_unsharded, unsharded, sizeof unsharded));
+}
+
+/* Compares every parameter's view in the unsharded buffer with the values it was initialised with. */
+static int views_match_original(context *ctx, const flat_param *fp, fp_normal_init *init) {
+    int all_match = 1;
+    for (int i = 0; i < fp->param_count; i++) {
+        const fp_param_info *info = &fp->params[i];
+        float *expected = mem_alloc(&ctx->mem, info->numel * sizeof(float), MEM_WORKSPACE, "lab02.expected");
+        fp_fill_normal(info->name, 0, info->numel, expected, init);
+        const float *view = fp_param_view(fp, info->name);
+        if (memcmp(view, expected, info->numel * sizeof(float)) != 0) {
+            fprintf(stderr, "rank %d: unit '%s': gathered '%s' differs from the original\n", ctx->rank, fp->unit,
+                    info->name);
+            all_match = 0;
+        }
+        mem_free(&ctx->mem, expected);
+    }
+    return all_match;
+}
+
+int main(int argc, char **argv) {
+    context ctx;
+    ctx_init(&ctx, &argc, &argv, "02_gather", "runs/02_gather");
+    ctx_require_world_size(&ctx, 2, 8);
+    fp_normal_init init = {.seed = (uint64_t)cfg_env_int(&ctx, "SEED", 1234, 0, 2147483647), .std = 0.02f};
+
+    flat_param fp;
+    if (fp_init(&fp, &ctx, "layers.0", lesson_layer_params, LESSON_LAYER_PARAM_COUNT) != 0)
+        ctx_fatal(&ctx, "%s", ctx.error);
+    fp_fill_local_shard(&fp, fp_fill_normal, &init);
+
+    char unsharded_text[32], shard_text[32];
+    if (ctx.rank == 0) {
+        printf("lab 02 — unshard (all-gather) and reshard across %d ranks\n\n", ctx.world_size);
+        printf("unit '%s': %d parameters, %zu floats = %s unsharded; each rank keeps %zu floats = %s\n\n", fp.unit,
+               fp.param_count, fp.unpadded_numel,
+               mem_format_bytes(fp.padded_unsharded_numel * sizeof(float), unsharded_text, sizeof unsharded_text),
+               fp.sharded_numel, mem_format_bytes(fp.sharded_numel * sizeof(float), shard_text, sizeof shard_text));
+    }
+
+    memory_row rows[3];
+    rows[0] = memory_now(&ctx, "before unshard");
+    trace_mark(&ctx.trace, "lab 02: before unshard");
+    if (fp_unshard(&fp, "lab02.unshard") != 0) ctx_fatal(&ctx, "%s", ctx.error);
+    trace_collective_info gather = ctx.last_collective;
+    rows[1] = memory_now(&ctx, "after unshard");
+    int views_ok = ctx_all_true(&ctx, views_match_original(&ctx, &fp, &init));
+    fp_reshard(&fp, "lab02.reshard");
+    rows[2] = memory_now(&ctx, "after reshard");
+    trace_mark(&ctx.trace, "lab 02: after reshard");
+    int memory_ok = ctx_all_true(&ctx, rows[2].live == rows[0].live && rows[2].param_unsharded == 0);
+
+    if (ctx.rank == 0) {
+        char sent[32], received[32];
+        print_memory_table(rows, 3);
+        printf("\nall_gather of %s: rank 0 sent %s and received %s ((N-1)/N of the unit each way) in %.3f ms\n",
+               unsharded_text, mem_format_bytes(gather.bytes_sent, sent, sizeof sent),
+               mem_format_bytes(gather.bytes_recv, received, sizeof received), gather.dur_us / 1000.0);
+        printf("\ncheck: every parameter view equals the original values (%d parameters, all ranks): %s\n",
+               fp.param_count, views_ok ? "OK" : "MISMATCH");
+        printf("check: live memory after reshard == before unshard, nothing unsharded left (all ranks): %s\n",
+               memory_ok ? "OK" : "MISMATCH");
+    }
+    fp_free(&fp);
+    int status = ctx_finish(&ctx);
+    return views_ok && memory_ok ? status : 1;
+}

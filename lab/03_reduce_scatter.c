@@ -1,0 +1,125 @@
+/* lab 03 — reduce-scatter: how FSDP averages gradients and keeps only its shard of the result.
+ *
+ * What it teaches
+ *   Each rank ran backward on its own data, so each holds a different full gradient of the unit. Data parallelism
+ *   needs their mean. DDP all-reduces: every rank ends with the whole mean gradient. FSDP only needs the part of the
+ *   mean that matches its parameter shard (its optimizer updates only that), so it reduce-scatters: rank r receives
+ *   chunk r of the sum, divided by the world size. Each rank then keeps 1/N of the gradient instead of all of it,
+ *   and a ring reduce-scatter moves half the bytes of a ring all-reduce ((N-1)/N vs 2(N-1)/N of the gradient),
+ *   because an all-reduce *is* a reduce-scatter followed by an all-gather.
+ *
+ * What to run
+ *   mpirun -np 2 lab/03_reduce_scatter        then -np 4: the kept shard shrinks as 1/N
+ *   env: OUT (default runs/03_reduce_scatter), SEED (default 1234)
+ *
+ * What to look at
+ *   The printed comparison of reduce_scatter and all_reduce: bytes sent, time, and what each rank keeps. In the
+ *   trace: the grad_unsharded band freed right after the reduce_scatter, leaving the small grad_shard; then the
+ *   all_reduce for comparison, twice as long on the comm track, and a full-size buffer that stays.
+ *
+ * The check (`make check-03`): each rank's gradient shard equals the mean over ranks of their full gradients,
+ * restricted to its shard, and equals the matching slice of the all-reduced gradient.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/comm.h"
+#include "../core/config.h"
+#include "../core/context.h"
+#include "../core/flat_param.h"
+#include "lesson_layer.h"
+
+/* Rank r's gradient comes from its own "data": the same RNG with a per-rank seed. Any rank can recompute it. */
+static fp_normal_init gradient_of_rank(uint64_t seed, int rank) {
+    return (fp_normal_init){.seed = seed + 1000 + (uint64_t)rank, .std = 1.0f};
+}
+
+/* Largest |actual - expected| over the shard, expected = mean over ranks of their gradients (summed in double). */
+static double max_error_vs_mean(context *ctx, const flat_param *fp, uint64_t seed, const float *actual) {
+    size_t begin, end;
+    fp_shard_range(fp, ctx->rank, &begin, &end);
+    float *one_rank = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_WORKSPACE, "lab03.one_rank_grad");
+    double *sum = (double *)mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(double), MEM_WORKSPACE, "lab03.mean");
+    for (int rank = 0; rank < ctx->world_size; rank++) {
+        fp_normal_init gradient = gradient_of_rank(seed, rank);
+        fp_fill_flat_range(fp, fp_fill_normal, &gradient, begin, end, one_rank);
+        for (size_t i = 0; i < fp->sharded_numel; i++) sum[i] += one_rank[i];
+    }
+    double max_error = 0.0;
+    for (size_t i = 0; i < fp->sharded_numel; i++) {
+        double error = fabs((double)actual[i] - sum[i] / ctx->world_size);
+        if (error > max_error) max_error = error;
+    }
+    mem_free(&ctx->mem, one_rank);
+    mem_free(&ctx->mem, sum);
+    return max_error;
+}
+
+/* Fills this rank's full (padded) gradient, as its backward would have. */
+static void fill_my_full_gradient(const context *ctx, const flat_param *fp, uint64_t seed, float *full) {
+    fp_normal_init gradient = gradient_of_rank(seed, ctx->rank);
+    fp_fill_flat_range(fp, fp_fill_normal, &gradient, 0, fp->padded_unsharded_numel, full);
+}
+
+static void print_collective(const char *label, const trace_collective_info *info, size_t kept_bytes) {
+    char sent[32], kept[32];
+    printf("  %-15s %12s %10.3f ms %14s\n", label, mem_format_bytes(info->bytes_sent, sent, sizeof sent),
+           info->dur_us / 1000.0, mem_format_bytes(kept_bytes, kept, sizeof kept));
+}
+
+int main(int argc, char **argv) {
+    context ctx;
+    ctx_init(&ctx, &argc, &argv, "03_reduce_scatter", "runs/03_reduce_scatter");
+    ctx_require_world_size(&ctx, 2, 8);
+    uint64_t seed = (uint64_t)cfg_env_int(&ctx, "SEED", 1234, 0, 2147483647);
+    /* float32 sums of N values of size ~1 in a different order than the double reference: far below 1e-5. */
+    const double tolerance = 1e-5;
+
+    flat_param fp;
+    if (fp_init(&fp, &ctx, "layers.0", lesson_layer_params, LESSON_LAYER_PARAM_COUNT) != 0)
+        ctx_fatal(&ctx, "%s", ctx.error);
+
+    /* FSDP's way: full gradient → reduce-scatter (mean) → this rank's shard; the full gradient is freed. */
+    trace_mark(&ctx.trace, "lab 03: backward produced a full gradient");
+    fill_my_full_gradient(&ctx, &fp, seed, fp_alloc_full_grad(&fp));
+    if (fp_reduce_scatter_grad(&fp, COMM_AVG) != 0) ctx_fatal(&ctx, "%s", ctx.error);
+    trace_collective_info reduce_scatter = ctx.last_collective;
+    double shard_error = max_error_vs_mean(&ctx, &fp, seed, fp.grad_shard);
+
+    /* DDP's way, for comparison: all-reduce (mean) the full gradient; every rank keeps all of it. */
+    trace_mark(&ctx.trace, "lab 03: the same gradient, all-reduced");
+    float *all_reduced =
+        mem_alloc(&ctx.mem, fp.padded_unsharded_numel * sizeof(float), MEM_GRAD_UNSHARDED, "lab03.all_reduced_grad");
+    fill_my_full_gradient(&ctx, &fp, seed, all_reduced);
+    COMM_CHECK(&ctx, comm_all_reduce(&ctx, all_reduced, fp.padded_unsharded_numel, COMM_AVG, "layers.0"));
+    trace_collective_info all_reduce = ctx.last_collective;
+    size_t begin, end;
+    fp_shard_range(&fp, ctx.rank, &begin, &end);
+    double slice_error = 0.0;
+    for (size_t i = begin; i < end; i++)
+        slice_error = fmax(slice_error, fabs((double)all_reduced[i] - (double)fp.grad_shard[i - begin]));
+
+    int mean_ok = ctx_all_true(&ctx, shard_error <= tolerance);
+    int slice_ok = ctx_all_true(&ctx, slice_error <= tolerance);
+    if (ctx.rank == 0) {
+        char full_text[32];
+        printf("lab 03 — reduce-scatter vs all-reduce of a %s gradient across %d ranks\n\n",
+               mem_format_bytes(fp.padded_unsharded_numel * sizeof(float), full_text, sizeof full_text),
+               ctx.world_size);
+        printf("  %-15s %12s %13s %14s\n", "rank 0", "bytes sent", "time", "grad kept");
+        print_collective("reduce_scatter", &reduce_scatter, fp.sharded_numel * sizeof(float));
+        print_collective("all_reduce", &all_reduce, fp.padded_unsharded_numel * sizeof(float));
+        printf("\nreduce_scatter sends (N-1)/N and keeps 1/N of the gradient; all_reduce sends 2(N-1)/N and keeps "
+               "all of it.\nbytes sent, all_reduce / reduce_scatter = %.2f\n\n",
+               (double)all_reduce.bytes_sent / (double)reduce_scatter.bytes_sent);
+        printf("check: grad shard == mean over ranks of their gradients, on its range (max error %.2e, all ranks): %s\n",
+               shard_error, mean_ok ? "OK" : "MISMATCH");
+        printf("check: grad shard == its slice of the all-reduced gradient (max error %.2e, all ranks): %s\n",
+               slice_error, slice_ok ? "OK" : "MISMATCH");
+    }
+    mem_free(&ctx.mem, all_reduced);
+    fp_free(&fp);
+    int status = ctx_finish(&ctx);
+    return mean_ok && slice_ok ? status : 1;
+}

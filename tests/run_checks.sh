@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs check suites and prints one line per check, then the closing summary "N passed, N failed".
+#
+#   tests/run_checks.sh SUITE...      (SUITE = a file tests/suites/SUITE.sh; `make check` names them all)
+#
+# A suite is a bash file that calls, for each check:
+#   check NAME COMMAND...                     passes when COMMAND exits 0
+#   check_fails NAME PATTERN COMMAND...       passes when COMMAND exits non-zero and its output matches PATTERN
+#   run_lab NAME NP DIR LAB [ENV=VALUE...]    runs lab/LAB on NP ranks into DIR, then validates DIR's trace
+# Each check's output goes to runs/check/logs/NAME.log; a failure prints its tail. MPIRUN comes from the Makefile.
+set -u
+cd "$(dirname "$0")/.."
+
+MPIRUN=${MPIRUN:-mpirun}
+CHECK_TIMEOUT=${CHECK_TIMEOUT:-300}
+LOG_DIR=runs/check/logs
+mkdir -p "$LOG_DIR"
+passed=0
+failed=0
+failed_names=()
+
+log_of() { printf '%s/%s.log' "$LOG_DIR" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_')"; }
+
+record() { # record NAME STATUS LOG
+  if [ "$2" = 0 ]; then
+    passed=$((passed + 1))
+    printf 'PASS  %s\n' "$1"
+  else
+    failed=$((failed + 1))
+    failed_names+=("$1")
+    printf 'FAIL  %s   (log: %s)\n' "$1" "$3"
+    tail -n 25 "$3" | sed 's/^/      | /'
+  fi
+}
+
+check() {
+  local name=$1 log
+  shift
+  log=$(log_of "$name")
+  timeout "$CHECK_TIMEOUT" "$@" >"$log" 2>&1
+  record "$name" $? "$log"
+}
+
+check_fails() {
+  local name=$1 pattern=$2 log status
+  shift 2
+  log=$(log_of "$name")
+  timeout "$CHECK_TIMEOUT" "$@" >"$log" 2>&1
+  status=$?
+  if [ $status -ne 0 ] && [ $status -ne 124 ] && grep -qE -- "$pattern" "$log"; then status=0
+  else
+    printf '\nexpected a non-zero exit (got %d) and output matching: %s\n' "$status" "$pattern" >>"$log"
+    status=1
+  fi
+  record "$name" $status "$log"
+}
+
+# One lab run: the lab's own assertions decide its exit status; then the trace it wrote must pass the validator.
+run_lab() {
+  local name=$1 ranks=$2 dir=$3 lab=$4
+  shift 4
+  rm -rf "$dir"
+  check "$name" env OUT="$dir" "$@" $MPIRUN -np "$ranks" "lab/$lab"
+  check "$name: trace valid" python3 tests/validate_trace.py --expect-ranks "$ranks" "$dir"
+}
+
+for suite in "$@"; do
+  if [ ! -f "tests/suites/$suite.sh" ]; then
+    echo "run_checks: no suite tests/suites/$suite.sh" >&2
+    exit 2
+  fi
+  printf -- '--- %s\n' "$suite"
+  # shellcheck source=/dev/null
+  source "tests/suites/$suite.sh"
+done
+
+echo
+[ $failed -gt 0 ] && printf 'failed: %s\n' "${failed_names[*]}"
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,8 @@
+# lab 02 — unshard / reshard. The lab asserts gathered == original and that memory returns to the shard level.
+for ranks in 2 4; do
+  run_lab "02_gather -np $ranks: views equal original, memory returns" $ranks runs/check/02_np$ranks 02_gather
+done
+check "02_gather: unsharded buffer is the whole unit, live before == after" python3 tests/check_lab02_memory.py \
+  runs/check/02_np2
+check_fails "02_gather -np 9 is refused, naming the value" "needs 2 to 8 ranks, got 9" \
+  env OUT=runs/check/02_np9 $MPIRUN -np 9 lab/02_gather

@@ -1,0 +1,441 @@
+/* test_trace.c — the event sink and its Chrome export, end to end: two sinks (ranks 0 and 1 of a world of 2) write a
+ * small run into a temporary directory, chrome_export merges it, and the tests read trace.json back with cJSON.
+ *
+ * KEEP=1 ./test_trace also leaves one such run directory (path printed) for tests/validate_trace.py, so the C
+ * exporter and the Python validator are checked against each other.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "../trace/chrome.h"
+#include "../trace/trace.h"
+
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { WORLD = 2, CATEGORY_COUNT = 10 };
+static const char *const categories[CATEGORY_COUNT] = {
+    "param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
+    "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
+};
+enum { PARAM_SHARD = 0, PARAM_UNSHARDED = 1, GRAD_SHARD = 3, ACTIVATION = 5 };
+
+/* ---- writing a run, as the core would ---- */
+
+/* The allocator's bookkeeping the core keeps (core/mem.h), reduced to what the events report. */
+typedef struct ledger {
+    uint64_t live;
+    uint64_t category_live[CATEGORY_COUNT];
+    uint64_t next_id;
+} ledger;
+
+static uint64_t ledger_alloc(trace_sink *sink, ledger *book, int category, uint64_t bytes, const char *owner) {
+    book->live += bytes;
+    book->category_live[category] += bytes;
+    trace_memory_info info = {++book->next_id, bytes, categories[category], owner, book->live,
+                              book->category_live[category]};
+    trace_alloc(sink, &info);
+    return info.id;
+}
+
+static void ledger_free(trace_sink *sink, ledger *book, uint64_t id, int category, uint64_t bytes,
+                        const char *owner) {
+    book->live -= bytes;
+    book->category_live[category] -= bytes;
+    trace_memory_info info = {id, bytes, categories[category], owner, book->live, book->category_live[category]};
+    trace_free(sink, &info);
+}
+
+/* Waits until the sink's clock has moved, so "later" events get a strictly larger ts. */
+static void clock_advance(const trace_sink *sink, double microseconds) {
+    double until = trace_now_us(sink) + microseconds;
+    while (trace_now_us(sink) < until) {
+    }
+}
+
+static void collective_write(trace_sink *sink, const char *op, const char *unit, uint64_t seq, double start_us) {
+    uint64_t count = 1024, bytes = 4 * count;
+    trace_collective_info info = {op,    unit,      strcmp(op, "reduce_scatter") == 0 ? "avg" : NULL,
+                                  count, bytes,     bytes / 2,
+                                  bytes / 2, seq,   start_us,
+                                  trace_now_us(sink) - start_us};
+    trace_collective(sink, &info);
+}
+
+/* One rank's run: every kind, and spans written after events that start later than they do (so the export must
+ * sort). param_shard differs per rank so the two counters differ. Memory lines, in order:
+ * param_shard P, +param_unsharded 4000, +activation 512, +grad_shard 1000, -param_unsharded, -activation. */
+static void rank_write(const char *dir, int rank, int world) {
+    trace_sink sink;
+    ck_assert_int_eq(trace_open(&sink, dir, rank, world), 0);
+    trace_reset_t0(&sink);
+    ledger book = {0};
+    ledger_alloc(&sink, &book, PARAM_SHARD, 1000 * (uint64_t)(rank + 1), "layers.0.flat_param");
+    trace_state(&sink, "root", "TrainingState", "IDLE", "FORWARD_BACKWARD", "_root_pre_forward");
+
+    double gather_start = trace_now_us(&sink);
+    clock_advance(&sink, 5);
+    uint64_t unsharded = ledger_alloc(&sink, &book, PARAM_UNSHARDED, 4000, "layers.0._full_param_padded");
+    collective_write(&sink, "all_gather", "layers.0", 0, gather_start);
+
+    double forward_start = trace_now_us(&sink);
+    clock_advance(&sink, 5);
+    trace_state(&sink, "layers.0", "HandleTrainingState", "IDLE", "FORWARD", "_pre_forward");
+    uint64_t activation = ledger_alloc(&sink, &book, ACTIVATION, 512, "layers.0.activations");
+    trace_compute(&sink, "layers.0.forward", "layers.0", "forward", forward_start, trace_now_us(&sink) - forward_start);
+    trace_mark(&sink, "after forward");
+
+    double scatter_start = trace_now_us(&sink);
+    ledger_alloc(&sink, &book, GRAD_SHARD, 1000, "layers.0.grad");
+    collective_write(&sink, "reduce_scatter", "layers.0", 1, scatter_start);
+    ledger_free(&sink, &book, unsharded, PARAM_UNSHARDED, 4000, "layers.0._full_param_padded");
+    ledger_free(&sink, &book, activation, ACTIVATION, 512, "layers.0.activations");
+    trace_step(&sink, 1, -1, 2.5, 6512, 0.001);
+    trace_close(&sink);
+}
+
+static char *run_dir_make(void) {
+    char template[] = "/tmp/fsdplab-trace-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(template));
+    return strdup(template);
+}
+
+static void run_dir_remove(char *dir) {
+    DIR *listing = opendir(dir);
+    if (listing != NULL) {
+        char path[4096];
+        for (struct dirent *entry; (entry = readdir(listing)) != NULL;) {
+            if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
+            snprintf(path, sizeof path, "%s/%s", dir, entry->d_name);
+            unlink(path);
+        }
+        closedir(listing);
+    }
+    rmdir(dir);
+    free(dir);
+}
+
+static void path_join(char *path, size_t size, const char *dir, const char *name) {
+    ck_assert_int_lt(snprintf(path, size, "%s/%s", dir, name), (int)size);
+}
+
+/* Replaces line `line_number` (from 1) of the file with `text` (which carries its own newline or not). */
+static void line_replace(const char *path, int line_number, const char *text) {
+    FILE *file = fopen(path, "r");
+    ck_assert_ptr_nonnull(file);
+    char lines[64][2048];
+    int count = 0;
+    while (count < 64 && fgets(lines[count], sizeof lines[count], file) != NULL) count++;
+    fclose(file);
+    ck_assert_int_ge(count, line_number);
+    file = fopen(path, "w");
+    ck_assert_ptr_nonnull(file);
+    for (int index = 0; index < count; index++) fputs(index + 1 == line_number ? text : lines[index], file);
+    fclose(file);
+}
+
+static void text_append(const char *path, const char *text) {
+    FILE *file = fopen(path, "a");
+    ck_assert_ptr_nonnull(file);
+    fputs(text, file);
+    fclose(file);
+}
+
+static cJSON *trace_load(const char *path) {
+    FILE *file = fopen(path, "r");
+    ck_assert_msg(file != NULL, "cannot open %s", path);
+    fseek(file, 0, SEEK_END);
+    long size = ftell(file);
+    rewind(file);
+    char *text = malloc((size_t)size + 1);
+    ck_assert_int_eq(fread(text, 1, (size_t)size, file), (size_t)size);
+    text[size] = '\0';
+    fclose(file);
+    cJSON *trace = cJSON_Parse(text);
+    free(text);
+    ck_assert_msg(trace != NULL, "%s is not JSON", path);
+    return trace;
+}
+
+/* ---- reading trace.json ---- */
+
+static double number_of(const cJSON *object, const char *key) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(object, key);
+    ck_assert_msg(cJSON_IsNumber(item), "no number '%s'", key);
+    return item->valuedouble;
+}
+
+static const char *string_of(const cJSON *object, const char *key) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(object, key);
+    return cJSON_IsString(item) ? item->valuestring : "";
+}
+
+static int is_phase(const cJSON *event, const char *phase) { return strcmp(string_of(event, "ph"), phase) == 0; }
+
+/* ---- the happy path: a fixture writes, exports and loads one run per test ---- */
+
+static char *run_dir;
+static cJSON *trace;
+static const cJSON *events;
+
+static void run_setup(void) {
+    run_dir = run_dir_make();
+    for (int rank = 0; rank < WORLD; rank++) rank_write(run_dir, rank, WORLD);
+    char error[1024] = "", path[4096];
+    ck_assert_msg(chrome_export(run_dir, NULL, error, sizeof error) == 0, "chrome_export: %s", error);
+    path_join(path, sizeof path, run_dir, "trace.json");
+    trace = trace_load(path);
+    events = cJSON_GetObjectItemCaseSensitive(trace, "traceEvents");
+    ck_assert(cJSON_IsArray(events));
+}
+
+static void run_teardown(void) {
+    cJSON_Delete(trace);
+    run_dir_remove(run_dir);
+}
+
+START_TEST(test_pids_are_ranks_plus_one) {
+    int seen[WORLD + 2] = {0};
+    const cJSON *event;
+    cJSON_ArrayForEach(event, events) {
+        int pid = (int)number_of(event, "pid");
+        ck_assert_msg(pid == 1 || pid == 2, "pid %d", pid);
+        seen[pid]++;
+    }
+    ck_assert_int_gt(seen[1], 0);
+    ck_assert_int_gt(seen[2], 0);
+}
+END_TEST
+
+START_TEST(test_metadata_names) {
+    static const char *const thread_names[] = {NULL, "compute", "comm", "memory"};
+    int process_names = 0, thread_named = 0;
+    const cJSON *event;
+    cJSON_ArrayForEach(event, events) {
+        if (!is_phase(event, "M")) continue;
+        int pid = (int)number_of(event, "pid");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(event, "args");
+        if (strcmp(string_of(event, "name"), "process_name") == 0) {
+            char expected[32];
+            snprintf(expected, sizeof expected, "rank %d", pid - 1);
+            ck_assert_str_eq(string_of(args, "name"), expected);
+            process_names++;
+        } else if (strcmp(string_of(event, "name"), "process_sort_index") == 0) {
+            ck_assert_int_eq((int)number_of(args, "sort_index"), pid - 1);
+        } else if (strcmp(string_of(event, "name"), "thread_name") == 0) {
+            int tid = (int)number_of(event, "tid");
+            ck_assert_int_ge(tid, 1);
+            ck_assert_int_le(tid, 3);
+            ck_assert_str_eq(string_of(args, "name"), thread_names[tid]);
+            thread_named++;
+        }
+    }
+    ck_assert_int_eq(process_names, WORLD);
+    ck_assert_int_eq(thread_named, 3 * WORLD);
+}
+END_TEST
+
+/* The memory lines of rank_write, as live bytes per category after each. */
+static void counter_expect(int rank, int sample, uint64_t live[CATEGORY_COUNT]) {
+    memset(live, 0, CATEGORY_COUNT * sizeof *live);
+    live[PARAM_SHARD] = 1000 * (uint64_t)(rank + 1);
+    if (sample >= 1 && sample < 4) live[PARAM_UNSHARDED] = 4000;
+    if (sample >= 2 && sample < 5) live[ACTIVATION] = 512;
+    if (sample >= 3) live[GRAD_SHARD] = 1000;
+}
+
+START_TEST(test_memory_counter_values) {
+    int samples[WORLD + 1] = {0};
+    const cJSON *event;
+    cJSON_ArrayForEach(event, events) {
+        if (!is_phase(event, "C")) continue;
+        ck_assert_str_eq(string_of(event, "name"), "memory");
+        ck_assert_int_eq((int)number_of(event, "tid"), 3);
+        int pid = (int)number_of(event, "pid");
+        uint64_t live[CATEGORY_COUNT];
+        counter_expect(pid - 1, samples[pid]++, live);
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(event, "args");
+        ck_assert_int_eq(cJSON_GetArraySize(args), CATEGORY_COUNT);
+        int index = 0;
+        const cJSON *series;
+        cJSON_ArrayForEach(series, args) {  /* every category, in EVENTS.md's order */
+            ck_assert_str_eq(series->string, categories[index]);
+            ck_assert_msg(series->valuedouble == (double)live[index], "rank %d sample %d %s: %g, expected %llu",
+                          pid - 1, samples[pid] - 1, series->string, series->valuedouble,
+                          (unsigned long long)live[index]);
+            index++;
+        }
+    }
+    ck_assert_int_eq(samples[1], 6);
+    ck_assert_int_eq(samples[2], 6);
+}
+END_TEST
+
+START_TEST(test_collective_flows) {
+    int collectives = 0;
+    const cJSON *event;
+    cJSON_ArrayForEach(event, events) {
+        if (!is_phase(event, "X") || number_of(event, "tid") != 2) continue;
+        int pid = (int)number_of(event, "pid");
+        int seq = (int)number_of(cJSON_GetObjectItemCaseSensitive(event, "args"), "seq");
+        ck_assert_str_eq(string_of(event, "name"), seq == 0 ? "all_gather" : "reduce_scatter");
+        char bind_id[32];
+        snprintf(bind_id, sizeof bind_id, "coll-%d", seq);
+        ck_assert_str_eq(string_of(event, "bind_id"), bind_id);
+        /* rank 0 starts the arrow, rank 1 (the last) ends it */
+        ck_assert_int_eq(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(event, "flow_out")), pid == 1);
+        ck_assert_int_eq(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(event, "flow_in")), pid == 2);
+        ck_assert(number_of(event, "dur") >= 0);
+        collectives++;
+    }
+    ck_assert_int_eq(collectives, 2 * WORLD);
+}
+END_TEST
+
+START_TEST(test_tracks_sorted_by_ts) {
+    double last[WORLD + 1][4];
+    for (int pid = 0; pid <= WORLD; pid++)
+        for (int tid = 0; tid < 4; tid++) last[pid][tid] = -1;
+    int forward_before_state = 0;
+    const cJSON *event;
+    cJSON_ArrayForEach(event, events) {
+        if (is_phase(event, "M")) continue;
+        int pid = (int)number_of(event, "pid"), tid = (int)number_of(event, "tid");
+        double ts = number_of(event, "ts");
+        ck_assert_msg(ts >= last[pid][tid], "pid %d tid %d: ts %g after %g", pid, tid, ts, last[pid][tid]);
+        last[pid][tid] = ts;
+        /* the forward span's line comes after the state it contains; sorted, the span comes first */
+        if (strcmp(string_of(event, "name"), "layers.0.forward") == 0) forward_before_state++;
+        if (strcmp(string_of(event, "name"), "layers.0: IDLE -> FORWARD") == 0) {
+            ck_assert_str_eq(string_of(event, "s"), "t");
+            ck_assert_int_eq(forward_before_state, pid);
+        }
+    }
+    ck_assert_int_eq(forward_before_state, WORLD);
+}
+END_TEST
+
+START_TEST(test_marks_and_steps_are_process_instants) {
+    int marks = 0, steps = 0;
+    const cJSON *event;
+    cJSON_ArrayForEach(event, events) {
+        if (!is_phase(event, "i") || strcmp(string_of(event, "s"), "p") != 0) continue;
+        if (strcmp(string_of(event, "name"), "after forward") == 0) marks++;
+        if (strcmp(string_of(event, "name"), "step 1") == 0) steps++;
+    }
+    ck_assert_int_eq(marks, WORLD);
+    ck_assert_int_eq(steps, WORLD);
+}
+END_TEST
+
+/* ---- errors: each test writes its own run and breaks it ---- */
+
+static int export_broken(char *dir, char *error, size_t error_size) {
+    int status = chrome_export(dir, NULL, error, error_size);
+    char path[4096];
+    path_join(path, sizeof path, dir, "trace.json");
+    ck_assert_msg(status != 0 || access(path, F_OK) == 0, "exported but no trace.json");
+    if (status != 0) ck_assert_msg(access(path, F_OK) != 0, "a failed export left %s", path);
+    return status;
+}
+
+START_TEST(test_missing_rank_file) {
+    char *dir = run_dir_make(), error[1024] = "";
+    rank_write(dir, 0, WORLD);
+    ck_assert_int_eq(export_broken(dir, error, sizeof error), -1);
+    ck_assert_msg(strstr(error, "rank1.jsonl") != NULL, "error does not name the file: %s", error);
+    run_dir_remove(dir);
+}
+END_TEST
+
+START_TEST(test_world_disagrees) {
+    char *dir = run_dir_make(), error[1024] = "";
+    rank_write(dir, 0, WORLD);
+    rank_write(dir, 1, 3);
+    ck_assert_int_eq(export_broken(dir, error, sizeof error), -1);
+    ck_assert_msg(strstr(error, "rank1.jsonl line 1") != NULL && strstr(error, "world is 3") != NULL &&
+                      strstr(error, "world 2") != NULL,
+                  "error does not name the file and both worlds: %s", error);
+    run_dir_remove(dir);
+}
+END_TEST
+
+START_TEST(test_malformed_middle_line) {
+    char *dir = run_dir_make(), error[1024] = "", path[4096];
+    for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
+    path_join(path, sizeof path, dir, "rank1.jsonl");
+    line_replace(path, 4, "{\"kind\":\"mark\",\"ts\":\n");
+    ck_assert_int_eq(export_broken(dir, error, sizeof error), -1);
+    ck_assert_msg(strstr(error, "rank1.jsonl line 4:") != NULL, "error does not name the line: %s", error);
+    run_dir_remove(dir);
+}
+END_TEST
+
+START_TEST(test_truncated_last_line_skipped) {
+    char *dir = run_dir_make(), error[1024] = "", path[4096];
+    for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
+    path_join(path, sizeof path, dir, "rank1.jsonl");
+    text_append(path, "{\"kind\":\"alloc\",\"ts\":12.5,\"ra");  /* a crash mid-line: no newline */
+    ck_assert_msg(export_broken(dir, error, sizeof error) == 0, "chrome_export: %s", error);
+    run_dir_remove(dir);
+}
+END_TEST
+
+START_TEST(test_explicit_output_path) {
+    char *dir = run_dir_make(), error[1024] = "", path[4096];
+    for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
+    path_join(path, sizeof path, dir, "other.json");
+    ck_assert_msg(chrome_export(dir, path, error, sizeof error) == 0, "chrome_export: %s", error);
+    cJSON_Delete(trace_load(path));
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* KEEP=1: one exported run left on disk for tests/validate_trace.py (a test, so ck_assert works in it). */
+START_TEST(test_keep_run) {
+    char *dir = run_dir_make(), error[1024] = "";
+    for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
+    ck_assert_msg(chrome_export(dir, NULL, error, sizeof error) == 0, "chrome_export: %s", error);
+    printf("test_trace: kept run %s\n", dir);
+    fflush(stdout);
+    free(dir);
+}
+END_TEST
+
+static Suite *trace_suite(void) {
+    Suite *suite = suite_create("trace");
+    TCase *exported = tcase_create("export");
+    tcase_add_checked_fixture(exported, run_setup, run_teardown);
+    tcase_add_test(exported, test_pids_are_ranks_plus_one);
+    tcase_add_test(exported, test_metadata_names);
+    tcase_add_test(exported, test_memory_counter_values);
+    tcase_add_test(exported, test_collective_flows);
+    tcase_add_test(exported, test_tracks_sorted_by_ts);
+    tcase_add_test(exported, test_marks_and_steps_are_process_instants);
+    suite_add_tcase(suite, exported);
+    TCase *errors = tcase_create("errors");
+    tcase_add_test(errors, test_missing_rank_file);
+    tcase_add_test(errors, test_world_disagrees);
+    tcase_add_test(errors, test_malformed_middle_line);
+    tcase_add_test(errors, test_truncated_last_line_skipped);
+    tcase_add_test(errors, test_explicit_output_path);
+    suite_add_tcase(suite, errors);
+    const char *keep = getenv("KEEP");
+    if (keep != NULL && keep[0] != '\0') {
+        TCase *kept = tcase_create("keep");
+        tcase_add_test(kept, test_keep_run);
+        suite_add_tcase(suite, kept);
+    }
+    return suite;
+}
+
+int main(void) {
+    SRunner *runner = srunner_create(trace_suite());
+    srunner_run_all(runner, CK_NORMAL);
+    int failed = srunner_ntests_failed(runner);
+    srunner_free(runner);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""validate_trace.py: checks a run directory's events and its Chrome export against trace/EVENTS.md.
+
+    python3 tests/validate_trace.py <rundir> [--expect-ranks N] [--trace path/to/trace.json]
+
+Reads <rundir>/rank<R>.jsonl (the contract) and <rundir>/trace.json (made by `fsdptrace chrome`), recomputes what
+the export must contain from the JSONL lines, and prints one OK / FAIL line per rule, then a summary line.
+Exit status 1 when any rule fails. Standard library only, so it runs wherever the lab runs.
+"""
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+SCHEMA_NAME = "fsdplab-events"
+SCHEMA_VERSION = 1
+# EVENTS.md's order; every memory counter sample carries all of them, in this order.
+CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
+              "activation", "checkpoint_input", "workspace", "comm_buffer", "data"]
+THREAD_NAMES = {1: "compute", 2: "comm", 3: "memory"}
+# JSONL kind -> (Chrome phase, tid) it becomes; the counts per rank must agree.
+KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", 2), "state": ("i", 1), "mark": ("i", 1),
+                 "step": ("i", 1), "alloc": ("C", 3), "free": ("C", 3)}
+PROBLEMS_SHOWN = 12
+
+
+class Report:
+    """Prints one line per check and remembers whether any failed."""
+
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, title, problems):
+        if problems:
+            self.failed += 1
+            print(f"FAIL {title}")
+            for problem in problems[:PROBLEMS_SHOWN]:
+                print(f"       {problem}")
+            if len(problems) > PROBLEMS_SHOWN:
+                print(f"       ... and {len(problems) - PROBLEMS_SHOWN} more")
+        else:
+            self.passed += 1
+            print(f"OK   {title}")
+
+    def skip(self, title, reason):
+        print(f"SKIP {title} ({reason})")
+
+
+def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_jsonl(path, problems):
+    """[(line_number, event)] of one rank file. A last line with no newline that does not parse was cut short by
+    a crash: the exporter skips it, so do we (with the same warning)."""
+    with open(path, encoding="utf-8") as file:
+        texts = file.readlines()
+    events = []
+    for number, text in enumerate(texts, start=1):
+        try:
+            event = json.loads(text)
+            if not isinstance(event, dict):
+                raise ValueError("not an object")
+        except ValueError as error:
+            if number == len(texts) and not text.endswith("\n"):
+                print(f"warning: {path} line {number}: skipping a last line cut short ({len(text)} bytes)",
+                      file=sys.stderr)
+            else:
+                problems.append(f"{path} line {number}: not a JSON object ({error}): {text[:80]!r}")
+            continue
+        events.append((number, event))
+    return events
+
+
+def read_ranks(rundir, expect_ranks, report):
+    """{rank: [(line, event)]} for every rank the meta line of rank0.jsonl names, or None when unusable."""
+    problems = []
+    rank0 = os.path.join(rundir, "rank0.jsonl")
+    if not os.path.exists(rank0):
+        report.check(f"JSONL files and meta lines in {rundir}", [f"{rank0} is missing"])
+        return None
+    ranks = {0: read_jsonl(rank0, problems)}
+    world = meta_check(rank0, ranks[0], 0, None, problems)
+    if world is None:
+        report.check("JSONL files and meta lines", problems)
+        return None
+    if expect_ranks is not None and world != expect_ranks:
+        problems.append(f"{rank0}: meta world {world}, expected {expect_ranks} ranks (--expect-ranks)")
+    for rank in range(1, world):
+        path = os.path.join(rundir, f"rank{rank}.jsonl")
+        if not os.path.exists(path):
+            problems.append(f"{path} is missing (rank0.jsonl says world {world})")
+            continue
+        ranks[rank] = read_jsonl(path, problems)
+        meta_check(path, ranks[rank], rank, world, problems)
+    extra = os.path.join(rundir, f"rank{world}.jsonl")
+    if os.path.exists(extra):
+        problems.append(f"{extra} exists but rank0.jsonl says world {world}")
+    report.check(f"JSONL files and meta lines ({world} ranks, schema {SCHEMA_NAME} v{SCHEMA_VERSION})", problems)
+    return ranks if len(ranks) == world else None
+
+
+def meta_check(path, events, rank, world, problems):
+    """The world size the meta line states, or None when the line is not a usable meta line."""
+    if not events or events[0][0] != 1 or events[0][1].get("kind") != "meta":
+        problems.append(f"{path} line 1: not a 'meta' event")
+        return None
+    meta = events[0][1]
+    if meta.get("schema") != SCHEMA_NAME or meta.get("version") != SCHEMA_VERSION:
+        problems.append(f"{path} line 1: schema {meta.get('schema')!r} version {meta.get('version')!r}, "
+                        f"expected {SCHEMA_NAME!r} version {SCHEMA_VERSION}")
+    if meta.get("rank") != rank:
+        problems.append(f"{path} line 1: meta rank {meta.get('rank')!r}, the file name says {rank}")
+    if not is_int(meta.get("world")) or meta["world"] < 1:
+        problems.append(f"{path} line 1: meta world {meta.get('world')!r} is not a world size")
+        return None
+    if world is not None and meta["world"] != world:
+        problems.append(f"{path} line 1: meta world {meta['world']}, rank0.jsonl says {world}")
+    return meta["world"]
+
+
+def read_trace(path, report):
+    """The traceEvents list, or None (reported) when the file is not a trace."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            trace = json.load(file)
+    except (OSError, ValueError) as error:
+        report.check(f"{path} parses", [str(error)])
+        return None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        report.check(f"{path} parses", ["no traceEvents list at the top level"])
+        return None
+    report.check(f"{path} parses ({len(trace['traceEvents'])} events)", [])
+    return trace["traceEvents"]
+
+
+def describe(index, event):
+    return f"event {index} ({event.get('ph')} {event.get('name')!r} pid {event.get('pid')} tid {event.get('tid')})"
+
+
+def check_fields(events, report):
+    """True when every event has the fields the later checks read (a pid of 0 or a negative ts fails here but
+    does not stop them)."""
+    problems, usable = [], True
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            problems.append(f"event {index}: not an object")
+            usable = False
+            continue
+        missing = [key for key in ("ph", "name") if not isinstance(event.get(key), str)]
+        missing += ["pid"] if not is_int(event.get("pid")) else []
+        needs_tid = event.get("ph") != "M" or str(event.get("name", "")).startswith("thread_")
+        missing += ["tid"] if needs_tid and not is_int(event.get("tid")) else []
+        missing += ["ts"] if event.get("ph") != "M" and not is_number(event.get("ts")) else []
+        if missing:
+            problems.append(f"{describe(index, event)}: no {', '.join(missing)} of the right type")
+            usable = False
+        if event.get("pid") == 0:
+            problems.append(f"{describe(index, event)}: pid 0 (pids are rank + 1; some viewers hide pid 0)")
+        if is_number(event.get("ts")) and event["ts"] < 0:
+            problems.append(f"{describe(index, event)}: ts {event['ts']} < 0")
+    report.check("every event has ph, name, pid != 0, tid, ts >= 0", problems)
+    return usable
+
+
+def timed(events):
+    """(index, event) of the events placed on a track, i.e. all but metadata."""
+    return [(index, event) for index, event in enumerate(events) if event["ph"] != "M"]
+
+
+def check_order(events, report):
+    problems = []
+    last = {}
+    for index, event in timed(events):
+        track = (event["pid"], event["tid"])
+        if track in last and event["ts"] < last[track][1]:
+            problems.append(f"{describe(index, event)}: ts {event['ts']} after ts {last[track][1]} "
+                            f"(event {last[track][0]}) on the same track")
+        last[track] = (index, event["ts"])
+    report.check("ts non-decreasing within each (pid, tid)", problems)
+
+
+def check_spans(events, report):
+    problems = []
+    depth = defaultdict(int)
+    for index, event in timed(events):
+        track = (event["pid"], event["tid"])
+        if event["ph"] == "X" and (not is_number(event.get("dur")) or event["dur"] < 0):
+            problems.append(f"{describe(index, event)}: dur {event.get('dur')!r} is not a number >= 0")
+        elif event["ph"] == "B":
+            depth[track] += 1
+        elif event["ph"] == "E":
+            depth[track] -= 1
+            if depth[track] < 0:
+                problems.append(f"{describe(index, event)}: E without a B on its track")
+                depth[track] = 0
+    problems += [f"pid {pid} tid {tid}: {count} B event(s) never ended" for (pid, tid), count in depth.items() if count]
+    report.check("X events have dur >= 0, B/E balanced per track", problems)
+
+
+def check_names(events, world, report):
+    problems = []
+    process_names, thread_names = {}, {}
+    for event in events:
+        if event["ph"] == "M" and event["name"] == "process_name":
+            process_names[event["pid"]] = event.get("args", {}).get("name")
+        if event["ph"] == "M" and event["name"] == "thread_name":
+            thread_names[(event["pid"], event.get("tid"))] = event.get("args", {}).get("name")
+    pids = {event["pid"] for event in events}
+    if pids != set(range(1, world + 1)):
+        problems.append(f"pids {sorted(pids)}, expected 1..{world} (rank + 1)")
+    for pid in sorted(pids):
+        if process_names.get(pid) != f"rank {pid - 1}":
+            problems.append(f"pid {pid}: process_name {process_names.get(pid)!r}, expected 'rank {pid - 1}'")
+        for tid, name in THREAD_NAMES.items():
+            if thread_names.get((pid, tid)) != name:
+                problems.append(f"pid {pid} tid {tid}: thread_name {thread_names.get((pid, tid))!r}, expected {name!r}")
+    report.check("pids are rank + 1, named 'rank N', threads compute / comm / memory", problems)
+
+
+def check_counts(events, ranks, report):
+    """Every JSONL event of a known kind becomes exactly one trace event on its track: nothing dropped or doubled."""
+    expected, found = defaultdict(int), defaultdict(int)
+    for rank, lines in ranks.items():
+        for _, line in lines[1:]:
+            if line.get("kind") in KIND_TO_TRACK:
+                expected[(rank + 1,) + KIND_TO_TRACK[line["kind"]]] += 1
+    for _, event in timed(events):
+        found[(event["pid"], event["ph"], event["tid"])] += 1
+    problems = []
+    for pid, ph, tid in sorted(set(expected) | set(found)):
+        if found[(pid, ph, tid)] != expected[(pid, ph, tid)]:
+            problems.append(f"rank {pid - 1}: {found[(pid, ph, tid)]} '{ph}' events on tid {tid}, "
+                            f"the JSONL has {expected[(pid, ph, tid)]}")
+    report.check("one trace event per JSONL event, on the right track", problems)
+
+
+def memory_sums(lines):
+    """[(line_number, line, {category: live bytes})] after each alloc/free, in file order."""
+    live = dict.fromkeys(CATEGORIES, 0)
+    sums = []
+    for number, line in lines:
+        if line.get("kind") not in ("alloc", "free"):
+            continue
+        size = line.get("bytes") if is_number(line.get("bytes")) else 0
+        category = line.get("category")
+        live.setdefault(category, 0)  # an unknown category is reported by check_memory_jsonl
+        live[category] += size if line["kind"] == "alloc" else -size
+        sums.append((number, line, dict(live)))
+    return sums
+
+
+def check_memory_jsonl(ranks, report):
+    problems = []
+    for rank, lines in ranks.items():
+        for number, line, live in memory_sums(lines):
+            where = f"rank {rank} line {number} ({line['kind']} {line.get('bytes')} B {line.get('category')!r})"
+            if line.get("category") not in CATEGORIES:
+                problems.append(f"{where}: category is not one of EVENTS.md's {len(CATEGORIES)}")
+            if line.get("category_live") != live[line.get("category")]:
+                problems.append(f"{where}: category_live {line.get('category_live')}, running sum "
+                                f"{live[line.get('category')]}")
+            if line.get("live") != sum(live.values()):
+                problems.append(f"{where}: live {line.get('live')}, running sum {sum(live.values())}")
+    report.check("JSONL alloc/free live and category_live equal the running sums", problems)
+
+
+def check_memory_counters(events, ranks, report):
+    problems = []
+    for rank, lines in ranks.items():
+        expected = memory_sums(lines)
+        counters = [(index, event) for index, event in enumerate(events)
+                    if event["ph"] == "C" and event["name"] == "memory" and event["pid"] == rank + 1]
+        if len(counters) != len(expected):
+            problems.append(f"rank {rank}: {len(counters)} memory counter events, {len(expected)} alloc/free lines")
+        for (index, event), (number, _, live) in zip(counters, expected):
+            args = event.get("args", {})
+            if list(args) != CATEGORIES:
+                problems.append(f"rank {rank} event {index}: counter series {list(args)}, expected {CATEGORIES}")
+            wrong = {name: (args.get(name), live[name]) for name in CATEGORIES if args.get(name) != live[name]}
+            if wrong:
+                problems.append(f"rank {rank} event {index} (line {number}): (counter, running sum) {wrong}")
+    report.check("memory counters equal the running per-category sums, in order", problems)
+
+
+def check_flows(events, world, report):
+    problems = []
+    by_bind = defaultdict(list)
+    flow_keys = ("bind_id", "flow_in", "flow_out")
+    for index, event in timed(events):
+        if event["ph"] == "X" and event["tid"] == 2:
+            if world > 1 and "bind_id" not in event:
+                problems.append(f"{describe(index, event)}: collective without bind_id")
+            elif world > 1 and event.get("bind_id") != f"coll-{event.get('args', {}).get('seq')}":
+                problems.append(f"{describe(index, event)}: bind_id {event.get('bind_id')!r} does not match seq "
+                                f"{event.get('args', {}).get('seq')!r}")
+        if world == 1 and any(key in event for key in flow_keys):
+            problems.append(f"{describe(index, event)}: flow fields in a world of 1")
+        if "bind_id" in event:
+            by_bind[event["bind_id"]].append((index, event))
+    for bind_id, members in by_bind.items():
+        starts = [event["pid"] for _, event in members if event.get("flow_out") and not event.get("flow_in")]
+        ends = [event["pid"] for _, event in members if event.get("flow_in") and not event.get("flow_out")]
+        middles = [event["pid"] for _, event in members if event.get("flow_in") and event.get("flow_out")]
+        if len(members) != world:
+            problems.append(f"{bind_id}: {len(members)} events, expected one per rank ({world})")
+        if starts != [1] or ends != [world] or sorted(middles) != list(range(2, world)):
+            problems.append(f"{bind_id}: flow_out-only pids {starts}, flow_in-only pids {ends}, both {sorted(middles)}"
+                            f"; expected [1], [{world}], {list(range(2, world))}")
+    report.check(f"flows: one bind_id per collective, chained rank 0 -> {world - 1}", problems)
+
+
+def check_collectives(ranks, world, report):
+    problems = []
+    seen = defaultdict(dict)  # seq -> rank -> (line, op, count)
+    for rank, lines in ranks.items():
+        for number, line in lines:
+            if line.get("kind") != "collective":
+                continue
+            seq = line.get("seq")
+            if rank in seen[seq]:
+                problems.append(f"rank {rank} line {number}: seq {seq} again (first at line {seen[seq][rank][0]})")
+            seen[seq][rank] = (number, line.get("op"), line.get("count"))
+    for seq in sorted(seen, key=str):
+        missing = sorted(set(range(world)) - set(seen[seq]))
+        if missing:
+            problems.append(f"seq {seq}: missing on rank(s) {missing}")
+        shapes = {(op, count) for _, op, count in seen[seq].values()}
+        if len(shapes) > 1:
+            detail = ", ".join(f"rank {rank} line {number}: {op} count {count}"
+                               for rank, (number, op, count) in sorted(seen[seq].items()))
+            problems.append(f"seq {seq}: ranks disagree ({detail})")
+    report.check(f"each collective seq appears once on every rank with the same op and count ({len(seen)} seqs)",
+                 problems)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rundir")
+    parser.add_argument("--expect-ranks", type=int, metavar="N", help="fail unless the run has N ranks")
+    parser.add_argument("--trace", help="the Chrome trace to check (default <rundir>/trace.json)")
+    options = parser.parse_args()
+    report = Report()
+    ranks = read_ranks(options.rundir, options.expect_ranks, report)
+    if ranks is not None:
+        world = len(ranks)
+        check_memory_jsonl(ranks, report)
+        check_collectives(ranks, world, report)
+    events = read_trace(options.trace or os.path.join(options.rundir, "trace.json"), report)
+    if events is not None and check_fields(events, report):
+        check_order(events, report)
+        check_spans(events, report)
+        if ranks is not None:
+            check_names(events, world, report)
+            check_counts(events, ranks, report)
+            check_memory_counters(events, ranks, report)
+            check_flows(events, world, report)
+        else:
+            report.skip("trace checks against the JSONL", "the JSONL files are unusable")
+    elif events is not None:
+        report.skip("ordering, spans, names, counters, flows", "events lack required fields")
+    print(f"validate_trace: {report.passed} passed, {report.failed} failed")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

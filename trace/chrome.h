@@ -1,0 +1,18 @@
+/* chrome.h — turns a run directory's rank<R>.jsonl files into one Chrome Trace Event Format file.
+ *
+ * The mapping (pids, tids, event phases, the memory counter, the flows joining a collective across ranks) is the
+ * section "Chrome export" of trace/EVENTS.md; tests/validate_trace.py checks every rule of it on a real run.
+ * Open the result in https://ui.perfetto.dev or chrome://tracing.
+ */
+#ifndef FSDPLAB_CHROME_H
+#define FSDPLAB_CHROME_H
+
+#include <stddef.h>
+
+/* Reads <rundir>/rank0.jsonl (its `meta` line gives the world size), then rank1 .. rank<world-1>, and writes the
+ * Chrome trace to out_path (NULL: <rundir>/trace.json). The file appears only when the export succeeds. A final
+ * line cut short by a crash is skipped with a warning on stderr; any other bad line is an error.
+ * Returns 0, or -1 with a message naming the file, the line and the values in `error`. */
+int chrome_export(const char *rundir, const char *out_path, char *error, size_t error_size);
+
+#endif

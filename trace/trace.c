@@ -1,0 +1,162 @@
+/* trace.c — the JSONL event sink. See trace.h and EVENTS.md. */
+#define _POSIX_C_SOURCE 200809L
+#include "trace.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+static double monotonic_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+double trace_now_us(const trace_sink *sink) { return (monotonic_seconds() - sink->t0_seconds) * 1e6; }
+
+/* A new event object with the fields every event has. NULL when tracing is off. */
+static cJSON *event_begin(const trace_sink *sink, const char *kind, double ts_us) {
+    if (sink == NULL || sink->file == NULL) return NULL;
+    cJSON *event = cJSON_CreateObject();
+    if (event == NULL) {
+        fprintf(stderr, "rank %d: trace: out of memory building a '%s' event\n", sink->rank, kind);
+        return NULL;
+    }
+    cJSON_AddStringToObject(event, "kind", kind);
+    /* Nanosecond resolution is plenty; rounding keeps lines short and diffable. */
+    cJSON_AddNumberToObject(event, "ts", (double)(int64_t)(ts_us * 1000.0 + 0.5) / 1000.0);
+    cJSON_AddNumberToObject(event, "rank", sink->rank);
+    return event;
+}
+
+static void add_string_or_null(cJSON *event, const char *key, const char *value) {
+    if (value != NULL) cJSON_AddStringToObject(event, key, value);
+    else cJSON_AddNullToObject(event, key);
+}
+
+/* Writes the event as one line and flushes it, so a crash loses at most this line. */
+static void event_write(trace_sink *sink, cJSON *event) {
+    if (event == NULL) return;
+    char *line = cJSON_PrintUnformatted(event);
+    cJSON_Delete(event);
+    if (line == NULL) {
+        fprintf(stderr, "rank %d: trace: cannot serialise an event for %s\n", sink->rank, sink->path);
+        return;
+    }
+    if (fprintf(sink->file, "%s\n", line) < 0 || fflush(sink->file) != 0) {
+        fprintf(stderr, "rank %d: trace: write to %s failed: %s; tracing stops here\n", sink->rank, sink->path,
+                strerror(errno));
+        fclose(sink->file);
+        sink->file = NULL;
+    }
+    cJSON_free(line);
+}
+
+int trace_open(trace_sink *sink, const char *outdir, int rank, int world_size) {
+    memset(sink, 0, sizeof *sink);
+    sink->rank = rank;
+    sink->world_size = world_size;
+    sink->t0_seconds = monotonic_seconds();
+    int written = snprintf(sink->path, sizeof sink->path, "%s/rank%d.jsonl", outdir, rank);
+    if (written < 0 || (size_t)written >= sizeof sink->path) {
+        fprintf(stderr, "rank %d: trace: output directory name too long: %s\n", rank, outdir);
+        return -1;
+    }
+    sink->file = fopen(sink->path, "w");
+    if (sink->file == NULL) {
+        fprintf(stderr, "rank %d: trace: cannot open %s: %s\n", rank, sink->path, strerror(errno));
+        return -1;
+    }
+    cJSON *meta = event_begin(sink, "meta", 0.0);
+    cJSON_AddStringToObject(meta, "schema", TRACE_SCHEMA_NAME);
+    cJSON_AddNumberToObject(meta, "version", TRACE_SCHEMA_VERSION);
+    cJSON_AddNumberToObject(meta, "world", world_size);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    cJSON_AddNumberToObject(meta, "unix_time", (double)wall.tv_sec + 1e-9 * (double)wall.tv_nsec);
+    event_write(sink, meta);
+    return sink->file != NULL ? 0 : -1;
+}
+
+void trace_reset_t0(trace_sink *sink) {
+    sink->t0_seconds = monotonic_seconds();
+    trace_mark(sink, "t0");
+}
+
+void trace_close(trace_sink *sink) {
+    if (sink->file != NULL) fclose(sink->file);
+    sink->file = NULL;
+}
+
+void trace_state(trace_sink *sink, const char *unit, const char *machine, const char *from, const char *to,
+                 const char *hook) {
+    cJSON *event = event_begin(sink, "state", trace_now_us(sink));
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "unit", unit);
+    cJSON_AddStringToObject(event, "machine", machine);
+    cJSON_AddStringToObject(event, "from", from);
+    cJSON_AddStringToObject(event, "to", to);
+    cJSON_AddStringToObject(event, "hook", hook);
+    event_write(sink, event);
+}
+
+void trace_collective(trace_sink *sink, const trace_collective_info *info) {
+    cJSON *event = event_begin(sink, "collective", info->start_us);
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "op", info->op);
+    cJSON_AddStringToObject(event, "unit", info->unit);
+    add_string_or_null(event, "reduce", info->reduce);
+    cJSON_AddNumberToObject(event, "count", (double)info->count);
+    cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
+    cJSON_AddNumberToObject(event, "bytes_sent", (double)info->bytes_sent);
+    cJSON_AddNumberToObject(event, "bytes_recv", (double)info->bytes_recv);
+    cJSON_AddNumberToObject(event, "world", sink->world_size);
+    cJSON_AddNumberToObject(event, "seq", (double)info->seq);
+    cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(info->dur_us * 1000.0 + 0.5) / 1000.0);
+    event_write(sink, event);
+}
+
+static void memory_event(trace_sink *sink, const char *kind, const trace_memory_info *info) {
+    cJSON *event = event_begin(sink, kind, trace_now_us(sink));
+    if (event == NULL) return;
+    cJSON_AddNumberToObject(event, "id", (double)info->id);
+    cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
+    cJSON_AddStringToObject(event, "category", info->category);
+    cJSON_AddStringToObject(event, "owner", info->owner);
+    cJSON_AddNumberToObject(event, "live", (double)info->live_bytes);
+    cJSON_AddNumberToObject(event, "category_live", (double)info->category_live_bytes);
+    event_write(sink, event);
+}
+
+void trace_alloc(trace_sink *sink, const trace_memory_info *info) { memory_event(sink, "alloc", info); }
+void trace_free(trace_sink *sink, const trace_memory_info *info) { memory_event(sink, "free", info); }
+
+void trace_compute(trace_sink *sink, const char *name, const char *unit, const char *phase, double start_us,
+                   double dur_us) {
+    cJSON *event = event_begin(sink, "compute", start_us);
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "name", name);
+    add_string_or_null(event, "unit", unit);
+    add_string_or_null(event, "phase", phase);
+    cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(dur_us * 1000.0 + 0.5) / 1000.0);
+    event_write(sink, event);
+}
+
+void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t peak_bytes, double time_seconds) {
+    cJSON *event = event_begin(sink, "step", trace_now_us(sink));
+    if (event == NULL) return;
+    cJSON_AddNumberToObject(event, "step", step);
+    cJSON_AddNumberToObject(event, "micro", micro);
+    cJSON_AddNumberToObject(event, "loss", loss);
+    cJSON_AddNumberToObject(event, "peak_bytes", (double)peak_bytes);
+    cJSON_AddNumberToObject(event, "time", time_seconds);
+    event_write(sink, event);
+}
+
+void trace_mark(trace_sink *sink, const char *text) {
+    cJSON *event = event_begin(sink, "mark", trace_now_us(sink));
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "text", text);
+    event_write(sink, event);
+}

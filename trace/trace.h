@@ -1,0 +1,81 @@
+/* trace.h — the event sink: one JSON object per line, one file per rank (<outdir>/rank<R>.jsonl).
+ *
+ * The sink only writes; nothing in the runtime ever reads events back (DESIGN.md §1). Every event carries `kind`,
+ * `ts` (microseconds since this rank's t0, taken right after a start barrier) and `rank`. The exact schema, and the
+ * version written in the first line of each file, is trace/EVENTS.md. Each line is flushed as it is written, so a
+ * crash loses at most the event being written.
+ *
+ * This module knows nothing of MPI or of the core: the caller passes the rank and chooses the moment of t0.
+ */
+#ifndef FSDPLAB_TRACE_H
+#define FSDPLAB_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define TRACE_SCHEMA_NAME "fsdplab-events"
+#define TRACE_SCHEMA_VERSION 1
+
+typedef struct trace_sink {
+    FILE *file;          /* NULL: tracing disabled, every trace_* call is a no-op */
+    int rank;
+    int world_size;
+    double t0_seconds;   /* CLOCK_MONOTONIC at t0 */
+    char path[1024];
+} trace_sink;
+
+/* Opens <outdir>/rank<R>.jsonl for writing (truncating) and writes the `meta` line. t0 is "now"; call
+ * trace_reset_t0 right after the start barrier. Returns 0, or -1 with a message on stderr naming the path. */
+int trace_open(trace_sink *sink, const char *outdir, int rank, int world_size);
+/* Takes t0 now and writes a `mark` "t0" line; ts of later events count from here. */
+void trace_reset_t0(trace_sink *sink);
+/* Microseconds since t0 (monotonic clock). */
+double trace_now_us(const trace_sink *sink);
+void trace_close(trace_sink *sink);
+
+/* A state transition of an FSDP unit. `machine` names the enum: "TrainingState", "HandleTrainingState" or
+ * "ShardState"; `hook` the hook that made it (e.g. "_pre_forward"). */
+void trace_state(trace_sink *sink, const char *unit, const char *machine, const char *from, const char *to,
+                 const char *hook);
+
+/* A finished collective that started at start_us and took dur_us. `bytes` is the size of the whole (unsharded)
+ * buffer the collective covers; bytes_sent / bytes_recv what this rank moves under a ring algorithm. `seq` counts
+ * the collectives of this rank from 0, so the same seq on every rank is the same collective. */
+typedef struct trace_collective_info {
+    const char *op;      /* all_gather, reduce_scatter, all_reduce, broadcast, barrier */
+    const char *unit;
+    const char *reduce;  /* "sum", "avg" or NULL when the op reduces nothing */
+    uint64_t count;      /* floats in the whole buffer */
+    uint64_t bytes;
+    uint64_t bytes_sent;
+    uint64_t bytes_recv;
+    uint64_t seq;
+    double start_us;
+    double dur_us;
+} trace_collective_info;
+void trace_collective(trace_sink *sink, const trace_collective_info *info);
+
+/* A tracked allocation or free (core/mem.h). live_bytes and category_live_bytes are the totals after the event. */
+typedef struct trace_memory_info {
+    uint64_t id;
+    uint64_t bytes;
+    const char *category;
+    const char *owner;
+    uint64_t live_bytes;
+    uint64_t category_live_bytes;
+} trace_memory_info;
+void trace_alloc(trace_sink *sink, const trace_memory_info *info);
+void trace_free(trace_sink *sink, const trace_memory_info *info);
+
+/* A finished compute span (a layer's forward, an optimizer step...) that started at start_us. */
+void trace_compute(trace_sink *sink, const char *name, const char *unit, const char *phase, double start_us,
+                   double dur_us);
+
+/* The end of a (micro-)step. micro is -1 for a whole optimizer step. */
+void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t peak_bytes, double time_seconds);
+
+/* Free text: a label a learner will see on the timeline ("lab 02: before unshard"). */
+void trace_mark(trace_sink *sink, const char *text);
+
+#endif
