@@ -1,0 +1,235 @@
+/* test_comm.c — the collectives against naive MPI_Send/Recv reference loops, at any world size (the suite runs it
+ * under mpirun -np 1..4), for sizes that do and do not divide by the world size; mismatched calls between ranks
+ * give an error on every rank instead of a hang. */
+#include <math.h>
+#include <string.h>
+
+#include "../core/comm.h"
+#include "../core/rng.h"
+#include "mpi_check.h"
+
+static context ctx; /* the one context of this test program */
+
+static const size_t chunk_counts[] = {1, 7, 1000, 4099};          /* per rank, for all_gather / reduce_scatter */
+static const size_t any_counts[] = {1, 7, 1001, 4099, 65537};     /* for all_reduce / broadcast */
+#define COUNT_OF(array) (sizeof(array) / sizeof((array)[0]))
+
+/* Rank r's input: a value that depends only on (tag, r, i), so any rank can compute any rank's input. */
+static float input_value(uint64_t tag, int rank, size_t i) {
+    return rng_uniform(tag, (uint64_t)rank, i) - 0.5f;
+}
+static float *make_input(uint64_t tag, int rank, size_t count) {
+    float *buffer = mem_alloc(&ctx.mem, count * sizeof(float), MEM_WORKSPACE, "test.input");
+    for (size_t i = 0; i < count; i++) buffer[i] = input_value(tag, rank, i);
+    return buffer;
+}
+static float *make_zeros(size_t count) { return mem_alloc(&ctx.mem, count * sizeof(float), MEM_WORKSPACE, "test.out"); }
+
+/* Reference: in round k every rank sends to rank+k and receives from rank-k (no deadlock, no collective). */
+static void exchange(const float *send, size_t send_count, int to, float *recv, size_t recv_count, int from) {
+    CTX_MPI(&ctx, MPI_Sendrecv(send, (int)send_count, MPI_FLOAT, to, 7, recv, (int)recv_count, MPI_FLOAT, from, 7,
+                               ctx.comm, MPI_STATUS_IGNORE));
+}
+
+static void reference_all_gather(const float *shard, float *full, size_t chunk) {
+    memcpy(full + (size_t)ctx.rank * chunk, shard, chunk * sizeof(float));
+    for (int k = 1; k < ctx.world_size; k++) {
+        int to = (ctx.rank + k) % ctx.world_size, from = (ctx.rank - k + ctx.world_size) % ctx.world_size;
+        exchange(shard, chunk, to, full + (size_t)from * chunk, chunk, from);
+    }
+}
+
+/* Sum over ranks of chunk `rank` of everyone's buffer, summed in rank order in double. */
+static void reference_reduce_scatter(const float *full, float *shard, size_t chunk) {
+    float *received = make_zeros(chunk * (size_t)ctx.world_size);
+    memcpy(received + (size_t)ctx.rank * chunk, full + (size_t)ctx.rank * chunk, chunk * sizeof(float));
+    for (int k = 1; k < ctx.world_size; k++) {
+        int to = (ctx.rank + k) % ctx.world_size, from = (ctx.rank - k + ctx.world_size) % ctx.world_size;
+        exchange(full + (size_t)to * chunk, chunk, to, received + (size_t)from * chunk, chunk, from);
+    }
+    for (size_t i = 0; i < chunk; i++) {
+        double sum = 0.0;
+        for (int rank = 0; rank < ctx.world_size; rank++) sum += received[(size_t)rank * chunk + i];
+        shard[i] = (float)sum;
+    }
+    mem_free(&ctx.mem, received);
+}
+
+static void reference_all_reduce(const float *mine, float *out, size_t count) {
+    float *everyone = make_zeros(count * (size_t)ctx.world_size);
+    reference_all_gather(mine, everyone, count); /* gather whole buffers, then sum in rank order */
+    for (size_t i = 0; i < count; i++) {
+        double sum = 0.0;
+        for (int rank = 0; rank < ctx.world_size; rank++) sum += everyone[(size_t)rank * count + i];
+        out[i] = (float)sum;
+    }
+    mem_free(&ctx.mem, everyone);
+}
+
+static void reference_broadcast(float *buffer, size_t count, int root) {
+    if (ctx.rank == root) {
+        for (int rank = 0; rank < ctx.world_size; rank++)
+            if (rank != root)
+                CTX_MPI(&ctx, MPI_Send(buffer, (int)count, MPI_FLOAT, rank, 8, ctx.comm));
+    } else {
+        CTX_MPI(&ctx, MPI_Recv(buffer, (int)count, MPI_FLOAT, root, 8, ctx.comm, MPI_STATUS_IGNORE));
+    }
+}
+
+/* Largest |a - b| / max(1, |b|). */
+static double max_relative_error(const float *a, const float *b, size_t count) {
+    double worst = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        double error = fabs((double)a[i] - (double)b[i]) / fmax(1.0, fabs((double)b[i]));
+        if (error > worst) worst = error;
+    }
+    return worst;
+}
+
+START_TEST(test_all_gather_matches_reference) {
+    for (size_t c = 0; c < COUNT_OF(chunk_counts); c++) {
+        size_t chunk = chunk_counts[c], full_count = chunk * (size_t)ctx.world_size;
+        float *shard = make_input(11, ctx.rank, chunk), *full = make_zeros(full_count), *expected = make_zeros(full_count);
+        ck_assert_int_eq(comm_all_gather(&ctx, shard, full, full_count, "test"), 0);
+        reference_all_gather(shard, expected, chunk);
+        CK_ASSERT_ALL(&ctx, memcmp(full, expected, full_count * sizeof(float)) == 0,
+                      "all_gather of %zu floats differs from the reference", full_count);
+        const trace_collective_info *info = &ctx.last_collective;
+        CK_ASSERT_ALL(&ctx, info->bytes == full_count * 4 && info->bytes_sent == (uint64_t)(ctx.world_size - 1) * chunk * 4,
+                      "all_gather event: bytes %llu sent %llu", (unsigned long long)info->bytes,
+                      (unsigned long long)info->bytes_sent);
+        mem_free(&ctx.mem, shard);
+        mem_free(&ctx.mem, full);
+        mem_free(&ctx.mem, expected);
+    }
+}
+END_TEST
+
+START_TEST(test_reduce_scatter_matches_reference) {
+    for (int reduce = COMM_SUM; reduce <= COMM_AVG; reduce++) {
+        for (size_t c = 0; c < COUNT_OF(chunk_counts); c++) {
+            size_t chunk = chunk_counts[c], full_count = chunk * (size_t)ctx.world_size;
+            float *full = make_input(22 + (uint64_t)reduce, ctx.rank, full_count), *shard = make_zeros(chunk),
+                  *expected = make_zeros(chunk);
+            ck_assert_int_eq(comm_reduce_scatter(&ctx, full, shard, full_count, (comm_reduce)reduce, "test"), 0);
+            reference_reduce_scatter(full, expected, chunk);
+            if (reduce == COMM_AVG)
+                for (size_t i = 0; i < chunk; i++) expected[i] /= (float)ctx.world_size;
+            double error = max_relative_error(shard, expected, chunk);
+            CK_ASSERT_ALL(&ctx, error <= 1e-6, "reduce_scatter (%s) of %zu floats: max relative error %.3g",
+                          reduce == COMM_AVG ? "avg" : "sum", full_count, error);
+            mem_free(&ctx.mem, full);
+            mem_free(&ctx.mem, shard);
+            mem_free(&ctx.mem, expected);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_all_reduce_matches_reference) {
+    for (int reduce = COMM_SUM; reduce <= COMM_AVG; reduce++) {
+        for (size_t c = 0; c < COUNT_OF(any_counts); c++) {
+            size_t count = any_counts[c];
+            float *buffer = make_input(33, ctx.rank, count), *expected = make_zeros(count);
+            reference_all_reduce(buffer, expected, count);
+            if (reduce == COMM_AVG)
+                for (size_t i = 0; i < count; i++) expected[i] /= (float)ctx.world_size;
+            ck_assert_int_eq(comm_all_reduce(&ctx, buffer, count, (comm_reduce)reduce, "test"), 0);
+            double error = max_relative_error(buffer, expected, count);
+            CK_ASSERT_ALL(&ctx, error <= 1e-6, "all_reduce of %zu floats: max relative error %.3g", count, error);
+            mem_free(&ctx.mem, buffer);
+            mem_free(&ctx.mem, expected);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_broadcast_matches_reference_from_every_root) {
+    for (int root = 0; root < ctx.world_size; root++) {
+        for (size_t c = 0; c < COUNT_OF(any_counts); c++) {
+            size_t count = any_counts[c];
+            float *buffer = make_input(44, ctx.rank, count), *expected = make_input(44, ctx.rank, count);
+            ck_assert_int_eq(comm_broadcast(&ctx, buffer, count, root, "test"), 0);
+            reference_broadcast(expected, count, root);
+            int ok = memcmp(buffer, expected, count * sizeof(float)) == 0 && buffer[0] == input_value(44, root, 0);
+            CK_ASSERT_ALL(&ctx, ok, "broadcast of %zu floats from root %d differs", count, root);
+            mem_free(&ctx.mem, buffer);
+            mem_free(&ctx.mem, expected);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_mismatched_counts_fail_on_every_rank) {
+    if (ctx.world_size < 2) return;
+    /* Rank 0 thinks the unit has 8 floats per rank, the others 9: a bug that MPI would turn into a hang. */
+    size_t full_count = (ctx.rank == 0 ? 8 : 9) * (size_t)ctx.world_size;
+    float *shard = make_zeros(9), *full = make_zeros(9 * (size_t)ctx.world_size);
+    int status = comm_all_gather(&ctx, shard, full, full_count, "layers.3");
+    CK_ASSERT_ALL(&ctx, status == -1, "mismatched all_gather returned %d", status);
+    int named = strstr(ctx.error, "layers.3") != NULL && strstr(ctx.error, "floats, but rank") != NULL;
+    CK_ASSERT_ALL(&ctx, named, "error does not name the unit and the other rank's count: %s", ctx.error);
+    /* The communicator is still usable afterwards. */
+    ck_assert_int_eq(comm_barrier(&ctx, "after the error"), 0);
+    mem_free(&ctx.mem, shard);
+    mem_free(&ctx.mem, full);
+}
+END_TEST
+
+START_TEST(test_mismatched_ops_fail_on_every_rank) {
+    if (ctx.world_size < 2) return;
+    float *buffer = make_zeros(16);
+    int status = ctx.rank == 0 ? comm_all_reduce(&ctx, buffer, 16, COMM_SUM, "unit")
+                               : comm_broadcast(&ctx, buffer, 16, 0, "unit");
+    CK_ASSERT_ALL(&ctx, status == -1, "all_reduce on rank 0 vs broadcast elsewhere returned %d", status);
+    CK_ASSERT_ALL(&ctx, strstr(ctx.error, "every rank must call the same collective") != NULL, "%s", ctx.error);
+    int root_status = comm_broadcast(&ctx, buffer, 16, ctx.rank == 0 ? 0 : 1, "unit");
+    CK_ASSERT_ALL(&ctx, root_status == -1 && strstr(ctx.error, "root") != NULL,
+                  "broadcast with different roots: %d, %s", root_status, ctx.error);
+    mem_free(&ctx.mem, buffer);
+}
+END_TEST
+
+START_TEST(test_indivisible_shard_sizes_are_refused) {
+    if (ctx.world_size < 2) return;
+    size_t full_count = 4 * (size_t)ctx.world_size + 1;
+    float *full = make_zeros(full_count), *shard = make_zeros(full_count);
+    int status = comm_reduce_scatter(&ctx, full, shard, full_count, COMM_AVG, "root");
+    CK_ASSERT_ALL(&ctx, status == -1 && strstr(ctx.error, "not divisible") != NULL, "status %d: %s", status,
+                  ctx.error);
+    status = comm_all_gather(&ctx, shard, full, full_count, "root");
+    CK_ASSERT_ALL(&ctx, status == -1 && strstr(ctx.error, "not divisible") != NULL, "status %d: %s", status,
+                  ctx.error);
+    mem_free(&ctx.mem, full);
+    mem_free(&ctx.mem, shard);
+}
+END_TEST
+
+START_TEST(test_sequence_numbers_agree_across_ranks) {
+    uint64_t before = ctx.collective_seq;
+    ck_assert_int_eq(comm_barrier(&ctx, "seq"), 0);
+    ck_assert_uint_eq(ctx.last_collective.seq, before);
+    ck_assert_uint_eq(ctx.collective_seq, before + 1);
+    double mine = (double)ctx.collective_seq, smallest = 0, largest = 0;
+    CTX_MPI(&ctx, MPI_Allreduce(&mine, &smallest, 1, MPI_DOUBLE, MPI_MIN, ctx.comm));
+    CTX_MPI(&ctx, MPI_Allreduce(&mine, &largest, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
+    CK_ASSERT_ALL(&ctx, smallest == largest, "collective seq differs across ranks: %g..%g", smallest, largest);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+    ctx_init(&ctx, &argc, &argv, "test_comm", "runs/check/test_comm");
+    Suite *suite = suite_create("comm");
+    TCase *tc = tcase_create("collectives");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_all_gather_matches_reference);
+    tcase_add_test(tc, test_reduce_scatter_matches_reference);
+    tcase_add_test(tc, test_all_reduce_matches_reference);
+    tcase_add_test(tc, test_broadcast_matches_reference_from_every_root);
+    tcase_add_test(tc, test_mismatched_counts_fail_on_every_rank);
+    tcase_add_test(tc, test_mismatched_ops_fail_on_every_rank);
+    tcase_add_test(tc, test_indivisible_shard_sizes_are_refused);
+    tcase_add_test(tc, test_sequence_numbers_agree_across_ranks);
+    suite_add_tcase(suite, tc);
+    return mpi_check_run(&ctx, suite);
+}

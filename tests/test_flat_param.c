@@ -1,0 +1,184 @@
+/* test_flat_param.c — FlatParameter at any world size (run under mpirun -np 1..4): for many shape lists, the
+ * concatenated shards equal the flattened original; views alias the right offsets; the reduce-scattered gradient
+ * shard equals the mean over ranks of their full gradients, restricted to the shard, and accumulates. */
+#include <math.h>
+#include <string.h>
+
+#include "../core/flat_param.h"
+#include "../core/rng.h"
+#include "mpi_check.h"
+
+static context ctx; /* the one context of this test program */
+
+/* A shape list made from a seed: 1-6 tensors of 1-3 dims, each dim 1-9, so totals land on every residue. */
+typedef struct shape_list {
+    fp_tensor_spec specs[6];
+    char names[6][32];
+    int count;
+} shape_list;
+
+static void make_shape_list(shape_list *list, uint64_t seed) {
+    list->count = 1 + (int)(rng_bits(seed, 1, 0) % 6);
+    for (int i = 0; i < list->count; i++) {
+        snprintf(list->names[i], sizeof list->names[i], "module.p%d.weight", i);
+        fp_tensor_spec *spec = &list->specs[i];
+        spec->name = list->names[i];
+        spec->ndim = 1 + (int)(rng_bits(seed, 2, (uint64_t)i) % 3);
+        for (int d = 0; d < spec->ndim; d++) spec->shape[d] = 1 + (int64_t)(rng_bits(seed, 3, (uint64_t)(4 * i + d)) % 9);
+    }
+}
+
+/* Parameter values: (name, index) → a float, through the same RNG the model uses. */
+static void fill_values(const char *name, size_t first, size_t count, float *out, void *user) {
+    const uint64_t *seed = user;
+    for (size_t i = 0; i < count; i++) out[i] = rng_uniform(*seed, rng_stream_of(name), first + i);
+}
+
+#define SHAPE_LISTS 40
+
+START_TEST(test_shards_reassemble_to_the_original) {
+    for (uint64_t seed = 0; seed < SHAPE_LISTS; seed++) {
+        shape_list list;
+        make_shape_list(&list, seed);
+        flat_param fp;
+        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        size_t world = (size_t)ctx.world_size;
+        ck_assert_uint_eq(fp.padded_unsharded_numel % world, 0);
+        ck_assert_uint_lt(fp.pad_numel, world);
+        ck_assert_uint_eq(fp.sharded_numel * world, fp.padded_unsharded_numel);
+
+        fp_fill_local_shard(&fp, fill_values, &seed);
+        float *gathered = mem_alloc(&ctx.mem, fp.padded_unsharded_numel * sizeof(float), MEM_WORKSPACE, "gathered");
+        float *original = mem_alloc(&ctx.mem, fp.padded_unsharded_numel * sizeof(float), MEM_WORKSPACE, "original");
+        ck_assert_int_eq(comm_all_gather(&ctx, fp.local_shard, gathered, fp.padded_unsharded_numel, "test"), 0);
+        /* The original, flattened here without any sharding: each parameter in registration order, then zeros. */
+        size_t offset = 0;
+        for (int i = 0; i < list.count; i++) {
+            fill_values(fp.params[i].name, 0, fp.params[i].numel, original + offset, &seed);
+            offset += fp.params[i].numel;
+        }
+        int same = memcmp(gathered, original, fp.padded_unsharded_numel * sizeof(float)) == 0;
+        CK_ASSERT_ALL(&ctx, same, "shape list %llu (%d tensors, %zu floats): shards do not reassemble",
+                      (unsigned long long)seed, list.count, fp.unpadded_numel);
+
+        /* Every element of every parameter is owned by exactly one rank. */
+        for (int i = 0; i < list.count; i++) {
+            size_t owned = 0, begin, end;
+            for (int rank = 0; rank < ctx.world_size; rank++)
+                if (fp_param_shard_overlap(&fp, i, rank, &begin, &end)) owned += end - begin;
+            ck_assert_uint_eq(owned, fp.params[i].numel);
+        }
+        mem_free(&ctx.mem, gathered);
+        mem_free(&ctx.mem, original);
+        fp_free(&fp);
+    }
+}
+END_TEST
+
+START_TEST(test_views_alias_the_right_offsets) {
+    for (uint64_t seed = 100; seed < 100 + SHAPE_LISTS; seed++) {
+        shape_list list;
+        make_shape_list(&list, seed);
+        flat_param fp;
+        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        fp_fill_local_shard(&fp, fill_values, &seed);
+        size_t live_sharded = ctx.mem.live_bytes;
+        ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
+        ck_assert_int_eq(fp.shard_state, FP_UNSHARDED);
+        ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * sizeof(float));
+        int ok = 1;
+        size_t expected_offset = 0;
+        for (int i = 0; i < list.count; i++) {
+            const float *view = fp_param_view(&fp, list.names[i]);
+            ok &= view == fp.full_param_padded + expected_offset;
+            float expected[9 * 9 * 9];
+            fill_values(list.names[i], 0, fp.params[i].numel, expected, &seed);
+            ok &= memcmp(view, expected, fp.params[i].numel * sizeof(float)) == 0;
+            expected_offset += fp.params[i].numel;
+        }
+        for (size_t pad = fp.unpadded_numel; pad < fp.padded_unsharded_numel; pad++) ok &= fp.full_param_padded[pad] == 0.0f;
+        CK_ASSERT_ALL(&ctx, ok, "shape list %llu: a view is at the wrong offset or holds wrong values",
+                      (unsigned long long)seed);
+        ck_assert_int_eq(fp_unshard(&fp, "test"), 0); /* already unsharded: no second gather, no second buffer */
+        ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * sizeof(float));
+        fp_reshard(&fp, "test");
+        ck_assert_ptr_null(fp.full_param_padded);
+        ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded);
+        fp_free(&fp);
+    }
+}
+END_TEST
+
+/* Rank r's gradient for micro-batch m: any rank can compute it. */
+typedef struct gradient_key {
+    uint64_t seed;
+    int rank, micro;
+} gradient_key;
+static void fill_gradient(const char *name, size_t first, size_t count, float *out, void *user) {
+    const gradient_key *key = user;
+    uint64_t stream = rng_stream_of(name) ^ (uint64_t)(key->rank * 7919 + key->micro * 104729);
+    for (size_t i = 0; i < count; i++) out[i] = rng_uniform(key->seed, stream, first + i) - 0.5f;
+}
+
+START_TEST(test_reduce_scattered_gradient_is_the_mean_and_accumulates) {
+    for (uint64_t seed = 200; seed < 200 + SHAPE_LISTS; seed++) {
+        shape_list list;
+        make_shape_list(&list, seed);
+        flat_param fp;
+        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        size_t begin, end;
+        fp_shard_range(&fp, ctx.rank, &begin, &end);
+        double *expected = (double *)mem_alloc(&ctx.mem, fp.sharded_numel * sizeof(double), MEM_WORKSPACE, "mean");
+        float *one = mem_alloc(&ctx.mem, fp.sharded_numel * sizeof(float), MEM_WORKSPACE, "one");
+        double worst = 0.0;
+        for (int micro = 0; micro < 2; micro++) {
+            gradient_key mine = {seed, ctx.rank, micro};
+            fp_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, fp_alloc_full_grad(&fp));
+            ck_assert_int_eq(fp_reduce_scatter_grad(&fp, COMM_AVG), 0);
+            ck_assert_ptr_null(fp.full_grad_padded); /* freed once reduced */
+            for (int rank = 0; rank < ctx.world_size; rank++) {
+                gradient_key theirs = {seed, rank, micro};
+                fp_fill_flat_range(&fp, fill_gradient, &theirs, begin, end, one);
+                for (size_t i = 0; i < fp.sharded_numel; i++) expected[i] += one[i] / (double)ctx.world_size;
+            }
+            for (size_t i = 0; i < fp.sharded_numel; i++)
+                worst = fmax(worst, fabs((double)fp.grad_shard[i] - expected[i]));
+        }
+        CK_ASSERT_ALL(&ctx, worst <= 1e-6, "shape list %llu: gradient shard off the mean by %.3g",
+                      (unsigned long long)seed, worst);
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_GRAD_SHARD], fp.sharded_numel * sizeof(float));
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_COMM_BUFFER], 0);
+        fp_zero_grad(&fp);
+        ck_assert_ptr_null(fp.grad_shard);
+        mem_free(&ctx.mem, expected);
+        mem_free(&ctx.mem, one);
+        fp_free(&fp);
+    }
+}
+END_TEST
+
+START_TEST(test_bad_specs_are_refused_with_names) {
+    flat_param fp;
+    fp_tensor_spec repeated[] = {{"a.weight", 1, {3}}, {"a.weight", 1, {4}}};
+    ck_assert_int_eq(fp_init(&fp, &ctx, "layers.2", repeated, 2), -1);
+    ck_assert_msg(strstr(ctx.error, "layers.2") && strstr(ctx.error, "registered twice"), "%s", ctx.error);
+    fp_tensor_spec empty_dim[] = {{"b.weight", 2, {3, 0}}};
+    ck_assert_int_eq(fp_init(&fp, &ctx, "layers.2", empty_dim, 1), -1);
+    ck_assert_msg(strstr(ctx.error, "dimension"), "%s", ctx.error);
+    ck_assert_int_eq(fp_init(&fp, &ctx, "layers.2", repeated, 0), -1);
+    ck_assert_uint_eq(ctx.mem.live_bytes, 0); /* nothing allocated by a refused spec */
+}
+END_TEST
+
+int main(int argc, char **argv) {
+    ctx_init(&ctx, &argc, &argv, "test_flat_param", "runs/check/test_flat_param");
+    Suite *suite = suite_create("flat_param");
+    TCase *tc = tcase_create("FlatParameter");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_shards_reassemble_to_the_original);
+    tcase_add_test(tc, test_views_alias_the_right_offsets);
+    tcase_add_test(tc, test_reduce_scattered_gradient_is_the_mean_and_accumulates);
+    tcase_add_test(tc, test_bad_specs_are_refused_with_names);
+    suite_add_tcase(suite, tc);
+    return mpi_check_run(&ctx, suite);
+}
