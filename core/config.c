@@ -28,3 +28,5 @@ const char *cfg_env_choice(context *ctx, const char *name, const char *default_v
     }
     ctx_exit_all(ctx, 2, "%s='%s' is not allowed; choose one of: %s", name, text, allowed);
 }
+
+uint64_t cfg_env_seed(context *ctx) { return (uint64_t)cfg_env_int(ctx, "SEED", 1234, 0, 2147483647); }

@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "01_shard", "runs/01_shard");
     ctx_require_world_size(&ctx, 2, 8);
-    fp_normal_init init = {.seed = (uint64_t)cfg_env_int(&ctx, "SEED", 1234, 0, 2147483647), .std = 1.0f};
+    fp_normal_init init = {.seed = cfg_env_seed(&ctx), .std = 1.0f};
 
     flat_param fp;
     if (fp_init(&fp, &ctx, "block", module_params, MODULE_PARAM_COUNT) != 0) ctx_fatal(&ctx, "%s", ctx.error);

@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "02_gather", "runs/02_gather");
     ctx_require_world_size(&ctx, 2, 8);
-    fp_normal_init init = {.seed = (uint64_t)cfg_env_int(&ctx, "SEED", 1234, 0, 2147483647), .std = 0.02f};
+    fp_normal_init init = {.seed = cfg_env_seed(&ctx), .std = 0.02f};
 
     flat_param fp;
     if (fp_init(&fp, &ctx, "layers.0", lesson_layer_params, LESSON_LAYER_PARAM_COUNT) != 0)

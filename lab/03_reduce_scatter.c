@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "03_reduce_scatter", "runs/03_reduce_scatter");
     ctx_require_world_size(&ctx, 2, 8);
-    uint64_t seed = (uint64_t)cfg_env_int(&ctx, "SEED", 1234, 0, 2147483647);
+    uint64_t seed = cfg_env_seed(&ctx);
     /* float32 sums of N values of size ~1 in a different order than the double reference: far below 1e-5. */
     const double tolerance = 1e-5;
 
