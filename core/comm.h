@@ -5,6 +5,9 @@
  *   all_reduce      every rank has a whole buffer; afterwards every rank has the sum         (DDP, NO_SHARD)
  *   broadcast       root's buffer is copied to every rank
  *
+ * all_gather, all_reduce, broadcast and barrier are Open MPI's own collectives; reduce_scatter is a ring written out
+ * over MPI_Sendrecv in comm.c (read it: it is the algorithm the bytes in the trace assume).
+ *
  * Each call writes one `collective` event (op, unit, bytes, ring traffic, seq, duration). Before moving data, every
  * rank checks that all ranks called the same op with the same count: a mismatch returns -1 on every rank with a
  * message in ctx->error naming both ranks and counts, instead of hanging or producing garbage. MPI failures also

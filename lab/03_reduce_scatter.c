@@ -10,18 +10,20 @@
  *
  * What to run
  *   mpirun -np 2 lab/03_reduce_scatter        then -np 4: the kept shard shrinks as 1/N
- *   env: OUT (default runs/03_reduce_scatter), SEED (default 1234)
+ *   env: OUT (default runs/03_reduce_scatter), SEED (default 1234), REPEAT (timed repetitions, default 5)
  *
  * What to look at
- *   The printed comparison of reduce_scatter and all_reduce: bytes sent, time, and what each rank keeps. In the
- *   trace: the grad_unsharded band freed right after the reduce_scatter, leaving the small grad_shard; then the
- *   all_reduce for comparison, twice as long on the comm track, and a full-size buffer that stays.
+ *   The printed comparison of reduce_scatter and all_reduce: bytes sent, median time, and what each rank keeps. In
+ *   the trace: the grad_unsharded band freed right after the reduce_scatter, leaving the small grad_shard; then the
+ *   all_reduce for comparison and its full-size buffer that stays; then REPEAT timed pairs (unit "timing") on the
+ *   comm track. The first collective of a run also pays for MPI's connection set-up, hence the repetitions.
  *
  * The check (`make check-03`): each rank's gradient shard equals the mean over ranks of their full gradients,
  * restricted to its shard, and equals the matching slice of the all-reduced gradient.
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/comm.h"
@@ -62,10 +64,39 @@ static void fill_my_full_gradient(const context *ctx, const flat_param *fp, uint
     fp_fill_flat_range(fp, fp_fill_normal, &gradient, 0, fp->padded_unsharded_numel, full);
 }
 
-static void print_collective(const char *label, const trace_collective_info *info, size_t kept_bytes) {
+static void print_collective(const char *label, const trace_collective_info *info, double median_us,
+                             size_t kept_bytes) {
     char sent[32], kept[32];
     printf("  %-15s %12s %10.3f ms %14s\n", label, mem_format_bytes(info->bytes_sent, sent, sizeof sent),
-           info->dur_us / 1000.0, mem_format_bytes(kept_bytes, kept, sizeof kept));
+           median_us / 1000.0, mem_format_bytes(kept_bytes, kept, sizeof kept));
+}
+
+static int compare_doubles(const void *left, const void *right) {
+    double a = *(const double *)left, b = *(const double *)right;
+    return (a > b) - (a < b);
+}
+
+/* Median duration over `repeat` runs of reduce_scatter and of all_reduce on the same full gradient (rank 0's
+ * clock; every rank takes part). */
+static void time_both(context *ctx, const flat_param *fp, const float *gradient, int repeat, double *reduce_scatter_us,
+                      double *all_reduce_us) {
+    size_t full_count = fp->padded_unsharded_numel;
+    float *shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_COMM_BUFFER, "lab03.timing_shard");
+    float *full = mem_alloc(&ctx->mem, full_count * sizeof(float), MEM_COMM_BUFFER, "lab03.timing_full");
+    double durations[2][64];
+    for (int i = 0; i < repeat; i++) {
+        COMM_CHECK(ctx, comm_reduce_scatter(ctx, gradient, shard, full_count, COMM_AVG, "timing"));
+        durations[0][i] = ctx->last_collective.dur_us;
+        memcpy(full, gradient, full_count * sizeof(float));
+        COMM_CHECK(ctx, comm_all_reduce(ctx, full, full_count, COMM_AVG, "timing"));
+        durations[1][i] = ctx->last_collective.dur_us;
+    }
+    qsort(durations[0], (size_t)repeat, sizeof(double), compare_doubles);
+    qsort(durations[1], (size_t)repeat, sizeof(double), compare_doubles);
+    *reduce_scatter_us = durations[0][repeat / 2];
+    *all_reduce_us = durations[1][repeat / 2];
+    mem_free(&ctx->mem, shard);
+    mem_free(&ctx->mem, full);
 }
 
 int main(int argc, char **argv) {
@@ -73,6 +104,7 @@ int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "03_reduce_scatter", "runs/03_reduce_scatter");
     ctx_require_world_size(&ctx, 2, 8);
     uint64_t seed = cfg_env_seed(&ctx);
+    int repeat = (int)cfg_env_int(&ctx, "REPEAT", 5, 1, 64);
     /* float32 sums of N values of size ~1 in a different order than the double reference: far below 1e-5. */
     const double tolerance = 1e-5;
 
@@ -100,6 +132,10 @@ int main(int argc, char **argv) {
     for (size_t i = begin; i < end; i++)
         slice_error = fmax(slice_error, fabs((double)all_reduced[i] - (double)fp.grad_shard[i - begin]));
 
+    double reduce_scatter_us, all_reduce_us;
+    fill_my_full_gradient(&ctx, &fp, seed, all_reduced);
+    time_both(&ctx, &fp, all_reduced, repeat, &reduce_scatter_us, &all_reduce_us);
+
     int mean_ok = ctx_all_true(&ctx, shard_error <= tolerance);
     int slice_ok = ctx_all_true(&ctx, slice_error <= tolerance);
     if (ctx.rank == 0) {
@@ -107,9 +143,9 @@ int main(int argc, char **argv) {
         printf("lab 03 — reduce-scatter vs all-reduce of a %s gradient across %d ranks\n\n",
                mem_format_bytes(fp.padded_unsharded_numel * sizeof(float), full_text, sizeof full_text),
                ctx.world_size);
-        printf("  %-15s %12s %13s %14s\n", "rank 0", "bytes sent", "time", "grad kept");
-        print_collective("reduce_scatter", &reduce_scatter, fp.sharded_numel * sizeof(float));
-        print_collective("all_reduce", &all_reduce, fp.padded_unsharded_numel * sizeof(float));
+        printf("  %-15s %12s %13s %14s\n", "rank 0", "bytes sent", "median time", "grad kept");
+        print_collective("reduce_scatter", &reduce_scatter, reduce_scatter_us, fp.sharded_numel * sizeof(float));
+        print_collective("all_reduce", &all_reduce, all_reduce_us, fp.padded_unsharded_numel * sizeof(float));
         printf("\nreduce_scatter sends (N-1)/N and keeps 1/N of the gradient; all_reduce sends 2(N-1)/N and keeps "
                "all of it.\nbytes sent, all_reduce / reduce_scatter = %.2f\n\n",
                (double)all_reduce.bytes_sent / (double)reduce_scatter.bytes_sent);
