@@ -12,7 +12,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := all
 
 # Install what is missing before anything asks pkg-config for flags (a fresh machine has nothing).
-HAVE_DEPS := $(shell command -v mpicc >/dev/null 2>&1 && pkg-config --exists libcjson check 2>/dev/null && echo yes)
+HAVE_DEPS := $(shell command -v mpicc >/dev/null 2>&1 && pkg-config --exists libcjson check openblas 2>/dev/null && echo yes)
 ifneq ($(HAVE_DEPS),yes)
   $(info fsdplab: build dependencies missing; running scripts/install_deps.sh)
   INSTALL_STATUS := $(shell scripts/install_deps.sh 1>&2; echo $$?)
@@ -23,8 +23,8 @@ endif
 
 CC := mpicc
 CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 -Wall -Wextra -Werror $(shell pkg-config --cflags libcjson)
-LDLIBS := $(shell pkg-config --libs libcjson) -lm
+CFLAGS += -std=c11 -Wall -Wextra -Werror $(shell pkg-config --cflags libcjson openblas)
+LDLIBS := $(shell pkg-config --libs libcjson openblas) -lm
 CHECK_CFLAGS := $(shell pkg-config --cflags check)
 CHECK_LIBS := $(shell pkg-config --libs check)
 
@@ -35,7 +35,7 @@ MPIRUN ?= mpirun $(MPIRUN_ROOT) --oversubscribe
 export MPIRUN
 
 TRACE_SRC := trace/trace.c trace/chrome.c
-CORE_SRC := core/mem.c core/context.c core/config.c core/comm.c core/rng.c core/flat_param.c core/safetensors.c
+CORE_SRC := core/mem.c core/context.c core/config.c core/comm.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c
 TRACE_OBJ := $(TRACE_SRC:.c=.o)
 CORE_OBJ := $(CORE_SRC:.c=.o)
 LABS := $(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c))

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what fsdplab builds and tests with, only what is missing (safe to run again).
-#   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config.
+#   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3.
+#   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy, for the reference checks only.
 # Usage: scripts/install_deps.sh        (as root, or with sudo available)
+#        FSDPLAB_NO_PYTHON_DEPS=1 scripts/install_deps.sh   skips PyPI; the parity checks then say "skipped"
 set -euo pipefail
 
-debian_packages=(build-essential pkg-config openmpi-bin libopenmpi-dev libcjson-dev check libopenblas-dev python3)
+debian_packages=(build-essential pkg-config openmpi-bin libopenmpi-dev libcjson-dev check libopenblas-dev python3
+  python3-pip)
 
 missing=()
 for package in "${debian_packages[@]}"; do
@@ -22,4 +25,18 @@ else
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "${FSDPLAB_NO_PYTHON_DEPS:-0}" = 1 ]; then
+  echo "install_deps: FSDPLAB_NO_PYTHON_DEPS=1, not installing the Python reference packages"
+  exit 0
+fi
+if python3 -c "import torch, transformers, safetensors, numpy" 2>/dev/null; then
+  echo "install_deps: Python reference packages present"
+else
+  requirements="$(dirname "$0")/requirements.txt"
+  echo "install_deps: installing Python reference packages from $requirements (torch is large: a few minutes)"
+  # Debian's own Python refuses system-wide pip installs (PEP 668); a pyenv or venv Python does not need the flag.
+  python3 -m pip install --progress-bar off -q -r "$requirements" ||
+    python3 -m pip install --progress-bar off -q --break-system-packages -r "$requirements"
 fi

@@ -1,0 +1,226 @@
+/* layers.c — Qwen2 layer kernels on the CPU. See layers.h for the conventions. */
+#include "layers.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float silu(float x) { return x * sigmoidf_(x); }
+/* d/dx silu(x) = s(x) (1 + x (1 - s(x))) */
+static inline float silu_grad(float x) {
+    float s = sigmoidf_(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+void embedding_forward(float *out, const int *tokens, const float *weight, int N, int C) {
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, weight + (size_t)tokens[n] * C, (size_t)C * sizeof(float));
+}
+
+void embedding_backward(float *dweight, const float *dout, const int *tokens, int N, int C) {
+    for (int n = 0; n < N; n++) add_inplace(dweight + (size_t)tokens[n] * C, dout + (size_t)n * C, (size_t)C);
+}
+
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        double sum_squares = 0.0;
+        for (int c = 0; c < C; c++) sum_squares += (double)x[c] * x[c];
+        float r = (float)(1.0 / sqrt(sum_squares / C + (double)eps));
+        rstd[n] = r;
+        /* HF: weight * (x * rstd), in that order. */
+        for (int c = 0; c < C; c++) y[c] = weight[c] * (x[c] * r);
+    }
+}
+
+/* y = w * x * r, r = (mean(x^2) + eps)^(-1/2).  dx_c = r * (w_c dy_c) - x_c r^3 / C * sum_j (w_j dy_j x_j). */
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float r = rstd[n];
+        double dot = 0.0;
+        for (int c = 0; c < C; c++) {
+            dot += (double)weight[c] * dy[c] * x[c];
+            dweight[c] += dy[c] * x[c] * r;
+        }
+        float coefficient = (float)(dot * r * r * r / C);
+        for (int c = 0; c < C; c++) dx[c] += r * weight[c] * dy[c] - x[c] * coefficient;
+    }
+}
+
+void linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
+    if (bias != NULL)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, bias ? 1.0f : 0.0f,
+                out, OC);
+}
+
+void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, int N, int IC, int OC) {
+    if (dinp != NULL) /* (N, OC) @ (OC, IC) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+    /* (OC, N) @ (N, IC) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+    if (dbias != NULL)
+        for (int n = 0; n < N; n++) add_inplace(dbias, dout + (size_t)n * OC, (size_t)OC);
+}
+
+void rope_tables(float *cos_table, float *sin_table, int T, int D, float theta) {
+    int half = D / 2;
+    for (int i = 0; i < half; i++) {
+        /* HF computes inv_freq in float32: 1 / theta^(2i/D). */
+        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+        for (int t = 0; t < T; t++) {
+            float angle = (float)t * inv_freq;
+            cos_table[(size_t)t * D + i] = cos_table[(size_t)t * D + i + half] = cosf(angle);
+            sin_table[(size_t)t * D + i] = sin_table[(size_t)t * D + i + half] = sinf(angle);
+        }
+    }
+}
+
+/* One head vector at one position: forward rotates by +angle, backward (transpose) by -angle. */
+static inline void rotate(float *x, const float *cos_row, const float *sin_row, int D, float direction) {
+    int half = D / 2;
+    for (int i = 0; i < half; i++) {
+        float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * cos_row[i] - direction * x2 * sin_row[i];
+        x[i + half] = x2 * cos_row[i + half] + direction * x1 * sin_row[i + half];
+    }
+}
+
+static void rope_apply(float *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
+                       float direction) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                rotate(x + (((size_t)b * T + t) * H + h) * D, cos_table + (size_t)t * D, sin_table + (size_t)t * D,
+                       D, direction);
+}
+
+void rope_forward(float *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D) {
+    rope_apply(x, cos_table, sin_table, B, T, H, D, 1.0f);
+}
+
+void rope_backward(float *dx, const float *cos_table, const float *sin_table, int B, int T, int H, int D) {
+    rope_apply(dx, cos_table, sin_table, B, T, H, D, -1.0f);
+}
+
+/* Row-wise causal softmax of scores (T, T) in place: row t keeps columns 0..t, the rest become 0. */
+static void causal_softmax_rows(float *scores, int T) {
+    for (int t = 0; t < T; t++) {
+        float *row = scores + (size_t)t * T;
+        float max_value = row[0];
+        for (int j = 1; j <= t; j++) max_value = fmaxf(max_value, row[j]);
+        double sum = 0.0;
+        for (int j = 0; j <= t; j++) {
+            row[j] = expf(row[j] - max_value);
+            sum += row[j];
+        }
+        float inverse = (float)(1.0 / sum);
+        for (int j = 0; j <= t; j++) row[j] *= inverse;
+        for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+    }
+}
+
+void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T, int H,
+                       int KVH, int D) {
+    int group = H / KVH;
+    size_t q_stride = (size_t)H * D, kv_stride = (size_t)KVH * D;
+    float scale = 1.0f / sqrtf((float)D);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const float *q_head = q + (size_t)b * T * q_stride + (size_t)h * D;
+            const float *k_head = k + (size_t)b * T * kv_stride + (size_t)(h / group) * D;
+            const float *v_head = v + (size_t)b * T * kv_stride + (size_t)(h / group) * D;
+            float *p = probs + ((size_t)b * H + h) * T * T;
+            float *o = out + (size_t)b * T * q_stride + (size_t)h * D;
+            /* scores (T, T) = scale * q_head (T, D) @ k_head^T; rows strided by the heads between them */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, q_head, (int)q_stride, k_head,
+                        (int)kv_stride, 0.0f, p, T);
+            causal_softmax_rows(p, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, p, T, v_head, (int)kv_stride, 0.0f,
+                        o, (int)q_stride);
+        }
+    }
+}
+
+void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *probs,
+                        const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D) {
+    int group = H / KVH;
+    size_t q_stride = (size_t)H * D, kv_stride = (size_t)KVH * D;
+    float scale = 1.0f / sqrtf((float)D);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            size_t q_offset = (size_t)b * T * q_stride + (size_t)h * D;
+            size_t kv_offset = (size_t)b * T * kv_stride + (size_t)(h / group) * D;
+            const float *p = probs + ((size_t)b * H + h) * T * T;
+            float *dp = scratch;
+            /* dv += p^T @ dout;  dp = dout @ v^T */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, p, T, dout + q_offset, (int)q_stride,
+                        1.0f, dv + kv_offset, (int)kv_stride);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dout + q_offset, (int)q_stride,
+                        v + kv_offset, (int)kv_stride, 0.0f, dp, T);
+            /* softmax backward: ds = p * (dp - sum_j p_j dp_j), row by row (masked entries have p = 0) */
+            for (int t = 0; t < T; t++) {
+                const float *p_row = p + (size_t)t * T;
+                float *row = dp + (size_t)t * T;
+                double dot = 0.0;
+                for (int j = 0; j <= t; j++) dot += (double)p_row[j] * row[j];
+                for (int j = 0; j <= t; j++) row[j] = p_row[j] * (row[j] - (float)dot);
+                for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+            }
+            /* dq += scale * ds @ k;  dk += scale * ds^T @ q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, scale, dp, T, k + kv_offset,
+                        (int)kv_stride, 1.0f, dq + q_offset, (int)q_stride);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, scale, dp, T, q + q_offset, (int)q_stride,
+                        1.0f, dk + kv_offset, (int)kv_stride);
+        }
+    }
+}
+
+void swiglu_forward(float *out, const float *gate, const float *up, size_t count) {
+    for (size_t i = 0; i < count; i++) out[i] = silu(gate[i]) * up[i];
+}
+
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        dgate[i] += dout[i] * up[i] * silu_grad(gate[i]);
+        dup[i] += dout[i] * silu(gate[i]);
+    }
+}
+
+float cross_entropy_forward_backward(float *dlogits, const float *logits, const int *targets, int N, int V,
+                                     int ignore_index, int *count_out) {
+    int count = 0;
+    for (int n = 0; n < N; n++) count += targets[n] != ignore_index;
+    if (count_out != NULL) *count_out = count;
+    double loss = 0.0;
+    for (int n = 0; n < N; n++) {
+        const float *row = logits + (size_t)n * V;
+        float *drow = dlogits ? dlogits + (size_t)n * V : NULL;
+        if (targets[n] == ignore_index) {
+            if (drow != NULL) memset(drow, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float max_value = row[0];
+        for (int j = 1; j < V; j++) max_value = fmaxf(max_value, row[j]);
+        double sum = 0.0;
+        for (int j = 0; j < V; j++) sum += exp((double)(row[j] - max_value));
+        double log_sum = log(sum) + max_value;
+        loss += log_sum - row[targets[n]];
+        if (drow != NULL) {
+            /* d(mean loss)/d(logit j) = (softmax_j - [j == target]) / count */
+            float inverse_count = 1.0f / (float)count;
+            for (int j = 0; j < V; j++) drow[j] = (float)exp((double)row[j] - log_sum) * inverse_count;
+            drow[targets[n]] -= inverse_count;
+        }
+    }
+    return count > 0 ? (float)(loss / count) : 0.0f;
+}
+
+void add_inplace(float *out, const float *inp, size_t count) {
+    for (size_t i = 0; i < count; i++) out[i] += inp[i];
+}
