@@ -8,6 +8,7 @@
 #   check_fails NAME PATTERN COMMAND...       passes when COMMAND exits non-zero and its output matches PATTERN
 #   run_lab NAME NP DIR LAB [ENV=VALUE...]    runs lab/LAB on NP ranks into DIR, then validates DIR's trace
 # Each check's output goes to runs/check/logs/NAME.log; a failure prints its tail. MPIRUN comes from the Makefile.
+# A command that exits 77 (the automake convention) after printing "skipped: <reason>" counts as skipped.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -17,12 +18,16 @@ LOG_DIR=runs/check/logs
 mkdir -p "$LOG_DIR"
 passed=0
 failed=0
+skipped=0
 failed_names=()
 
 log_of() { printf '%s/%s.log' "$LOG_DIR" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_')"; }
 
 record() { # record NAME STATUS LOG
-  if [ "$2" = 0 ]; then
+  if [ "$2" = 77 ]; then
+    skipped=$((skipped + 1))
+    printf 'SKIP  %s   (%s)\n' "$1" "$(grep -m1 -o 'skipped: .*' "$3" || echo 'skipped: no reason given')"
+  elif [ "$2" = 0 ]; then
     passed=$((passed + 1))
     printf 'PASS  %s\n' "$1"
   else
@@ -76,5 +81,6 @@ done
 
 echo
 [ $failed -gt 0 ] && printf 'failed: %s\n' "${failed_names[*]}"
-echo "$passed passed, $failed failed"
+if [ $skipped -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
+else echo "$passed passed, $failed failed"; fi
 [ $failed -eq 0 ]

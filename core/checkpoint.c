@@ -1,0 +1,117 @@
+/* checkpoint.c — HF directories in and out. See checkpoint.h. */
+#include "checkpoint.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+static void path_in(char *out, size_t size, const char *directory, const char *file) {
+    snprintf(out, size, "%s/%s", directory, file);
+}
+
+/* Rank 0 writes config.json and model.safetensors from the unsharded parameters. */
+static int write_files(qwen2_model *model, const char *directory) {
+    context *ctx = model->ctx;
+    if (ctx_make_directories(directory) != 0) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: cannot create checkpoint directory %s", ctx->rank, directory);
+        return -1;
+    }
+    char path[1200];
+    path_in(path, sizeof path, directory, "config.json");
+    if (qwen2_config_save_json(&model->config, path, ctx->error, sizeof ctx->error) != 0) return -1;
+    const qwen2_tree *tree = &model->tree;
+    st_tensor_ref *refs = calloc((size_t)tree->param_count, sizeof *refs);
+    if (refs == NULL) ctx_fatal(ctx, "out of memory listing %d tensors", tree->param_count);
+    for (int p = 0; p < tree->param_count; p++) {
+        const qwen2_param *param = &tree->params[p];
+        refs[p] = (st_tensor_ref){param->name, param->ndim, {param->shape[0], param->shape[1]},
+                                  qwen2_param_data(model, p)};
+    }
+    path_in(path, sizeof path, directory, "model.safetensors");
+    int status = st_write(path, refs, tree->param_count, "pt", ctx->error, sizeof ctx->error);
+    free(refs);
+    return status;
+}
+
+int ckpt_save_pretrained(qwen2_model *model, const char *directory) {
+    context *ctx = model->ctx;
+    int *was_sharded = calloc((size_t)model->unit_count, sizeof *was_sharded);
+    if (was_sharded == NULL) ctx_fatal(ctx, "out of memory");
+    int status = 0;
+    for (int unit = 0; unit < model->unit_count && status == 0; unit++) {
+        was_sharded[unit] = model->units[unit].shard_state == FP_SHARDED;
+        status = fp_unshard(&model->units[unit], "state_dict");
+    }
+    if (status == 0 && ctx->rank == 0) status = write_files(model, directory);
+    for (int unit = 0; unit < model->unit_count; unit++)
+        if (was_sharded[unit]) fp_reshard(&model->units[unit], "state_dict");
+    free(was_sharded);
+    return ctx_all_true(ctx, status == 0) ? 0 : -1;
+}
+
+/* An fp_fill_fn reading a parameter's range from the open file; the first failure is kept for the caller. */
+typedef struct file_source {
+    const st_file *st;
+    int failed;
+    char error[1024];
+} file_source;
+
+static void fill_from_file(const char *name, size_t first, size_t count, float *out, void *user) {
+    file_source *source = user;
+    if (source->failed) return;
+    if (st_read(source->st, name, first, count, out, source->error, sizeof source->error) != 0) source->failed = 1;
+}
+
+/* Every tensor of the file is one of ours (or the tied lm_head) with our shape, and every one of ours is there. */
+static int check_names_and_shapes(const qwen2_model *model, const st_file *st, char *error, size_t error_size) {
+    const qwen2_tree *tree = &model->tree;
+    for (int p = 0; p < tree->param_count; p++) {
+        const qwen2_param *param = &tree->params[p];
+        const st_entry *entry = st_find(st, param->name);
+        if (entry == NULL) {
+            snprintf(error, error_size, "%s: missing tensor '%s'", st->path, param->name);
+            return -1;
+        }
+        int same = entry->ndim == param->ndim && entry->shape[0] == param->shape[0] &&
+                   (param->ndim == 1 || entry->shape[1] == param->shape[1]);
+        if (!same) {
+            snprintf(error, error_size, "%s: tensor '%s' has shape [%lld%s%lld] (%d dims), the model needs [%lld, %lld]",
+                     st->path, param->name, (long long)entry->shape[0], entry->ndim > 1 ? ", " : " ",
+                     entry->ndim > 1 ? (long long)entry->shape[1] : 0LL, entry->ndim, (long long)param->shape[0],
+                     param->ndim > 1 ? (long long)param->shape[1] : 1LL);
+            return -1;
+        }
+    }
+    for (int i = 0; i < st->count; i++) {
+        const char *name = st->entries[i].name;
+        if (strcmp(name, "lm_head.weight") == 0) continue; /* tied: the embedding is the lm_head */
+        if (qwen2_find_param(model, name) < 0) {
+            snprintf(error, error_size, "%s: unexpected tensor '%s' (not a parameter of this Qwen2 config)", st->path,
+                     name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ckpt_load_pretrained(qwen2_model *model, const char *directory) {
+    context *ctx = model->ctx;
+    char path[1200];
+    path_in(path, sizeof path, directory, "model.safetensors");
+    file_source source = {0};
+    st_file st;
+    int status = st_open(&st, path, source.error, sizeof source.error);
+    if (status == 0) {
+        source.st = &st;
+        status = check_names_and_shapes(model, &st, source.error, sizeof source.error);
+        for (int unit = 0; unit < model->unit_count && status == 0; unit++) {
+            fp_fill_local_shard(&model->units[unit], fill_from_file, &source);
+            status = source.failed ? -1 : 0;
+        }
+        st_close(&st);
+    }
+    if (status != 0) snprintf(ctx->error, sizeof ctx->error, "rank %d: %s", ctx->rank, source.error);
+    return ctx_all_true(ctx, status == 0) ? 0 : -1;
+}

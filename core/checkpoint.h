@@ -1,0 +1,19 @@
+/* checkpoint.h — a model as an HF directory: config.json + model.safetensors, loadable by
+ * transformers.Qwen2ForCausalLM.from_pretrained(dir), and HF's save_pretrained output loadable here.
+ *
+ * Saving gathers the full parameters (every unit unsharded for the moment of the write; rank 0 writes), the
+ * FULL_STATE_DICT way. Loading is sharded: every rank reads from the file only the elements of its own shards. */
+#ifndef FSDPLAB_CHECKPOINT_H
+#define FSDPLAB_CHECKPOINT_H
+
+#include "qwen2.h"
+
+/* Collective. Returns 0 on every rank, or -1 on every rank with ctx->error (on the rank that failed). */
+int ckpt_save_pretrained(qwen2_model *model, const char *directory);
+/* Fills every unit's local shard from <directory>/model.safetensors. The model must have been made with the config
+ * in <directory>/config.json (qwen2_config_load_json). A missing tensor, a wrong shape or an unknown tensor is an
+ * error naming it. Collective; returns 0 or -1 on every rank. The tied lm_head.weight, if the file has it, must
+ * equal model.embed_tokens.weight's shape and is otherwise ignored. */
+int ckpt_load_pretrained(qwen2_model *model, const char *directory);
+
+#endif

@@ -1,0 +1,693 @@
+/* qwen2.c — Qwen2 config, module tree, init, and the forward / backward cut at unit boundaries. See qwen2.h. */
+#include "qwen2.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers.h"
+#include "rng.h"
+
+/* Parameters of one decoder layer, in HF's registration order (self_attn, mlp, then the two norms). */
+enum {
+    Q_WEIGHT, Q_BIAS, K_WEIGHT, K_BIAS, V_WEIGHT, V_BIAS, O_WEIGHT, GATE_WEIGHT, UP_WEIGHT, DOWN_WEIGHT,
+    INPUT_NORM_WEIGHT, POST_NORM_WEIGHT, LAYER_PARAM_COUNT
+};
+
+static int fail(char *error, size_t error_size, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(error, error_size, format, args);
+    va_end(args);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- config */
+
+int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size) {
+    memset(config, 0, sizeof *config);
+    snprintf(config->name, sizeof config->name, "%s", name);
+    config->rms_norm_eps = 1e-6f;
+    config->initializer_range = 0.02f;
+    config->tie_word_embeddings = 1;
+    if (strcmp(name, "qwen2-0.5b") == 0) {
+        config->vocab_size = 151936;
+        config->hidden_size = 896;
+        config->intermediate_size = 4864;
+        config->num_hidden_layers = 24;
+        config->num_attention_heads = 14;
+        config->num_key_value_heads = 2;
+        config->max_position_embeddings = 131072;
+        config->rope_theta = 1000000.0f;
+        config->bos_token_id = config->eos_token_id = 151643;
+    } else if (strcmp(name, "tiny") == 0) {
+        /* Byte-level: ids 0..255 are bytes, 256 <|endoftext|>, 257-259 reserved specials. */
+        config->vocab_size = 260;
+        config->hidden_size = 128;
+        config->intermediate_size = 352;
+        config->num_hidden_layers = 4;
+        config->num_attention_heads = 4;
+        config->num_key_value_heads = 2;
+        config->max_position_embeddings = 1024;
+        config->rope_theta = 10000.0f;
+        config->bos_token_id = config->eos_token_id = 256;
+    } else {
+        return fail(error, error_size, "MODEL='%s' is not a model; choose one of: tiny, qwen2-0.5b", name);
+    }
+    config->head_dim = config->hidden_size / config->num_attention_heads;
+    return 0;
+}
+
+int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size) {
+    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 0 ||
+        c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->max_position_embeddings < 1)
+        return fail(error, error_size, "config '%s': sizes must be positive", c->name);
+    if (c->hidden_size % c->num_attention_heads != 0)
+        return fail(error, error_size, "config '%s': hidden_size %d is not divisible by num_attention_heads %d",
+                    c->name, c->hidden_size, c->num_attention_heads);
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return fail(error, error_size, "config '%s': num_attention_heads %d is not divisible by num_key_value_heads %d",
+                    c->name, c->num_attention_heads, c->num_key_value_heads);
+    if (c->head_dim != c->hidden_size / c->num_attention_heads || c->head_dim % 2 != 0)
+        return fail(error, error_size, "config '%s': head_dim %d must be hidden_size / heads = %d and even (RoPE)",
+                    c->name, c->head_dim, c->hidden_size / c->num_attention_heads);
+    if (!c->tie_word_embeddings)
+        return fail(error, error_size, "config '%s': untied lm_head is not supported (tie_word_embeddings must be true)",
+                    c->name);
+    if (!(c->rope_theta > 0.0f) || !(c->rms_norm_eps > 0.0f))
+        return fail(error, error_size, "config '%s': rope_theta and rms_norm_eps must be positive", c->name);
+    return 0;
+}
+
+int qwen2_config_save_json(const qwen2_config *c, const char *path, char *error, size_t error_size) {
+    cJSON *json = cJSON_CreateObject();
+    cJSON *architectures = cJSON_AddArrayToObject(json, "architectures");
+    cJSON_AddItemToArray(architectures, cJSON_CreateString("Qwen2ForCausalLM"));
+    cJSON_AddStringToObject(json, "model_type", "qwen2");
+    cJSON_AddNumberToObject(json, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(json, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(json, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(json, "num_hidden_layers", c->num_hidden_layers);
+    cJSON_AddNumberToObject(json, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(json, "num_key_value_heads", c->num_key_value_heads);
+    cJSON_AddNumberToObject(json, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddNumberToObject(json, "rope_theta", c->rope_theta);
+    cJSON_AddNumberToObject(json, "rms_norm_eps", c->rms_norm_eps);
+    cJSON_AddNumberToObject(json, "initializer_range", c->initializer_range);
+    cJSON_AddBoolToObject(json, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddStringToObject(json, "hidden_act", "silu");
+    cJSON_AddNumberToObject(json, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(json, "use_sliding_window", 0);
+    cJSON_AddBoolToObject(json, "use_cache", 1);
+    cJSON_AddNumberToObject(json, "bos_token_id", c->bos_token_id);
+    cJSON_AddNumberToObject(json, "eos_token_id", c->eos_token_id);
+    cJSON_AddStringToObject(json, "torch_dtype", "float32");
+    char *text = cJSON_Print(json);
+    cJSON_Delete(json);
+    FILE *file = fopen(path, "w");
+    int ok = file != NULL && text != NULL && fprintf(file, "%s\n", text) > 0;
+    if (file != NULL && fclose(file) != 0) ok = 0;
+    cJSON_free(text);
+    return ok ? 0 : fail(error, error_size, "writing %s failed: %s", path, strerror(errno));
+}
+
+static int json_number(const cJSON *json, const char *key, double *value, int required, const char *path, char *error,
+                       size_t error_size) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(json, key);
+    if (item == NULL && !required) return 0;
+    if (!cJSON_IsNumber(item)) return fail(error, error_size, "%s: \"%s\" is missing or not a number", path, key);
+    *value = item->valuedouble;
+    return 0;
+}
+
+int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_t error_size) {
+    FILE *file = fopen(path, "rb");
+    if (file == NULL) return fail(error, error_size, "cannot open %s: %s", path, strerror(errno));
+    fseek(file, 0, SEEK_END);
+    long size = ftell(file);
+    fseek(file, 0, SEEK_SET);
+    char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
+    size_t read = text ? fread(text, 1, (size_t)size, file) : 0;
+    fclose(file);
+    if (text == NULL || read != (size_t)size) {
+        free(text);
+        return fail(error, error_size, "reading %s failed", path);
+    }
+    text[size] = '\0';
+    cJSON *json = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(json)) {
+        cJSON_Delete(json);
+        return fail(error, error_size, "%s is not a JSON object", path);
+    }
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "custom");
+    struct { const char *key; int required; double value; } fields[] = {
+        {"vocab_size", 1, 0}, {"hidden_size", 1, 0}, {"intermediate_size", 1, 0}, {"num_hidden_layers", 1, 0},
+        {"num_attention_heads", 1, 0}, {"num_key_value_heads", 0, -1}, {"max_position_embeddings", 1, 0},
+        {"rope_theta", 0, 10000.0}, {"rms_norm_eps", 0, 1e-6}, {"initializer_range", 0, 0.02},
+        {"bos_token_id", 0, 0}, {"eos_token_id", 0, 0}, {"head_dim", 0, -1},
+    };
+    int status = 0;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0] && status == 0; i++)
+        status = json_number(json, fields[i].key, &fields[i].value, fields[i].required, path, error, error_size);
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(json, "tie_word_embeddings");
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(json, "hidden_act");
+    if (status == 0 && act != NULL && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+        status = fail(error, error_size, "%s: hidden_act must be \"silu\"", path);
+    cJSON_Delete(json);
+    if (status != 0) return -1;
+    c->vocab_size = (int)fields[0].value;
+    c->hidden_size = (int)fields[1].value;
+    c->intermediate_size = (int)fields[2].value;
+    c->num_hidden_layers = (int)fields[3].value;
+    c->num_attention_heads = (int)fields[4].value;
+    c->num_key_value_heads = fields[5].value < 0 ? c->num_attention_heads : (int)fields[5].value;
+    c->max_position_embeddings = (int)fields[6].value;
+    c->rope_theta = (float)fields[7].value;
+    c->rms_norm_eps = (float)fields[8].value;
+    c->initializer_range = (float)fields[9].value;
+    c->bos_token_id = (int)fields[10].value;
+    c->eos_token_id = (int)fields[11].value;
+    c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
+    if (fields[12].value >= 0 && (int)fields[12].value != c->head_dim)
+        return fail(error, error_size, "%s: head_dim %d differs from hidden_size / num_attention_heads = %d", path,
+                    (int)fields[12].value, c->head_dim);
+    c->tie_word_embeddings = tie == NULL || cJSON_IsTrue(tie); /* HF's default for Qwen2 is false, but our presets tie */
+    if (tie != NULL && !cJSON_IsBool(tie)) return fail(error, error_size, "%s: tie_word_embeddings is not a bool", path);
+    return qwen2_config_validate(c, error, error_size);
+}
+
+/* ---------------------------------------------------------------- module tree */
+
+/* out = prefix.leaf (or leaf when prefix is empty). Our names are short; a too-long one is a bug, so abort. */
+static void join_name(char *out, const char *prefix, const char *leaf) {
+    int length = snprintf(out, QWEN2_NAME_MAX, "%s%s%s", prefix, prefix[0] ? "." : "", leaf);
+    if (length < 0 || length >= QWEN2_NAME_MAX) {
+        fprintf(stderr, "qwen2: name '%s.%s' longer than %d bytes\n", prefix, leaf, QWEN2_NAME_MAX - 1);
+        abort();
+    }
+}
+
+static int add_module(qwen2_tree *tree, const char *name, const char *type, int parent, int layer) {
+    qwen2_module *module = &tree->modules[tree->module_count];
+    snprintf(module->name, sizeof module->name, "%s", name);
+    module->type = type;
+    module->parent = parent;
+    module->layer = layer;
+    return tree->module_count++;
+}
+
+static void add_param(qwen2_tree *tree, int module, const char *leaf, int64_t rows, int64_t columns) {
+    qwen2_param *param = &tree->params[tree->param_count++];
+    join_name(param->name, tree->modules[module].name, leaf);
+    param->ndim = columns > 0 ? 2 : 1;
+    param->shape[0] = rows;
+    param->shape[1] = columns > 0 ? columns : 0;
+    param->module = module;
+    param->layer = tree->modules[module].layer;
+}
+
+/* A Linear child of `parent` with its weight (out, in) and optional bias. */
+static void add_linear(qwen2_tree *tree, int parent, const char *leaf, int out, int in, int bias, int layer) {
+    char name[QWEN2_NAME_MAX];
+    join_name(name, tree->modules[parent].name, leaf);
+    int module = add_module(tree, name, "Linear", parent, layer);
+    add_param(tree, module, "weight", out, in);
+    if (bias) add_param(tree, module, "bias", out, 0);
+}
+
+static void add_norm(qwen2_tree *tree, int parent, const char *leaf, int size, int layer) {
+    char name[QWEN2_NAME_MAX];
+    join_name(name, tree->modules[parent].name, leaf);
+    int module = add_module(tree, name, "Qwen2RMSNorm", parent, layer);
+    add_param(tree, module, "weight", size, 0);
+}
+
+int qwen2_tree_build(qwen2_tree *tree, const qwen2_config *c) {
+    memset(tree, 0, sizeof *tree);
+    int L = c->num_hidden_layers, C = c->hidden_size, D = c->head_dim;
+    tree->modules = calloc((size_t)(6 + 12 * L), sizeof *tree->modules);
+    tree->params = calloc((size_t)(2 + LAYER_PARAM_COUNT * L), sizeof *tree->params);
+    if (tree->modules == NULL || tree->params == NULL) {
+        qwen2_tree_free(tree);
+        return -1;
+    }
+    int root = add_module(tree, "", "Qwen2ForCausalLM", -1, -1);
+    int model = add_module(tree, "model", "Qwen2Model", root, -1);
+    int embed = add_module(tree, "model.embed_tokens", "Embedding", model, -1);
+    add_param(tree, embed, "weight", c->vocab_size, C);
+    int layers = add_module(tree, "model.layers", "ModuleList", model, -1);
+    for (int l = 0; l < L; l++) {
+        char name[QWEN2_NAME_MAX];
+        snprintf(name, sizeof name, "model.layers.%d", l);
+        int layer = add_module(tree, name, "Qwen2DecoderLayer", layers, l);
+        snprintf(name, sizeof name, "model.layers.%d.self_attn", l);
+        int attention = add_module(tree, name, "Qwen2Attention", layer, l);
+        add_linear(tree, attention, "q_proj", c->num_attention_heads * D, C, 1, l);
+        add_linear(tree, attention, "k_proj", c->num_key_value_heads * D, C, 1, l);
+        add_linear(tree, attention, "v_proj", c->num_key_value_heads * D, C, 1, l);
+        add_linear(tree, attention, "o_proj", C, c->num_attention_heads * D, 0, l);
+        snprintf(name, sizeof name, "model.layers.%d.mlp", l);
+        int mlp = add_module(tree, name, "Qwen2MLP", layer, l);
+        add_linear(tree, mlp, "gate_proj", c->intermediate_size, C, 0, l);
+        add_linear(tree, mlp, "up_proj", c->intermediate_size, C, 0, l);
+        add_linear(tree, mlp, "down_proj", C, c->intermediate_size, 0, l);
+        add_norm(tree, layer, "input_layernorm", C, l);
+        add_norm(tree, layer, "post_attention_layernorm", C, l);
+    }
+    add_norm(tree, model, "norm", C, -1);
+    add_module(tree, "lm_head", "Linear", root, -1); /* tied: its weight is model.embed_tokens.weight */
+    return 0;
+}
+
+void qwen2_tree_free(qwen2_tree *tree) {
+    free(tree->modules);
+    free(tree->params);
+    memset(tree, 0, sizeof *tree);
+}
+
+size_t qwen2_param_numel(const qwen2_param *param) {
+    return (size_t)param->shape[0] * (param->ndim == 2 ? (size_t)param->shape[1] : 1);
+}
+
+static int ends_with(const char *text, const char *suffix) {
+    size_t length = strlen(text), suffix_length = strlen(suffix);
+    return length >= suffix_length && strcmp(text + length - suffix_length, suffix) == 0;
+}
+
+void qwen2_init_fill(const char *name, size_t first, size_t count, float *out, void *user) {
+    const qwen2_init_spec *init = user;
+    if (ends_with(name, "norm.weight")) { /* input_layernorm, post_attention_layernorm, model.norm */
+        for (size_t i = 0; i < count; i++) out[i] = 1.0f;
+    } else if (ends_with(name, ".bias")) {
+        memset(out, 0, count * sizeof(float));
+    } else {
+        uint64_t stream = rng_stream_of(name);
+        for (size_t i = 0; i < count; i++) out[i] = rng_normal(init->seed, stream, first + i, 0.0f, init->std);
+    }
+}
+
+/* ---------------------------------------------------------------- model and units */
+
+void qwen2_default_units(const qwen2_tree *tree, int *unit_of_param, int *unit_count) {
+    int layers = 0;
+    for (int p = 0; p < tree->param_count; p++) {
+        unit_of_param[p] = tree->params[p].layer + 1;
+        if (tree->params[p].layer + 1 > layers) layers = tree->params[p].layer + 1;
+    }
+    *unit_count = layers + 1;
+}
+
+/* "root" for unit 0; "layers.3" for a unit of one layer, "layers.3-5" for several. */
+static void unit_name(const qwen2_tree *tree, const int *unit_of_param, int unit, char *name, size_t size) {
+    int first = -1, last = -1;
+    for (int p = 0; p < tree->param_count; p++) {
+        if (unit_of_param[p] != unit || tree->params[p].layer < 0) continue;
+        if (first < 0) first = tree->params[p].layer;
+        last = tree->params[p].layer;
+    }
+    if (unit == 0 || first < 0) snprintf(name, size, unit == 0 ? "root" : "unit%d", unit);
+    else if (first == last) snprintf(name, size, "layers.%d", first);
+    else snprintf(name, size, "layers.%d-%d", first, last);
+}
+
+int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
+                     int unit_count, const qwen2_init_spec *init) {
+    memset(model, 0, sizeof *model);
+    model->ctx = ctx;
+    model->config = *config;
+    if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
+    if (qwen2_tree_build(&model->tree, config) != 0) ctx_fatal(ctx, "out of memory building the module tree");
+    const qwen2_tree *tree = &model->tree;
+    model->unit_count = unit_count;
+    model->units = calloc((size_t)unit_count, sizeof *model->units);
+    model->locations = calloc((size_t)tree->param_count, sizeof *model->locations);
+    fp_tensor_spec *specs = calloc((size_t)tree->param_count, sizeof *specs);
+    if (model->units == NULL || model->locations == NULL || specs == NULL)
+        ctx_fatal(ctx, "out of memory for %d units", unit_count);
+    for (int unit = 0; unit < unit_count; unit++) {
+        int count = 0;
+        for (int p = 0; p < tree->param_count; p++) {
+            if (unit_of_param[p] != unit) continue;
+            const qwen2_param *param = &tree->params[p];
+            specs[count] = (fp_tensor_spec){param->name, param->ndim, {param->shape[0], param->shape[1]}};
+            model->locations[p] = (qwen2_location){unit, count++};
+        }
+        char name[64];
+        unit_name(tree, unit_of_param, unit, name, sizeof name);
+        if (fp_init(&model->units[unit], ctx, name, specs, count) != 0) {
+            free(specs);
+            return -1;
+        }
+        if (init != NULL) fp_fill_local_shard(&model->units[unit], qwen2_init_fill, (void *)init);
+    }
+    free(specs);
+    return 0;
+}
+
+void qwen2_model_free(qwen2_model *model) {
+    for (int unit = 0; unit < model->unit_count; unit++) fp_free(&model->units[unit]);
+    mem_free(&model->ctx->mem, model->rope_cos);
+    mem_free(&model->ctx->mem, model->rope_sin);
+    free(model->units);
+    free(model->locations);
+    qwen2_tree_free(&model->tree);
+    memset(model, 0, sizeof *model);
+}
+
+int qwen2_find_param(const qwen2_model *model, const char *name) {
+    for (int p = 0; p < model->tree.param_count; p++)
+        if (strcmp(model->tree.params[p].name, name) == 0) return p;
+    return -1;
+}
+
+float *qwen2_param_data(const qwen2_model *model, int param) {
+    qwen2_location at = model->locations[param];
+    const flat_param *unit = &model->units[at.unit];
+    if (unit->shard_state != FP_UNSHARDED)
+        ctx_fatal(model->ctx, "unit '%s': parameter '%s' used while SHARDED; unshard the unit first", unit->unit,
+                  model->tree.params[param].name);
+    return unit->full_param_padded + unit->params[at.index].offset;
+}
+
+float *qwen2_param_grad(const qwen2_model *model, int param) {
+    qwen2_location at = model->locations[param];
+    const flat_param *unit = &model->units[at.unit];
+    if (unit->full_grad_padded == NULL)
+        ctx_fatal(model->ctx, "unit '%s': gradient of '%s' written before the unit's full gradient was allocated",
+                  unit->unit, model->tree.params[param].name);
+    return unit->full_grad_padded + unit->params[at.index].offset;
+}
+
+/* Tree index of layer l's parameter k, of the embedding and of the final norm (HF order: embed, layers, norm). */
+static int layer_param(int layer, int k) { return 1 + LAYER_PARAM_COUNT * layer + k; }
+static int embed_param(void) { return 0; }
+static int norm_param(const qwen2_model *model) { return 1 + LAYER_PARAM_COUNT * model->config.num_hidden_layers; }
+
+/* ---------------------------------------------------------------- activations */
+
+static float *activation(qwen2_model *model, size_t count, const char *owner, int layer, mem_category category) {
+    char name[MEM_OWNER_MAX];
+    if (layer >= 0) snprintf(name, sizeof name, "layers.%d.%s", layer, owner);
+    else snprintf(name, sizeof name, "%s", owner);
+    return mem_alloc(&model->ctx->mem, count * sizeof(float), category, name);
+}
+
+static void release(qwen2_model *model, float **buffer) {
+    mem_free(&model->ctx->mem, *buffer);
+    *buffer = NULL;
+}
+
+/* RoPE tables cover at least T positions. */
+static void ensure_rope(qwen2_model *model, int T) {
+    if (T <= model->rope_positions) return;
+    release(model, &model->rope_cos);
+    release(model, &model->rope_sin);
+    size_t count = (size_t)T * model->config.head_dim;
+    model->rope_cos = activation(model, count, "rope.cos", -1, MEM_WORKSPACE);
+    model->rope_sin = activation(model, count, "rope.sin", -1, MEM_WORKSPACE);
+    rope_tables(model->rope_cos, model->rope_sin, T, model->config.head_dim, model->config.rope_theta);
+    model->rope_positions = T;
+}
+
+int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const int *tokens, const int *targets, int B,
+                            int T) {
+    context *ctx = model->ctx;
+    const qwen2_config *c = &model->config;
+    memset(acts, 0, sizeof *acts);
+    if (B < 1 || T < 1 || T > c->max_position_embeddings) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: batch %d x %d: need B >= 1 and 1 <= T <= %d", ctx->rank, B, T,
+                 c->max_position_embeddings);
+        return -1;
+    }
+    for (int i = 0; i < B * T; i++) {
+        int bad_token = tokens[i] < 0 || tokens[i] >= c->vocab_size;
+        int bad_target = targets != NULL && targets[i] != QWEN2_IGNORE_INDEX && (targets[i] < 0 || targets[i] >= c->vocab_size);
+        if (bad_token || bad_target) {
+            snprintf(ctx->error, sizeof ctx->error, "rank %d: %s %d at batch row %d, position %d is outside the "
+                     "vocabulary 0..%d", ctx->rank, bad_token ? "token" : "target", bad_token ? tokens[i] : targets[i],
+                     i / T, i % T, c->vocab_size - 1);
+            return -1;
+        }
+    }
+    acts->B = B;
+    acts->T = T;
+    size_t N = (size_t)B * T;
+    acts->tokens = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.tokens");
+    memcpy(acts->tokens, tokens, N * sizeof(int));
+    if (targets != NULL) {
+        acts->targets = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.targets");
+        memcpy(acts->targets, targets, N * sizeof(int));
+    }
+    int L = c->num_hidden_layers;
+    acts->residuals = calloc((size_t)L + 1, sizeof *acts->residuals); /* pointer tables: metadata, not tensors */
+    acts->dresiduals = calloc((size_t)L + 1, sizeof *acts->dresiduals);
+    acts->layers = calloc((size_t)(L > 0 ? L : 1), sizeof *acts->layers);
+    if (acts->residuals == NULL || acts->dresiduals == NULL || acts->layers == NULL)
+        ctx_fatal(ctx, "out of memory for the activation tables of %d layers", L);
+    ensure_rope(model, T);
+    return 0;
+}
+
+void qwen2_layer_activations_free(qwen2_model *model, qwen2_layer_activations *a) {
+    float **buffers[] = {&a->ln1, &a->ln1_rstd, &a->q, &a->k, &a->v, &a->probs, &a->attention, &a->mid,
+                         &a->ln2, &a->ln2_rstd, &a->gate, &a->up, &a->swiglu};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) release(model, buffers[i]);
+}
+
+void qwen2_activations_end(qwen2_model *model, qwen2_activations *acts) {
+    int L = model->config.num_hidden_layers;
+    for (int l = 0; l <= L; l++) {
+        if (acts->residuals) release(model, &acts->residuals[l]);
+        if (acts->dresiduals) release(model, &acts->dresiduals[l]);
+        if (l < L && acts->layers) qwen2_layer_activations_free(model, &acts->layers[l]);
+    }
+    release(model, &acts->final_norm);
+    release(model, &acts->final_rstd);
+    release(model, &acts->logits);
+    release(model, &acts->dlogits);
+    mem_free(&model->ctx->mem, acts->tokens);
+    mem_free(&model->ctx->mem, acts->targets);
+    free(acts->residuals);
+    free(acts->dresiduals);
+    free(acts->layers);
+    memset(acts, 0, sizeof *acts);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+void qwen2_embed_forward(qwen2_model *model, qwen2_activations *acts) {
+    size_t N = (size_t)acts->B * acts->T;
+    int C = model->config.hidden_size;
+    acts->residuals[0] = activation(model, N * C, "embed_tokens.output", -1, MEM_ACTIVATION);
+    embedding_forward(acts->residuals[0], acts->tokens, qwen2_param_data(model, embed_param()), (int)N, C);
+}
+
+void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
+    const qwen2_config *c = &model->config;
+    int B = acts->B, T = acts->T, N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int H = c->num_attention_heads, KVH = c->num_key_value_heads;
+    qwen2_layer_activations *a = &acts->layers[l];
+    const float *x = acts->residuals[l];
+    float *w[LAYER_PARAM_COUNT];
+    for (int k = 0; k < LAYER_PARAM_COUNT; k++) w[k] = qwen2_param_data(model, layer_param(l, k));
+
+    a->ln1 = activation(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
+    a->ln1_rstd = activation(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
+    rmsnorm_forward(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, c->rms_norm_eps);
+    a->q = activation(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
+    a->k = activation(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
+    a->v = activation(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
+    linear_forward(a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
+    linear_forward(a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
+    linear_forward(a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
+    rope_forward(a->q, model->rope_cos, model->rope_sin, B, T, H, D);
+    rope_forward(a->k, model->rope_cos, model->rope_sin, B, T, KVH, D);
+    a->probs = activation(model, (size_t)B * H * T * T, "self_attn.probs", l, MEM_ACTIVATION);
+    a->attention = activation(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
+    attention_forward(a->attention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
+    a->mid = activation(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
+    linear_forward(a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
+    add_inplace(a->mid, x, (size_t)N * C);
+
+    a->ln2 = activation(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
+    a->ln2_rstd = activation(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
+    rmsnorm_forward(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, c->rms_norm_eps);
+    a->gate = activation(model, (size_t)N * I, "mlp.gate", l, MEM_ACTIVATION);
+    a->up = activation(model, (size_t)N * I, "mlp.up", l, MEM_ACTIVATION);
+    a->swiglu = activation(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
+    linear_forward(a->gate, a->ln2, w[GATE_WEIGHT], NULL, N, C, I);
+    linear_forward(a->up, a->ln2, w[UP_WEIGHT], NULL, N, C, I);
+    swiglu_forward(a->swiglu, a->gate, a->up, (size_t)N * I);
+    float *out = acts->residuals[l + 1] = activation(model, (size_t)N * C, "output", l, MEM_ACTIVATION);
+    linear_forward(out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
+    add_inplace(out, a->mid, (size_t)N * C);
+}
+
+float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
+    const qwen2_config *c = &model->config;
+    int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size;
+    acts->final_norm = activation(model, (size_t)N * C, "norm.output", -1, MEM_ACTIVATION);
+    acts->final_rstd = activation(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
+    rmsnorm_forward(acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
+                    qwen2_param_data(model, norm_param(model)), N, C, c->rms_norm_eps);
+    acts->logits = activation(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
+    /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
+    linear_forward(acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);
+    if (acts->targets == NULL) return 0.0f;
+    acts->dlogits = activation(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
+    acts->loss = cross_entropy_forward_backward(acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
+                                                &acts->target_count);
+    return acts->loss;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
+    const qwen2_config *c = &model->config;
+    int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
+    if (acts->dlogits == NULL) ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
+    float *dnorm = activation(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
+    linear_backward(dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
+                    qwen2_param_data(model, embed_param()), N, C, V);
+    release(model, &acts->dlogits);
+    release(model, &acts->logits);
+    acts->dresiduals[L] = activation(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
+    rmsnorm_backward(acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
+                     qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
+    release(model, &dnorm);
+    release(model, &acts->final_norm);
+    release(model, &acts->final_rstd);
+    release(model, &acts->residuals[L]);
+}
+
+void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
+    const qwen2_config *c = &model->config;
+    int B = acts->B, T = acts->T, N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int H = c->num_attention_heads, KVH = c->num_key_value_heads;
+    qwen2_layer_activations *a = &acts->layers[l];
+    const float *x = acts->residuals[l], *dout = acts->dresiduals[l + 1];
+    float *w[LAYER_PARAM_COUNT], *g[LAYER_PARAM_COUNT];
+    for (int k = 0; k < LAYER_PARAM_COUNT; k++) {
+        w[k] = qwen2_param_data(model, layer_param(l, k));
+        g[k] = qwen2_param_grad(model, layer_param(l, k));
+    }
+    /* MLP half: out = mid + down(swiglu(gate(ln2), up(ln2))), ln2 = norm(mid) */
+    float *dmid = activation(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE);
+    memcpy(dmid, dout, (size_t)N * C * sizeof(float));
+    float *dswiglu = activation(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
+    linear_backward(dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
+    float *dgate = activation(model, (size_t)N * I, "mlp.dgate", l, MEM_WORKSPACE);
+    float *dup = activation(model, (size_t)N * I, "mlp.dup", l, MEM_WORKSPACE);
+    swiglu_backward(dgate, dup, dswiglu, a->gate, a->up, (size_t)N * I);
+    release(model, &dswiglu);
+    float *dln2 = activation(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
+    linear_backward(dln2, g[GATE_WEIGHT], NULL, dgate, a->ln2, w[GATE_WEIGHT], N, C, I);
+    linear_backward(dln2, g[UP_WEIGHT], NULL, dup, a->ln2, w[UP_WEIGHT], N, C, I);
+    release(model, &dgate);
+    release(model, &dup);
+    rmsnorm_backward(dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
+    release(model, &dln2);
+
+    /* attention half: mid = x + o_proj(attention(rope(q), rope(k), v)), q,k,v = proj(ln1), ln1 = norm(x) */
+    float *dattention = activation(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
+    linear_backward(dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
+    float *dq = activation(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
+    float *dk = activation(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
+    float *dv = activation(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
+    float *scratch = activation(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
+    attention_backward(dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
+    release(model, &scratch);
+    release(model, &dattention);
+    rope_backward(dq, model->rope_cos, model->rope_sin, B, T, H, D);
+    rope_backward(dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
+    float *dln1 = activation(model, (size_t)N * C, "input_layernorm.doutput", l, MEM_WORKSPACE);
+    linear_backward(dln1, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
+    linear_backward(dln1, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
+    linear_backward(dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
+    release(model, &dq);
+    release(model, &dk);
+    release(model, &dv);
+    /* dx = dmid (the residual path) + the norm's backward */
+    float *dx = acts->dresiduals[l] = activation(model, (size_t)N * C, "dresidual", l - 1, MEM_ACTIVATION);
+    memcpy(dx, dmid, (size_t)N * C * sizeof(float));
+    rmsnorm_backward(dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+    release(model, &dln1);
+    release(model, &dmid);
+    release(model, &acts->dresiduals[l + 1]);
+    qwen2_layer_activations_free(model, a);
+    release(model, &acts->residuals[l]);
+}
+
+void qwen2_embed_backward(qwen2_model *model, qwen2_activations *acts) {
+    int N = acts->B * acts->T;
+    embedding_backward(qwen2_param_grad(model, embed_param()), acts->dresiduals[0], acts->tokens, N,
+                       model->config.hidden_size);
+    release(model, &acts->dresiduals[0]);
+    release(model, &acts->residuals[0]);
+}
+
+/* ---------------------------------------------------------------- whole passes */
+
+static int forward_all(qwen2_model *model, qwen2_activations *acts, const int *tokens, const int *targets, int B,
+                       int T) {
+    if (qwen2_activations_begin(model, acts, tokens, targets, B, T) != 0) return -1;
+    qwen2_embed_forward(model, acts);
+    for (int l = 0; l < model->config.num_hidden_layers; l++) qwen2_layer_forward(model, acts, l);
+    qwen2_head_forward(model, acts);
+    return 0;
+}
+
+float qwen2_forward_backward(qwen2_model *model, const int *tokens, const int *targets, int B, int T) {
+    qwen2_activations acts;
+    if (forward_all(model, &acts, tokens, targets, B, T) != 0) ctx_fatal(model->ctx, "%s", model->ctx->error);
+    for (int unit = 0; unit < model->unit_count; unit++) fp_alloc_full_grad(&model->units[unit]);
+    qwen2_head_backward(model, &acts);
+    for (int l = model->config.num_hidden_layers - 1; l >= 0; l--) qwen2_layer_backward(model, &acts, l);
+    qwen2_embed_backward(model, &acts);
+    float loss = acts.loss;
+    qwen2_activations_end(model, &acts);
+    return loss;
+}
+
+/* The next token from the last position's logits: argmax, or a sample from softmax(logits / temperature). */
+static int next_token(const float *logits, int V, float temperature, uint64_t seed, uint64_t step) {
+    int best = 0;
+    for (int j = 1; j < V; j++)
+        if (logits[j] > logits[best]) best = j;
+    if (temperature <= 0.0f) return best;
+    double sum = 0.0;
+    for (int j = 0; j < V; j++) sum += exp((double)(logits[j] - logits[best]) / temperature);
+    double threshold = (double)rng_uniform(seed, 0x5a3b1e, step) * sum, running = 0.0;
+    for (int j = 0; j < V; j++) {
+        running += exp((double)(logits[j] - logits[best]) / temperature);
+        if (running > threshold) return j;
+    }
+    return best;
+}
+
+int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
+                   uint64_t seed, int *out) {
+    int capacity = prompt_length + max_new, V = model->config.vocab_size;
+    if (capacity > model->config.max_position_embeddings) capacity = model->config.max_position_embeddings;
+    int *sequence = mem_alloc(&model->ctx->mem, (size_t)capacity * sizeof(int), MEM_DATA, "generate.sequence");
+    memcpy(sequence, prompt, (size_t)prompt_length * sizeof(int));
+    int length = prompt_length, produced = 0;
+    /* No KV cache: each new token reruns the whole prefix. Simple, and fine for the sizes we sample from. */
+    while (length < capacity) {
+        qwen2_activations acts;
+        if (forward_all(model, &acts, sequence, NULL, 1, length) != 0) ctx_fatal(model->ctx, "%s", model->ctx->error);
+        int token = next_token(acts.logits + (size_t)(length - 1) * V, V, temperature, seed, (uint64_t)produced);
+        qwen2_activations_end(model, &acts);
+        out[produced++] = token;
+        sequence[length++] = token;
+        if (token == model->config.eos_token_id) break;
+    }
+    mem_free(&model->ctx->mem, sequence);
+    return produced;
+}

@@ -1,0 +1,168 @@
+/* qwen2.h — the Qwen2 model exactly as HF's Qwen2ForCausalLM, for FSDP to train.
+ *
+ *   tokens → embed_tokens → [ layer 0 … layer L-1 ] → norm → lm_head (tied to embed_tokens) → mean cross-entropy
+ *   layer:  x → input_layernorm → q,k,v proj (bias) → RoPE(q,k) → causal GQA attention → o_proj (no bias) → + x
+ *           → post_attention_layernorm → SwiGLU MLP (gate, up, down; no bias) → + residual
+ *
+ * Parameters have HF's names and registration order and live in FlatParameters ("units", core/flat_param.h): by
+ * default one per decoder layer plus the root unit holding what no layer claims (embed_tokens, norm). A unit's
+ * parameters are usable only while it is UNSHARDED; the model finds them through the unit (views change every
+ * unshard). The forward and backward are cut at unit boundaries — embed, layer l, head — so the FSDP step driver
+ * can call the hooks between the pieces; qwen2_forward_backward runs them all when every unit is unsharded.
+ */
+#ifndef FSDPLAB_QWEN2_H
+#define FSDPLAB_QWEN2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "context.h"
+#include "flat_param.h"
+
+#define QWEN2_IGNORE_INDEX (-100)
+#define QWEN2_NAME_MAX 128
+
+typedef struct qwen2_config {
+    char name[32];                /* preset it came from, or "custom" */
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim;                 /* hidden_size / num_attention_heads */
+    int max_position_embeddings;
+    float rope_theta;
+    float rms_norm_eps;
+    float initializer_range;      /* std of the normal init of linear and embedding weights */
+    int tie_word_embeddings;      /* fsdplab supports tied only, as both presets are */
+    int bos_token_id, eos_token_id;
+} qwen2_config;
+
+/* "qwen2-0.5b" (HF's values) or "tiny" (byte-level vocab: 256 bytes + 4 specials; CPU-fast). */
+int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size);
+/* Checks the shape rules (heads divide hidden, KV heads divide heads, even head_dim, ...). */
+int qwen2_config_validate(const qwen2_config *config, char *error, size_t error_size);
+/* config.json in HF's Qwen2Config format. */
+int qwen2_config_save_json(const qwen2_config *config, const char *path, char *error, size_t error_size);
+int qwen2_config_load_json(qwen2_config *config, const char *path, char *error, size_t error_size);
+
+/* ---- The module tree, with HF names and class names, for the wrap policy to walk ---- */
+typedef struct qwen2_module {
+    char name[QWEN2_NAME_MAX];    /* "model.layers.3.self_attn" ("" is the root Qwen2ForCausalLM) */
+    const char *type;             /* HF class: "Qwen2DecoderLayer", "Linear", "Qwen2RMSNorm", ... */
+    int parent;                   /* index, -1 for the root */
+    int layer;                    /* decoder layer index it belongs to, -1 outside the layers */
+} qwen2_module;
+
+typedef struct qwen2_param {
+    char name[QWEN2_NAME_MAX];    /* "model.layers.3.self_attn.q_proj.weight" */
+    int ndim;
+    int64_t shape[2];
+    int module;                   /* owning module's index */
+    int layer;                    /* -1 for embed_tokens and norm */
+} qwen2_param;
+
+typedef struct qwen2_tree {
+    int module_count, param_count;
+    qwen2_module *modules;        /* parents before children, HF's registration order */
+    qwen2_param *params;          /* HF's named_parameters() order; the tied lm_head is not a separate parameter */
+} qwen2_tree;
+
+int qwen2_tree_build(qwen2_tree *tree, const qwen2_config *config);
+void qwen2_tree_free(qwen2_tree *tree);
+size_t qwen2_param_numel(const qwen2_param *param);
+
+/* HF's _init_weights from the counter-based RNG: weights normal(0, initializer_range), biases 0, norms 1. An
+ * fp_fill_fn: `user` points to the qwen2_init_spec. */
+typedef struct qwen2_init_spec {
+    uint64_t seed;
+    float std;
+} qwen2_init_spec;
+void qwen2_init_fill(const char *name, size_t first, size_t count, float *out, void *user);
+
+/* ---- The model ---- */
+
+/* Where a parameter lives: which unit, which of its FlatParameter's params. */
+typedef struct qwen2_location {
+    int unit, index;
+} qwen2_location;
+
+typedef struct qwen2_model {
+    context *ctx;
+    qwen2_config config;
+    qwen2_tree tree;
+    int unit_count;
+    flat_param *units;            /* units[0] is the root unit */
+    qwen2_location *locations;    /* per tree param */
+    int rope_positions;           /* rows in the RoPE tables (grown on demand) */
+    float *rope_cos, *rope_sin;   /* (rope_positions, head_dim), category workspace */
+} qwen2_model;
+
+/* One unit per decoder layer, the root unit for the rest: the default auto-wrap policy. unit_of_param[i] = unit of
+ * tree param i (0 = root), unit_count written. The FSDP wrap policy (later) produces other assignments. */
+void qwen2_default_units(const qwen2_tree *tree, int *unit_of_param, int *unit_count);
+/* Builds the tree, the FlatParameters for the given assignment (unit names: "root", "layers.3"; a unit holding
+ * several layers is named after its first module) and fills every rank's shards from `init`. Collective only in
+ * that every rank must call it. Returns -1 with ctx->error on a bad config. */
+int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
+                     int unit_count, const qwen2_init_spec *init);
+void qwen2_model_free(qwen2_model *model);
+/* The parameter's values (its unit must be UNSHARDED) or its gradient (the unit's full gradient must exist). */
+float *qwen2_param_data(const qwen2_model *model, int param);
+float *qwen2_param_grad(const qwen2_model *model, int param);
+int qwen2_find_param(const qwen2_model *model, const char *name);
+
+/* ---- Activations: what forward saves for backward ---- */
+typedef struct qwen2_layer_activations {
+    float *ln1, *ln1_rstd;        /* input_layernorm output (N, C) and 1/rms (N) */
+    float *q, *k, *v;             /* after RoPE (q, k): (N, H*D), (N, KVH*D), (N, KVH*D) */
+    float *probs;                 /* attention probabilities (B, H, T, T) */
+    float *attention;             /* attention output before o_proj (N, H*D) */
+    float *mid;                   /* x + o_proj(attention): the residual between the two halves (N, C) */
+    float *ln2, *ln2_rstd;        /* post_attention_layernorm output and 1/rms */
+    float *gate, *up, *swiglu;    /* (N, I) each */
+} qwen2_layer_activations;
+
+typedef struct qwen2_activations {
+    int B, T;
+    int *tokens, *targets;        /* (B*T), category data */
+    float **residuals;            /* L+1 of (N, C): [0] embeddings, [l+1] layer l's output; category activation */
+    qwen2_layer_activations *layers;
+    float *final_norm, *final_rstd;
+    float *logits;                /* (N, V) */
+    float *dlogits;               /* (N, V), written by the head's forward (the loss's gradient) */
+    float **dresiduals;           /* gradient flowing back; [l] exists between layer l's and l-1's backward */
+    float loss;
+    int target_count;
+} qwen2_activations;
+
+/* Allocates the batch buffers and copies tokens/targets in (targets may be NULL: forward only, no loss). Checks
+ * every token id against the vocabulary. Returns -1 with ctx->error naming the bad id and its position. */
+int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const int *tokens, const int *targets, int B,
+                            int T);
+/* Frees whatever activations remain. */
+void qwen2_activations_end(qwen2_model *model, qwen2_activations *acts);
+
+/* The pieces, in the order a step runs them. Each needs the named unit(s) UNSHARDED. */
+void qwen2_embed_forward(qwen2_model *model, qwen2_activations *acts);                 /* root */
+void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int layer);      /* layer's unit */
+/* final norm, logits, loss and dlogits (when targets were given). root. Returns the loss. */
+float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts);
+/* Backward pieces add into the units' full gradients (fp_alloc_full_grad first). */
+void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts);                 /* root */
+void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int layer);     /* layer's unit */
+void qwen2_embed_backward(qwen2_model *model, qwen2_activations *acts);                /* root */
+/* Frees layer l's saved activations (activation checkpointing keeps only the layer's input). */
+void qwen2_layer_activations_free(qwen2_model *model, qwen2_layer_activations *layer_acts);
+
+/* Everything, with every unit already UNSHARDED: forward, loss, backward into the full gradients (allocated here
+ * when missing). Returns the loss. */
+float qwen2_forward_backward(qwen2_model *model, const int *tokens, const int *targets, int B, int T);
+
+/* Greedy (temperature 0) or sampled continuation of prompt; every unit UNSHARDED. Writes up to max_new tokens into
+ * out and returns how many (stops early at eos). Sampling uses the counter RNG keyed by (seed, step). */
+int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
+                   uint64_t seed, int *out);
+
+#endif

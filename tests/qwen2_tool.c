@@ -1,0 +1,205 @@
+/* qwen2_tool.c — the C side of the parity checks against HF transformers (tests/test_hf_parity.py), and a handy
+ * way to look at a model from the shell. One rank (run it directly, no mpirun).
+ *
+ *   qwen2_tool params <preset>                        HF name and shape of every parameter, then "total N"
+ *   qwen2_tool init <preset|config.json> <seed> <dir> fsdplab's init as an HF directory (config.json, safetensors)
+ *   qwen2_tool run <dir> <batch.json> <out.safetensors>
+ *       batch.json = {"input_ids": [[...], ...], "targets": [[...], ...]} (targets already shifted, -100 ignored);
+ *       writes logits [B,T,V], loss [1] and grad/<name> for every parameter after one forward + backward.
+ *   qwen2_tool generate <dir> <seed> <temperature> <max_new> <token> [<token> ...]   prints the new token ids
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/checkpoint.h"
+#include "../core/context.h"
+#include "../core/qwen2.h"
+#include "../core/safetensors.h"
+
+static int usage(void) {
+    fprintf(stderr, "usage: qwen2_tool params <preset>\n"
+                    "       qwen2_tool init <preset|config.json> <seed> <out_dir>\n"
+                    "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>\n"
+                    "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n");
+    return 2;
+}
+
+/* A preset name, or a path to a config.json. */
+static void load_config(context *ctx, const char *what, qwen2_config *config) {
+    int status = strstr(what, ".json") ? qwen2_config_load_json(config, what, ctx->error, sizeof ctx->error)
+                                       : qwen2_config_preset(config, what, ctx->error, sizeof ctx->error);
+    if (status != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+}
+
+static void make_model(context *ctx, qwen2_model *model, const qwen2_config *config, const qwen2_init_spec *init) {
+    qwen2_tree tree;
+    if (qwen2_tree_build(&tree, config) != 0) ctx_fatal(ctx, "out of memory");
+    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param), unit_count = 0;
+    qwen2_default_units(&tree, unit_of_param, &unit_count);
+    if (qwen2_model_init(model, ctx, config, unit_of_param, unit_count, init) != 0) ctx_fatal(ctx, "%s", ctx->error);
+    free(unit_of_param);
+    qwen2_tree_free(&tree);
+}
+
+static void unshard_all(qwen2_model *model) {
+    for (int unit = 0; unit < model->unit_count; unit++)
+        if (fp_unshard(&model->units[unit], "tool") != 0) ctx_fatal(model->ctx, "%s", model->ctx->error);
+}
+
+static void load_model(context *ctx, qwen2_model *model, const char *directory) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", directory);
+    qwen2_config config;
+    load_config(ctx, path, &config);
+    make_model(ctx, model, &config, NULL);
+    if (ckpt_load_pretrained(model, directory) != 0) ctx_exit_all(ctx, 1, "%s", ctx->error);
+    unshard_all(model);
+}
+
+static int command_params(context *ctx, const char *preset) {
+    qwen2_config config;
+    load_config(ctx, preset, &config);
+    qwen2_tree tree;
+    if (qwen2_tree_build(&tree, &config) != 0) ctx_fatal(ctx, "out of memory");
+    size_t total = 0;
+    for (int p = 0; p < tree.param_count; p++) {
+        const qwen2_param *param = &tree.params[p];
+        if (param->ndim == 2) printf("%s %lldx%lld\n", param->name, (long long)param->shape[0], (long long)param->shape[1]);
+        else printf("%s %lld\n", param->name, (long long)param->shape[0]);
+        total += qwen2_param_numel(param);
+    }
+    printf("total %zu\n", total);
+    qwen2_tree_free(&tree);
+    return 0;
+}
+
+static int command_init(context *ctx, const char *what, const char *seed_text, const char *directory) {
+    qwen2_config config;
+    load_config(ctx, what, &config);
+    qwen2_init_spec init = {.seed = strtoull(seed_text, NULL, 10), .std = config.initializer_range};
+    qwen2_model model;
+    make_model(ctx, &model, &config, &init);
+    int status = ckpt_save_pretrained(&model, directory);
+    if (status != 0) fprintf(stderr, "qwen2_tool: %s\n", ctx->error);
+    qwen2_model_free(&model);
+    return status == 0 ? 0 : 1;
+}
+
+/* rows x columns of ints from a JSON array of arrays; all rows the same length. */
+static int *read_matrix(const cJSON *json, const char *key, int *rows, int *columns) {
+    const cJSON *matrix = cJSON_GetObjectItemCaseSensitive(json, key);
+    if (!cJSON_IsArray(matrix) || cJSON_GetArraySize(matrix) < 1) return NULL;
+    *rows = cJSON_GetArraySize(matrix);
+    *columns = cJSON_GetArraySize(cJSON_GetArrayItem(matrix, 0));
+    int *values = calloc((size_t)*rows * (size_t)*columns, sizeof *values);
+    for (int r = 0; values && r < *rows; r++) {
+        const cJSON *row = cJSON_GetArrayItem(matrix, r);
+        if (!cJSON_IsArray(row) || cJSON_GetArraySize(row) != *columns) {
+            free(values);
+            return NULL;
+        }
+        for (int c = 0; c < *columns; c++) values[r * *columns + c] = (int)cJSON_GetArrayItem(row, c)->valuedouble;
+    }
+    return values;
+}
+
+static cJSON *read_json(const char *path) {
+    FILE *file = fopen(path, "rb");
+    if (file == NULL) return NULL;
+    fseek(file, 0, SEEK_END);
+    long size = ftell(file);
+    fseek(file, 0, SEEK_SET);
+    char *text = malloc((size_t)size + 1);
+    size_t read = text ? fread(text, 1, (size_t)size, file) : 0;
+    fclose(file);
+    if (text == NULL || read != (size_t)size) {
+        free(text);
+        return NULL;
+    }
+    text[size] = '\0';
+    cJSON *json = cJSON_Parse(text);
+    free(text);
+    return json;
+}
+
+static int command_run(context *ctx, const char *directory, const char *batch_path, const char *out_path) {
+    cJSON *batch = read_json(batch_path);
+    int B = 0, T = 0, target_rows = 0, target_columns = 0;
+    int *tokens = batch ? read_matrix(batch, "input_ids", &B, &T) : NULL;
+    int *targets = batch ? read_matrix(batch, "targets", &target_rows, &target_columns) : NULL;
+    cJSON_Delete(batch);
+    if (tokens == NULL || targets == NULL || target_rows != B || target_columns != T)
+        ctx_exit_all(ctx, 2, "%s: needs input_ids and targets, equal-length rows of the same shape", batch_path);
+    qwen2_model model;
+    load_model(ctx, &model, directory);
+    int V = model.config.vocab_size, L = model.config.num_hidden_layers;
+
+    qwen2_activations acts;
+    if (qwen2_activations_begin(&model, &acts, tokens, targets, B, T) != 0) ctx_exit_all(ctx, 1, "%s", ctx->error);
+    qwen2_embed_forward(&model, &acts);
+    for (int l = 0; l < L; l++) qwen2_layer_forward(&model, &acts, l);
+    float loss = qwen2_head_forward(&model, &acts);
+    float *logits = mem_alloc(&ctx->mem, (size_t)B * T * V * sizeof(float), MEM_WORKSPACE, "tool.logits");
+    memcpy(logits, acts.logits, (size_t)B * T * V * sizeof(float));
+    for (int unit = 0; unit < model.unit_count; unit++) fp_alloc_full_grad(&model.units[unit]);
+    qwen2_head_backward(&model, &acts);
+    for (int l = L - 1; l >= 0; l--) qwen2_layer_backward(&model, &acts, l);
+    qwen2_embed_backward(&model, &acts);
+    int target_count = acts.target_count;
+    qwen2_activations_end(&model, &acts);
+
+    int count = model.tree.param_count + 2;
+    st_tensor_ref *refs = calloc((size_t)count, sizeof *refs);
+    char (*names)[QWEN2_NAME_MAX + 8] = calloc((size_t)count, sizeof *names);
+    refs[0] = (st_tensor_ref){"logits", 3, {B, T, V}, logits};
+    refs[1] = (st_tensor_ref){"loss", 1, {1}, &loss};
+    for (int p = 0; p < model.tree.param_count; p++) {
+        const qwen2_param *param = &model.tree.params[p];
+        snprintf(names[p], sizeof names[p], "grad/%s", param->name);
+        refs[p + 2] = (st_tensor_ref){names[p], param->ndim, {param->shape[0], param->shape[1]}, qwen2_param_grad(&model, p)};
+    }
+    int status = st_write(out_path, refs, count, NULL, ctx->error, sizeof ctx->error);
+    if (status != 0) fprintf(stderr, "qwen2_tool: %s\n", ctx->error);
+    else printf("loss %.7f over %d targets; wrote %s\n", loss, target_count, out_path);
+    free(refs);
+    free(names);
+    free(tokens);
+    free(targets);
+    mem_free(&ctx->mem, logits);
+    qwen2_model_free(&model);
+    return status == 0 ? 0 : 1;
+}
+
+static int command_generate(context *ctx, int argc, char **argv) {
+    qwen2_model model;
+    load_model(ctx, &model, argv[2]);
+    uint64_t seed = strtoull(argv[3], NULL, 10);
+    float temperature = strtof(argv[4], NULL);
+    int max_new = atoi(argv[5]), prompt_length = argc - 6;
+    int *prompt = calloc((size_t)prompt_length, sizeof *prompt), *out = calloc((size_t)(max_new > 0 ? max_new : 1), sizeof *out);
+    for (int i = 0; i < prompt_length; i++) prompt[i] = atoi(argv[6 + i]);
+    int produced = qwen2_generate(&model, prompt, prompt_length, max_new, temperature, seed, out);
+    for (int i = 0; i < produced; i++) printf("%d%c", out[i], i + 1 < produced ? ' ' : '\n');
+    free(prompt);
+    free(out);
+    qwen2_model_free(&model);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    context ctx;
+    ctx_init(&ctx, &argc, &argv, "qwen2_tool", "runs/qwen2_tool");
+    ctx_require_world_size(&ctx, 1, 1);
+    int status;
+    if (argc == 3 && strcmp(argv[1], "params") == 0) status = command_params(&ctx, argv[2]);
+    else if (argc == 5 && strcmp(argv[1], "init") == 0) status = command_init(&ctx, argv[2], argv[3], argv[4]);
+    else if (argc == 5 && strcmp(argv[1], "run") == 0) status = command_run(&ctx, argv[2], argv[3], argv[4]);
+    else if (argc >= 7 && strcmp(argv[1], "generate") == 0) status = command_generate(&ctx, argc, argv);
+    else status = usage();
+    trace_close(&ctx.trace);
+    size_t leaks = mem_shutdown(&ctx.mem);
+    MPI_Finalize();
+    return status != 0 ? status : (leaks ? 1 : 0);
+}
