@@ -2,7 +2,8 @@
 #
 #   make              build everything (installs missing dependencies first, via scripts/install_deps.sh)
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01, 02, 03); make check-unit, check-trace for the unit suites
+#   make check-01     one lab's check (01, 02, 03); check-unit, check-trace, check-model for the other suites
+#   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make clean
 #
 # MPIRUN is how the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on a 2-core
@@ -45,9 +46,9 @@ TEST_TOOLS := tests/bin/qwen2_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all check clean check-unit check-trace $(addprefix check-,01 02 03)
+.PHONY: all check clean check-unit check-trace check-model bench-model $(addprefix check-,01 02 03)
 
-all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS)
+all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
 HEADERS := $(wildcard core/*.h trace/*.h)
@@ -65,17 +66,22 @@ trace/fsdptrace: trace/fsdptrace.c trace/libfsdptrace.a
 lab/%: lab/%.c $(LIBS) $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LIBS) $(LDLIBS) -o $@
 
+scripts/bench_model: scripts/bench_model.c $(LIBS) $(HEADERS)
+	$(CC) $(CFLAGS) $< $(LIBS) $(LDLIBS) -o $@
+
 tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
 	@mkdir -p tests/bin
 	$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIBS) $(CHECK_LIBS) $(LDLIBS) -o $@
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit trace lab01 lab02 lab03
+	@tests/run_checks.sh unit trace model lab01 lab02 lab03
 check-unit: all
 	@tests/run_checks.sh unit
 check-trace: all
 	@tests/run_checks.sh trace
+check-model: all
+	@tests/run_checks.sh model
 check-01: all
 	@tests/run_checks.sh lab01
 check-02: all
@@ -84,5 +90,5 @@ check-03: all
 	@tests/run_checks.sh lab03
 
 clean:
-	rm -f core/*.o trace/*.o $(LIBS) trace/fsdptrace $(LABS)
+	rm -f core/*.o trace/*.o $(LIBS) trace/fsdptrace $(LABS) scripts/bench_model
 	rm -rf tests/bin runs/check

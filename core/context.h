@@ -21,6 +21,7 @@ typedef struct context {
     mem_tracker mem;
     uint64_t collective_seq;   /* next collective's sequence number; equal on every rank for the same collective */
     trace_collective_info last_collective; /* what the last finished collective moved and took (unit: NULL) */
+    int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */
     char outdir[512];          /* where rank<R>.jsonl and trace.json go */
     char error[1024];          /* the last error a function returned -1 for */

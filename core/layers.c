@@ -13,6 +13,8 @@ static inline float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
+void layers_set_threads(int threads) { openblas_set_num_threads(threads); }
+
 void embedding_forward(float *out, const int *tokens, const float *weight, int N, int C) {
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, weight + (size_t)tokens[n] * C, (size_t)C * sizeof(float));
 }

@@ -10,6 +10,9 @@
 
 #include <stddef.h>
 
+/* How many threads OpenBLAS may use (per process). */
+void layers_set_threads(int threads);
+
 /* out (N, C) = weight[tokens] (weight is (V, C)). Tokens outside [0, V) are an error caught by the caller. */
 void embedding_forward(float *out, const int *tokens, const float *weight, int N, int C);
 void embedding_backward(float *dweight, const float *dout, const int *tokens, int N, int C);

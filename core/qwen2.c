@@ -31,8 +31,8 @@ static int fail(char *error, size_t error_size, const char *format, ...) {
 int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size) {
     memset(config, 0, sizeof *config);
     snprintf(config->name, sizeof config->name, "%s", name);
-    config->rms_norm_eps = 1e-6f;
-    config->initializer_range = 0.02f;
+    config->rms_norm_eps = 1e-6;
+    config->initializer_range = 0.02;
     config->tie_word_embeddings = 1;
     if (strcmp(name, "qwen2-0.5b") == 0) {
         config->vocab_size = 151936;
@@ -42,7 +42,7 @@ int qwen2_config_preset(qwen2_config *config, const char *name, char *error, siz
         config->num_attention_heads = 14;
         config->num_key_value_heads = 2;
         config->max_position_embeddings = 131072;
-        config->rope_theta = 1000000.0f;
+        config->rope_theta = 1000000.0;
         config->bos_token_id = config->eos_token_id = 151643;
     } else if (strcmp(name, "tiny") == 0) {
         /* Byte-level: ids 0..255 are bytes, 256 <|endoftext|>, 257-259 reserved specials. */
@@ -53,7 +53,7 @@ int qwen2_config_preset(qwen2_config *config, const char *name, char *error, siz
         config->num_attention_heads = 4;
         config->num_key_value_heads = 2;
         config->max_position_embeddings = 1024;
-        config->rope_theta = 10000.0f;
+        config->rope_theta = 10000.0;
         config->bos_token_id = config->eos_token_id = 256;
     } else {
         return fail(error, error_size, "MODEL='%s' is not a model; choose one of: tiny, qwen2-0.5b", name);
@@ -78,7 +78,7 @@ int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size)
     if (!c->tie_word_embeddings)
         return fail(error, error_size, "config '%s': untied lm_head is not supported (tie_word_embeddings must be true)",
                     c->name);
-    if (!(c->rope_theta > 0.0f) || !(c->rms_norm_eps > 0.0f))
+    if (!(c->rope_theta > 0.0) || !(c->rms_norm_eps > 0.0))
         return fail(error, error_size, "config '%s': rope_theta and rms_norm_eps must be positive", c->name);
     return 0;
 }
@@ -115,10 +115,11 @@ int qwen2_config_save_json(const qwen2_config *c, const char *path, char *error,
     return ok ? 0 : fail(error, error_size, "writing %s failed: %s", path, strerror(errno));
 }
 
+/* A number field; absent or null (HF writes "bos_token_id": null) keeps the default unless required. */
 static int json_number(const cJSON *json, const char *key, double *value, int required, const char *path, char *error,
                        size_t error_size) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(json, key);
-    if (item == NULL && !required) return 0;
+    if ((item == NULL || cJSON_IsNull(item)) && !required) return 0;
     if (!cJSON_IsNumber(item)) return fail(error, error_size, "%s: \"%s\" is missing or not a number", path, key);
     *value = item->valuedouble;
     return 0;
@@ -155,6 +156,15 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     int status = 0;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0] && status == 0; i++)
         status = json_number(json, fields[i].key, &fields[i].value, fields[i].required, path, error, error_size);
+    /* transformers 5 moved rope_theta into "rope_parameters"; older files have it at the top level. */
+    const cJSON *rope = cJSON_GetObjectItemCaseSensitive(json, "rope_parameters");
+    if (status == 0 && cJSON_IsObject(rope) && cJSON_GetObjectItemCaseSensitive(json, "rope_theta") == NULL) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(rope, "rope_type");
+        if (cJSON_IsString(type) && strcmp(type->valuestring, "default") != 0)
+            status = fail(error, error_size, "%s: rope_type \"%s\" is not supported (only default RoPE)", path,
+                          type->valuestring);
+        else status = json_number(rope, "rope_theta", &fields[7].value, 1, path, error, error_size);
+    }
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(json, "tie_word_embeddings");
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(json, "hidden_act");
     if (status == 0 && act != NULL && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
@@ -168,9 +178,9 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     c->num_attention_heads = (int)fields[4].value;
     c->num_key_value_heads = fields[5].value < 0 ? c->num_attention_heads : (int)fields[5].value;
     c->max_position_embeddings = (int)fields[6].value;
-    c->rope_theta = (float)fields[7].value;
-    c->rms_norm_eps = (float)fields[8].value;
-    c->initializer_range = (float)fields[9].value;
+    c->rope_theta = fields[7].value;
+    c->rms_norm_eps = fields[8].value;
+    c->initializer_range = fields[9].value;
     c->bos_token_id = (int)fields[10].value;
     c->eos_token_id = (int)fields[11].value;
     c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
@@ -321,12 +331,20 @@ int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *confi
     memset(model, 0, sizeof *model);
     model->ctx = ctx;
     model->config = *config;
+    layers_set_threads(ctx->threads);
     if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
     if (qwen2_tree_build(&model->tree, config) != 0) ctx_fatal(ctx, "out of memory building the module tree");
     const qwen2_tree *tree = &model->tree;
     model->unit_count = unit_count;
     model->units = calloc((size_t)unit_count, sizeof *model->units);
     model->locations = calloc((size_t)tree->param_count, sizeof *model->locations);
+    for (int p = 0; p < tree->param_count; p++) {
+        if (unit_of_param[p] < 0 || unit_of_param[p] >= unit_count) {
+            snprintf(ctx->error, sizeof ctx->error, "rank %d: parameter '%s' assigned to unit %d, but there are %d units",
+                     ctx->rank, tree->params[p].name, unit_of_param[p], unit_count);
+            return -1;
+        }
+    }
     fp_tensor_spec *specs = calloc((size_t)tree->param_count, sizeof *specs);
     if (model->units == NULL || model->locations == NULL || specs == NULL)
         ctx_fatal(ctx, "out of memory for %d units", unit_count);
@@ -411,7 +429,7 @@ static void ensure_rope(qwen2_model *model, int T) {
     size_t count = (size_t)T * model->config.head_dim;
     model->rope_cos = activation(model, count, "rope.cos", -1, MEM_WORKSPACE);
     model->rope_sin = activation(model, count, "rope.sin", -1, MEM_WORKSPACE);
-    rope_tables(model->rope_cos, model->rope_sin, T, model->config.head_dim, model->config.rope_theta);
+    rope_tables(model->rope_cos, model->rope_sin, T, model->config.head_dim, (float)model->config.rope_theta);
     model->rope_positions = T;
 }
 
@@ -499,7 +517,7 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
 
     a->ln1 = activation(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
     a->ln1_rstd = activation(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
-    rmsnorm_forward(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, c->rms_norm_eps);
+    rmsnorm_forward(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
     a->q = activation(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
     a->k = activation(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
     a->v = activation(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
@@ -517,7 +535,7 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
 
     a->ln2 = activation(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
     a->ln2_rstd = activation(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
-    rmsnorm_forward(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, c->rms_norm_eps);
+    rmsnorm_forward(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
     a->gate = activation(model, (size_t)N * I, "mlp.gate", l, MEM_ACTIVATION);
     a->up = activation(model, (size_t)N * I, "mlp.up", l, MEM_ACTIVATION);
     a->swiglu = activation(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
@@ -535,7 +553,7 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     acts->final_norm = activation(model, (size_t)N * C, "norm.output", -1, MEM_ACTIVATION);
     acts->final_rstd = activation(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
     rmsnorm_forward(acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
-                    qwen2_param_data(model, norm_param(model)), N, C, c->rms_norm_eps);
+                    qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
     acts->logits = activation(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
     /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
     linear_forward(acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);

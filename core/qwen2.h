@@ -32,9 +32,9 @@ typedef struct qwen2_config {
     int num_key_value_heads;
     int head_dim;                 /* hidden_size / num_attention_heads */
     int max_position_embeddings;
-    float rope_theta;
-    float rms_norm_eps;
-    float initializer_range;      /* std of the normal init of linear and embedding weights */
+    double rope_theta;            /* doubles, so config.json says 1e-06, not 9.99999997e-07 */
+    double rms_norm_eps;
+    double initializer_range;     /* std of the normal init of linear and embedding weights */
     int tie_word_embeddings;      /* fsdplab supports tied only, as both presets are */
     int bos_token_id, eos_token_id;
 } qwen2_config;
@@ -103,8 +103,10 @@ typedef struct qwen2_model {
  * tree param i (0 = root), unit_count written. The FSDP wrap policy (later) produces other assignments. */
 void qwen2_default_units(const qwen2_tree *tree, int *unit_of_param, int *unit_count);
 /* Builds the tree, the FlatParameters for the given assignment (unit names: "root", "layers.3"; a unit holding
- * several layers is named after its first module) and fills every rank's shards from `init`. Collective only in
- * that every rank must call it. Returns -1 with ctx->error on a bad config. */
+ * several layers is named after its layers) and fills every rank's shards from `init` (NULL: zeros, e.g. before
+ * ckpt_load_pretrained). Every rank must call it. Returns -1 with ctx->error on a bad config or assignment;
+ * qwen2_model_free still frees what was made. OpenBLAS runs ctx->threads threads (env THREADS, default 1: one
+ * rank per core). */
 int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
                      int unit_count, const qwen2_init_spec *init);
 void qwen2_model_free(qwen2_model *model);

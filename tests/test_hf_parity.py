@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from itertools import zip_longest
 from pathlib import Path
 
 try:
@@ -34,7 +35,7 @@ IGNORE = -100
 INIT_STD = 0.02
 
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+             num_key_value_heads=2, max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6,
              tie_word_embeddings=True)
 QWEN2_0_5B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
@@ -88,7 +89,7 @@ def make_batch():
     return input_ids, targets, labels
 
 
-def hf_forward_backward(model, batch):
+def hf_forward_backward(label, model, batch):
     input_ids, targets, labels = batch
     model.zero_grad()
     output = model(input_ids=input_ids, labels=labels)
@@ -96,7 +97,8 @@ def hf_forward_backward(model, batch):
     manual = F.cross_entropy(output.logits.reshape(-1, model.config.vocab_size), targets.reshape(-1),
                              ignore_index=IGNORE)
     report(torch.allclose(output.loss, manual, rtol=1e-6, atol=0),
-           f"HF loss with labels {output.loss.item():.6f} == cross-entropy over our targets {manual.item():.6f}")
+           f"{label}: HF loss with labels {output.loss.item():.6f} == cross-entropy over our targets "
+           f"{manual.item():.6f}")
     expected = {"logits": output.logits.detach(), "loss": output.loss.detach().reshape(1)}
     expected.update({f"grad/{name}": parameter.grad for name, parameter in model.named_parameters()})
     return expected
@@ -140,22 +142,27 @@ def check_hf_initialised(scratch):
     model_dir = scratch / "hf_initialised"
     model.save_pretrained(model_dir, safe_serialization=True)
     batch = make_batch()
-    compare_outputs("1a HF-initialised", run_ours(scratch, model_dir, batch), hf_forward_backward(model, batch))
+    compare_outputs("1a HF-initialised", run_ours(scratch, model_dir, batch),
+                    hf_forward_backward("1a HF-initialised", model, batch))
 
 
 def check_loads_exactly(model, info, stored):
     problems = {kind: sorted(keys) for kind, keys in info.items() if keys}
     report(not problems, f"1b HF loads our checkpoint: {problems or 'no missing/unexpected/mismatched keys'}")
-    for key in SMALL:
-        ours = model.config.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(model.config, key)
-        report(ours == SMALL[key], f"1b config.json {key} = {ours}, asked for {SMALL[key]}")
+    # transformers 5 keeps rope_theta in rope_parameters, whichever way config.json spells it.
+    loaded = {key: model.config.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(model.config, key)
+              for key in SMALL}
+    differing = {key: f"{value} (asked {SMALL[key]})" for key, value in loaded.items() if value != SMALL[key]}
+    report(not differing, f"1b our config.json, as HF reads it, has the asked-for {', '.join(SMALL)}"
+           + (f"; differ: {differing}" if differing else ""))
     parameters = dict(model.named_parameters())
     report(set(stored) == set(parameters) and all(t.dtype == torch.float32 for t in stored.values()),
            f"1b model.safetensors holds exactly the {len(parameters)} parameters, all F32")
     # Bit patterns, so -0.0 vs 0.0 or a rounding on load would show.
     differing = [name for name, tensor in stored.items() if name in parameters and not torch.equal(
         tensor.view(torch.int32), parameters[name].detach().view(torch.int32))]
-    report(not differing, f"1b HF's loaded weights equal the file's bytes{': differ ' + str(differing) if differing else ''}")
+    report(not differing, "1b HF's loaded weights equal the file's bytes"
+           + (f"; differ: {differing}" if differing else ""))
 
 
 def check_init_statistics(stored):
@@ -188,20 +195,20 @@ def check_fsdplab_initialised(scratch):
     check_loads_exactly(model, info, stored)
     check_init_statistics(stored)
     batch = make_batch()
-    compare_outputs("1b fsdplab-initialised", run_ours(scratch, model_dir, batch), hf_forward_backward(model, batch))
+    compare_outputs("1b fsdplab-initialised", run_ours(scratch, model_dir, batch),
+                    hf_forward_backward("1b fsdplab-initialised", model, batch))
 
 
 def parse_params(text):
     """`params` output -> ([(name, shape)], total)."""
-    lines = text.strip().splitlines()
-    kind, total = lines[-1].split()
-    if kind != "total":
-        raise ToolError(f"params: last line is {lines[-1]!r}, expected 'total <N>'")
-    table = []
-    for line in lines[:-1]:
-        name, shape = line.split()
-        table.append((name, tuple(int(dim) for dim in shape.split("x"))))
-    return table, int(total)
+    *rows, last = text.strip().splitlines() or [""]
+    try:
+        kind, total = last.split()
+        if kind != "total":
+            raise ValueError(f"last line {last!r}")
+        return [(name, tuple(int(dim) for dim in shape.split("x"))) for name, shape in map(str.split, rows)], int(total)
+    except ValueError as error:
+        raise ToolError(f"params output is not '<name> <dim0>[x<dim1>]' lines then 'total <N>': {error}") from None
 
 
 def compare_params(label, ours_text, config):
@@ -210,10 +217,10 @@ def compare_params(label, ours_text, config):
         model = Qwen2ForCausalLM(config)
     hf = [(name, tuple(parameter.shape)) for name, parameter in model.named_parameters()]
     hf_total = sum(math.prod(shape) for _, shape in hf)
-    first_difference = next((i for i, pair in enumerate(zip(ours, hf)) if pair[0] != pair[1]), min(len(ours), len(hf)))
-    detail = "" if ours == hf else (f"; first difference at #{first_difference}: ours "
-                                    f"{ours[first_difference] if first_difference < len(ours) else None}, HF "
-                                    f"{hf[first_difference] if first_difference < len(hf) else None}")
+    detail = ""
+    if ours != hf:
+        index, (mine, theirs) = next((i, pair) for i, pair in enumerate(zip_longest(ours, hf)) if pair[0] != pair[1])
+        detail = f"; first difference at #{index}: ours {mine}, HF {theirs}"
     report(ours == hf, f"{label}: {len(ours)} parameters, names/order/shapes vs HF's {len(hf)}{detail}")
     listed_total = sum(math.prod(shape) for _, shape in ours)
     report(our_total == listed_total == hf_total,

@@ -1,0 +1,127 @@
+/* bench_model.c — forward + backward speed of the fsdplab Qwen2 on one CPU thread (no FSDP: one rank, one unit per
+ * layer, all unsharded), and the achieved GFLOP/s against a measured cblas_sgemm peak. scripts/bench_model.sh runs
+ * it beside the same model in PyTorch; see there.
+ *
+ *   scripts/bench_model model=tiny B=4 T=128 iterations=5 [hidden=512 layers=8 heads=8 kv_heads=2 intermediate=1408]
+ * prints one JSON line: tokens_per_s, median step seconds, model GFLOP/s, sgemm peak GFLOP/s.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/context.h"
+#include "../core/qwen2.h"
+#include "../core/rng.h"
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Single-thread sgemm GFLOP/s on 1024^3, best of 3: the ceiling any model step could reach here. */
+static double sgemm_peak_gflops(context *ctx) {
+    const int n = 1024;
+    float *a = mem_alloc(&ctx->mem, (size_t)n * n * sizeof(float), MEM_WORKSPACE, "bench.a");
+    float *b = mem_alloc(&ctx->mem, (size_t)n * n * sizeof(float), MEM_WORKSPACE, "bench.b");
+    float *c = mem_alloc(&ctx->mem, (size_t)n * n * sizeof(float), MEM_WORKSPACE, "bench.c");
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = rng_uniform(1, 1, i), b[i] = rng_uniform(1, 2, i);
+    double best = 1e30;
+    for (int repeat = 0; repeat < 3; repeat++) {
+        double start = now_seconds();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double elapsed = now_seconds() - start;
+        if (elapsed < best) best = elapsed;
+    }
+    mem_free(&ctx->mem, a);
+    mem_free(&ctx->mem, b);
+    mem_free(&ctx->mem, c);
+    return 2.0 * n * n * n / best / 1e9;
+}
+
+/* Matrix-multiply FLOPs of one forward (backward is twice that): projections, attention (full T x T, as computed),
+ * MLP and the tied lm_head. Element-wise work is not counted. */
+static double forward_flops(const qwen2_config *c, int B, int T) {
+    double N = (double)B * T, C = c->hidden_size, D = c->head_dim, H = c->num_attention_heads;
+    double KVH = c->num_key_value_heads, inter = c->intermediate_size;
+    double per_layer = 2 * N * C * (H * D + 2 * KVH * D) + 2 * N * H * D * C + 3 * 2 * N * C * inter +
+                       2 * 2 * (double)B * H * T * (double)T * D;
+    return c->num_hidden_layers * per_layer + 2 * N * C * c->vocab_size;
+}
+
+static const char *argument(int argc, char **argv, const char *key, const char *fallback) {
+    size_t length = strlen(key);
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], key, length) == 0 && argv[i][length] == '=') return argv[i] + length + 1;
+    return fallback;
+}
+
+/* key=value from the command line as an int, or current when absent. */
+static int override(int argc, char **argv, const char *key, int current) {
+    const char *text = argument(argc, argv, key, NULL);
+    return text != NULL ? atoi(text) : current;
+}
+
+int main(int argc, char **argv) {
+    context ctx;
+    ctx_init(&ctx, &argc, &argv, "bench_model", "runs/bench_model");
+    qwen2_config config;
+    if (qwen2_config_preset(&config, argument(argc, argv, "model", "tiny"), ctx.error, sizeof ctx.error) != 0)
+        ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    config.hidden_size = override(argc, argv, "hidden", config.hidden_size);
+    config.num_hidden_layers = override(argc, argv, "layers", config.num_hidden_layers);
+    config.num_attention_heads = override(argc, argv, "heads", config.num_attention_heads);
+    config.num_key_value_heads = override(argc, argv, "kv_heads", config.num_key_value_heads);
+    config.intermediate_size = override(argc, argv, "intermediate", config.intermediate_size);
+    config.head_dim = config.hidden_size / config.num_attention_heads;
+    int B = atoi(argument(argc, argv, "B", "4")), T = atoi(argument(argc, argv, "T", "128"));
+    int iterations = atoi(argument(argc, argv, "iterations", "5"));
+    if (B < 1 || T < 1 || iterations < 1) ctx_exit_all(&ctx, 2, "B, T and iterations must be positive");
+
+    qwen2_tree tree;
+    if (qwen2_tree_build(&tree, &config) != 0) ctx_fatal(&ctx, "out of memory");
+    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param), unit_count = 0;
+    qwen2_default_units(&tree, unit_of_param, &unit_count);
+    qwen2_init_spec init = {.seed = 1, .std = config.initializer_range};
+    qwen2_model model;
+    if (qwen2_model_init(&model, &ctx, &config, unit_of_param, unit_count, &init) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    for (int unit = 0; unit < model.unit_count; unit++)
+        if (fp_unshard(&model.units[unit], "bench") != 0) ctx_fatal(&ctx, "%s", ctx.error);
+
+    int *tokens = calloc((size_t)B * T, sizeof *tokens), *targets = calloc((size_t)B * T, sizeof *targets);
+    for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_bits(2, 3, (uint64_t)i) % (uint64_t)config.vocab_size);
+    for (int i = 0; i < B * T; i++) targets[i] = (i + 1) % T ? tokens[i + 1] : QWEN2_IGNORE_INDEX;
+
+    double *seconds = calloc((size_t)iterations, sizeof *seconds);
+    qwen2_forward_backward(&model, tokens, targets, B, T); /* warm-up: first-touch of every buffer */
+    for (int i = 0; i < iterations; i++) {
+        double start = now_seconds();
+        qwen2_forward_backward(&model, tokens, targets, B, T);
+        seconds[i] = now_seconds() - start;
+    }
+    qsort(seconds, (size_t)iterations, sizeof *seconds, compare_doubles);
+    double median = seconds[iterations / 2], flops = 3.0 * forward_flops(&config, B, T);
+    size_t params = 0;
+    for (int p = 0; p < tree.param_count; p++) params += qwen2_param_numel(&tree.params[p]);
+    printf("{\"impl\": \"fsdplab\", \"tokens_per_s\": %.1f, \"step_s\": %.5f, \"gflops\": %.2f, "
+           "\"sgemm_peak_gflops\": %.2f, \"params\": %zu}\n",
+           B * T / median, median, flops / median / 1e9, sgemm_peak_gflops(&ctx), params);
+    free(seconds);
+    free(tokens);
+    free(targets);
+    free(unit_of_param);
+    qwen2_tree_free(&tree);
+    qwen2_model_free(&model);
+    trace_close(&ctx.trace);
+    size_t leaks = mem_shutdown(&ctx.mem);
+    MPI_Finalize();
+    return leaks ? 1 : 0;
+}

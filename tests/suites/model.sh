@@ -1,0 +1,7 @@
+# The Qwen2 model: layer gradients vs finite differences, the model in C, and parity with HF transformers
+# (tests/test_hf_parity.py: logits, loss, every gradient; names and counts of qwen2-0.5b and tiny).
+check "test_layers: every layer's backward vs finite differences" tests/bin/test_layers
+check "test_qwen2: presets, tree, init, model gradient, checkpoints, generation" \
+  env OUT=runs/check/test_qwen2 tests/bin/test_qwen2
+check "test_hf_parity: logits, loss, grads, names vs HF transformers" env OUT=runs/check/hf_parity \
+  python3 tests/test_hf_parity.py

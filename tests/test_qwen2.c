@@ -1,0 +1,271 @@
+/* test_qwen2.c — the model in C alone (HF parity is tests/test_hf_parity.py): presets and config.json, the module
+ * tree, init statistics, the whole model's gradient against finite differences of its loss, activation memory
+ * returning to zero, checkpoint round trip and refusals, token checks, generation. One rank. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/checkpoint.h"
+#include "../core/qwen2.h"
+#include "../core/rng.h"
+#include "../core/safetensors.h"
+#include "mpi_check.h"
+
+static context ctx; /* the one context of this test program */
+
+/* A model small enough for finite differences over the whole network: 2 layers, GQA, odd sizes. */
+static qwen2_config small_config(void) {
+    qwen2_config config;
+    qwen2_config_preset(&config, "tiny", ctx.error, sizeof ctx.error);
+    snprintf(config.name, sizeof config.name, "small");
+    config.vocab_size = 37;
+    config.hidden_size = 16;
+    config.intermediate_size = 24;
+    config.num_hidden_layers = 2;
+    config.num_attention_heads = 4;
+    config.num_key_value_heads = 2;
+    config.head_dim = 4;
+    config.max_position_embeddings = 32;
+    return config;
+}
+
+static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t seed) {
+    qwen2_tree tree;
+    ck_assert_int_eq(qwen2_tree_build(&tree, config), 0);
+    int unit_of_param[512], unit_count = 0;
+    ck_assert_int_le(tree.param_count, 512);
+    qwen2_default_units(&tree, unit_of_param, &unit_count);
+    qwen2_tree_free(&tree);
+    qwen2_init_spec init = {.seed = seed, .std = 0.02f};
+    ck_assert_msg(qwen2_model_init(model, &ctx, config, unit_of_param, unit_count, &init) == 0, "%s", ctx.error);
+    for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
+}
+
+static void make_batch(int *tokens, int *targets, int B, int T, int V) {
+    for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_bits(3, 4, (uint64_t)i) % (uint64_t)V);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) targets[b * T + t] = t + 1 < T ? tokens[b * T + t + 1] : QWEN2_IGNORE_INDEX;
+}
+
+/* The loss alone (forward only, with targets), for finite differences. */
+static double loss_of(qwen2_model *model, const int *tokens, const int *targets, int B, int T) {
+    qwen2_activations acts;
+    ck_assert_int_eq(qwen2_activations_begin(model, &acts, tokens, targets, B, T), 0);
+    qwen2_embed_forward(model, &acts);
+    for (int l = 0; l < model->config.num_hidden_layers; l++) qwen2_layer_forward(model, &acts, l);
+    double loss = qwen2_head_forward(model, &acts);
+    qwen2_activations_end(model, &acts);
+    return loss;
+}
+
+START_TEST(test_presets_and_config_json_round_trip) {
+    qwen2_config big, tiny, back;
+    ck_assert_int_eq(qwen2_config_preset(&big, "qwen2-0.5b", ctx.error, sizeof ctx.error), 0);
+    ck_assert_int_eq(big.head_dim, 64);
+    ck_assert_int_eq(qwen2_config_validate(&big, ctx.error, sizeof ctx.error), 0);
+    ck_assert_int_eq(qwen2_config_preset(&tiny, "tiny", ctx.error, sizeof ctx.error), 0);
+    ck_assert_int_eq(qwen2_config_preset(&back, "gpt2", ctx.error, sizeof ctx.error), -1);
+    ck_assert_msg(strstr(ctx.error, "MODEL='gpt2'") && strstr(ctx.error, "tiny, qwen2-0.5b"), "%s", ctx.error);
+    char path[] = "/tmp/fsdplab_config_XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    ck_assert_int_eq(qwen2_config_save_json(&big, path, ctx.error, sizeof ctx.error), 0);
+    ck_assert_msg(qwen2_config_load_json(&back, path, ctx.error, sizeof ctx.error) == 0, "%s", ctx.error);
+    ck_assert_int_eq(back.vocab_size, 151936);
+    ck_assert_int_eq(back.num_key_value_heads, 2);
+    ck_assert_float_eq(back.rope_theta, 1e6f);
+    ck_assert_float_eq(back.rms_norm_eps, 1e-6f);
+    FILE *file = fopen(path, "w");
+    fputs("{\"vocab_size\": 10, \"hidden_size\": 30, \"intermediate_size\": 8, \"num_hidden_layers\": 1, "
+          "\"num_attention_heads\": 4, \"max_position_embeddings\": 8}", file);
+    fclose(file);
+    ck_assert_int_eq(qwen2_config_load_json(&back, path, ctx.error, sizeof ctx.error), -1);
+    ck_assert_msg(strstr(ctx.error, "hidden_size 30 is not divisible by num_attention_heads 4"), "%s", ctx.error);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(test_tree_names_and_counts) {
+    qwen2_config config;
+    qwen2_config_preset(&config, "qwen2-0.5b", ctx.error, sizeof ctx.error);
+    qwen2_tree tree;
+    ck_assert_int_eq(qwen2_tree_build(&tree, &config), 0);
+    ck_assert_int_eq(tree.param_count, 2 + 12 * 24);
+    ck_assert_str_eq(tree.params[0].name, "model.embed_tokens.weight");
+    ck_assert_str_eq(tree.params[1].name, "model.layers.0.self_attn.q_proj.weight");
+    ck_assert_str_eq(tree.params[12].name, "model.layers.0.post_attention_layernorm.weight");
+    ck_assert_str_eq(tree.params[tree.param_count - 1].name, "model.norm.weight");
+    size_t total = 0;
+    int decoder_layers = 0;
+    for (int p = 0; p < tree.param_count; p++) total += qwen2_param_numel(&tree.params[p]);
+    for (int m = 0; m < tree.module_count; m++) decoder_layers += strcmp(tree.modules[m].type, "Qwen2DecoderLayer") == 0;
+    ck_assert_uint_eq(total, 494032768u); /* HF's Qwen2-0.5B, tied lm_head counted once */
+    ck_assert_int_eq(decoder_layers, 24);
+    qwen2_tree_free(&tree);
+}
+END_TEST
+
+START_TEST(test_init_matches_hf_rules_and_any_shard) {
+    qwen2_config config = small_config();
+    qwen2_model model;
+    make_model(&model, &config, 11);
+    double sum = 0, squares = 0;
+    size_t count = 0;
+    for (int p = 0; p < model.tree.param_count; p++) {
+        const char *name = model.tree.params[p].name;
+        const float *data = qwen2_param_data(&model, p);
+        size_t numel = qwen2_param_numel(&model.tree.params[p]);
+        for (size_t i = 0; i < numel; i++) {
+            if (strstr(name, "norm.weight")) ck_assert_float_eq(data[i], 1.0f);
+            else if (strstr(name, ".bias")) ck_assert_float_eq(data[i], 0.0f);
+            else sum += data[i], squares += (double)data[i] * data[i], count++;
+        }
+        /* a value depends only on (seed, name, index): recompute element 5 alone */
+        float alone;
+        qwen2_init_spec init = {.seed = 11, .std = 0.02f};
+        qwen2_init_fill(name, numel > 5 ? 5 : 0, 1, &alone, &init);
+        ck_assert_float_eq(alone, data[numel > 5 ? 5 : 0]);
+    }
+    double mean = sum / count, std = sqrt(squares / count - mean * mean);
+    ck_assert_msg(fabs(mean) < 0.002 && fabs(std - 0.02) < 0.001, "init mean %g std %g", mean, std);
+    qwen2_model_free(&model);
+}
+END_TEST
+
+START_TEST(test_model_gradient_matches_finite_differences) {
+    qwen2_config config = small_config();
+    qwen2_model model;
+    make_model(&model, &config, 5);
+    /* Larger weights than 0.02 so every layer matters to the loss. */
+    for (int unit = 0; unit < model.unit_count; unit++) {
+        flat_param *fp = &model.units[unit];
+        for (size_t i = 0; i < fp->unpadded_numel; i++)
+            fp->full_param_padded[i] += 0.3f * (rng_uniform(9, (uint64_t)unit, i) - 0.5f);
+    }
+    enum { B = 2, T = 7 };
+    int tokens[B * T], targets[B * T];
+    make_batch(tokens, targets, B, T, config.vocab_size);
+    targets[3] = QWEN2_IGNORE_INDEX;
+    qwen2_forward_backward(&model, tokens, targets, B, T);
+    const char *checked[] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                             "model.layers.0.self_attn.k_proj.bias", "model.layers.1.self_attn.v_proj.weight",
+                             "model.layers.1.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+                             "model.layers.1.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
+                             "model.layers.1.post_attention_layernorm.weight", "model.norm.weight"};
+    const float eps = 1e-2f;
+    for (size_t c = 0; c < sizeof checked / sizeof checked[0]; c++) {
+        int p = qwen2_find_param(&model, checked[c]);
+        ck_assert_int_ge(p, 0);
+        float *data = qwen2_param_data(&model, p), *grad = qwen2_param_grad(&model, p);
+        size_t numel = qwen2_param_numel(&model.tree.params[p]);
+        for (int s = 0; s < 6; s++) {
+            size_t i = (size_t)(rng_bits(1, (uint64_t)c, (uint64_t)s) % numel);
+            float saved = data[i];
+            data[i] = saved + eps;
+            double plus = loss_of(&model, tokens, targets, B, T);
+            data[i] = saved - eps;
+            double minus = loss_of(&model, tokens, targets, B, T);
+            data[i] = saved;
+            double numeric = (plus - minus) / (2 * eps);
+            ck_assert_msg(fabs(numeric - grad[i]) <= 2e-3 * fmax(1e-1, fabs(numeric)) + 2e-5,
+                          "%s[%zu]: analytic %.6g vs numeric %.6g", checked[c], i, grad[i], numeric);
+        }
+    }
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_ACTIVATION], 0); /* backward freed every activation */
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_DATA], 0);
+    qwen2_model_free(&model);
+}
+END_TEST
+
+START_TEST(test_bad_tokens_are_refused_with_position) {
+    qwen2_config config = small_config();
+    qwen2_model model;
+    make_model(&model, &config, 1);
+    int tokens[6] = {1, 2, 3, 4, 37, 5}, targets[6] = {2, 3, 4, 5, 6, -100};
+    qwen2_activations acts;
+    ck_assert_int_eq(qwen2_activations_begin(&model, &acts, tokens, targets, 2, 3), -1);
+    ck_assert_msg(strstr(ctx.error, "token 37 at batch row 1, position 1 is outside the vocabulary 0..36"), "%s",
+                  ctx.error);
+    ck_assert_int_eq(qwen2_activations_begin(&model, &acts, tokens, targets, 1, 33), -1);
+    ck_assert_msg(strstr(ctx.error, "1 <= T <= 32"), "%s", ctx.error);
+    qwen2_model_free(&model);
+}
+END_TEST
+
+START_TEST(test_checkpoint_round_trip_and_refusals) {
+    qwen2_config config = small_config();
+    qwen2_model model, loaded;
+    make_model(&model, &config, 21);
+    char directory[] = "/tmp/fsdplab_ckpt_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(directory));
+    ck_assert_msg(ckpt_save_pretrained(&model, directory) == 0, "%s", ctx.error);
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", directory);
+    qwen2_config read_back;
+    ck_assert_msg(qwen2_config_load_json(&read_back, path, ctx.error, sizeof ctx.error) == 0, "%s", ctx.error);
+    ck_assert_msg(qwen2_model_init(&loaded, &ctx, &read_back, (int[64]){0}, 1, NULL) == 0, "%s", ctx.error);
+    ck_assert_msg(ckpt_load_pretrained(&loaded, directory) == 0, "%s", ctx.error);
+    ck_assert_int_eq(fp_unshard(&loaded.units[0], "test"), 0);
+    for (int p = 0; p < model.tree.param_count; p++)
+        ck_assert_mem_eq(qwen2_param_data(&loaded, p), qwen2_param_data(&model, p),
+                         qwen2_param_numel(&model.tree.params[p]) * sizeof(float));
+    qwen2_model_free(&loaded);
+
+    /* a config with one more layer than the file has: the missing tensor is named */
+    qwen2_config deeper = small_config();
+    deeper.num_hidden_layers = 3;
+    ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &deeper, (int[64]){0}, 1, NULL), 0);
+    ck_assert_int_eq(ckpt_load_pretrained(&loaded, directory), -1);
+    ck_assert_msg(strstr(ctx.error, "missing tensor 'model.layers.2.self_attn.q_proj.weight'"), "%s", ctx.error);
+    qwen2_model_free(&loaded);
+    qwen2_config wider = small_config();
+    wider.intermediate_size = 28;
+    ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &wider, (int[64]){0}, 1, NULL), 0);
+    ck_assert_int_eq(ckpt_load_pretrained(&loaded, directory), -1);
+    ck_assert_msg(strstr(ctx.error, "'model.layers.0.mlp.gate_proj.weight' has shape [24, 16]"), "%s", ctx.error);
+    qwen2_model_free(&loaded);
+    qwen2_model_free(&model);
+    snprintf(path, sizeof path, "%s/model.safetensors", directory);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", directory);
+    unlink(path);
+    rmdir(directory);
+}
+END_TEST
+
+START_TEST(test_generation_is_deterministic) {
+    qwen2_config config = small_config();
+    qwen2_model model;
+    make_model(&model, &config, 8);
+    int prompt[3] = {1, 2, 3}, first[8], second[8], sampled[8], sampled_again[8];
+    int n1 = qwen2_generate(&model, prompt, 3, 8, 0.0f, 0, first);
+    int n2 = qwen2_generate(&model, prompt, 3, 8, 0.0f, 99, second);
+    ck_assert_int_eq(n1, n2);
+    ck_assert_mem_eq(first, second, (size_t)n1 * sizeof(int)); /* greedy ignores the seed */
+    int n3 = qwen2_generate(&model, prompt, 3, 8, 1.0f, 42, sampled);
+    int n4 = qwen2_generate(&model, prompt, 3, 8, 1.0f, 42, sampled_again);
+    ck_assert_int_eq(n3, n4);
+    ck_assert_mem_eq(sampled, sampled_again, (size_t)n3 * sizeof(int));
+    for (int i = 0; i < n3; i++) ck_assert(sampled[i] >= 0 && sampled[i] < config.vocab_size);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_ACTIVATION], 0);
+    qwen2_model_free(&model);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+    ctx_init(&ctx, &argc, &argv, "test_qwen2", "runs/check/test_qwen2");
+    Suite *suite = suite_create("qwen2");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_presets_and_config_json_round_trip);
+    tcase_add_test(tc, test_tree_names_and_counts);
+    tcase_add_test(tc, test_init_matches_hf_rules_and_any_shard);
+    tcase_add_test(tc, test_model_gradient_matches_finite_differences);
+    tcase_add_test(tc, test_bad_tokens_are_refused_with_position);
+    tcase_add_test(tc, test_checkpoint_round_trip_and_refusals);
+    tcase_add_test(tc, test_generation_is_deterministic);
+    suite_add_tcase(suite, tc);
+    return mpi_check_run(&ctx, suite);
+}
