@@ -89,6 +89,9 @@ check-02: all
 check-03: all
 	@tests/run_checks.sh lab03
 
+bench-model: all
+	scripts/bench_model.sh
+
 clean:
 	rm -f core/*.o trace/*.o $(LIBS) trace/fsdptrace $(LABS) scripts/bench_model
 	rm -rf tests/bin runs/check

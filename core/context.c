@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "../trace/chrome.h"
+#include "layers.h"
 
 void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int line) {
     if (rc == MPI_SUCCESS) return;
@@ -81,6 +82,7 @@ int ctx_make_directories(const char *path) {
 void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const char *default_outdir) {
     memset(ctx, 0, sizeof *ctx);
     snprintf(ctx->program, sizeof ctx->program, "%s", program);
+    layers_choose_blas_core(*argv); /* may re-execute this program: must come before MPI starts */
     int rc = MPI_Init(argc, argv);
     if (rc != MPI_SUCCESS) {
         fprintf(stderr, "%s: MPI_Init failed (code %d)\n", program, rc);

@@ -1,19 +1,33 @@
 /* layers.c — Qwen2 layer kernels on the CPU. See layers.h for the conventions. */
+#define _POSIX_C_SOURCE 200809L
 #include "layers.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float silu(float x) { return x * sigmoidf_(x); }
-/* d/dx silu(x) = s(x) (1 + x (1 - s(x))) */
-static inline float silu_grad(float x) {
-    float s = sigmoidf_(x);
-    return s * (1.0f + x * (1.0f - s));
-}
+/* fmaxf without the library call (no NaNs reach it: NaN logits would already be a bug upstream). */
+static inline float max_of(float a, float b) { return a > b ? a : b; }
 
 void layers_set_threads(int threads) { openblas_set_num_threads(threads); }
+
+void layers_choose_blas_core(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE") != NULL) return; /* chosen by the user, or by us before the re-exec */
+    const char *core = openblas_get_corename();
+    if (core == NULL || strcasecmp(core, "prescott") != 0) return;
+    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
+    if (better == NULL) return;
+    setenv("OPENBLAS_CORETYPE", better, 1);
+    execv("/proc/self/exe", argv);
+    fprintf(stderr, "warning: could not restart with OPENBLAS_CORETYPE=%s; matrix multiplies use slow kernels\n",
+            better);
+}
 
 void embedding_forward(float *out, const int *tokens, const float *weight, int N, int C) {
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, weight + (size_t)tokens[n] * C, (size_t)C * sizeof(float));
@@ -115,7 +129,7 @@ static void causal_softmax_rows(float *scores, int T) {
     for (int t = 0; t < T; t++) {
         float *row = scores + (size_t)t * T;
         float max_value = row[0];
-        for (int j = 1; j <= t; j++) max_value = fmaxf(max_value, row[j]);
+        for (int j = 1; j <= t; j++) max_value = max_of(max_value, row[j]);
         double sum = 0.0;
         for (int j = 0; j <= t; j++) {
             row[j] = expf(row[j] - max_value);
@@ -189,8 +203,9 @@ void swiglu_forward(float *out, const float *gate, const float *up, size_t count
 
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t count) {
     for (size_t i = 0; i < count; i++) {
-        dgate[i] += dout[i] * up[i] * silu_grad(gate[i]);
-        dup[i] += dout[i] * silu(gate[i]);
+        float s = sigmoidf_(gate[i]); /* one exp serves silu and its derivative */
+        dgate[i] += dout[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
+        dup[i] += dout[i] * gate[i] * s;
     }
 }
 
@@ -208,7 +223,7 @@ float cross_entropy_forward_backward(float *dlogits, const float *logits, const 
             continue;
         }
         float max_value = row[0];
-        for (int j = 1; j < V; j++) max_value = fmaxf(max_value, row[j]);
+        for (int j = 1; j < V; j++) max_value = max_of(max_value, row[j]);
         double sum = 0.0;
         for (int j = 0; j < V; j++) sum += exp((double)(row[j] - max_value));
         double log_sum = log(sum) + max_value;

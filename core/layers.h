@@ -12,6 +12,11 @@
 
 /* How many threads OpenBLAS may use (per process). */
 void layers_set_threads(int threads);
+/* Debian's OpenBLAS (0.3.21) picks its kernels by CPU model number; on a CPU newer than it knows it falls back to
+ * "Prescott" kernels, 5x slower than the AVX-512 ones on the same machine. The choice is made when the library
+ * loads, so when that fallback happened and the CPU has AVX2 / AVX-512, this sets OPENBLAS_CORETYPE (Haswell /
+ * SkylakeX) and re-executes the program once, before MPI starts. An OPENBLAS_CORETYPE you set is left alone. */
+void layers_choose_blas_core(char **argv);
 
 /* out (N, C) = weight[tokens] (weight is (V, C)). Tokens outside [0, V) are an error caught by the caller. */
 void embedding_forward(float *out, const int *tokens, const float *weight, int N, int C);

@@ -1,6 +1,7 @@
 /* mem.c — the tracked allocator. See mem.h. */
 #include "mem.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,11 @@ int mem_category_from_name(const char *name) {
 }
 
 void mem_init(mem_tracker *tracker, int rank, trace_sink *trace) {
+    /* A training step frees and re-allocates the same activation sizes every time. By default glibc returns large
+     * blocks to the kernel and takes them back (page faults, zeroing: 15% of a tiny model's step); keeping them in
+     * the heap for reuse is what PyTorch's caching allocator does too. Live and peak bytes are unaffected. */
+    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 256 * 1024 * 1024);
     memset(tracker, 0, sizeof *tracker);
     tracker->rank = rank;
     tracker->trace = trace;
