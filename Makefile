@@ -55,6 +55,10 @@ HEADERS := $(wildcard core/*.h trace/*.h)
 %.o: %.c $(HEADERS)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
+# llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change.
+core/layers.o: CFLAGS += -O3 -ffast-math
+
 trace/libfsdptrace.a: $(TRACE_OBJ)
 	ar rcs $@ $^
 core/libfsdplab.a: $(CORE_OBJ)

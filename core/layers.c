@@ -197,15 +197,23 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
     }
 }
 
-void swiglu_forward(float *out, const float *gate, const float *up, size_t count) {
-    for (size_t i = 0; i < count; i++) out[i] = silu(gate[i]) * up[i];
+void swiglu_forward(float *out, const float *gate_up, int N, int width) {
+    for (int n = 0; n < N; n++) {
+        const float *gate = gate_up + (size_t)n * 2 * width, *up = gate + width;
+        float *row = out + (size_t)n * width;
+        for (int i = 0; i < width; i++) row[i] = silu(gate[i]) * up[i];
+    }
 }
 
-void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t count) {
-    for (size_t i = 0; i < count; i++) {
-        float s = sigmoidf_(gate[i]); /* one exp serves silu and its derivative */
-        dgate[i] += dout[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
-        dup[i] += dout[i] * gate[i] * s;
+void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int width) {
+    for (int n = 0; n < N; n++) {
+        const float *gate = gate_up + (size_t)n * 2 * width, *up = gate + width, *dy = dout + (size_t)n * width;
+        float *dgate = dgate_up + (size_t)n * 2 * width, *dup = dgate + width;
+        for (int i = 0; i < width; i++) {
+            float s = sigmoidf_(gate[i]); /* one exp serves silu and its derivative s (1 + x (1 - s)) */
+            dgate[i] += dy[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
+            dup[i] += dy[i] * gate[i] * s;
+        }
     }
 }
 

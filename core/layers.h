@@ -48,9 +48,11 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
 void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *probs,
                         const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D);
 
-/* SwiGLU's middle: out (N, I) = silu(gate) * up. */
-void swiglu_forward(float *out, const float *gate, const float *up, size_t count);
-void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t count);
+/* SwiGLU's middle on the output of one GEMM against gate_proj and up_proj stacked: gate_up is (N, 2*width), each
+ * row the width gate values then the width up values (width = intermediate_size). out (N, width) = silu(gate) * up. */
+void swiglu_forward(float *out, const float *gate_up, int N, int width);
+/* dgate_up (N, 2*width) += the gradients of gate and up, same layout. */
+void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int width);
 
 /* Mean cross-entropy over tokens whose target != ignore_index (HF's -100). logits (N, V). Returns the loss; writes
  * dlogits (N, V) = d(loss)/d(logits) (overwrites, not +=: it starts the backward pass). Returns 0 when every

@@ -48,7 +48,7 @@ static void emit(mem_tracker *tracker, const mem_block *block, int is_alloc) {
     else trace_free(tracker->trace, &info);
 }
 
-void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner) {
+static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner, int zeroed) {
     if ((int)category < 0 || category >= MEM_CATEGORY_COUNT) {
         fprintf(stderr, "rank %d: mem_alloc for '%s': invalid category %d\n", tracker->rank, owner, (int)category);
         abort();
@@ -65,7 +65,7 @@ void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const
         tracker->live_capacity = capacity;
     }
     /* calloc(0) may return NULL; a zero-byte block still gets a unique address so it can be freed and traced. */
-    void *ptr = calloc(bytes ? bytes : 1, 1);
+    void *ptr = zeroed ? calloc(bytes ? bytes : 1, 1) : malloc(bytes ? bytes : 1);
     if (ptr == NULL) {
         fprintf(stderr, "rank %d: out of memory allocating %zu bytes of %s for '%s' (%zu bytes live)\n",
                 tracker->rank, bytes, mem_category_name(category), owner, tracker->live_bytes);
@@ -89,6 +89,14 @@ void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const
         tracker->category_peak_bytes[category] = tracker->category_live_bytes[category];
     emit(tracker, block, 1);
     return ptr;
+}
+
+void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner) {
+    return allocate(tracker, bytes, category, owner, 1);
+}
+
+void *mem_alloc_uninitialized(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner) {
+    return allocate(tracker, bytes, category, owner, 0);
 }
 
 static mem_block *find_live(const mem_tracker *tracker, const void *ptr) {

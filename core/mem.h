@@ -63,6 +63,9 @@ int mem_category_from_name(const char *name);
 void mem_init(mem_tracker *tracker, int rank, trace_sink *trace);
 /* Zeroed block of `bytes` bytes. Aborts naming rank, owner and size when the system has no memory. */
 void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner);
+/* Like mem_alloc but the contents are undefined: for buffers the caller overwrites completely (forward
+ * activations), where zeroing would only cost time. */
+void *mem_alloc_uninitialized(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner);
 /* Frees a block from mem_alloc. NULL is a no-op (like free). Aborts on a double free or an unknown pointer. */
 void mem_free(mem_tracker *tracker, void *ptr);
 /* Like mem_free but returns -1 and fills tracker->error instead of aborting (tests use it). */

@@ -62,6 +62,30 @@ int qwen2_config_preset(qwen2_config *config, const char *name, char *error, siz
     return 0;
 }
 
+int qwen2_config_set(qwen2_config *c, const char *field, const char *value, char *error, size_t error_size) {
+    struct { const char *name; int *integer; double *real; } fields[] = {
+        {"vocab_size", &c->vocab_size, NULL}, {"hidden_size", &c->hidden_size, NULL},
+        {"intermediate_size", &c->intermediate_size, NULL}, {"num_hidden_layers", &c->num_hidden_layers, NULL},
+        {"num_attention_heads", &c->num_attention_heads, NULL}, {"num_key_value_heads", &c->num_key_value_heads, NULL},
+        {"max_position_embeddings", &c->max_position_embeddings, NULL}, {"rope_theta", NULL, &c->rope_theta},
+        {"rms_norm_eps", NULL, &c->rms_norm_eps}, {"initializer_range", NULL, &c->initializer_range},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        if (strcmp(fields[i].name, field) != 0) continue;
+        char *end = NULL;
+        double number = strtod(value, &end);
+        if (end == value || *end != '\0' || (fields[i].integer && number != (double)(int)number))
+            return fail(error, error_size, "config field %s='%s' is not a%s number", field, value,
+                        fields[i].integer ? "n integer" : "");
+        if (fields[i].integer) *fields[i].integer = (int)number;
+        else *fields[i].real = number;
+        snprintf(c->name, sizeof c->name, "custom");
+        if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
+        return 0;
+    }
+    return fail(error, error_size, "'%s' is not a Qwen2 config field", field);
+}
+
 int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size) {
     if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 0 ||
         c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->max_position_embeddings < 1)
@@ -409,16 +433,32 @@ static int norm_param(const qwen2_model *model) { return 1 + LAYER_PARAM_COUNT *
 
 /* ---------------------------------------------------------------- activations */
 
+/* A tracked float buffer named "layers.<l>.<owner>" (or "<owner>" outside the layers). Forward outputs are
+ * written whole, so ACTIVATION buffers start undefined; gradient buffers (+= targets) start at zero. */
 static float *activation(qwen2_model *model, size_t count, const char *owner, int layer, mem_category category) {
     char name[MEM_OWNER_MAX];
     if (layer >= 0) snprintf(name, sizeof name, "layers.%d.%s", layer, owner);
     else snprintf(name, sizeof name, "%s", owner);
+    if (category == MEM_ACTIVATION) return mem_alloc_uninitialized(&model->ctx->mem, count * sizeof(float), category, name);
     return mem_alloc(&model->ctx->mem, count * sizeof(float), category, name);
 }
 
 static void release(qwen2_model *model, float **buffer) {
     mem_free(&model->ctx->mem, *buffer);
     *buffer = NULL;
+}
+
+/* Two weight matrices (each `count` floats) as one stacked matrix, for one GEMM instead of two. In a FlatParameter
+ * consecutive parameters sit back to back, so gate_proj and up_proj already are stacked whenever one unit holds
+ * both; only a wrap policy that puts the two Linear modules in different units needs the copy made here (returned
+ * in *copy, released by the caller). */
+static const float *stacked_pair(qwen2_model *model, const float *first, const float *second, size_t count,
+                                 float **copy, int layer) {
+    if (second == first + count) return first;
+    *copy = activation(model, 2 * count, "mlp.gate_up_weight", layer, MEM_WORKSPACE);
+    memcpy(*copy, first, count * sizeof(float));
+    memcpy(*copy + count, second, count * sizeof(float));
+    return *copy;
 }
 
 /* RoPE tables cover at least T positions. */
@@ -474,7 +514,7 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
 
 void qwen2_layer_activations_free(qwen2_model *model, qwen2_layer_activations *a) {
     float **buffers[] = {&a->ln1, &a->ln1_rstd, &a->q, &a->k, &a->v, &a->probs, &a->attention, &a->mid,
-                         &a->ln2, &a->ln2_rstd, &a->gate, &a->up, &a->swiglu};
+                         &a->ln2, &a->ln2_rstd, &a->gate_up, &a->swiglu};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) release(model, buffers[i]);
 }
 
@@ -536,12 +576,13 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     a->ln2 = activation(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
     a->ln2_rstd = activation(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
     rmsnorm_forward(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
-    a->gate = activation(model, (size_t)N * I, "mlp.gate", l, MEM_ACTIVATION);
-    a->up = activation(model, (size_t)N * I, "mlp.up", l, MEM_ACTIVATION);
+    a->gate_up = activation(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
     a->swiglu = activation(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
-    linear_forward(a->gate, a->ln2, w[GATE_WEIGHT], NULL, N, C, I);
-    linear_forward(a->up, a->ln2, w[UP_WEIGHT], NULL, N, C, I);
-    swiglu_forward(a->swiglu, a->gate, a->up, (size_t)N * I);
+    float *stacked = NULL;
+    linear_forward(a->gate_up, a->ln2, stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l),
+                   NULL, N, C, 2 * I);
+    release(model, &stacked);
+    swiglu_forward(a->swiglu, a->gate_up, N, I);
     float *out = acts->residuals[l + 1] = activation(model, (size_t)N * C, "output", l, MEM_ACTIVATION);
     linear_forward(out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
     add_inplace(out, a->mid, (size_t)N * C);
@@ -576,6 +617,7 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     release(model, &acts->dlogits);
     release(model, &acts->logits);
     acts->dresiduals[L] = activation(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
+    memset(acts->dresiduals[L], 0, (size_t)N * C * sizeof(float)); /* rmsnorm_backward adds into it */
     rmsnorm_backward(acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
                      qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
     release(model, &dnorm);
@@ -600,15 +642,23 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     memcpy(dmid, dout, (size_t)N * C * sizeof(float));
     float *dswiglu = activation(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
     linear_backward(dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
-    float *dgate = activation(model, (size_t)N * I, "mlp.dgate", l, MEM_WORKSPACE);
-    float *dup = activation(model, (size_t)N * I, "mlp.dup", l, MEM_WORKSPACE);
-    swiglu_backward(dgate, dup, dswiglu, a->gate, a->up, (size_t)N * I);
+    float *dgate_up = activation(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
+    swiglu_backward(dgate_up, dswiglu, a->gate_up, N, I);
     release(model, &dswiglu);
     float *dln2 = activation(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
-    linear_backward(dln2, g[GATE_WEIGHT], NULL, dgate, a->ln2, w[GATE_WEIGHT], N, C, I);
-    linear_backward(dln2, g[UP_WEIGHT], NULL, dup, a->ln2, w[UP_WEIGHT], N, C, I);
-    release(model, &dgate);
-    release(model, &dup);
+    float *stacked = NULL, *stacked_grad = NULL;
+    const float *gate_up_weight = stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l);
+    float *gate_up_grad = g[UP_WEIGHT] == g[GATE_WEIGHT] + (size_t)I * C
+                              ? g[GATE_WEIGHT]
+                              : (stacked_grad = activation(model, (size_t)2 * I * C, "mlp.gate_up_grad", l, MEM_WORKSPACE));
+    linear_backward(dln2, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
+    if (stacked_grad != NULL) { /* the rare split case: hand each half back */
+        add_inplace(g[GATE_WEIGHT], stacked_grad, (size_t)I * C);
+        add_inplace(g[UP_WEIGHT], stacked_grad + (size_t)I * C, (size_t)I * C);
+    }
+    release(model, &stacked);
+    release(model, &stacked_grad);
+    release(model, &dgate_up);
     rmsnorm_backward(dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
     release(model, &dln2);
 

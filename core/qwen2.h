@@ -41,6 +41,10 @@ typedef struct qwen2_config {
 
 /* "qwen2-0.5b" (HF's values) or "tiny" (byte-level vocab: 256 bytes + 4 specials; CPU-fast). */
 int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size);
+/* Overrides one field by its HF name ("hidden_size", "num_hidden_layers", "rope_theta", ...) from text; head_dim
+ * follows hidden_size / num_attention_heads. Returns -1 with a message naming the field and value when unknown or
+ * not a number. Validate afterwards. */
+int qwen2_config_set(qwen2_config *config, const char *field, const char *value, char *error, size_t error_size);
 /* Checks the shape rules (heads divide hidden, KV heads divide heads, even head_dim, ...). */
 int qwen2_config_validate(const qwen2_config *config, char *error, size_t error_size);
 /* config.json in HF's Qwen2Config format. */
@@ -123,7 +127,8 @@ typedef struct qwen2_layer_activations {
     float *attention;             /* attention output before o_proj (N, H*D) */
     float *mid;                   /* x + o_proj(attention): the residual between the two halves (N, C) */
     float *ln2, *ln2_rstd;        /* post_attention_layernorm output and 1/rms */
-    float *gate, *up, *swiglu;    /* (N, I) each */
+    float *gate_up;               /* (N, 2I): one GEMM against gate_proj and up_proj stacked */
+    float *swiglu;                /* silu(gate) * up (N, I) */
 } qwen2_layer_activations;
 
 typedef struct qwen2_activations {

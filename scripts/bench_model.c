@@ -2,7 +2,8 @@
  * layer, all unsharded), and the achieved GFLOP/s against a measured cblas_sgemm peak. scripts/bench_model.sh runs
  * it beside the same model in PyTorch; see there.
  *
- *   scripts/bench_model model=tiny B=4 T=128 iterations=5 [hidden=512 layers=8 heads=8 kv_heads=2 intermediate=1408]
+ *   scripts/bench_model model=tiny B=4 T=128 iterations=5 [hidden_size=512 num_hidden_layers=8 ...]
+ * (any other key=value is a config field by its HF name, applied on top of the preset)
  * prints one JSON line: tokens_per_s, median step seconds, model GFLOP/s, sgemm peak GFLOP/s.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -64,24 +65,22 @@ static const char *argument(int argc, char **argv, const char *key, const char *
     return fallback;
 }
 
-/* key=value from the command line as an int, or current when absent. */
-static int override(int argc, char **argv, const char *key, int current) {
-    const char *text = argument(argc, argv, key, NULL);
-    return text != NULL ? atoi(text) : current;
-}
-
 int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "bench_model", "runs/bench_model");
     qwen2_config config;
     if (qwen2_config_preset(&config, argument(argc, argv, "model", "tiny"), ctx.error, sizeof ctx.error) != 0)
         ctx_exit_all(&ctx, 2, "%s", ctx.error);
-    config.hidden_size = override(argc, argv, "hidden", config.hidden_size);
-    config.num_hidden_layers = override(argc, argv, "layers", config.num_hidden_layers);
-    config.num_attention_heads = override(argc, argv, "heads", config.num_attention_heads);
-    config.num_key_value_heads = override(argc, argv, "kv_heads", config.num_key_value_heads);
-    config.intermediate_size = override(argc, argv, "intermediate", config.intermediate_size);
-    config.head_dim = config.hidden_size / config.num_attention_heads;
+    for (int i = 1; i < argc; i++) {
+        char key[64];
+        const char *equals = strchr(argv[i], '=');
+        if (equals == NULL || (size_t)(equals - argv[i]) >= sizeof key) ctx_exit_all(&ctx, 2, "'%s' is not key=value", argv[i]);
+        snprintf(key, sizeof key, "%.*s", (int)(equals - argv[i]), argv[i]);
+        if (strcmp(key, "model") == 0 || strcmp(key, "B") == 0 || strcmp(key, "T") == 0 || strcmp(key, "iterations") == 0)
+            continue;
+        if (qwen2_config_set(&config, key, equals + 1, ctx.error, sizeof ctx.error) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    }
+    if (qwen2_config_validate(&config, ctx.error, sizeof ctx.error) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
     int B = atoi(argument(argc, argv, "B", "4")), T = atoi(argument(argc, argv, "T", "128"));
     int iterations = atoi(argument(argc, argv, "iterations", "5"));
     if (B < 1 || T < 1 || iterations < 1) ctx_exit_all(&ctx, 2, "B, T and iterations must be positive");

@@ -2,7 +2,7 @@
 one CPU thread, same config, batch and timing rule as scripts/bench_model (median of the iterations after one
 warm-up). Prints one JSON line.
 
-    python3 scripts/bench_torch.py model=tiny B=4 T=128 iterations=5 [hidden=512 layers=8 heads=8 kv_heads=2 intermediate=1408]
+    python3 scripts/bench_torch.py model=tiny B=4 T=128 iterations=5 [hidden_size=512 num_hidden_layers=8 ...]
 """
 import json
 import sys
@@ -18,16 +18,15 @@ PRESETS = {  # the same values as core/qwen2.c's presets
                        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=131072,
                        rope_theta=1000000.0),
 }
-OVERRIDES = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
-             "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size"}
+RUN_KEYS = {"model", "B", "T", "iterations"}  # everything else is a Qwen2Config field, as for scripts/bench_model
 
 
 def main(argv):
     args = dict(arg.split("=", 1) for arg in argv)
     fields = dict(PRESETS[args.get("model", "tiny")])
-    for key, field in OVERRIDES.items():
-        if key in args:
-            fields[field] = int(args[key])
+    for key, value in args.items():
+        if key not in RUN_KEYS:
+            fields[key] = float(value) if "." in value or "e" in value else int(value)
     batch, length, iterations = int(args.get("B", 4)), int(args.get("T", 128)), int(args.get("iterations", 5))
     torch.set_num_threads(1)
     torch.manual_seed(1)

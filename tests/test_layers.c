@@ -192,25 +192,26 @@ END_TEST
 
 /* ---- SwiGLU ---- */
 typedef struct swiglu_state {
-    size_t count;
-    float *gate, *up, *out, *R;
+    int N, I;
+    float *gate_up, *out, *R;
 } swiglu_state;
 static double swiglu_loss(void *p) {
     swiglu_state *s = p;
-    swiglu_forward(s->out, s->gate, s->up, s->count);
-    return dot(s->out, s->R, s->count);
+    swiglu_forward(s->out, s->gate_up, s->N, s->I);
+    return dot(s->out, s->R, (size_t)s->N * s->I);
 }
 START_TEST(test_swiglu_gradients) {
-    swiglu_state s = {.count = 40};
-    s.gate = random_array(s.count, 14, 3.0f), s.up = random_array(s.count, 15, 1.0f), s.out = zeros(s.count);
-    s.R = random_array(s.count, 16, 1.0f);
-    float *dgate = zeros(s.count), *dup = zeros(s.count);
-    swiglu_backward(dgate, dup, s.R, s.gate, s.up, s.count);
-    check_gradient("swiglu dgate", s.gate, dgate, s.count, swiglu_loss, &s);
-    check_gradient("swiglu dup", s.up, dup, s.count, swiglu_loss, &s);
+    swiglu_state s = {.N = 4, .I = 10};
+    size_t count = (size_t)s.N * s.I;
+    s.gate_up = random_array(2 * count, 14, 3.0f), s.out = zeros(count), s.R = random_array(count, 16, 1.0f);
+    float *dgate_up = zeros(2 * count);
+    swiglu_backward(dgate_up, s.R, s.gate_up, s.N, s.I);
+    check_gradient("swiglu dgate_up", s.gate_up, dgate_up, 2 * count, swiglu_loss, &s);
     swiglu_loss(&s);
-    ck_assert_double_eq_tol(s.out[0], s.gate[0] / (1.0 + exp(-s.gate[0])) * s.up[0], 1e-6);
-    free(s.gate), free(s.up), free(s.out), free(s.R), free(dgate), free(dup);
+    /* row 1, element 3: silu(gate) * up, with gate and up side by side in the row */
+    float gate = s.gate_up[2 * s.I + 3], up = s.gate_up[2 * s.I + s.I + 3];
+    ck_assert_double_eq_tol(s.out[s.I + 3], gate / (1.0 + exp(-gate)) * up, 1e-6);
+    free(s.gate_up), free(s.out), free(s.R), free(dgate_up);
 }
 END_TEST
 

@@ -84,6 +84,15 @@ START_TEST(test_presets_and_config_json_round_trip) {
     ck_assert_int_eq(qwen2_config_load_json(&back, path, ctx.error, sizeof ctx.error), -1);
     ck_assert_msg(strstr(ctx.error, "hidden_size 30 is not divisible by num_attention_heads 4"), "%s", ctx.error);
     unlink(path);
+    /* overrides by HF field name */
+    ck_assert_int_eq(qwen2_config_set(&tiny, "hidden_size", "256", ctx.error, sizeof ctx.error), 0);
+    ck_assert_int_eq(tiny.head_dim, 64);
+    ck_assert_int_eq(qwen2_config_set(&tiny, "rope_theta", "1e6", ctx.error, sizeof ctx.error), 0);
+    ck_assert_double_eq(tiny.rope_theta, 1e6);
+    ck_assert_int_eq(qwen2_config_set(&tiny, "num_hidden_layers", "2.5", ctx.error, sizeof ctx.error), -1);
+    ck_assert_msg(strstr(ctx.error, "num_hidden_layers='2.5' is not an integer"), "%s", ctx.error);
+    ck_assert_int_eq(qwen2_config_set(&tiny, "hiden_size", "8", ctx.error, sizeof ctx.error), -1);
+    ck_assert_msg(strstr(ctx.error, "'hiden_size' is not a Qwen2 config field"), "%s", ctx.error);
 }
 END_TEST
 
@@ -179,6 +188,40 @@ START_TEST(test_model_gradient_matches_finite_differences) {
 }
 END_TEST
 
+/* Any unit assignment computes the same thing: here layer 0's up_proj sits alone in a unit of its own, so gate_proj
+ * and up_proj are not back to back and the layer takes its stacked-copy path. Losses and gradients must equal the
+ * default units' exactly (the same GEMMs on the same numbers). */
+START_TEST(test_unit_assignment_does_not_change_the_math) {
+    qwen2_config config = small_config();
+    qwen2_model standard, split;
+    make_model(&standard, &config, 31);
+    qwen2_tree tree;
+    ck_assert_int_eq(qwen2_tree_build(&tree, &config), 0);
+    int unit_of_param[64];
+    for (int p = 0; p < tree.param_count; p++)
+        unit_of_param[p] = strcmp(tree.params[p].name, "model.layers.0.mlp.up_proj.weight") == 0;
+    qwen2_init_spec init = {.seed = 31, .std = 0.02f};
+    ck_assert_msg(qwen2_model_init(&split, &ctx, &config, unit_of_param, 2, &init) == 0, "%s", ctx.error);
+    ck_assert_str_eq(split.units[1].unit, "layers.0");
+    for (int unit = 0; unit < 2; unit++) ck_assert_int_eq(fp_unshard(&split.units[unit], "test"), 0);
+    enum { B = 2, T = 5 };
+    int tokens[B * T], targets[B * T];
+    make_batch(tokens, targets, B, T, config.vocab_size);
+    float loss_standard = qwen2_forward_backward(&standard, tokens, targets, B, T);
+    float loss_split = qwen2_forward_backward(&split, tokens, targets, B, T);
+    ck_assert_float_eq(loss_standard, loss_split);
+    for (int p = 0; p < tree.param_count; p++)
+        ck_assert_msg(memcmp(qwen2_param_grad(&standard, p), qwen2_param_grad(&split, p),
+                             qwen2_param_numel(&tree.params[p]) * sizeof(float)) == 0,
+                      "gradient of %s differs between unit assignments", tree.params[p].name);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_WORKSPACE], standard.rope_positions * config.head_dim * 8u +
+                                                                     split.rope_positions * config.head_dim * 8u);
+    qwen2_tree_free(&tree);
+    qwen2_model_free(&standard);
+    qwen2_model_free(&split);
+}
+END_TEST
+
 START_TEST(test_bad_tokens_are_refused_with_position) {
     qwen2_config config = small_config();
     qwen2_model model;
@@ -263,6 +306,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_tree_names_and_counts);
     tcase_add_test(tc, test_init_matches_hf_rules_and_any_shard);
     tcase_add_test(tc, test_model_gradient_matches_finite_differences);
+    tcase_add_test(tc, test_unit_assignment_does_not_change_the_math);
     tcase_add_test(tc, test_bad_tokens_are_refused_with_position);
     tcase_add_test(tc, test_checkpoint_round_trip_and_refusals);
     tcase_add_test(tc, test_generation_is_deterministic);
