@@ -23,8 +23,10 @@ static int bad_spec(flat_param *fp, int index, const char *why) {
     return -1;
 }
 
-int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count) {
+static int init_layout(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count,
+                       int replicated) {
     memset(fp, 0, sizeof *fp);
+    fp->replicated = replicated;
     fp->ctx = ctx;
     snprintf(fp->unit, sizeof fp->unit, "%s", unit);
     if (count < 1) {
@@ -55,7 +57,7 @@ int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec
         info->offset = offset;
         offset += info->numel;
     }
-    size_t world = (size_t)ctx->world_size;
+    size_t world = replicated ? 1 : (size_t)ctx->world_size;
     fp->unpadded_numel = offset;
     fp->padded_unsharded_numel = (offset + world - 1) / world * world;
     fp->pad_numel = fp->padded_unsharded_numel - offset;
@@ -68,18 +70,26 @@ int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec
     return 0;
 }
 
+int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count) {
+    return init_layout(fp, ctx, unit, specs, count, 0);
+}
+
+int fp_init_replicated(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count) {
+    return init_layout(fp, ctx, unit, specs, count, 1);
+}
+
 void fp_free(flat_param *fp) {
     mem_tracker *mem = &fp->ctx->mem;
     mem_free(mem, fp->full_grad_padded);
     mem_free(mem, fp->grad_shard);
-    mem_free(mem, fp->full_param_padded);
+    if (!fp->replicated) mem_free(mem, fp->full_param_padded); /* replicated: a view of local_shard */
     mem_free(mem, fp->local_shard);
     free(fp->params);
     memset(fp, 0, sizeof *fp);
 }
 
 void fp_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end) {
-    *begin = (size_t)rank * fp->sharded_numel;
+    *begin = fp->replicated ? 0 : (size_t)rank * fp->sharded_numel;
     *end = *begin + fp->sharded_numel;
 }
 
@@ -126,6 +136,12 @@ static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_stat
 
 int fp_unshard(flat_param *fp, const char *hook) {
     if (fp->shard_state == FP_UNSHARDED) return 0;
+    if (fp->replicated) { /* NO_SHARD: the local buffer already is the whole unit */
+        fp->full_param_padded = fp->local_shard;
+        fp->shard_state = FP_UNSHARDED;
+        shard_state_event(fp, FP_SHARDED, FP_UNSHARDED, hook);
+        return 0;
+    }
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
     fp->full_param_padded =
@@ -142,7 +158,7 @@ int fp_unshard(flat_param *fp, const char *hook) {
 
 void fp_reshard(flat_param *fp, const char *hook) {
     if (fp->shard_state == FP_SHARDED) return;
-    mem_free(&fp->ctx->mem, fp->full_param_padded);
+    if (!fp->replicated) mem_free(&fp->ctx->mem, fp->full_param_padded);
     fp->full_param_padded = NULL;
     fp->shard_state = FP_SHARDED;
     shard_state_event(fp, FP_UNSHARDED, FP_SHARDED, hook);
@@ -193,7 +209,10 @@ int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
         snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
         target = fp->grad_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
     }
-    int status = comm_reduce_scatter(ctx, fp->full_grad_padded, target, fp->padded_unsharded_numel, reduce, fp->unit);
+    int status = fp->replicated
+                     ? comm_all_reduce(ctx, fp->full_grad_padded, fp->padded_unsharded_numel, reduce, fp->unit)
+                     : comm_reduce_scatter(ctx, fp->full_grad_padded, target, fp->padded_unsharded_numel, reduce, fp->unit);
+    if (fp->replicated && status == 0) memcpy(target, fp->full_grad_padded, fp->sharded_numel * sizeof(float));
     if (accumulate) {
         if (status == 0)
             for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += target[i];

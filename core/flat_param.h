@@ -55,6 +55,8 @@ typedef struct flat_param {
     float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
     float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */
     fp_shard_state shard_state;
+    int replicated;                  /* NO_SHARD: every rank keeps the whole buffer; unshard is a no-op (a view) and
+                                        gradients are all-reduced instead of reduce-scattered */
 } flat_param;
 
 /* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the
@@ -72,9 +74,11 @@ void fp_fill_normal(const char *name, size_t first, size_t count, float *out, vo
 /* Lays out the parameters and allocates a zeroed local shard. Returns -1 with ctx->error on a bad spec (empty or
  * repeated name, a dimension < 1, more than FP_MAX_DIMS dims). */
 int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count);
+/* The same layout unsharded on every rank (FSDP's NO_SHARD, i.e. DDP): no padding, local_shard is everything. */
+int fp_init_replicated(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count);
 void fp_free(flat_param *fp);
 
-/* The flat index range [begin, end) that `rank` owns (padding included). */
+/* The flat index range [begin, end) that `rank` owns (padding included); everything when replicated. */
 void fp_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end);
 /* The part of parameter `param_index` that `rank` owns, as [begin, end) within the parameter; 0 if none. */
 int fp_param_shard_overlap(const flat_param *fp, int param_index, int rank, size_t *begin, size_t *end);
@@ -100,7 +104,8 @@ float *fp_alloc_full_grad(flat_param *fp);
 /* The parameter's gradient inside the full gradient. Aborts when there is none or the name is unknown. */
 float *fp_grad_view(const flat_param *fp, const char *name);
 /* Reduce-scatters the full gradient (sum or mean over ranks) and adds the result into grad_shard (allocated zeroed
- * on first use), then frees the full gradient. Returns -1 with ctx->error if the collective fails. */
+ * on first use), then frees the full gradient. Replicated: all-reduces instead. Returns -1 with ctx->error if the
+ * collective fails. */
 int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce);
 /* Frees the sharded gradient (torch's zero_grad(set_to_none=True)). */
 void fp_zero_grad(flat_param *fp);

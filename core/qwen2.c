@@ -351,7 +351,7 @@ static void unit_name(const qwen2_tree *tree, const int *unit_of_param, int unit
 }
 
 int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
-                     int unit_count, const qwen2_init_spec *init) {
+                     int unit_count, int replicated, const qwen2_init_spec *init) {
     memset(model, 0, sizeof *model);
     model->ctx = ctx;
     model->config = *config;
@@ -382,7 +382,9 @@ int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *confi
         }
         char name[64];
         unit_name(tree, unit_of_param, unit, name, sizeof name);
-        if (fp_init(&model->units[unit], ctx, name, specs, count) != 0) {
+        int status = replicated ? fp_init_replicated(&model->units[unit], ctx, name, specs, count)
+                                : fp_init(&model->units[unit], ctx, name, specs, count);
+        if (status != 0) {
             free(specs);
             return -1;
         }
@@ -539,10 +541,16 @@ void qwen2_activations_end(qwen2_model *model, qwen2_activations *acts) {
 
 /* ---------------------------------------------------------------- forward */
 
+/* The residual stream entering layer `index` (or the final norm): checkpoint_input when that layer is checkpointed. */
+static mem_category residual_category(const qwen2_model *model, const qwen2_activations *acts, int index) {
+    int is_layer_input = index < model->config.num_hidden_layers;
+    return is_layer_input && acts->checkpointed && acts->checkpointed[index] ? MEM_CHECKPOINT_INPUT : MEM_ACTIVATION;
+}
+
 void qwen2_embed_forward(qwen2_model *model, qwen2_activations *acts) {
     size_t N = (size_t)acts->B * acts->T;
     int C = model->config.hidden_size;
-    acts->residuals[0] = activation(model, N * C, "embed_tokens.output", -1, MEM_ACTIVATION);
+    acts->residuals[0] = activation(model, N * C, "embed_tokens.output", -1, residual_category(model, acts, 0));
     embedding_forward(acts->residuals[0], acts->tokens, qwen2_param_data(model, embed_param()), (int)N, C);
 }
 
@@ -583,7 +591,7 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
                    NULL, N, C, 2 * I);
     release(model, &stacked);
     swiglu_forward(a->swiglu, a->gate_up, N, I);
-    float *out = acts->residuals[l + 1] = activation(model, (size_t)N * C, "output", l, MEM_ACTIVATION);
+    float *out = acts->residuals[l + 1] = activation(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
     linear_forward(out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
     add_inplace(out, a->mid, (size_t)N * C);
 }
@@ -603,6 +611,11 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     acts->loss = cross_entropy_forward_backward(acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
                                                 &acts->target_count);
     return acts->loss;
+}
+
+void qwen2_layer_recompute(qwen2_model *model, qwen2_activations *acts, int l) {
+    qwen2_layer_forward(model, acts, l);
+    release(model, &acts->residuals[l + 1]);
 }
 
 /* ---------------------------------------------------------------- backward */

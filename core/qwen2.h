@@ -108,11 +108,11 @@ typedef struct qwen2_model {
 void qwen2_default_units(const qwen2_tree *tree, int *unit_of_param, int *unit_count);
 /* Builds the tree, the FlatParameters for the given assignment (unit names: "root", "layers.3"; a unit holding
  * several layers is named after its layers) and fills every rank's shards from `init` (NULL: zeros, e.g. before
- * ckpt_load_pretrained). Every rank must call it. Returns -1 with ctx->error on a bad config or assignment;
+ * ckpt_load_pretrained); replicated: every rank keeps whole units (NO_SHARD). Every rank must call it. Returns -1 with ctx->error on a bad config or assignment;
  * qwen2_model_free still frees what was made. OpenBLAS runs ctx->threads threads (env THREADS, default 1: one
  * rank per core). */
 int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
-                     int unit_count, const qwen2_init_spec *init);
+                     int unit_count, int replicated, const qwen2_init_spec *init);
 void qwen2_model_free(qwen2_model *model);
 /* The parameter's values (its unit must be UNSHARDED) or its gradient (the unit's full gradient must exist). */
 float *qwen2_param_data(const qwen2_model *model, int param);
@@ -142,6 +142,8 @@ typedef struct qwen2_activations {
     float **dresiduals;           /* gradient flowing back; [l] exists between layer l's and l-1's backward */
     float loss;
     int target_count;
+    const int *checkpointed;      /* per layer, or NULL: layer l's input is kept as checkpoint_input memory (the
+                                     only thing activation checkpointing keeps of a layer) */
 } qwen2_activations;
 
 /* Allocates the batch buffers and copies tokens/targets in (targets may be NULL: forward only, no loss). Checks
@@ -162,6 +164,9 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int layer
 void qwen2_embed_backward(qwen2_model *model, qwen2_activations *acts);                /* root */
 /* Frees layer l's saved activations (activation checkpointing keeps only the layer's input). */
 void qwen2_layer_activations_free(qwen2_model *model, qwen2_layer_activations *layer_acts);
+/* Activation checkpointing's second forward, in backward: recomputes layer l's saved activations from its kept
+ * input (the output it recomputes is dropped: the next layer's backward already used the real one). */
+void qwen2_layer_recompute(qwen2_model *model, qwen2_activations *acts, int layer);
 
 /* Everything, with every unit already UNSHARDED: forward, loss, backward into the full gradients (allocated here
  * when missing). Returns the loss. */

@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     qwen2_default_units(&tree, unit_of_param, &unit_count);
     qwen2_init_spec init = {.seed = 1, .std = config.initializer_range};
     qwen2_model model;
-    if (qwen2_model_init(&model, &ctx, &config, unit_of_param, unit_count, &init) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    if (qwen2_model_init(&model, &ctx, &config, unit_of_param, unit_count, 0, &init) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
     for (int unit = 0; unit < model.unit_count; unit++)
         if (fp_unshard(&model.units[unit], "bench") != 0) ctx_fatal(&ctx, "%s", ctx.error);
 

@@ -38,7 +38,7 @@ static void make_model(context *ctx, qwen2_model *model, const qwen2_config *con
     if (qwen2_tree_build(&tree, config) != 0) ctx_fatal(ctx, "out of memory");
     int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param), unit_count = 0;
     qwen2_default_units(&tree, unit_of_param, &unit_count);
-    if (qwen2_model_init(model, ctx, config, unit_of_param, unit_count, init) != 0) ctx_fatal(ctx, "%s", ctx->error);
+    if (qwen2_model_init(model, ctx, config, unit_of_param, unit_count, 0, init) != 0) ctx_fatal(ctx, "%s", ctx->error);
     free(unit_of_param);
     qwen2_tree_free(&tree);
 }

@@ -39,7 +39,7 @@ static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t 
     qwen2_default_units(&tree, unit_of_param, &unit_count);
     qwen2_tree_free(&tree);
     qwen2_init_spec init = {.seed = seed, .std = 0.02f};
-    ck_assert_msg(qwen2_model_init(model, &ctx, config, unit_of_param, unit_count, &init) == 0, "%s", ctx.error);
+    ck_assert_msg(qwen2_model_init(model, &ctx, config, unit_of_param, unit_count, 0, &init) == 0, "%s", ctx.error);
     for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
 }
 
@@ -201,7 +201,7 @@ START_TEST(test_unit_assignment_does_not_change_the_math) {
     for (int p = 0; p < tree.param_count; p++)
         unit_of_param[p] = strcmp(tree.params[p].name, "model.layers.0.mlp.up_proj.weight") == 0;
     qwen2_init_spec init = {.seed = 31, .std = 0.02f};
-    ck_assert_msg(qwen2_model_init(&split, &ctx, &config, unit_of_param, 2, &init) == 0, "%s", ctx.error);
+    ck_assert_msg(qwen2_model_init(&split, &ctx, &config, unit_of_param, 2, 0, &init) == 0, "%s", ctx.error);
     ck_assert_str_eq(split.units[1].unit, "layers.0");
     for (int unit = 0; unit < 2; unit++) ck_assert_int_eq(fp_unshard(&split.units[unit], "test"), 0);
     enum { B = 2, T = 5 };
@@ -248,7 +248,7 @@ START_TEST(test_checkpoint_round_trip_and_refusals) {
     snprintf(path, sizeof path, "%s/config.json", directory);
     qwen2_config read_back;
     ck_assert_msg(qwen2_config_load_json(&read_back, path, ctx.error, sizeof ctx.error) == 0, "%s", ctx.error);
-    ck_assert_msg(qwen2_model_init(&loaded, &ctx, &read_back, (int[64]){0}, 1, NULL) == 0, "%s", ctx.error);
+    ck_assert_msg(qwen2_model_init(&loaded, &ctx, &read_back, (int[64]){0}, 1, 0, NULL) == 0, "%s", ctx.error);
     ck_assert_msg(ckpt_load_pretrained(&loaded, directory) == 0, "%s", ctx.error);
     ck_assert_int_eq(fp_unshard(&loaded.units[0], "test"), 0);
     for (int p = 0; p < model.tree.param_count; p++)
@@ -259,13 +259,13 @@ START_TEST(test_checkpoint_round_trip_and_refusals) {
     /* a config with one more layer than the file has: the missing tensor is named */
     qwen2_config deeper = small_config();
     deeper.num_hidden_layers = 3;
-    ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &deeper, (int[64]){0}, 1, NULL), 0);
+    ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &deeper, (int[64]){0}, 1, 0, NULL), 0);
     ck_assert_int_eq(ckpt_load_pretrained(&loaded, directory), -1);
     ck_assert_msg(strstr(ctx.error, "missing tensor 'model.layers.2.self_attn.q_proj.weight'"), "%s", ctx.error);
     qwen2_model_free(&loaded);
     qwen2_config wider = small_config();
     wider.intermediate_size = 28;
-    ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &wider, (int[64]){0}, 1, NULL), 0);
+    ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &wider, (int[64]){0}, 1, 0, NULL), 0);
     ck_assert_int_eq(ckpt_load_pretrained(&loaded, directory), -1);
     ck_assert_msg(strstr(ctx.error, "'model.layers.0.mlp.gate_proj.weight' has shape [24, 16]"), "%s", ctx.error);
     qwen2_model_free(&loaded);

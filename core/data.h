@@ -1,0 +1,88 @@
+/* data.h — what the model reads: a byte tokenizer, built-in stories, and a loader that hands each rank its share of
+ * every global batch.
+ *
+ *   text ──► data_encode (bytes → ids 0..255, "<|endoftext|>" → 256) ──► token stream (held whole, category data)
+ *        ──► data_next_batch: window k of global micro-batch g, rank r takes its micro_batch windows
+ *
+ * The default data is generated here (data_generate_stories), so every lab runs with no download. A path ending in
+ * .bin is a flat file of little-endian uint16 token ids; any other path is UTF-8 text in TinyStories' format
+ * (stories separated by "<|endoftext|>"), tokenized by bytes.
+ *
+ * Sampling is PyTorch's DistributedSampler, made world-size independent: a global micro-batch is world_size *
+ * micro_batch windows of seq_len + 1 tokens (inputs plus the next token as target), laid back to back with a stride
+ * of seq_len and wrapping at the end of the stream; rank r takes windows [r * micro_batch, (r + 1) * micro_batch).
+ * So 2 ranks with micro_batch 4 see exactly what 1 rank with micro_batch 8 sees, split in halves, and a loss curve
+ * can be compared across world sizes.
+ */
+#ifndef FSDPLAB_DATA_H
+#define FSDPLAB_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "context.h"
+
+#define DATA_BYTE_TOKENS 256          /* ids 0..255 are the bytes themselves */
+#define DATA_EOT 256                  /* <|endoftext|>: the tiny preset's bos and eos */
+#define DATA_EOT_TEXT "<|endoftext|>"
+/* Stories in the default data: 4500 stories of ~450 bytes, about 2.0 MB of text and 2.0 M tokens: ~970 global
+ * micro-batches of 8 x 256 tokens before the stream wraps, so a 50-step lab never sees a window twice. */
+#define DATA_DEFAULT_STORIES 4500
+
+/* ---- Tokenizer ---- */
+
+/* Bytes to ids; the literal text "<|endoftext|>" becomes DATA_EOT. `tokens` must hold `length` ids (never more
+ * tokens than bytes). Returns the number of tokens. */
+size_t data_encode(const char *text, size_t length, int *tokens);
+/* Ids back to text, snprintf-like: writes at most out_size - 1 bytes and a NUL, returns the full length. DATA_EOT
+ * becomes "<|endoftext|>"; an id that is not a byte or DATA_EOT (the tiny preset's reserved 257..259, or anything a
+ * sampler should not have produced) becomes "<|token N|>" so that nothing is dropped silently. */
+size_t data_decode(const int *tokens, size_t count, char *out, size_t out_size);
+
+/* ---- Built-in stories ---- */
+
+/* `count` short children's stories from templates (characters, places, objects, feelings, one of several plots),
+ * each followed by "\n<|endoftext|>\n". Only printable ASCII and newlines. Story i depends only on (seed, i), so the
+ * text depends only on seed and count, and fewer stories are a prefix of more. snprintf-like: writes at most
+ * out_size - 1 bytes and a NUL, returns the full length (call with NULL, 0 to size the buffer). */
+size_t data_generate_stories(uint64_t seed, int count, char *out, size_t out_size);
+
+/* ---- Loader ---- */
+
+typedef struct data_loader {
+    context *ctx;
+    char source[600];             /* the path, or "generated stories (seed S)", for messages */
+    uint16_t *tokens;             /* the whole stream, category data, owner "data.tokens" */
+    size_t token_count;
+    int vocab_size;
+    int micro_batch, seq_len;     /* this rank's batch: micro_batch sequences of seq_len tokens */
+    int rank, world_size;
+    uint64_t seed;
+    int shuffle;                  /* windows reordered within each pass (see data_window_start) */
+    size_t window_starts;         /* token_count - seq_len: the positions a window of seq_len + 1 tokens can start */
+    uint64_t windows_per_pass;    /* window_starts / seq_len (at least 1): the windows one pass over the stream has */
+    uint64_t next_global_micro;   /* the global micro-batch the next data_next_batch reads; set it to resume */
+} data_loader;
+
+/* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed`; "*.bin" raw
+ * little-endian uint16 ids; anything else text. Every id must be < vocab_size, and the stream must hold at least
+ * seq_len + 1 tokens. shuffle != 0 reorders the windows by `seed` (world-size independent all the same).
+ * Collective: every rank loads its own copy, and every rank returns -1 if any failed, with ctx->error naming the
+ * path and the values ("rank 0: /x/a.bin: 7 bytes, not a whole number of uint16 tokens"). Nothing stays allocated
+ * on failure. */
+int data_loader_open(data_loader *loader, context *ctx, const char *path, int vocab_size, int micro_batch,
+                     int seq_len, uint64_t seed, int shuffle);
+
+/* Where window `global_window` starts in the stream: window k of global micro-batch g is global window
+ * g * world_size * micro_batch + k. Unshuffled it starts at (global_window * seq_len) mod window_starts; shuffled,
+ * the windows of each pass (windows_per_pass of them) are visited in a permuted order, the permutation a
+ * counter-based function of (seed, pass), so the order depends on the global index alone, never on the world size. */
+size_t data_window_start(const data_loader *loader, uint64_t global_window);
+
+/* Fills this rank's share of the next global micro-batch: tokens and targets, each (micro_batch, seq_len), targets
+ * the next token of each position. Then advances next_global_micro. */
+void data_next_batch(data_loader *loader, int *tokens, int *targets);
+
+void data_loader_close(data_loader *loader);
+
+#endif

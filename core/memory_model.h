@@ -1,0 +1,32 @@
+/* memory_model.h — an analytic model of FSDP's per-rank memory, by category, to set beside what the tracked
+ * allocator measures.
+ *
+ * The ZeRO-3 picture: parameters, gradients and AdamW's two moments are sharded ((1 + 1 + 2) x 4 bytes x Ψ / N for
+ * Ψ parameters on N ranks); on top come the units unsharded at a time (the root for the whole pass plus one layer
+ * unit under FULL_SHARD, every unit under SHARD_GRAD_OP), their unsharded gradients in backward, and activations.
+ * Each category's peak is predicted from the shapes alone (config, batch, world size, strategy, checkpointing,
+ * no_sync), counting exactly the buffers fsdplab allocates; the categories peak at different moments, so their sum
+ * bounds the total peak from above.
+ */
+#ifndef FSDPLAB_MEMORY_MODEL_H
+#define FSDPLAB_MEMORY_MODEL_H
+
+#include <stddef.h>
+
+#include "fsdp.h"
+#include "mem.h"
+#include "qwen2.h"
+
+typedef struct memory_prediction {
+    size_t category_peak[MEM_CATEGORY_COUNT]; /* bytes per rank */
+    size_t sum_of_peaks;                      /* an upper bound of the total peak */
+} memory_prediction;
+
+/* B, T: this rank's micro-batch. data_stream_bytes: the loader's token stream (it is data memory too). */
+void memory_model_predict(memory_prediction *prediction, const qwen2_model *model, const fsdp_options *options,
+                          int world_size, int B, int T, size_t data_stream_bytes);
+/* A table: category, predicted, measured, measured / predicted; then the total. */
+void memory_model_report(const memory_prediction *prediction, const size_t *measured_category_peak,
+                         size_t measured_total_peak, char *out, size_t out_size);
+
+#endif
