@@ -2,7 +2,7 @@
 #
 #   make              build everything (installs missing dependencies first, via scripts/install_deps.sh)
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01, 02, 03); check-unit, check-trace, check-model for the other suites
+#   make check-01     one lab's check (01 ... 05); check-unit, check-trace, check-model for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make clean
 #
@@ -42,11 +42,11 @@ TRACE_OBJ := $(TRACE_SRC:.c=.o)
 CORE_OBJ := $(CORE_SRC:.c=.o)
 LABS := $(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c))
 UNIT_TESTS := $(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c))
-TEST_TOOLS := tests/bin/qwen2_tool
+TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all check clean check-unit check-trace check-model bench-model $(addprefix check-,01 02 03)
+.PHONY: all check clean check-unit check-trace check-model bench-model $(addprefix check-,01 02 03 04 05)
 
 all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
@@ -79,7 +79,7 @@ tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit trace model lab01 lab02 lab03
+	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05
 check-unit: all
 	@tests/run_checks.sh unit
 check-trace: all
@@ -92,6 +92,10 @@ check-02: all
 	@tests/run_checks.sh lab02
 check-03: all
 	@tests/run_checks.sh lab03
+check-04: all
+	@tests/run_checks.sh lab04
+check-05: all
+	@tests/run_checks.sh lab05
 
 bench-model: all
 	scripts/bench_model.sh

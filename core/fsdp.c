@@ -58,6 +58,20 @@ int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *u
     return units;
 }
 
+int fsdp_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, fsdp_wrap_fn wrap, void *user,
+                    fsdp_strategy strategy, const qwen2_init_spec *init) {
+    qwen2_tree tree;
+    if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
+    if (qwen2_tree_build(&tree, config) != 0) ctx_fatal(ctx, "out of memory building the module tree");
+    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param);
+    if (unit_of_param == NULL) ctx_fatal(ctx, "out of memory");
+    int unit_count = fsdp_auto_wrap(&tree, wrap, user, unit_of_param);
+    int status = qwen2_model_init(model, ctx, config, unit_of_param, unit_count, strategy == FSDP_NO_SHARD, init);
+    free(unit_of_param);
+    qwen2_tree_free(&tree);
+    return status;
+}
+
 /* ---------------------------------------------------------------- states */
 
 static const char *unit_name(const fsdp_runtime *runtime, int unit) { return runtime->model->units[unit].unit; }

@@ -51,6 +51,11 @@ int fsdp_wrap_by_size(const qwen2_module *module, size_t unwrapped_numel, void *
  * (unit 0). Units are numbered in module order (the order forward meets them). Returns the unit count. */
 int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *unit_of_param);
 
+/* The model, wrapped by `wrap` into units and initialised from `init`; NO_SHARD keeps whole units on every rank.
+ * Returns -1 with ctx->error on a bad config. */
+int fsdp_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, fsdp_wrap_fn wrap, void *user,
+                    fsdp_strategy strategy, const qwen2_init_spec *init);
+
 /* ---- the runtime ---- */
 
 typedef struct fsdp_options {

@@ -86,6 +86,19 @@ int qwen2_config_set(qwen2_config *c, const char *field, const char *value, char
     return fail(error, error_size, "'%s' is not a Qwen2 config field", field);
 }
 
+int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error, size_t error_size) {
+    char copy[1024];
+    if (snprintf(copy, sizeof copy, "%s", overrides) >= (int)sizeof copy)
+        return fail(error, error_size, "config overrides longer than %zu characters", sizeof copy - 1);
+    for (char *item = strtok(copy, ","); item != NULL; item = strtok(NULL, ",")) {
+        char *equals = strchr(item, '=');
+        if (equals == NULL) return fail(error, error_size, "config override '%s' is not field=value", item);
+        *equals = '\0';
+        if (qwen2_config_set(config, item, equals + 1, error, error_size) != 0) return -1;
+    }
+    return qwen2_config_validate(config, error, error_size);
+}
+
 int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size) {
     if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 0 ||
         c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->max_position_embeddings < 1)
@@ -324,6 +337,14 @@ void qwen2_init_fill(const char *name, size_t first, size_t count, float *out, v
         uint64_t stream = rng_stream_of(name);
         for (size_t i = 0; i < count; i++) out[i] = rng_normal(init->seed, stream, first + i, 0.0f, init->std);
     }
+}
+
+double qwen2_forward_flops(const qwen2_config *c, int B, int T, int layers_only) {
+    double N = (double)B * T, C = c->hidden_size, D = c->head_dim, H = c->num_attention_heads;
+    double KVH = c->num_key_value_heads, inter = c->intermediate_size;
+    double per_layer = 2 * N * C * (H * D + 2 * KVH * D) + 2 * N * H * D * C + 3 * 2 * N * C * inter +
+                       2 * 2 * (double)B * H * T * (double)T * D;
+    return c->num_hidden_layers * per_layer + (layers_only ? 0.0 : 2 * N * C * c->vocab_size);
 }
 
 /* ---------------------------------------------------------------- model and units */

@@ -45,6 +45,8 @@ int qwen2_config_preset(qwen2_config *config, const char *name, char *error, siz
  * follows hidden_size / num_attention_heads. Returns -1 with a message naming the field and value when unknown or
  * not a number. Validate afterwards. */
 int qwen2_config_set(qwen2_config *config, const char *field, const char *value, char *error, size_t error_size);
+/* Several overrides, "hidden_size=512,num_hidden_layers=8" (the labs' CONFIG setting). */
+int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error, size_t error_size);
 /* Checks the shape rules (heads divide hidden, KV heads divide heads, even head_dim, ...). */
 int qwen2_config_validate(const qwen2_config *config, char *error, size_t error_size);
 /* config.json in HF's Qwen2Config format. */
@@ -84,6 +86,11 @@ typedef struct qwen2_init_spec {
     float std;
 } qwen2_init_spec;
 void qwen2_init_fill(const char *name, size_t first, size_t count, float *out, void *user);
+
+/* Matrix-multiply FLOPs of one forward pass over B x T tokens (projections, attention as computed over the full
+ * T x T, MLP, tied lm_head); backward costs twice that. layers_only counts the decoder layers alone (what
+ * activation checkpointing recomputes). Element-wise work is not counted. */
+double qwen2_forward_flops(const qwen2_config *config, int B, int T, int layers_only);
 
 /* ---- The model ---- */
 

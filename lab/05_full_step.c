@@ -15,7 +15,8 @@
  *   env: MODEL (tiny, qwen2-0.5b), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
- *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), THREADS.
+ *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), THREADS, CONFIG
+ *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8).
  *
  * What to look at (runs/05_full_step/trace.json in chrome://tracing or Perfetto)
  *   Per rank: on the comm track an all_gather before each layer's forward and again before its backward, and a
@@ -41,7 +42,7 @@
 #include "../core/qwen2.h"
 
 typedef struct settings {
-    const char *model, *strategy, *data, *save;
+    const char *model, *strategy, *data, *save, *config;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
     double lr, clip;
     uint64_t seed;
@@ -76,27 +77,24 @@ static settings read_settings(context *ctx) {
         .seed = cfg_env_seed(ctx),
         .data = getenv("DATA"),
         .save = getenv("SAVE"),
+        .config = getenv("CONFIG"),
     };
     return s;
 }
 
-/* The model with one unit per decoder layer (transformer_auto_wrap_policy), initialised from SEED. */
+/* The model, one unit per decoder layer (transformer_auto_wrap_policy), initialised from SEED. */
 static void build_model(context *ctx, const settings *s, qwen2_model *model) {
     qwen2_config config;
     if (qwen2_config_preset(&config, s->model, ctx->error, sizeof ctx->error) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+    if (s->config != NULL && s->config[0] && qwen2_config_apply(&config, s->config, ctx->error, sizeof ctx->error) != 0)
+        ctx_exit_all(ctx, 2, "CONFIG='%s': %s", s->config, ctx->error);
     if (s->seq_len > config.max_position_embeddings)
         ctx_exit_all(ctx, 2, "SEQ=%d is longer than MODEL=%s's max_position_embeddings %d", s->seq_len, s->model,
                      config.max_position_embeddings);
-    qwen2_tree tree;
-    if (qwen2_tree_build(&tree, &config) != 0) ctx_fatal(ctx, "out of memory");
-    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param);
-    int unit_count = fsdp_auto_wrap(&tree, fsdp_wrap_decoder_layers, NULL, unit_of_param);
     qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    int replicated = strcmp(s->strategy, "NO_SHARD") == 0;
-    if (qwen2_model_init(model, ctx, &config, unit_of_param, unit_count, replicated, &init) != 0)
+    if (fsdp_model_init(model, ctx, &config, fsdp_wrap_decoder_layers, NULL,
+                        (fsdp_strategy)fsdp_strategy_from_name(s->strategy), &init) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
-    free(unit_of_param);
-    qwen2_tree_free(&tree);
 }
 
 /* A story from "Once upon a time", every unit unsharded for the moment (collective), printed by rank 0. */

@@ -48,16 +48,6 @@ static double sgemm_peak_gflops(context *ctx) {
     return 2.0 * n * n * n / best / 1e9;
 }
 
-/* Matrix-multiply FLOPs of one forward (backward is twice that): projections, attention (full T x T, as computed),
- * MLP and the tied lm_head. Element-wise work is not counted. */
-static double forward_flops(const qwen2_config *c, int B, int T) {
-    double N = (double)B * T, C = c->hidden_size, D = c->head_dim, H = c->num_attention_heads;
-    double KVH = c->num_key_value_heads, inter = c->intermediate_size;
-    double per_layer = 2 * N * C * (H * D + 2 * KVH * D) + 2 * N * H * D * C + 3 * 2 * N * C * inter +
-                       2 * 2 * (double)B * H * T * (double)T * D;
-    return c->num_hidden_layers * per_layer + 2 * N * C * c->vocab_size;
-}
-
 static const char *argument(int argc, char **argv, const char *key, const char *fallback) {
     size_t length = strlen(key);
     for (int i = 1; i < argc; i++)
@@ -107,7 +97,7 @@ int main(int argc, char **argv) {
         seconds[i] = now_seconds() - start;
     }
     qsort(seconds, (size_t)iterations, sizeof *seconds, compare_doubles);
-    double median = seconds[iterations / 2], flops = 3.0 * forward_flops(&config, B, T);
+    double median = seconds[iterations / 2], flops = 3.0 * qwen2_forward_flops(&config, B, T, 0);
     size_t params = 0;
     for (int p = 0; p < tree.param_count; p++) params += qwen2_param_numel(&tree.params[p]);
     printf("{\"impl\": \"fsdplab\", \"tokens_per_s\": %.1f, \"step_s\": %.5f, \"gflops\": %.2f, "

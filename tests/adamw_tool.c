@@ -24,7 +24,7 @@ static int usage(void) {
 static double parse_number(context *ctx, const char *what, const char *text) {
     char *end;
     double value = strtod(text, &end);
-    if (end == text || *end != '\0') ctx_exit_all(ctx, 2, "adamw_tool: %s '%s' is not a number", what, text);
+    if (end == text || *end != '\0') ctx_exit_all(ctx, 2, "%s '%s' is not a number", what, text);
     return value;
 }
 
@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     if (argc != 5 && argc != 8) return usage();
     context ctx;
     ctx_init(&ctx, &argc, &argv, "adamw_tool", "runs/adamw_tool");
-    if (ctx.world_size != 1) ctx_exit_all(&ctx, 2, "adamw_tool runs on one rank, not %d", ctx.world_size);
+    if (ctx.world_size != 1) ctx_exit_all(&ctx, 2, "runs on one rank, not %d", ctx.world_size);
 
     adamw_config config = adamw_default_config();
     config.lr = parse_number(&ctx, "lr", argv[3]);

@@ -7,8 +7,10 @@
  *       batch.json = {"input_ids": [[...], ...], "targets": [[...], ...]} (targets already shifted, -100 ignored);
  *       writes logits [B,T,V], loss [1] and grad/<name> for every parameter after one forward + backward.
  *   qwen2_tool generate <dir> <seed> <temperature> <max_new> <token> [<token> ...]   prints the new token ids
+ *   qwen2_tool compare <dir_a> <dir_b> <tolerance>    largest |a - b| over all parameters; fails above tolerance
  */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +24,8 @@ static int usage(void) {
     fprintf(stderr, "usage: qwen2_tool params <preset>\n"
                     "       qwen2_tool init <preset|config.json> <seed> <out_dir>\n"
                     "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>\n"
-                    "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n");
+                    "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n"
+                    "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance>\n");
     return 2;
 }
 
@@ -188,6 +191,32 @@ static int command_generate(context *ctx, int argc, char **argv) {
     return 0;
 }
 
+/* Two checkpoints of the same config: the largest absolute difference of any parameter, and where. Absolute, not
+ * relative per tensor: some tensors sit near zero by construction (k_proj.bias gets a zero gradient in exact
+ * arithmetic, as softmax ignores a shift shared by all keys; AdamW turns the rounding noise into lr-sized steps),
+ * and a per-tensor relative measure would magnify their noise into a false alarm. */
+static int command_compare(context *ctx, const char *first, const char *second, double tolerance) {
+    qwen2_model a, b;
+    load_model(ctx, &a, first);
+    load_model(ctx, &b, second);
+    double worst = 0.0, scale = 0.0;
+    const char *worst_name = a.tree.params[0].name;
+    for (int p = 0; p < a.tree.param_count; p++) {
+        const float *x = qwen2_param_data(&a, p), *y = qwen2_param_data(&b, p);
+        for (size_t i = 0; i < qwen2_param_numel(&a.tree.params[p]); i++) {
+            double d = fabs((double)x[i] - (double)y[i]);
+            if (d > worst) worst = d, worst_name = a.tree.params[p].name;
+            if (fabs((double)y[i]) > scale) scale = fabs((double)y[i]);
+        }
+    }
+    printf("max |a - b| %.3e (%s; largest |b| %.3g), tolerance %.1e: %s\n", worst, worst_name, scale, tolerance,
+           worst <= tolerance ? "OK" : "FAIL");
+    int status = worst <= tolerance ? 0 : 1;
+    qwen2_model_free(&a);
+    qwen2_model_free(&b);
+    return status;
+}
+
 int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "qwen2_tool", "runs/qwen2_tool");
@@ -197,6 +226,7 @@ int main(int argc, char **argv) {
     else if (argc == 5 && strcmp(argv[1], "init") == 0) status = command_init(&ctx, argv[2], argv[3], argv[4]);
     else if (argc == 5 && strcmp(argv[1], "run") == 0) status = command_run(&ctx, argv[2], argv[3], argv[4]);
     else if (argc >= 7 && strcmp(argv[1], "generate") == 0) status = command_generate(&ctx, argc, argv);
+    else if (argc == 5 && strcmp(argv[1], "compare") == 0) status = command_compare(&ctx, argv[2], argv[3], atof(argv[4]));
     else status = usage();
     trace_close(&ctx.trace);
     size_t leaks = mem_shutdown(&ctx.mem);

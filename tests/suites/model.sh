@@ -5,3 +5,4 @@ check "test_qwen2: presets, tree, init, model gradient, checkpoints, generation"
   env OUT=runs/check/test_qwen2 tests/bin/test_qwen2
 check "test_hf_parity: logits, loss, grads, names vs HF transformers" env OUT=runs/check/hf_parity \
   python3 tests/test_hf_parity.py
+check "test_adamw_parity: AdamW vs torch.optim.AdamW" env OUT=runs/check/adamw_parity python3 tests/test_adamw_parity.py

@@ -10,3 +10,11 @@ for ranks in 1 2 3 4; do
   check "test_flat_param -np $ranks: reassembly, views, gradient mean" \
     env OUT=runs/check/test_flat_param_np$ranks $MPIRUN -np $ranks tests/bin/test_flat_param
 done
+for ranks in 1 2 4; do
+  check "test_data -np $ranks: tokenizer, stories, loaders, world-size independent batches" \
+    env OUT=runs/check/test_data_np$ranks $MPIRUN -np $ranks tests/bin/test_data
+done
+for ranks in 1 2 3 4; do
+  check "test_optim -np $ranks: AdamW vs reference, state on the shard, padding, clip" \
+    env OUT=runs/check/test_optim_np$ranks $MPIRUN -np $ranks tests/bin/test_optim
+done

@@ -1,0 +1,414 @@
+/* test_data.c — the data side: byte tokenizer round trip, the built-in stories (deterministic, printable, separated),
+ * the text and .bin loaders agreeing, targets one token ahead, the global batch independent of the world size
+ * (gathered from every rank and compared with a hand-computed table), shuffling that keeps it, and refusals that
+ * name the path and the values. Runs at any world size; the hand-computed tables need it to divide 4. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/data.h"
+#include "mpi_check.h"
+
+static context ctx; /* the one context of this test program */
+
+/* Token buffers come from the tracked allocator like every other buffer that holds tokens. */
+static int *token_buffer(size_t count, const char *owner) {
+    return mem_alloc(&ctx.mem, (count > 0 ? count : 1) * sizeof(int), MEM_DATA, owner);
+}
+
+/* A file name of this rank's own, so ranks never write each other's files. */
+static void temp_path(char *path, size_t size, const char *name) {
+    snprintf(path, size, "/tmp/fsdplab_test_data_%ld_%d_%s", (long)getpid(), ctx.rank, name);
+}
+
+static void write_file(const char *path, const void *bytes, size_t size) {
+    FILE *file = fopen(path, "wb");
+    ck_assert_msg(file != NULL, "rank %d: cannot create %s", ctx.rank, path);
+    ck_assert_uint_eq(fwrite(bytes, 1, size, file), size);
+    ck_assert_int_eq(fclose(file), 0);
+}
+
+/* ids as a raw little-endian uint16 file, the .bin format. */
+static void write_bin(const char *path, const int *tokens, size_t count) {
+    unsigned char *bytes = mem_alloc(&ctx.mem, 2 * count + 1, MEM_DATA, "test.bin_bytes");
+    for (size_t i = 0; i < count; i++) {
+        bytes[2 * i] = (unsigned char)(tokens[i] & 0xff);
+        bytes[2 * i + 1] = (unsigned char)(tokens[i] >> 8);
+    }
+    write_file(path, bytes, 2 * count);
+    mem_free(&ctx.mem, bytes);
+}
+
+static char *generate(uint64_t seed, int count, size_t *length) {
+    *length = data_generate_stories(seed, count, NULL, 0);
+    char *text = mem_alloc(&ctx.mem, *length + 1, MEM_DATA, "test.stories");
+    ck_assert_uint_eq(data_generate_stories(seed, count, text, *length + 1), *length);
+    return text;
+}
+
+static size_t count_of(const char *text, const char *needle) {
+    size_t count = 0;
+    for (const char *at = strstr(text, needle); at != NULL; at = strstr(at + 1, needle)) count++;
+    return count;
+}
+
+START_TEST(test_tokenizer_round_trip) {
+    /* Bytes of every kind, UTF-8 included, the marker at both ends, and near-misses that must stay plain bytes. */
+    const char *text = "<|endoftext|>Once upon a time, caf\xc3\xa9.\n<|endoftext|><|endoftext|> <|endoftext| "
+                       "<|end <<|endoftext|>>\t~<|endoftext|>";
+    size_t length = strlen(text);
+    int *tokens = token_buffer(length, "test.tokens");
+    size_t count = data_encode(text, length, tokens);
+    size_t markers = count_of(text, DATA_EOT_TEXT), eot_seen = 0;
+    ck_assert_uint_eq(markers, 5);
+    ck_assert_uint_eq(count, length - markers * (sizeof DATA_EOT_TEXT - 2));
+    for (size_t i = 0; i < count; i++) {
+        ck_assert_int_ge(tokens[i], 0);
+        ck_assert_int_le(tokens[i], DATA_EOT);
+        eot_seen += tokens[i] == DATA_EOT;
+    }
+    ck_assert_uint_eq(eot_seen, markers);
+    ck_assert_int_eq(tokens[0], DATA_EOT);
+    ck_assert_int_eq(tokens[1], 'O');
+    ck_assert_int_eq(tokens[count - 1], DATA_EOT);
+    ck_assert_int_eq(tokens[count - 2], '~');
+    /* the two bytes of "é" are ids 195 and 169, not negative chars */
+    const char *accent = strstr(text, "\xc3\xa9");
+    ck_assert_int_eq(tokens[accent - text - 12], 0xc3);
+    ck_assert_int_eq(tokens[accent - text - 11], 0xa9);
+
+    char decoded[256];
+    ck_assert_uint_eq(data_decode(tokens, count, decoded, sizeof decoded), length);
+    ck_assert_str_eq(decoded, text);
+    /* snprintf's contract: cut to the buffer, still NUL-terminated, the full length returned */
+    char small[8];
+    ck_assert_uint_eq(data_decode(tokens, count, small, sizeof small), length);
+    ck_assert_str_eq(small, "<|endof");
+    /* an id that is neither a byte nor the marker is shown, never dropped */
+    int odd[] = {'a', 257, 'b', -3};
+    ck_assert_uint_eq(data_decode(odd, 4, decoded, sizeof decoded), strlen("a<|token 257|>b<|token -3|>"));
+    ck_assert_str_eq(decoded, "a<|token 257|>b<|token -3|>");
+    mem_free(&ctx.mem, tokens);
+}
+END_TEST
+
+START_TEST(test_stories_are_deterministic_printable_and_separated) {
+    size_t length = 0, again_length = 0, other_length = 0, fewer_length = 0;
+    char *text = generate(1234, 50, &length);
+    char *again = generate(1234, 50, &again_length);
+    char *other = generate(1235, 50, &other_length);
+    char *fewer = generate(1234, 20, &fewer_length);
+    ck_assert_uint_eq(length, again_length);
+    ck_assert_msg(memcmp(text, again, length) == 0, "same seed, different text");
+    ck_assert_msg(length != other_length || memcmp(text, other, length) != 0, "seeds 1234 and 1235 gave the same text");
+    /* story i depends on (seed, i) only: fewer stories are a prefix of more */
+    ck_assert_uint_lt(fewer_length, length);
+    ck_assert_msg(memcmp(text, fewer, fewer_length) == 0, "20 stories are not a prefix of 50");
+    ck_assert_uint_eq(count_of(text, DATA_EOT_TEXT), 50);
+    ck_assert_uint_eq(count_of(text, "\n" DATA_EOT_TEXT "\n"), 50);
+    ck_assert_msg(strstr(text, "{") == NULL, "a placeholder was left in: %s", strstr(text, "{"));
+    for (size_t i = 0; i < length; i++)
+        ck_assert_msg(text[i] == '\n' || (text[i] >= 0x20 && text[i] <= 0x7e), "byte %zu is 0x%02x", i,
+                      (unsigned char)text[i]);
+    /* a story is a few sentences, not a line and not a page */
+    ck_assert_uint_gt(length / 50, 200);
+    ck_assert_uint_lt(length / 50, 1500);
+    /* a short buffer gets the same beginning */
+    char start[100];
+    ck_assert_uint_eq(data_generate_stories(1234, 50, start, sizeof start), length);
+    ck_assert_msg(strlen(start) == sizeof start - 1 && memcmp(start, text, sizeof start - 1) == 0, "cut text differs");
+    mem_free(&ctx.mem, fewer);
+    mem_free(&ctx.mem, other);
+    mem_free(&ctx.mem, again);
+    mem_free(&ctx.mem, text);
+}
+END_TEST
+
+START_TEST(test_text_and_bin_loaders_agree) {
+    size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
+    size_t length = 0;
+    char *text = generate(77, 60, &length);
+    int *stream = token_buffer(length, "test.stream");
+    size_t count = data_encode(text, length, stream);
+    char text_path[256], bin_path[256];
+    temp_path(text_path, sizeof text_path, "stories.txt");
+    temp_path(bin_path, sizeof bin_path, "stories.bin");
+    write_file(text_path, text, length);
+    write_bin(bin_path, stream, count);
+
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        data_loader from_text, from_bin;
+        ck_assert_msg(data_loader_open(&from_text, &ctx, text_path, 260, 2, 32, 5, shuffle) == 0, "%s", ctx.error);
+        ck_assert_msg(data_loader_open(&from_bin, &ctx, bin_path, 260, 2, 32, 5, shuffle) == 0, "%s", ctx.error);
+        ck_assert_uint_eq(from_text.token_count, count);
+        ck_assert_uint_eq(from_bin.token_count, count);
+        for (size_t i = 0; i < count; i++) {
+            ck_assert_int_eq(from_text.tokens[i], stream[i]);
+            ck_assert_int_eq(from_bin.tokens[i], stream[i]);
+        }
+        /* the stream is held once, as uint16, under its owner */
+        const mem_block *block = mem_find(&ctx.mem, from_bin.tokens);
+        ck_assert_ptr_nonnull(block);
+        ck_assert_str_eq(block->owner, "data.tokens");
+        ck_assert_int_eq(block->category, MEM_DATA);
+        ck_assert_uint_eq(block->bytes, count * sizeof(uint16_t));
+
+        int *tokens_a = token_buffer(64, "test.batch"), *targets_a = token_buffer(64, "test.batch");
+        int *tokens_b = token_buffer(64, "test.batch"), *targets_b = token_buffer(64, "test.batch");
+        for (int batch = 0; batch < 40; batch++) {
+            data_next_batch(&from_text, tokens_a, targets_a);
+            data_next_batch(&from_bin, tokens_b, targets_b);
+            ck_assert_msg(memcmp(tokens_a, tokens_b, 64 * sizeof(int)) == 0, "batch %d tokens differ", batch);
+            ck_assert_msg(memcmp(targets_a, targets_b, 64 * sizeof(int)) == 0, "batch %d targets differ", batch);
+        }
+        mem_free(&ctx.mem, tokens_a);
+        mem_free(&ctx.mem, targets_a);
+        mem_free(&ctx.mem, tokens_b);
+        mem_free(&ctx.mem, targets_b);
+        data_loader_close(&from_text);
+        data_loader_close(&from_bin);
+    }
+    remove(text_path);
+    remove(bin_path);
+    mem_free(&ctx.mem, stream);
+    mem_free(&ctx.mem, text);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_DATA], data_before);
+}
+END_TEST
+
+/* The default data: targets are each window's next tokens, windows are where the formula says, for every rank. */
+START_TEST(test_default_stories_and_targets_one_ahead) {
+    size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
+    const int micro_batch = 3, T = 64;
+    data_loader loader;
+    ck_assert_msg(data_loader_open(&loader, &ctx, NULL, 260, micro_batch, T, 1234, 0) == 0, "%s", ctx.error);
+    ck_assert_msg(strstr(loader.source, "generated stories") != NULL, "%s", loader.source);
+    /* DATA_DEFAULT_STORIES is meant to make about 2 MB */
+    ck_assert_uint_gt(loader.token_count, 1500000);
+    ck_assert_uint_lt(loader.token_count, 2500000);
+    ck_assert_uint_eq(loader.window_starts, loader.token_count - T);
+    size_t eot_count = 0;
+    for (size_t i = 0; i < loader.token_count; i++) eot_count += loader.tokens[i] == DATA_EOT;
+    ck_assert_uint_eq(eot_count, DATA_DEFAULT_STORIES);
+
+    int *tokens = token_buffer((size_t)micro_batch * T, "test.batch");
+    int *targets = token_buffer((size_t)micro_batch * T, "test.batch");
+    uint64_t global_batch = (uint64_t)ctx.world_size * micro_batch;
+    for (uint64_t g = 0; g < 5; g++) {
+        data_next_batch(&loader, tokens, targets);
+        for (int b = 0; b < micro_batch; b++) {
+            uint64_t k = (uint64_t)ctx.rank * micro_batch + b;
+            size_t start = ((g * global_batch + k) * T) % (loader.token_count - T);
+            ck_assert_uint_eq(data_window_start(&loader, g * global_batch + k), start);
+            for (int t = 0; t < T; t++) {
+                ck_assert_int_eq(tokens[b * T + t], loader.tokens[start + t]);
+                ck_assert_int_eq(targets[b * T + t], loader.tokens[start + t + 1]);
+                if (t + 1 < T) ck_assert_int_eq(targets[b * T + t], tokens[b * T + t + 1]);
+            }
+        }
+    }
+    ck_assert_uint_eq(loader.next_global_micro, 5);
+    /* far past the end the windows wrap and stay inside the stream */
+    loader.next_global_micro = 1000000;
+    data_next_batch(&loader, tokens, targets);
+    for (int i = 0; i < micro_batch * T; i++) ck_assert_int_le(targets[i], DATA_EOT);
+    mem_free(&ctx.mem, tokens);
+    mem_free(&ctx.mem, targets);
+    data_loader_close(&loader);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_DATA], data_before);
+}
+END_TEST
+
+/* A stream whose token at position p is p, so a window's first token is where it starts. */
+static void open_positions(data_loader *loader, int micro_batch, int shuffle, uint64_t seed) {
+    enum { length = 100 };
+    int positions[length];
+    for (int p = 0; p < length; p++) positions[p] = p;
+    char path[256];
+    temp_path(path, sizeof path, "positions.bin");
+    write_bin(path, positions, length);
+    ck_assert_msg(data_loader_open(loader, &ctx, path, 1000, micro_batch, 8, seed, shuffle) == 0, "%s", ctx.error);
+    remove(path);
+}
+
+/* Every rank's batch gathered in rank order: the global micro-batch, window k at gathered[k * T]. */
+static void gather_global_batch(data_loader *loader, int *local_tokens, int *local_targets, int *tokens,
+                                int *targets) {
+    int local_count = loader->micro_batch * loader->seq_len;
+    data_next_batch(loader, local_tokens, local_targets);
+    CTX_MPI(&ctx, MPI_Allgather(local_tokens, local_count, MPI_INT, tokens, local_count, MPI_INT, ctx.comm));
+    CTX_MPI(&ctx, MPI_Allgather(local_targets, local_count, MPI_INT, targets, local_count, MPI_INT, ctx.comm));
+}
+
+/* Global batch 4 windows of 8 tokens over a 100-token stream, at every world size that divides 4: micro_batch is
+ * 4, 2 or 1. The table is worked out by hand: window j starts at (8 j) mod (100 - 8), so after 0, 8, ..., 88 the
+ * next starts are 96 mod 92 = 4, then 12, 20, 28. The same table at world 1, 2 and 4 is the independence. */
+START_TEST(test_global_batch_is_independent_of_world_size) {
+    if (4 % ctx.world_size != 0) return;
+    static const int expected_starts[4][4] = {{0, 8, 16, 24}, {32, 40, 48, 56}, {64, 72, 80, 88}, {4, 12, 20, 28}};
+    const int global_batch = 4, T = 8, micro_batch = global_batch / ctx.world_size;
+    data_loader loader;
+    open_positions(&loader, micro_batch, 0, 1);
+    int *local_tokens = token_buffer((size_t)micro_batch * T, "test.batch");
+    int *local_targets = token_buffer((size_t)micro_batch * T, "test.batch");
+    int *tokens = token_buffer((size_t)global_batch * T, "test.gathered");
+    int *targets = token_buffer((size_t)global_batch * T, "test.gathered");
+    for (int g = 0; g < 4; g++) {
+        gather_global_batch(&loader, local_tokens, local_targets, tokens, targets);
+        for (int k = 0; k < global_batch; k++) {
+            for (int t = 0; t < T; t++) {
+                CK_ASSERT_ALL(&ctx, tokens[k * T + t] == expected_starts[g][k] + t,
+                              "world %d: global micro-batch %d window %d token %d is %d, expected %d",
+                              ctx.world_size, g, k, t, tokens[k * T + t], expected_starts[g][k] + t);
+                CK_ASSERT_ALL(&ctx, targets[k * T + t] == expected_starts[g][k] + t + 1,
+                              "world %d: global micro-batch %d window %d target %d is %d, expected %d",
+                              ctx.world_size, g, k, t, targets[k * T + t], expected_starts[g][k] + t + 1);
+            }
+        }
+    }
+    mem_free(&ctx.mem, local_tokens);
+    mem_free(&ctx.mem, local_targets);
+    mem_free(&ctx.mem, tokens);
+    mem_free(&ctx.mem, targets);
+    data_loader_close(&loader);
+}
+END_TEST
+
+/* Shuffled, a pass (92 / 8 = 11 windows over the 100-token stream) visits the same windows as unshuffled, in an
+ * order of its own per seed; the order depends on the global window index only. The table was recorded at world 1
+ * (seed 9); world 2 and 4 must gather the same. */
+START_TEST(test_shuffle_keeps_the_windows_and_the_world_size_independence) {
+    if (4 % ctx.world_size != 0) return;
+    static const int expected_starts[12] = {72, 16, 8, 24, 64, 56, 80, 40, 48, 0, 32, 68};
+    const int global_batch = 4, T = 8, micro_batch = global_batch / ctx.world_size;
+    data_loader loader, other_seed;
+    open_positions(&loader, micro_batch, 1, 9);
+    open_positions(&other_seed, micro_batch, 1, 10);
+    ck_assert_uint_eq(loader.windows_per_pass, 11);
+    int seen[11] = {0}, same_as_other_seed = 1, in_order = 1;
+    for (uint64_t j = 0; j < 11; j++) {
+        size_t start = data_window_start(&loader, j);
+        ck_assert_uint_eq(start % 8, 0);
+        ck_assert_uint_lt(start / 8, 11);
+        seen[start / 8]++;
+        same_as_other_seed &= start == data_window_start(&other_seed, j);
+        in_order &= start == j * 8;
+    }
+    for (int w = 0; w < 11; w++)
+        ck_assert_msg(seen[w] == 1, "window at %d seen %d times in the first pass", w * 8, seen[w]);
+    ck_assert_msg(!in_order, "seed 9 left the first pass in order");
+    ck_assert_msg(!same_as_other_seed, "seeds 9 and 10 gave the same order");
+
+    int *local_tokens = token_buffer((size_t)micro_batch * T, "test.batch");
+    int *local_targets = token_buffer((size_t)micro_batch * T, "test.batch");
+    int *tokens = token_buffer((size_t)global_batch * T, "test.gathered");
+    int *targets = token_buffer((size_t)global_batch * T, "test.gathered");
+    for (int g = 0; g < 3; g++) {
+        gather_global_batch(&loader, local_tokens, local_targets, tokens, targets);
+        for (int k = 0; k < global_batch; k++) {
+            int expected = expected_starts[g * global_batch + k];
+            CK_ASSERT_ALL(&ctx, tokens[k * T] == expected && targets[k * T + T - 1] == expected + T,
+                          "world %d: shuffled global micro-batch %d window %d starts at %d, expected %d",
+                          ctx.world_size, g, k, tokens[k * T], expected);
+        }
+    }
+    mem_free(&ctx.mem, local_tokens);
+    mem_free(&ctx.mem, local_targets);
+    mem_free(&ctx.mem, tokens);
+    mem_free(&ctx.mem, targets);
+    data_loader_close(&other_seed);
+    data_loader_close(&loader);
+}
+END_TEST
+
+/* Opens and expects a refusal whose message holds every one of `needles`; nothing may stay allocated. */
+static void expect_refusal(const char *path, int vocab_size, int micro_batch, int seq_len, const char *const *needles) {
+    size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
+    data_loader loader;
+    ctx.error[0] = '\0';
+    ck_assert_msg(data_loader_open(&loader, &ctx, path, vocab_size, micro_batch, seq_len, 1, 0) == -1,
+                  "%s was accepted", path);
+    char rank_prefix[32];
+    snprintf(rank_prefix, sizeof rank_prefix, "rank %d: ", ctx.rank);
+    ck_assert_msg(strncmp(ctx.error, rank_prefix, strlen(rank_prefix)) == 0, "no rank in: %s", ctx.error);
+    ck_assert_msg(strstr(ctx.error, path) != NULL, "no path in: %s", ctx.error);
+    for (const char *const *needle = needles; *needle != NULL; needle++)
+        ck_assert_msg(strstr(ctx.error, *needle) != NULL, "'%s' not in: %s", *needle, ctx.error);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_DATA], data_before);
+}
+
+START_TEST(test_refusals_name_path_and_values) {
+    char path[256];
+    temp_path(path, sizeof path, "missing.txt");
+    expect_refusal(path, 260, 2, 8, (const char *const[]){"cannot open", "No such file", NULL});
+    expect_refusal("/tmp", 260, 2, 8, (const char *const[]){"not a regular file", NULL});
+
+    temp_path(path, sizeof path, "odd.bin");
+    write_file(path, "\x01\x00\x02\x00\x03\x00\x04", 7);
+    expect_refusal(path, 260, 2, 8, (const char *const[]){"7 bytes", "uint16", NULL});
+    remove(path);
+
+    int outside[] = {1, 2, 300, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    temp_path(path, sizeof path, "outside.bin");
+    write_bin(path, outside, 12);
+    expect_refusal(path, 260, 2, 8, (const char *const[]){"token id 300", "position 2", "vocab_size 260", NULL});
+    remove(path);
+
+    /* text with the marker needs a vocabulary that has id 256 */
+    temp_path(path, sizeof path, "marker.txt");
+    write_file(path, "Hi.\n<|endoftext|>\nBye.", 22);
+    expect_refusal(path, 256, 1, 4, (const char *const[]){"token id 256", "position 4", "vocab_size 256",
+                                                          "<|endoftext|>", NULL});
+    /* and 16 tokens cannot fill a window of 16 + 1 */
+    expect_refusal(path, 260, 1, 16, (const char *const[]){"10 tokens", "seq_len + 1 = 17", NULL});
+    expect_refusal(path, 260, 0, 4, (const char *const[]){"micro_batch 0", NULL});
+    remove(path);
+
+    int few[] = {1, 2, 3, 4, 5};
+    temp_path(path, sizeof path, "short.bin");
+    write_bin(path, few, 5);
+    expect_refusal(path, 260, 2, 8, (const char *const[]){"5 tokens", "seq_len + 1 = 9", NULL});
+    /* exactly seq_len + 1 tokens is one window, and every window is that one */
+    data_loader loader;
+    ck_assert_msg(data_loader_open(&loader, &ctx, path, 260, 2, 4, 1, 1) == 0, "%s", ctx.error);
+    int *tokens = token_buffer(8, "test.batch"), *targets = token_buffer(8, "test.batch");
+    data_next_batch(&loader, tokens, targets);
+    data_next_batch(&loader, tokens, targets);
+    ck_assert_int_eq(tokens[4], 1);
+    ck_assert_int_eq(targets[7], 5);
+    mem_free(&ctx.mem, tokens);
+    mem_free(&ctx.mem, targets);
+    data_loader_close(&loader);
+    remove(path);
+}
+END_TEST
+
+/* A file only some ranks can read: every rank refuses, or the others would wait in the step's first collective. */
+START_TEST(test_one_rank_failing_stops_every_rank) {
+    if (ctx.world_size < 2) return;
+    char path[256];
+    temp_path(path, sizeof path, ctx.rank == 0 ? "present.txt" : "absent.txt");
+    if (ctx.rank == 0) write_file(path, "a story long enough for one window", 34);
+    expect_refusal(path, 260, 1, 8,
+                   (const char *const[]){ctx.rank == 0 ? "another rank could not load" : "cannot open", NULL});
+    remove(path);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+    ctx_init(&ctx, &argc, &argv, "test_data", "runs/check/test_data");
+    Suite *suite = suite_create("data");
+    TCase *tc = tcase_create("data");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_tokenizer_round_trip);
+    tcase_add_test(tc, test_stories_are_deterministic_printable_and_separated);
+    tcase_add_test(tc, test_text_and_bin_loaders_agree);
+    tcase_add_test(tc, test_default_stories_and_targets_one_ahead);
+    tcase_add_test(tc, test_global_batch_is_independent_of_world_size);
+    tcase_add_test(tc, test_shuffle_keeps_the_windows_and_the_world_size_independence);
+    tcase_add_test(tc, test_refusals_name_path_and_values);
+    tcase_add_test(tc, test_one_rank_failing_stops_every_rank);
+    suite_add_tcase(suite, tc);
+    return mpi_check_run(&ctx, suite);
+}
