@@ -138,8 +138,8 @@ int main(int argc, char **argv) {
     int *targets = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
     if (ctx.rank == 0) {
         printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx.world_size, s.accumulation);
-        printf("(model %s, %d units, %s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", s.model,
-               model.unit_count, s.strategy, s.checkpointing ? ", activation checkpointing" : "",
+        printf("(model %s%s%s, %d units, %s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", s.model,
+               s.config && s.config[0] ? " with " : "", s.config && s.config[0] ? s.config : "", model.unit_count, s.strategy, s.checkpointing ? ", activation checkpointing" : "",
                s.no_sync ? ", no_sync" : "", s.micro_batch, s.seq_len, loader.source);
         fflush(stdout);
     }
