@@ -38,11 +38,23 @@ int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *u
         fprintf(stderr, "fsdp_auto_wrap: out of memory for %d modules\n", modules);
         abort();
     }
-    for (int p = 0; p < tree->param_count; p++) unwrapped[tree->params[p].module] += qwen2_param_numel(&tree->params[p]);
-    /* Children come after their parents in the tree, so walking backwards visits children first (post-order). */
+    size_t total = 0;
+    for (int p = 0; p < tree->param_count; p++) {
+        unwrapped[tree->params[p].module] += qwen2_param_numel(&tree->params[p]);
+        total += qwen2_param_numel(&tree->params[p]);
+    }
+    /* Children come after their parents in the tree, so walking backwards visits children first (post-order). A
+     * module that would take every parameter left (Qwen2Model, around everything but the tied lm_head) is the root
+     * itself: wrapping it would leave the root unit empty. */
+    size_t claimed = 0;
     for (int m = modules - 1; m >= 1; m--) {
-        if (unwrapped[m] > 0 && wrap(&tree->modules[m], unwrapped[m], user)) unit_of_module[m] = 1;
-        else unwrapped[tree->modules[m].parent] += unwrapped[m];
+        int takes_the_rest = claimed + unwrapped[m] == total;
+        if (unwrapped[m] > 0 && !takes_the_rest && wrap(&tree->modules[m], unwrapped[m], user)) {
+            unit_of_module[m] = 1;
+            claimed += unwrapped[m];
+        } else {
+            unwrapped[tree->modules[m].parent] += unwrapped[m];
+        }
     }
     /* Number the wrapped modules in module (forward) order; the root is unit 0. */
     int units = 1;
@@ -76,13 +88,21 @@ int fsdp_model_init(qwen2_model *model, context *ctx, const qwen2_config *config
 
 static const char *unit_name(const fsdp_runtime *runtime, int unit) { return runtime->model->units[unit].unit; }
 
+int fsdp_check_transition(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
+                          const char *hook) {
+    fsdp_handle_state now = runtime->units[unit].handle_state;
+    if (now == expected) return 0;
+    snprintf(runtime->ctx->error, sizeof runtime->ctx->error,
+             "rank %d: unit '%s': illegal HandleTrainingState transition %s -> %s in %s (expected from %s)",
+             runtime->ctx->rank, unit_name(runtime, unit), handle_state_names[now], handle_state_names[to], hook,
+             handle_state_names[expected]);
+    return -1;
+}
+
 static void set_handle_state(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
                              const char *hook) {
     fsdp_unit *u = &runtime->units[unit];
-    if (u->handle_state != expected)
-        ctx_fatal(runtime->ctx, "unit '%s': illegal HandleTrainingState transition %s -> %s in %s (expected %s)",
-                  unit_name(runtime, unit), handle_state_names[u->handle_state], handle_state_names[to], hook,
-                  handle_state_names[expected]);
+    if (fsdp_check_transition(runtime, unit, expected, to, hook) != 0) ctx_fatal(runtime->ctx, "%s", runtime->ctx->error);
     trace_state(&runtime->ctx->trace, unit_name(runtime, unit), "HandleTrainingState", handle_state_names[expected],
                 handle_state_names[to], hook);
     u->handle_state = to;

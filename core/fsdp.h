@@ -48,7 +48,8 @@ int fsdp_wrap_decoder_layers(const qwen2_module *module, size_t unwrapped_numel,
 /* size_based_auto_wrap_policy: user points to a size_t min_num_params; ModuleList is never wrapped (torch excludes it). */
 int fsdp_wrap_by_size(const qwen2_module *module, size_t unwrapped_numel, void *user);
 /* Walks the tree children-first; every parameter goes to the unit of its nearest wrapped ancestor, else the root
- * (unit 0). Units are numbered in module order (the order forward meets them). Returns the unit count. */
+ * (unit 0). A module holding every parameter not yet claimed is never wrapped: it is the root. Units are numbered
+ * in module order (the order forward meets them). Returns the unit count. */
 int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *unit_of_param);
 
 /* The model, wrapped by `wrap` into units and initialised from `init`; NO_SHARD keeps whole units on every rank.
@@ -84,6 +85,11 @@ typedef struct fsdp_runtime {
 /* Wraps an initialised model (its units from fsdp_auto_wrap). Returns -1 with ctx->error on bad options. */
 int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, qwen2_model *model, const fsdp_options *options);
 void fsdp_runtime_free(fsdp_runtime *runtime);
+
+/* Whether unit's HandleTrainingState may go from `expected` (its state now must be that) to `to` in `hook`:
+ * 0, or -1 with ctx->error naming rank, unit, the actual and expected states, the target and the hook. */
+int fsdp_check_transition(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
+                          const char *hook);
 
 /* The hooks, by PyTorch's names; each checks and records the state transitions it makes. */
 void fsdp_pre_forward(fsdp_runtime *runtime, int unit);

@@ -358,17 +358,34 @@ void qwen2_default_units(const qwen2_tree *tree, int *unit_of_param, int *unit_c
     *unit_count = layers + 1;
 }
 
-/* "root" for unit 0; "layers.3" for a unit of one layer, "layers.3-5" for several. */
+/* "root" for unit 0; otherwise the deepest module holding all of the unit's parameters, without "model.":
+ * "layers.3" for a decoder layer, "layers.3.mlp" for an MLP wrapped alone; "layers.3-5" when only a list of layers
+ * holds them all. */
 static void unit_name(const qwen2_tree *tree, const int *unit_of_param, int unit, char *name, size_t size) {
-    int first = -1, last = -1;
-    for (int p = 0; p < tree->param_count; p++) {
-        if (unit_of_param[p] != unit || tree->params[p].layer < 0) continue;
-        if (first < 0) first = tree->params[p].layer;
-        last = tree->params[p].layer;
+    if (unit == 0) {
+        snprintf(name, size, "root");
+        return;
     }
-    if (unit == 0 || first < 0) snprintf(name, size, unit == 0 ? "root" : "unit%d", unit);
-    else if (first == last) snprintf(name, size, "layers.%d", first);
-    else snprintf(name, size, "layers.%d-%d", first, last);
+    char common[QWEN2_NAME_MAX] = "";
+    int first_layer = -1, last_layer = -1, have = 0;
+    for (int p = 0; p < tree->param_count; p++) {
+        if (unit_of_param[p] != unit) continue;
+        const char *module = tree->modules[tree->params[p].module].name;
+        if (!have) snprintf(common, sizeof common, "%s", module), have = 1;
+        size_t length = 0; /* shrink `common` to the longest shared prefix that ends at a '.' boundary */
+        while (common[length] && common[length] == module[length]) length++;
+        if (common[length] != '\0' || (module[length] != '\0' && module[length] != '.')) {
+            while (length > 0 && common[length] != '.') length--;
+            common[length] = '\0';
+        }
+        int layer = tree->params[p].layer;
+        if (layer >= 0 && first_layer < 0) first_layer = layer;
+        if (layer >= 0) last_layer = layer;
+    }
+    const char *shown = strlen(common) > 6 && memcmp(common, "model.", 6) == 0 ? common + 6 : common;
+    if (strcmp(shown, "layers") == 0 && first_layer >= 0)
+        snprintf(name, size, "layers.%d-%d", first_layer, last_layer);
+    else snprintf(name, size, "%s", shown[0] ? shown : "model");
 }
 
 int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,

@@ -16,7 +16,8 @@
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), THREADS, CONFIG
- *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8).
+ *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8), WRAP (layers, or size:<min params>
+ *   for the size-based policy).
  *
  * What to look at (runs/05_full_step/trace.json in chrome://tracing or Perfetto)
  *   Per rank: on the comm track an all_gather before each layer's forward and again before its backward, and a
@@ -42,7 +43,7 @@
 #include "../core/qwen2.h"
 
 typedef struct settings {
-    const char *model, *strategy, *data, *save, *config;
+    const char *model, *strategy, *data, *save, *config, *wrap;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
     double lr, clip;
     uint64_t seed;
@@ -78,6 +79,7 @@ static settings read_settings(context *ctx) {
         .data = getenv("DATA"),
         .save = getenv("SAVE"),
         .config = getenv("CONFIG"),
+        .wrap = getenv("WRAP"),
     };
     return s;
 }
@@ -91,9 +93,19 @@ static void build_model(context *ctx, const settings *s, qwen2_model *model) {
     if (s->seq_len > config.max_position_embeddings)
         ctx_exit_all(ctx, 2, "SEQ=%d is longer than MODEL=%s's max_position_embeddings %d", s->seq_len, s->model,
                      config.max_position_embeddings);
+    /* WRAP: "layers" (transformer_auto_wrap_policy, the default) or "size:<min params>" (size_based_auto_wrap_policy) */
+    fsdp_wrap_fn wrap = fsdp_wrap_decoder_layers;
+    size_t min_params = 0;
+    if (s->wrap != NULL && s->wrap[0] != '\0' && strcmp(s->wrap, "layers") != 0) {
+        char *end = NULL;
+        if (strncmp(s->wrap, "size:", 5) != 0 || (min_params = strtoull(s->wrap + 5, &end, 10)) == 0 || *end != '\0')
+            ctx_exit_all(ctx, 2, "WRAP='%s' is not a wrap policy; choose layers or size:<min params>, e.g. size:100000",
+                         s->wrap);
+        wrap = fsdp_wrap_by_size;
+    }
     qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    if (fsdp_model_init(model, ctx, &config, fsdp_wrap_decoder_layers, NULL,
-                        (fsdp_strategy)fsdp_strategy_from_name(s->strategy), &init) != 0)
+    if (fsdp_model_init(model, ctx, &config, wrap, &min_params, (fsdp_strategy)fsdp_strategy_from_name(s->strategy),
+                        &init) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
 }
 

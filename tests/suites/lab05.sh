@@ -9,7 +9,7 @@ lab05() { # lab05 NAME RANKS DIR ENV...
 lab05 "05_full_step -np 1 NO_SHARD: the reference" 1 runs/check/05_reference STRATEGY=NO_SHARD
 check "05_full_step prints the seed-style log" grep -qE '^1/5: Loss = [0-9]+\.[0-9]{6}, Peak = [0-9.]+ MB, Time = [0-9.]+s$' \
   "$(log_of "05_full_step -np 1 NO_SHARD: the reference")"
-for variant in "FULL_SHARD" "SHARD_GRAD_OP" "NO_SHARD" "FULL_SHARD NO_SYNC=1" "FULL_SHARD CKPT=1"; do
+for variant in "FULL_SHARD" "SHARD_GRAD_OP" "NO_SHARD" "FULL_SHARD NO_SYNC=1" "FULL_SHARD CKPT=1" "FULL_SHARD WRAP=size:100000"; do
   set -- $variant
   strategy=$1
   shift
@@ -24,7 +24,7 @@ for variant in "FULL_SHARD" "SHARD_GRAD_OP" "NO_SHARD" "FULL_SHARD NO_SYNC=1" "F
 done
 run_lab "05_full_step -np 2 ACC=1 one step: for the state order" 2 runs/check/05_states 05_full_step STEPS=1 ACC=1
 check "05_full_step: state transitions in PyTorch FSDP1's order" python3 tests/check_state_order.py runs/check/05_states 4
-for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" \
+for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "WRAP=size:100000" \
   "CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408 MBS=2 SEQ=64"; do
   name="05_full_step memory model within 10% (${variant:-tiny})"
   check "$name" bash -c "env OUT=runs/check/05_memory STEPS=2 $variant $MPIRUN -np 2 lab/05_full_step > runs/check/05_memory.log &&

@@ -13,3 +13,4 @@ mpi_suite "test_comm: collectives vs Send/Recv reference" tests/bin/test_comm 1 
 mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_flat_param 1 2 3 4
 mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batches" tests/bin/test_data 1 2 4
 mpi_suite "test_optim: AdamW vs reference, state on the shard, padding, clip" tests/bin/test_optim 1 2 3 4
+mpi_suite "test_fsdp: wrap policies, spans, illegal transitions, a clean micro-batch" tests/bin/test_fsdp 1 2 3
