@@ -202,7 +202,7 @@ START_TEST(test_unit_assignment_does_not_change_the_math) {
         unit_of_param[p] = strcmp(tree.params[p].name, "model.layers.0.mlp.up_proj.weight") == 0;
     qwen2_init_spec init = {.seed = 31, .std = 0.02f};
     ck_assert_msg(qwen2_model_init(&split, &ctx, &config, unit_of_param, 2, 0, &init) == 0, "%s", ctx.error);
-    ck_assert_str_eq(split.units[1].unit, "layers.0");
+    ck_assert_str_eq(split.units[1].unit, "layers.0.mlp.up_proj"); /* named after the module holding it */
     for (int unit = 0; unit < 2; unit++) ck_assert_int_eq(fp_unshard(&split.units[unit], "test"), 0);
     enum { B = 2, T = 5 };
     int tokens[B * T], targets[B * T];
