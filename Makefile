@@ -46,7 +46,7 @@ TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all check clean check-unit check-trace check-model bench-model $(addprefix check-,01 02 03 04 05)
+.PHONY: all check clean check-unit check-trace check-model check-train bench-model $(addprefix check-,01 02 03 04 05)
 
 all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
@@ -79,13 +79,15 @@ tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05
+	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 train
 check-unit: all
 	@tests/run_checks.sh unit
 check-trace: all
 	@tests/run_checks.sh trace
 check-model: all
 	@tests/run_checks.sh model
+check-train: all
+	@tests/run_checks.sh train
 check-01: all
 	@tests/run_checks.sh lab01
 check-02: all

@@ -17,7 +17,7 @@
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), THREADS, CONFIG
  *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8), WRAP (layers, or size:<min params>
- *   for the size-based policy).
+ *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS).
  *
  * What to look at (runs/05_full_step/trace.json in chrome://tracing or Perfetto)
  *   Per rank: on the comm track an all_gather before each layer's forward and again before its backward, and a
@@ -30,6 +30,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,7 +44,7 @@
 #include "../core/qwen2.h"
 
 typedef struct settings {
-    const char *model, *strategy, *data, *save, *config, *wrap;
+    const char *model, *strategy, *data, *save, *config, *wrap, *peak;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
     double lr, clip;
     uint64_t seed;
@@ -80,6 +81,7 @@ static settings read_settings(context *ctx) {
         .save = getenv("SAVE"),
         .config = getenv("CONFIG"),
         .wrap = getenv("WRAP"),
+        .peak = cfg_env_choice(ctx, "PEAK", "tracked", (const char *const[]){"tracked", "rss", NULL}),
     };
     return s;
 }
@@ -173,7 +175,12 @@ int main(int argc, char **argv) {
         }
         double elapsed = MPI_Wtime() - start;
         /* The step's loss: the mean over micro-batches and ranks (every rank saw a different slice). */
-        double loss = loss_sum / s.accumulation, peak = (double)ctx.mem.peak_bytes, slowest = elapsed;
+        /* PEAK=rss reports the process's max resident set instead of the tracked peak: the measure a PyTorch run can
+         * be given too (scripts/train.sh FSDP=both), though it counts the program, libraries and MPI as well. */
+        struct rusage usage;
+        getrusage(RUSAGE_SELF, &usage);
+        double peak = strcmp(s.peak, "rss") == 0 ? (double)usage.ru_maxrss * 1024.0 : (double)ctx.mem.peak_bytes;
+        double loss = loss_sum / s.accumulation, slowest = elapsed;
         CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, ctx.comm));
         CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
         CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));

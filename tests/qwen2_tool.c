@@ -8,6 +8,9 @@
  *       writes logits [B,T,V], loss [1] and grad/<name> for every parameter after one forward + backward.
  *   qwen2_tool generate <dir> <seed> <temperature> <max_new> <token> [<token> ...]   prints the new token ids
  *   qwen2_tool compare <dir_a> <dir_b> <tolerance>    largest |a - b| over all parameters; fails above tolerance
+ *   qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]
+ *       the global micro-batches lab 05 trains on (data/loader.h, shuffled by seed), as int32: for each
+ *       micro-batch, tokens then targets, each global_batch x seq; rank r of P takes rows r*MBS .. (r+1)*MBS-1.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -17,6 +20,7 @@
 
 #include "../core/checkpoint.h"
 #include "../core/context.h"
+#include "../core/data.h"
 #include "../core/qwen2.h"
 #include "../core/safetensors.h"
 
@@ -25,7 +29,8 @@ static int usage(void) {
                     "       qwen2_tool init <preset|config.json> <seed> <out_dir>\n"
                     "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>\n"
                     "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n"
-                    "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance>\n");
+                    "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance>\n"
+                    "       qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]\n");
     return 2;
 }
 
@@ -217,6 +222,35 @@ static int command_compare(context *ctx, const char *first, const char *second, 
     return status;
 }
 
+/* The same loader lab 05 uses, at world size 1 with the global batch: the loader's batches do not depend on the
+ * world size, so these are exactly the windows every rank of a P-rank run reads, side by side. */
+static int command_batches(context *ctx, int argc, char **argv) {
+    uint64_t seed = strtoull(argv[2], NULL, 10);
+    int global_batch = atoi(argv[3]), seq_len = atoi(argv[4]), micro_batches = atoi(argv[5]);
+    const char *out_path = argv[6], *data = argc > 7 ? argv[7] : NULL;
+    if (global_batch < 1 || seq_len < 1 || micro_batches < 1) ctx_exit_all(ctx, 2, "batches: sizes must be positive");
+    qwen2_config config;
+    qwen2_config_preset(&config, "tiny", ctx->error, sizeof ctx->error);
+    data_loader loader;
+    if (data_loader_open(&loader, ctx, data, config.vocab_size, global_batch, seq_len, seed, 1) != 0)
+        ctx_exit_all(ctx, 1, "%s", ctx->error);
+    size_t count = (size_t)global_batch * seq_len;
+    int *tokens = mem_alloc(&ctx->mem, count * sizeof(int), MEM_DATA, "tool.tokens");
+    int *targets = mem_alloc(&ctx->mem, count * sizeof(int), MEM_DATA, "tool.targets");
+    FILE *file = fopen(out_path, "wb");
+    int ok = file != NULL;
+    for (int micro = 0; ok && micro < micro_batches; micro++) {
+        data_next_batch(&loader, tokens, targets);
+        ok = fwrite(tokens, sizeof(int), count, file) == count && fwrite(targets, sizeof(int), count, file) == count;
+    }
+    if (file != NULL && fclose(file) != 0) ok = 0;
+    if (!ok) fprintf(stderr, "qwen2_tool: writing %s failed\n", out_path);
+    mem_free(&ctx->mem, tokens);
+    mem_free(&ctx->mem, targets);
+    data_loader_close(&loader);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "qwen2_tool", "runs/qwen2_tool");
@@ -226,6 +260,7 @@ int main(int argc, char **argv) {
     else if (argc == 5 && strcmp(argv[1], "init") == 0) status = command_init(&ctx, argv[2], argv[3], argv[4]);
     else if (argc == 5 && strcmp(argv[1], "run") == 0) status = command_run(&ctx, argv[2], argv[3], argv[4]);
     else if (argc >= 7 && strcmp(argv[1], "generate") == 0) status = command_generate(&ctx, argc, argv);
+    else if ((argc == 7 || argc == 8) && strcmp(argv[1], "batches") == 0) status = command_batches(&ctx, argc, argv);
     else if (argc == 5 && strcmp(argv[1], "compare") == 0) status = command_compare(&ctx, argv[2], argv[3], atof(argv[4]));
     else status = usage();
     trace_close(&ctx.trace);

@@ -1,0 +1,99 @@
+"""The PyTorch side of scripts/train.sh: the same training as lab/05_full_step, with torch's own FSDP.
+
+HF transformers' Qwen2ForCausalLM (eager attention, float32) wrapped by torch.distributed.fsdp's
+FullyShardedDataParallel (FSDP1; FULL_SHARD, transformer_auto_wrap_policy({Qwen2DecoderLayer}): one unit per decoder
+layer, as fsdplab), on CPU with the gloo backend; AdamW with torch's defaults and the same lr; the same gradient
+accumulation ((loss / ACC).backward() per micro-batch, a reduce-scatter each time). It starts from the bytes fsdplab
+initialises (a checkpoint written by `qwen2_tool init`) and reads the very token windows lab 05 trains on (written
+by `qwen2_tool batches`), so the two runs differ only in who implements FSDP. Prints lab 05's line format:
+
+    1/3: Loss = 5.551234, Peak = 12.3 MB, Time = 0.0123s
+
+where Loss is the mean over micro-batches and ranks and Peak the largest process max-RSS over ranks.
+
+    torchrun --nproc_per_node 2 scripts/torch_fsdp_train.py --model-dir D --batches B.bin --mbs 4 --acc 2 --steps 3
+"""
+import argparse
+import functools
+import resource
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from transformers import Qwen2ForCausalLM
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+STRATEGIES = {"FULL_SHARD": ShardingStrategy.FULL_SHARD, "SHARD_GRAD_OP": ShardingStrategy.SHARD_GRAD_OP,
+              "NO_SHARD": ShardingStrategy.NO_SHARD}
+
+
+def arguments():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-dir", required=True, help="config.json + model.safetensors (fsdplab's init)")
+    parser.add_argument("--batches", required=True, help="int32 global micro-batches from `qwen2_tool batches`")
+    parser.add_argument("--mbs", type=int, required=True, help="sequences per rank per micro-batch")
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--acc", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--clip", type=float, default=0.0)
+    parser.add_argument("--strategy", default="FULL_SHARD", choices=sorted(STRATEGIES))
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_args()
+
+
+def my_batches(path, rank, world, mbs, seq, count):
+    """This rank's rows of each global micro-batch: tokens and targets, each (mbs, seq)."""
+    global_batch = mbs * world
+    data = np.fromfile(path, dtype="<i4")
+    expected = count * 2 * global_batch * seq
+    if data.size != expected:
+        raise SystemExit(f"rank {rank}: {path} holds {data.size} int32, expected {expected} "
+                         f"({count} micro-batches x 2 x {global_batch} x {seq})")
+    data = data.reshape(count, 2, global_batch, seq)[:, :, rank * mbs:(rank + 1) * mbs]
+    return [(torch.from_numpy(d[0].copy()).long(), torch.from_numpy(d[1].copy()).long()) for d in data]
+
+
+def main():
+    args = arguments()
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = Qwen2ForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    model = FullyShardedDataParallel(
+        model, sharding_strategy=STRATEGIES[args.strategy], device_id=torch.device("cpu"),  # CPU + gloo, named outright
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
+    batches = my_batches(args.batches, rank, world, args.mbs, args.seq, args.steps * args.acc)
+    if rank == 0:
+        print(f"Ranks = {world}, FSDP = torch, Acc = {args.acc}", flush=True)
+    for step in range(1, args.steps + 1):
+        start, loss_sum = time.perf_counter(), 0.0
+        for micro in range(args.acc):
+            tokens, targets = batches[(step - 1) * args.acc + micro]
+            logits = model(input_ids=tokens).logits
+            # mean cross-entropy over every position's given target, as fsdplab (HF's `labels=` would drop the last)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+            (loss / args.acc).backward()
+            loss_sum += loss.item()
+        if args.clip > 0:
+            model.clip_grad_norm_(args.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        stats = torch.tensor([loss_sum / args.acc, 0.0, 0.0], dtype=torch.float64)
+        dist.all_reduce(stats[:1])  # sum of the ranks' losses
+        peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, elapsed], dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            print(f"{step}/{args.steps}: Loss = {stats[0].item() / world:.6f}, Peak = {peak[0].item() / 1e6:.1f} MB, "
+                  f"Time = {peak[1].item():.4f}s", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

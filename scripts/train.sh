@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One training run, with fsdplab's FSDP or PyTorch's, printing the same lines so they can be compared.
+#
+#   PROCESSES=2 MODEL=tiny MBS=16 ACC=2 STEPS=3 EVAL=0 FSDP=fsdplab ./scripts/train.sh
+#   ... FSDP=torch ./scripts/train.sh       PyTorch FSDP1 (FullyShardedDataParallel) on HF's Qwen2ForCausalLM
+#   ... FSDP=both  ./scripts/train.sh       both, then a side-by-side table: loss difference, time and peak ratios
+#
+# Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
+# CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
+# EVAL (fsdplab: print a generated story every EVAL steps). Both implementations start from the same bytes (fsdplab's
+# initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
+# their outputs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROCESSES=${PROCESSES:-2}
+FSDP=${FSDP:-fsdplab}
+BACKEND=${BACKEND:-mpi}
+export MODEL=${MODEL:-tiny} MBS=${MBS:-4} ACC=${ACC:-2} STEPS=${STEPS:-3} SEQ=${SEQ:-128} LR=${LR:-1e-3}
+export SEED=${SEED:-1234} STRATEGY=${STRATEGY:-FULL_SHARD} CLIP=${CLIP:-0} EVAL=${EVAL:-0} DATA=${DATA:-}
+work=${TRAIN_DIR:-runs/train}
+
+fail() { echo "train.sh: error: $*" >&2; exit 2; }
+case "$FSDP" in fsdplab | edufsdp | torch | both) ;; *) fail "FSDP='$FSDP' is not allowed; choose one of: fsdplab, edufsdp, torch, both" ;; esac
+case "$BACKEND" in
+  mpi | gloo) ;;
+  nccl) fail "BACKEND=nccl needs the GPU build (make CUDA=1), which this checkout does not have yet; use mpi or gloo" ;;
+  *) fail "BACKEND='$BACKEND' is not allowed; choose one of: mpi, gloo, nccl" ;;
+esac
+[[ "$PROCESSES" =~ ^[1-9][0-9]*$ ]] || fail "PROCESSES='$PROCESSES' is not a positive integer"
+case "$MODEL" in tiny | qwen2-0.5b) ;; *) fail "MODEL='$MODEL' is not allowed; choose one of: tiny, qwen2-0.5b" ;; esac
+
+mpirun_flags=()
+[ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)
+[ "$PROCESSES" -gt "$(nproc)" ] && mpirun_flags+=(--oversubscribe)
+make -s lab/05_full_step tests/bin/qwen2_tool >/dev/null
+mkdir -p "$work"
+
+run_fsdplab() {
+  OUT="$work/fsdplab" mpirun "${mpirun_flags[@]}" -np "$PROCESSES" lab/05_full_step
+}
+
+run_torch() {
+  python3 -c "import torch, transformers" 2>/dev/null ||
+    fail "FSDP=torch needs torch and transformers (scripts/install_deps.sh installs them)"
+  [ "$EVAL" = 0 ] || echo "(EVAL applies to fsdplab only; the torch run does not generate)" >&2
+  local model_dir="$work/torch/init" batches="$work/torch/batches.bin"
+  mkdir -p "$work/torch"
+  # fsdplab's own initialisation as an HF checkpoint, and the global micro-batches lab 05 reads.
+  OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" >/dev/null
+  OUT="$work/torch/tool" tests/bin/qwen2_tool batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" \
+    ${DATA:+"$DATA"}
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
+    --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
+    --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" 2> "$work/torch/stderr.log" ||
+    { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
+}
+
+case "$FSDP" in
+  fsdplab | edufsdp) run_fsdplab ;;
+  torch) run_torch ;;
+  both)
+    PEAK=rss run_fsdplab | tee "$work/fsdplab.log"
+    echo
+    run_torch | tee "$work/torch.log"
+    echo
+    python3 scripts/compare_runs.py "$work/fsdplab.log" "$work/torch.log"
+    ;;
+esac
