@@ -7,7 +7,7 @@
 #
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
 # CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
-# EVAL (fsdplab: print a generated story every EVAL steps). Both implementations start from the same bytes (fsdplab's
+# EVAL (fsdplab: print a generated story every EVAL steps), CONFIG (model fields by HF name, for both). Both implementations start from the same bytes (fsdplab's
 # initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
 # their outputs.
 set -euo pipefail
@@ -18,6 +18,7 @@ FSDP=${FSDP:-fsdplab}
 BACKEND=${BACKEND:-mpi}
 export MODEL=${MODEL:-tiny} MBS=${MBS:-4} ACC=${ACC:-2} STEPS=${STEPS:-3} SEQ=${SEQ:-128} LR=${LR:-1e-3}
 export SEED=${SEED:-1234} STRATEGY=${STRATEGY:-FULL_SHARD} CLIP=${CLIP:-0} EVAL=${EVAL:-0} DATA=${DATA:-}
+export CONFIG=${CONFIG:-}
 work=${TRAIN_DIR:-runs/train}
 
 fail() { echo "train.sh: error: $*" >&2; exit 2; }
@@ -47,7 +48,7 @@ run_torch() {
   local model_dir="$work/torch/init" batches="$work/torch/batches.bin"
   mkdir -p "$work/torch"
   # fsdplab's own initialisation as an HF checkpoint, and the global micro-batches lab 05 reads.
-  OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" >/dev/null
+  OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" ${CONFIG:+"$CONFIG"} >/dev/null
   OUT="$work/torch/tool" tests/bin/qwen2_tool batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" \
     ${DATA:+"$DATA"}
   OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \

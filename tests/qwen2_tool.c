@@ -2,7 +2,8 @@
  * way to look at a model from the shell. One rank (run it directly, no mpirun).
  *
  *   qwen2_tool params <preset>                        HF name and shape of every parameter, then "total N"
- *   qwen2_tool init <preset|config.json> <seed> <dir> fsdplab's init as an HF directory (config.json, safetensors)
+ *   qwen2_tool init <preset|config.json> <seed> <dir> [overrides]   fsdplab's init as an HF directory
+ *       (config.json, model.safetensors); overrides as lab 05's CONFIG: hidden_size=512,num_hidden_layers=8
  *   qwen2_tool run <dir> <batch.json> <out.safetensors>
  *       batch.json = {"input_ids": [[...], ...], "targets": [[...], ...]} (targets already shifted, -100 ignored);
  *       writes logits [B,T,V], loss [1] and grad/<name> for every parameter after one forward + backward.
@@ -26,7 +27,7 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: qwen2_tool params <preset>\n"
-                    "       qwen2_tool init <preset|config.json> <seed> <out_dir>\n"
+                    "       qwen2_tool init <preset|config.json> <seed> <out_dir> [field=value,...]\n"
                     "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>\n"
                     "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n"
                     "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance>\n"
@@ -83,9 +84,12 @@ static int command_params(context *ctx, const char *preset) {
     return 0;
 }
 
-static int command_init(context *ctx, const char *what, const char *seed_text, const char *directory) {
+static int command_init(context *ctx, const char *what, const char *seed_text, const char *directory,
+                        const char *overrides) {
     qwen2_config config;
     load_config(ctx, what, &config);
+    if (overrides != NULL && overrides[0] && qwen2_config_apply(&config, overrides, ctx->error, sizeof ctx->error) != 0)
+        ctx_exit_all(ctx, 2, "%s", ctx->error);
     qwen2_init_spec init = {.seed = strtoull(seed_text, NULL, 10), .std = config.initializer_range};
     qwen2_model model;
     make_model(ctx, &model, &config, &init);
@@ -257,7 +261,8 @@ int main(int argc, char **argv) {
     ctx_require_world_size(&ctx, 1, 1);
     int status;
     if (argc == 3 && strcmp(argv[1], "params") == 0) status = command_params(&ctx, argv[2]);
-    else if (argc == 5 && strcmp(argv[1], "init") == 0) status = command_init(&ctx, argv[2], argv[3], argv[4]);
+    else if ((argc == 5 || argc == 6) && strcmp(argv[1], "init") == 0)
+        status = command_init(&ctx, argv[2], argv[3], argv[4], argc == 6 ? argv[5] : NULL);
     else if (argc == 5 && strcmp(argv[1], "run") == 0) status = command_run(&ctx, argv[2], argv[3], argv[4]);
     else if (argc >= 7 && strcmp(argv[1], "generate") == 0) status = command_generate(&ctx, argc, argv);
     else if ((argc == 7 || argc == 8) && strcmp(argv[1], "batches") == 0) status = command_batches(&ctx, argc, argv);
