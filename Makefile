@@ -4,6 +4,7 @@
 #   make check        every check; ends with "N passed, N failed"
 #   make check-01     one lab's check (01 ... 05); check-unit, check-trace, check-model for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
+#   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
 #   make clean
 #
 # MPIRUN is how the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on a 2-core
@@ -46,7 +47,7 @@ TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all check clean check-unit check-trace check-model check-train bench-model $(addprefix check-,01 02 03 04 05)
+.PHONY: all check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05)
 
 all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
@@ -79,7 +80,7 @@ tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 train
+	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 train notebooks
 check-unit: all
 	@tests/run_checks.sh unit
 check-trace: all
@@ -98,6 +99,10 @@ check-04: all
 	@tests/run_checks.sh lab04
 check-05: all
 	@tests/run_checks.sh lab05
+
+# The notebooks executed, as HTML with their outputs, for reading.
+notebooks: all
+	python3 notebooks/run_notebooks.py --html runs/notebooks/html
 
 bench-model: all
 	scripts/bench_model.sh

@@ -1,4 +1,5 @@
-"""fsdplab_events — what the notebooks share: run a lab, load its JSONL events into pandas, parse lab 05's memory table.
+"""fsdplab_events — what the notebooks share: run a lab, load its JSONL events into pandas, parse lab 05's memory
+table.
 
     import fsdplab_events as fe
     run = fe.run_lab("05_full_step", ranks=2, out=fe.run_dir("01_memory_timeline") / "run", STEPS=2, ACC=1)
@@ -18,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +110,20 @@ def run_lab(lab: str, ranks: int = 2, out: Path | str | None = None, timeout: fl
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
         raise RuntimeError(f"{' '.join(command)} with {settings} exited {result.returncode}:\n{tail}")
     return LabRun(lab, ranks, settings, out, result.stdout, seconds)
+
+
+def parameter_count(preset: str = "tiny") -> int:
+    """Ψ, the parameter count, from the model itself (`tests/bin/qwen2_tool params <preset>`; make builds it)."""
+    tool = REPO / "tests" / "bin" / "qwen2_tool"
+    if not os.access(tool, os.X_OK):
+        raise RuntimeError(f"{tool} is not built; run `make` in {REPO} first")
+    with tempfile.TemporaryDirectory() as scratch:  # the tool writes its (empty) trace to $OUT
+        output = subprocess.run([str(tool), "params", preset], cwd=scratch, env={**os.environ, "OUT": scratch},
+                                capture_output=True, text=True, check=True).stdout
+    match = re.search(r"^total (\d+)$", output, re.M)
+    if not match:
+        raise ValueError(f"no 'total N' line in qwen2_tool params {preset}")
+    return int(match.group(1))
 
 
 class Events:
@@ -233,24 +249,38 @@ _UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
 def parse_size(text: str) -> float:
-    """'873.0 KB' -> 873000.0 (lab 05 prints decimal units, rounded to 3-4 significant digits)."""
+    """'873.0 KB' -> 873000.0 (lab 05 prints decimal units, rounded)."""
     number, unit = text.split()
     return float(number) * _UNITS[unit]
 
 
+def format_bytes(nbytes: float) -> str:
+    """Bytes as the C side prints them (core/mem.c mem_format_bytes): '1.5 MB', '873.0 KB', '512 B'."""
+    nbytes = int(nbytes)
+    if nbytes >= 1_000_000_000:
+        return f"{nbytes / 1e9:.2f} GB"
+    if nbytes >= 1_000_000:
+        return f"{nbytes / 1e6:.1f} MB"
+    if nbytes >= 1_000:
+        return f"{nbytes / 1e3:.1f} KB"
+    return f"{nbytes} B"
+
+
 def parse_memory_table(stdout: str) -> pd.DataFrame:
     """Lab 05's closing table ("memory per rank, analytic model vs measured peak") as a DataFrame indexed by
-    category: predicted and measured bytes, ratio. Categories the lab leaves out (never used) are 0. The `total`
-    row holds the model's sum of category peaks (an upper bound) and the measured total peak (ratio NaN)."""
+    category: predicted and measured bytes (as printed, so rounded), ratio, and the printed texts. Categories the lab
+    leaves out (never used) are 0 ("0 B"). The `total` row holds the model's sum of category peaks (an upper bound of
+    the total) and the measured total peak; its ratio is NaN."""
     size = r"(\d+(?:\.\d+)? [KMG]?B)"
     rows = {}
     for name, predicted, measured, ratio in re.findall(rf"^  (\w+)\s+{size}\s+{size}\s+(\S+)", stdout, re.M):
         rows[name] = {"predicted": parse_size(predicted), "measured": parse_size(measured),
-                      "ratio": float(ratio) if re.fullmatch(r"[\d.]+", ratio) else float("nan")}
+                      "ratio": float(ratio) if re.fullmatch(r"[\d.]+", ratio) else float("nan"),
+                      "predicted_text": predicted, "measured_text": measured}
     if "total" not in rows:
         raise ValueError("no memory table (analytic model vs measured peak) in the lab's output")
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    return table.reindex(CATEGORIES + ["total"]).fillna({"predicted": 0.0, "measured": 0.0})
+    table = pd.DataFrame.from_dict(rows, orient="index").reindex(CATEGORIES + ["total"])
+    return table.fillna({"predicted": 0.0, "measured": 0.0, "predicted_text": "0 B", "measured_text": "0 B"})
 
 
 def style() -> None:
@@ -262,7 +292,7 @@ def style() -> None:
     })
 
 
-def save(fig, path: Path | str, show: bool = True) -> Path:
+def save(fig, path: Path | str, show: bool = True) -> None:
     """Save `fig` as a PNG at `path`, close it, and show the saved file in the notebook (so the HTML rendering shows
     exactly the PNG in the run dir)."""
     path = Path(path)
@@ -272,7 +302,6 @@ def save(fig, path: Path | str, show: bool = True) -> Path:
     if show and "IPython" in sys.modules:
         from IPython.display import Image, display
         display(Image(filename=str(path)))
-    return path
 
 
 def megabytes(frame):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what fsdplab builds and tests with, only what is missing (safe to run again).
 #   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3.
-#   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy, for the reference checks only.
+#   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy for the reference checks; pandas,
+#   matplotlib and the Jupyter execution packages for the notebooks. Never used by the core.
 # Usage: scripts/install_deps.sh        (as root, or with sudo available)
 #        FSDPLAB_NO_PYTHON_DEPS=1 scripts/install_deps.sh   skips PyPI; the parity checks then say "skipped"
 set -euo pipefail
@@ -31,7 +32,7 @@ if [ "${FSDPLAB_NO_PYTHON_DEPS:-0}" = 1 ]; then
   echo "install_deps: FSDPLAB_NO_PYTHON_DEPS=1, not installing the Python reference packages"
   exit 0
 fi
-if python3 -c "import torch, transformers, safetensors, numpy" 2>/dev/null; then
+if python3 -c "import torch, transformers, safetensors, numpy, pandas, matplotlib, nbclient, nbformat, ipykernel, nbconvert" 2>/dev/null; then
   echo "install_deps: Python reference packages present"
 else
   requirements="$(dirname "$0")/requirements.txt"

@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""check_memory_page.py: opens a run's memory.html in headless Chromium and checks that it draws.
+
+    python3 tests/check_memory_page.py <rundir> [--screenshot PATH] [--chromium PATH]
+
+Drives /usr/bin/chromium over the DevTools protocol (CDP) with the `websocket-client` package: no chromedriver, no
+browser download. For every rank it selects the rank and checks that the SVG has one band (path.band) per `alloc`
+line of rank<R>.jsonl and that the page's peak equals the peak recomputed here; it hovers the biggest band and
+checks the side panel names its owner, category and bytes and the FSDP state; it fails on any console error or
+uncaught exception. Then it saves a screenshot of the whole page (default <rundir>/memory.png) and prints the
+page's size and drawing time. Exit 0 when every check passes, 1 when one fails, 77 ("skipped: <reason>") when
+Chromium or websocket-client is missing.
+"""
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+SKIPPED = 77
+VIEWPORT = (1600, 1000)
+
+
+def skip(reason):
+    print(f"skipped: {reason}")
+    sys.exit(SKIPPED)
+
+
+class Report:
+    """One OK / FAIL line per check, like tests/validate_trace.py."""
+
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, title, problems):
+        if problems:
+            self.failed += 1
+            print(f"FAIL {title}")
+            for problem in problems[:12]:
+                print(f"       {problem}")
+        else:
+            self.passed += 1
+            print(f"OK   {title}")
+
+
+def rank_files(rundir):
+    """{rank: [event, ...]} from rank<R>.jsonl, with each event's line number in '_line'."""
+    ranks = {}
+    rank = 0
+    while os.path.exists(os.path.join(rundir, f"rank{rank}.jsonl")):
+        events = []
+        with open(os.path.join(rundir, f"rank{rank}.jsonl"), encoding="utf-8") as file:
+            for number, text in enumerate(file, start=1):
+                if not text.endswith("\n"):
+                    continue  # a last line cut short by a crash: the tool skips it too
+                event = json.loads(text)
+                event["_line"] = number
+                events.append(event)
+        ranks[rank] = events
+        rank += 1
+    return ranks
+
+
+def expected_peak(events):
+    """(bytes, line) of the first alloc after which live bytes are highest: the page's definition of the peak."""
+    live, peak, peak_line = 0, 0, 0
+    for event in events:
+        if event["kind"] == "alloc":
+            live += event["bytes"]
+            if live > peak or peak_line == 0:
+                peak, peak_line = live, event["_line"]
+        elif event["kind"] == "free":
+            live -= event["bytes"]
+    return peak, peak_line
+
+
+class Browser:
+    """A headless Chromium and one page of it, spoken to over CDP."""
+
+    def __init__(self, chromium):
+        import websocket  # websocket-client; checked by main before this runs
+
+        self.profile = tempfile.mkdtemp(prefix="fsdplab-chromium-")
+        arguments = [chromium, "--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                     "--no-default-browser-check", "--remote-debugging-port=0", "--remote-allow-origins=*",
+                     f"--user-data-dir={self.profile}", f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}",
+                     "--allow-file-access-from-files", "about:blank"]
+        if os.geteuid() == 0:
+            arguments.insert(1, "--no-sandbox")  # Chromium refuses to run as root inside its sandbox
+        self.process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port = self.devtools_port()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
+            pages = [target for target in json.load(answer) if target["type"] == "page"]
+        self.socket = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=30,
+                                                  suppress_origin=True)
+        self.next_id = 0
+        self.events = []
+
+    def devtools_port(self):
+        """Chromium writes the port it chose into <profile>/DevToolsActivePort once it listens."""
+        path = os.path.join(self.profile, "DevToolsActivePort")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"chromium exited with status {self.process.returncode} before listening")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as file:
+                    first = file.readline().strip()
+                if first.isdigit():
+                    return int(first)
+            time.sleep(0.1)
+        raise RuntimeError("chromium did not open its DevTools port within 30 s")
+
+    def send(self, method, **params):
+        self.next_id += 1
+        message_id = self.next_id
+        self.socket.send(json.dumps({"id": message_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.socket.recv())
+            if message.get("id") == message_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+            self.events.append(message)
+
+    def evaluate(self, expression):
+        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in result:
+            details = result["exceptionDetails"]
+            cause = details.get("exception", {}).get("description") or details.get("text")
+            raise RuntimeError(f"page script failed: {cause} in {expression[:80]}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression, seconds):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if self.evaluate(expression):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def errors(self):
+        """Console errors, uncaught exceptions and browser log errors seen so far."""
+        found = []
+        for event in self.events:
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                found.append(f"uncaught: {details.get('exception', {}).get('description') or details.get('text')}")
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                found.append("console.error: " + " ".join(str(arg.get("value", arg.get("description")))
+                                                          for arg in params.get("args", [])))
+            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+                found.append(f"log: {params['entry'].get('text')} ({params['entry'].get('url', '')})")
+        return found
+
+    def close(self):
+        try:
+            self.socket.close()
+        finally:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def open_page(browser, page_path):
+    """Loads the page and waits until it has drawn; returns milliseconds from navigation to drawn."""
+    for domain in ("Runtime.enable", "Log.enable", "Page.enable"):
+        browser.send(domain)
+    browser.send("Emulation.setDeviceMetricsOverride", width=VIEWPORT[0], height=VIEWPORT[1], deviceScaleFactor=1,
+                 mobile=False)
+    started = time.time()
+    browser.send("Page.navigate", url="file://" + os.path.abspath(page_path))
+    if not browser.wait_for("document.body && document.body.dataset.ready === '1'", 30):
+        raise RuntimeError("the page did not draw within 30 s (no <body data-ready='1'>)")
+    return 1000 * (time.time() - started)
+
+
+def select_rank(browser, index):
+    browser.evaluate(f"(() => {{ const s = document.getElementById('rank-select'); s.value = '{index}';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    return browser.evaluate("(() => { const svg = document.getElementById('timeline'); return {"
+                            " rank: Number(svg.dataset.rank), allocations: Number(svg.dataset.allocations),"
+                            " bands: svg.querySelectorAll('path.band').length,"
+                            " filled: [...svg.querySelectorAll('path.band')].filter(p => p.getAttribute('d')"
+                            "   && p.getAttribute('fill')).length,"
+                            " peak_bytes: Number(svg.dataset.peakBytes), peak_line: Number(svg.dataset.peakLine),"
+                            " render_ms: Number(svg.dataset.renderMs) }; })()")
+
+
+def check_ranks(browser, ranks, report):
+    render_times = []
+    for rank, events in ranks.items():
+        drawn = select_rank(browser, rank)
+        render_times.append(drawn["render_ms"])
+        allocs = sum(1 for event in events if event["kind"] == "alloc")
+        peak, peak_line = expected_peak(events)
+        problems = []
+        if drawn["rank"] != rank:
+            problems.append(f"selected rank {rank} but the SVG shows rank {drawn['rank']}")
+        if not drawn["bands"] == drawn["filled"] == drawn["allocations"] == allocs:
+            problems.append(f"rank{rank}.jsonl has {allocs} alloc lines; the page drew {drawn['bands']} bands "
+                            f"({drawn['filled']} with a shape and a color), data-allocations {drawn['allocations']}")
+        if (drawn["peak_bytes"], drawn["peak_line"]) != (peak, peak_line):
+            problems.append(f"page peak {drawn['peak_bytes']} B at line {drawn['peak_line']}, "
+                            f"recomputed {peak} B at line {peak_line}")
+        report.check(f"rank {rank}: {drawn['bands']} bands, one per allocation; peak {peak} B at line {peak_line}",
+                     problems)
+    return render_times
+
+
+def check_hover(browser, report):
+    """Moves the mouse onto the biggest band of rank 0 and reads the side panel."""
+    select_rank(browser, 0)
+    target = browser.evaluate(
+        "(() => { const data = JSON.parse(document.getElementById('run-data').textContent);"
+        " const rank = data.ranks[0]; let best = -1;"
+        " rank.allocations.forEach((a, i) => { if (best < 0 || a[2] > rank.allocations[best][2]) best = i; });"
+        " if (best < 0) return null;"
+        " const path = document.querySelector(`path.band[data-index='${best}']`);"
+        " const box = path.getBoundingClientRect();"
+        " for (let fx = 0.5; fx < 1; fx += 0.05) for (const fy of [0.5, 0.3, 0.7]) {"
+        "   const x = box.left + box.width * fx, y = box.top + box.height * fy;"
+        "   if (document.elementFromPoint(x, y) === path) return {x, y, owner: data.strings[rank.allocations[best][4]],"
+        "     category: data.categories[rank.allocations[best][3]], bytes: rank.allocations[best][2]}; }"
+        " return null; })()")
+    if target is None:
+        report.check("hover: a band to hover", ["no allocation band could be found under a point"])
+        return
+    browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=target["x"], y=target["y"])
+    panel = browser.evaluate("document.getElementById('details').innerText")
+    wanted = [target["owner"], target["category"], f"{target['bytes']:,}", "ShardState", "HandleTrainingState"]
+    missing = [text for text in wanted if text not in panel]
+    report.check(f"hover on {target['owner']}: the panel shows owner, category, bytes and the FSDP state",
+                 [f"panel lacks {text!r}; it reads: {panel[:300]!r}" for text in missing])
+    browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=2, y=2)
+
+
+def check_zoom(browser, report):
+    """Drags across the middle fifth of rank 0's plot, then double-clicks: x narrows, every band stays, x resets."""
+    select_rank(browser, 0)
+    state = ("(() => { const svg = document.getElementById('timeline'), clip = svg.querySelector('#plot-clip rect'),"
+             " box = svg.getBoundingClientRect(); return { from: Number(svg.dataset.from), to: Number(svg.dataset.to),"
+             " bands: svg.querySelectorAll('path.band').length, allocations: Number(svg.dataset.allocations),"
+             " left: box.left + Number(clip.getAttribute('x')), width: Number(clip.getAttribute('width')),"
+             " y: box.top + Number(clip.getAttribute('y')) + Number(clip.getAttribute('height')) / 2 }; })()")
+    before = browser.evaluate(state)
+    start, end = before["left"] + 0.4 * before["width"], before["left"] + 0.6 * before["width"]
+    for kind, x in (("mousePressed", start), ("mouseMoved", end), ("mouseReleased", end)):
+        browser.send("Input.dispatchMouseEvent", type=kind, x=x, y=before["y"], button="left", clickCount=1)
+    zoomed = browser.evaluate(state)
+    browser.evaluate("document.getElementById('timeline').dispatchEvent(new MouseEvent('dblclick', {bubbles: true}))")
+    reset = browser.evaluate(state)
+    problems = []
+    span, zoomed_span = before["to"] - before["from"], zoomed["to"] - zoomed["from"]
+    if not 0.1 * span < zoomed_span < 0.3 * span:
+        problems.append(f"x range {before['from']}..{before['to']} became {zoomed['from']}..{zoomed['to']}")
+    if zoomed["bands"] != zoomed["allocations"]:
+        problems.append(f"zoomed: {zoomed['bands']} bands for {zoomed['allocations']} allocations")
+    if (reset["from"], reset["to"]) != (before["from"], before["to"]):
+        problems.append(f"double-click left x at {reset['from']}..{reset['to']}")
+    report.check(f"zoom: lines {before['from']}..{before['to']} -> {zoomed['from']}..{zoomed['to']} and back",
+                 problems)
+
+
+def screenshot(browser, path):
+    metrics = browser.send("Page.getLayoutMetrics")
+    size = metrics.get("cssContentSize") or metrics["contentSize"]
+    clip = {"x": 0, "y": 0, "width": max(size["width"], VIEWPORT[0]), "height": size["height"], "scale": 1}
+    shot = browser.send("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
+    with open(path, "wb") as file:
+        file.write(base64.b64decode(shot["data"]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rundir")
+    parser.add_argument("--screenshot", help="where to save the PNG (default <rundir>/memory.png)")
+    parser.add_argument("--chromium", default=os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+    args = parser.parse_args()
+    chromium = args.chromium if os.path.exists(args.chromium) else shutil.which("chromium")
+    if chromium is None:
+        skip(f"no Chromium at {args.chromium} (Debian package 'chromium')")
+    try:
+        import websocket  # noqa: F401
+    except ImportError:
+        skip("Python package websocket-client is not installed (pip install websocket-client)")
+    page_path = os.path.join(args.rundir, "memory.html")
+    if not os.path.exists(page_path):
+        print(f"FAIL {page_path} does not exist (make it with: trace/fsdptrace memory {args.rundir})")
+        return 1
+    ranks = rank_files(args.rundir)
+    report = Report()
+    browser = Browser(chromium)
+    try:
+        load_ms = open_page(browser, page_path)
+        render_times = check_ranks(browser, ranks, report)
+        check_hover(browser, report)
+        check_zoom(browser, report)
+        select_rank(browser, 0)
+        shot_path = args.screenshot or os.path.join(args.rundir, "memory.png")
+        screenshot(browser, shot_path)
+        report.check("no console errors or uncaught exceptions", browser.errors())
+    finally:
+        browser.close()
+    print(f"page: {page_path}, {os.path.getsize(page_path):,} bytes; navigation to drawn {load_ms:.0f} ms; "
+          f"drawing one rank {max(render_times):.1f} ms at most")
+    print(f"screenshot: {shot_path}")
+    print(f"{report.passed} passed, {report.failed} failed")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+/* memory_page.c — see memory_page.h. This file gathers the run's data as JSON and writes the page around it; the
+ * page's style and script are in memory_page_assets.c. */
+#include "memory_page.h"
+#include "view_file.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+
+/* memory_page_assets.c */
+extern const char memory_page_style[];
+extern const char memory_page_script[];
+
+/* ---- the data: compact rows of numbers, strings as indices into one table ---- */
+
+/* A row of numbers, or NULL when out of memory. Every value is an integer below 2^53, so doubles hold it exactly. */
+static cJSON *row(const double *values, int count) { return cJSON_CreateDoubleArray(values, count); }
+
+static int row_add(cJSON *rows, const double *values, int count) {
+    cJSON *item = row(values, count);
+    return item != NULL && cJSON_AddItemToArray(rows, item) ? 0 : -1;
+}
+
+/* [alloc line, free line or 0, bytes, category, owner], in allocation order. */
+static int allocations_add(cJSON *rows, const run_rank *rank) {
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind != RUN_ALLOC) continue;
+        double free_line = event->partner == RUN_NONE ? 0 : (double)rank->events[event->partner].line;
+        double values[5] = {(double)event->line, free_line, (double)event->bytes, event->category, event->label};
+        if (row_add(rows, values, 5) != 0) return -1;
+    }
+    return 0;
+}
+
+/* States [line, unit, machine, to], steps [line, step, micro, loss], marks [line, text], in file order. */
+static int markers_add(cJSON *states, cJSON *steps, cJSON *marks, const run_rank *rank) {
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        double line = (double)event->line;
+        int status = 0;
+        if (event->kind == RUN_STATE)
+            status = row_add(states, (double[]){line, event->unit, event->machine, event->to}, 4);
+        if (event->kind == RUN_STEP) status = row_add(steps, (double[]){line, event->step, event->micro, event->loss}, 4);
+        if (event->kind == RUN_MARK) status = row_add(marks, (double[]){line, event->label}, 2);
+        if (status != 0) return -1;
+    }
+    return 0;
+}
+
+static cJSON *rank_data(const run_rank *rank) {
+    char file[32];
+    snprintf(file, sizeof file, "rank%d.jsonl", rank->rank);
+    cJSON *data = cJSON_CreateObject();
+    cJSON_AddNumberToObject(data, "rank", rank->rank);
+    cJSON_AddStringToObject(data, "file", file);
+    cJSON_AddNumberToObject(data, "lines", (double)rank->line_count);
+    cJSON *allocations = cJSON_AddArrayToObject(data, "allocations");
+    cJSON *states = cJSON_AddArrayToObject(data, "states");
+    cJSON *steps = cJSON_AddArrayToObject(data, "steps");
+    cJSON *marks = cJSON_AddArrayToObject(data, "marks");
+    if (allocations == NULL || states == NULL || steps == NULL || marks == NULL ||
+        allocations_add(allocations, rank) != 0 || markers_add(states, steps, marks, rank) != 0) {
+        cJSON_Delete(data);
+        return NULL;
+    }
+    return data;
+}
+
+static cJSON *page_data(const trace_run *run) {
+    cJSON *data = cJSON_CreateObject();
+    cJSON_AddStringToObject(data, "rundir", run->rundir);
+    cJSON_AddNumberToObject(data, "world", run->world);
+    cJSON_AddItemToObject(data, "categories", cJSON_CreateStringArray(run_categories, RUN_CATEGORY_COUNT));
+    /* cJSON_CreateStringArray refuses a NULL array, which is what a run without strings has. */
+    cJSON_AddItemToObject(data, "strings", run->strings.count == 0 ? cJSON_CreateArray()
+                          : cJSON_CreateStringArray((const char *const *)run->strings.texts, (int)run->strings.count));
+    cJSON *ranks = cJSON_AddArrayToObject(data, "ranks");
+    int complete = ranks != NULL && cJSON_GetObjectItem(data, "strings") != NULL;
+    for (int rank = 0; complete && rank < run->world; rank++) {
+        cJSON *each = rank_data(&run->ranks[rank]);
+        complete = each != NULL && cJSON_AddItemToArray(ranks, each);
+    }
+    if (complete) return data;
+    cJSON_Delete(data);
+    return NULL;
+}
+
+/* ---- writing the page ---- */
+
+static void html_text_put(FILE *file, const char *text) {
+    for (; *text; text++) {
+        if (*text == '<') fputs("&lt;", file);
+        else if (*text == '>') fputs("&gt;", file);
+        else if (*text == '&') fputs("&amp;", file);
+        else if (*text == '"') fputs("&quot;", file);
+        else fputc(*text, file);
+    }
+}
+
+/* Inside <script> only "</" can end the element early; "<\/" is the same JSON string. */
+static void script_json_put(FILE *file, const char *json) {
+    for (; *json; json++) {
+        fputc(*json, file);
+        if (json[0] == '<' && json[1] == '/') fputc('\\', file);
+    }
+}
+
+static void head_put(FILE *file, const trace_run *run) {
+    fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n", file);
+    fputs("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>fsdplab memory: ", file);
+    html_text_put(file, run->rundir);
+    fputs("</title>\n<link rel=\"icon\" href=\"data:,\">\n<style>\n", file);
+    fputs(memory_page_style, file);
+    fputs("</style>\n</head>\n", file);
+}
+
+static void body_put(FILE *file, const trace_run *run) {
+    fputs("<body>\n<header>\n<h1>fsdplab memory timeline</h1>\n<p>", file);
+    html_text_put(file, run->rundir);
+    fprintf(file, ", %d rank%s. Written by <code>trace/fsdptrace memory</code> from the rank&lt;R&gt;.jsonl events."
+                  "</p>\n", run->world, run->world == 1 ? "" : "s");
+    fputs("<div class=\"controls\"><label>show <select id=\"rank-select\"></select></label>\n"
+          "<button id=\"zoom-reset\" type=\"button\">reset zoom</button>\n"
+          "<span class=\"hint\">hover a band for its owner, bytes and the FSDP state then; drag across the plot to "
+          "zoom; double-click to reset</span></div>\n</header>\n"
+          "<main>\n<div id=\"chart\"><noscript>This page draws with JavaScript; please enable it.</noscript></div>\n"
+          "<aside id=\"details\"></aside>\n</main>\n", file);
+    fputs("<section id=\"about\"><h3>Reading the timeline</h3><ul>\n"
+          "<li>Each band is one tracked allocation, as in PyTorch's <em>Active Memory Timeline</em> "
+          "(pytorch.org/memory_viz): allocations stack in the order they were made; a band keeps its height until "
+          "something below it is freed, then drops by that size. The top of the stack is the live tracked bytes.</li>\n"
+          "<li>x is the event index: the line number in rank&lt;R&gt;.jsonl, so any moment can be looked up in the "
+          "events file. Solid lines end optimizer steps, dashed lines end micro-batches (s2 mb1: step 2, "
+          "micro-batch 1).</li>\n"
+          "<li>Below the plot, each FSDP unit's lane is grey while the unit is UNSHARDED (its full parameters "
+          "gathered) and colored by its HandleTrainingState while not IDLE.</li>\n"
+          "<li>The same run: <code>trace.json</code> (chrome://tracing or ui.perfetto.dev), "
+          "<code>memory_snapshot.pickle</code> (drop on pytorch.org/memory_viz), <code>summary.txt</code>.</li>\n"
+          "</ul></section>\n", file);
+}
+
+static void page_put(FILE *file, const trace_run *run, const char *json) {
+    head_put(file, run);
+    body_put(file, run);
+    fputs("<script type=\"application/json\" id=\"run-data\">", file);
+    script_json_put(file, json);
+    fputs("</script>\n<script>\n", file);
+    fputs(memory_page_script, file);
+    fputs("</script>\n</body>\n</html>\n", file);
+}
+
+int memory_page_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size) {
+    cJSON *data = page_data(run);
+    char *json = data != NULL ? cJSON_PrintUnformatted(data) : NULL;
+    cJSON_Delete(data);
+    if (json == NULL) {
+        snprintf(error, error_size, "out of memory building the data of %s", out_path);
+        return -1;
+    }
+    view_file view;
+    int status = view_file_open(&view, out_path, error, error_size);
+    if (status == 0) {
+        page_put(view.file, run, json);
+        status = view_file_close(&view, 0, error, error_size);
+    }
+    cJSON_free(json);
+    return status;
+}
+
+int memory_page_write(const char *rundir, const char *out_path, char *error, size_t error_size) {
+    char path[VIEW_PATH_CAPACITY];
+    if (view_path(path, sizeof path, rundir, out_path, MEMORY_PAGE_FILE_NAME, error, error_size) != 0) return -1;
+    trace_run run;
+    int status = run_load(&run, rundir, error, error_size);
+    if (status == 0) status = memory_page_write_run(&run, path, error, error_size);
+    run_free(&run);
+    return status;
+}

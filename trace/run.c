@@ -1,0 +1,433 @@
+/* run.c — reads a run directory's rank<R>.jsonl files into memory. See run.h and EVENTS.md. */
+#define _POSIX_C_SOURCE 200809L
+#include "run.h"
+#include "trace.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define PRINTF_LIKE(format_index, first_arg) __attribute__((format(printf, format_index, first_arg)))
+#else
+#define PRINTF_LIKE(format_index, first_arg)
+#endif
+
+const char *const run_categories[RUN_CATEGORY_COUNT] = {
+    "param_shard", "param_unsharded", "grad_unsharded", "grad_shard",  "optim_state",
+    "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
+};
+
+/* What one rank's reading needs besides the run: where it is, for messages. */
+typedef struct rank_reader {
+    trace_run *run;
+    run_rank *rank;
+    size_t line_number;
+    size_t t0_event;      /* events before this index were written before the last "t0" mark */
+    int meta_seen;
+    char *error;
+    size_t error_size;
+} rank_reader;
+
+PRINTF_LIKE(3, 4)
+static int fail(char *error, size_t error_size, const char *format, ...) {
+    if (error != NULL && error_size > 0) {
+        va_list args;
+        va_start(args, format);
+        vsnprintf(error, error_size, format, args);
+        va_end(args);
+    }
+    return -1;
+}
+
+PRINTF_LIKE(2, 3)
+static int line_fail(rank_reader *reader, const char *format, ...) {
+    char detail[512];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(detail, sizeof detail, format, args);
+    va_end(args);
+    return fail(reader->error, reader->error_size, "%s line %zu: %s", reader->rank->path, reader->line_number,
+                detail);
+}
+
+/* ---- the run's strings, each stored once ---- */
+
+static size_t text_hash(const char *text) {
+    size_t hash = 1469598103934665603u;  /* FNV-1a: short keys, no need for anything stronger */
+    for (; *text; text++) hash = (hash ^ (unsigned char)*text) * 1099511628211u;
+    return hash;
+}
+
+static int strings_grow(run_strings *strings) {
+    size_t slot_count = strings->slot_count ? 2 * strings->slot_count : 256;
+    int *slots = malloc(slot_count * sizeof *slots);
+    if (slots == NULL) return -1;
+    for (size_t slot = 0; slot < slot_count; slot++) slots[slot] = RUN_NONE;
+    for (size_t index = 0; index < strings->count; index++) {
+        size_t slot = text_hash(strings->texts[index]) & (slot_count - 1);
+        while (slots[slot] != RUN_NONE) slot = (slot + 1) & (slot_count - 1);
+        slots[slot] = (int)index;
+    }
+    free(strings->slots);
+    strings->slots = slots;
+    strings->slot_count = slot_count;
+    return 0;
+}
+
+static int strings_append(run_strings *strings, const char *text) {
+    if (strings->count == strings->capacity) {
+        size_t capacity = strings->capacity ? 2 * strings->capacity : 256;
+        char **texts = realloc(strings->texts, capacity * sizeof *texts);
+        if (texts == NULL) return RUN_NONE;
+        strings->texts = texts;
+        strings->capacity = capacity;
+    }
+    char *copy = strdup(text);
+    if (copy == NULL) return RUN_NONE;
+    strings->texts[strings->count] = copy;
+    return (int)strings->count++;
+}
+
+/* The index of text in the run's strings, adding it if new; RUN_NONE when out of memory. */
+static int strings_intern(run_strings *strings, const char *text) {
+    if (2 * (strings->count + 1) > strings->slot_count && strings_grow(strings) != 0) return RUN_NONE;
+    size_t slot = text_hash(text) & (strings->slot_count - 1);
+    for (; strings->slots[slot] != RUN_NONE; slot = (slot + 1) & (strings->slot_count - 1))
+        if (strcmp(strings->texts[strings->slots[slot]], text) == 0) return strings->slots[slot];
+    int index = strings_append(strings, text);
+    if (index != RUN_NONE) strings->slots[slot] = index;
+    return index;
+}
+
+const char *run_string(const trace_run *run, int index) {
+    if (index < 0 || (size_t)index >= run->strings.count) return "";
+    return run->strings.texts[index];
+}
+
+/* ---- fields of a JSONL line ---- */
+
+static int number_field(rank_reader *reader, const cJSON *line, const char *kind, const char *key, double *value) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(line, key);
+    *value = 0;
+    if (!cJSON_IsNumber(item)) return line_fail(reader, "'%s' event has no number field '%s'", kind, key);
+    *value = item->valuedouble;
+    return 0;
+}
+
+/* Byte counts and ids are whole numbers below 2^53, where a double is exact. */
+static int count_field(rank_reader *reader, const cJSON *line, const char *kind, const char *key, uint64_t *value) {
+    double number;
+    *value = 0;
+    if (number_field(reader, line, kind, key, &number) != 0) return -1;
+    if (number < 0 || number > 9007199254740992.0 || (double)(uint64_t)number != number)
+        return line_fail(reader, "'%s' field '%s' is %g, not a whole count", kind, key, number);
+    *value = (uint64_t)number;
+    return 0;
+}
+
+static int integer_field(rank_reader *reader, const cJSON *line, const char *kind, const char *key, int *value) {
+    double number;
+    *value = 0;
+    if (number_field(reader, line, kind, key, &number) != 0) return -1;
+    if (number < -1e9 || number > 1e9 || (double)(int)number != number)
+        return line_fail(reader, "'%s' field '%s' is %g, not an integer", kind, key, number);
+    *value = (int)number;
+    return 0;
+}
+
+/* A string field; when `required` is 0 an absent or null field gives RUN_NONE. */
+static int string_field(rank_reader *reader, const cJSON *line, const char *kind, const char *key, int required,
+                        int *index) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(line, key);
+    *index = RUN_NONE;
+    if (!required && (item == NULL || cJSON_IsNull(item))) return 0;
+    if (!cJSON_IsString(item)) return line_fail(reader, "'%s' event has no string field '%s'", kind, key);
+    *index = strings_intern(&reader->run->strings, item->valuestring);
+    if (*index == RUN_NONE) return line_fail(reader, "out of memory storing the string '%.60s'", item->valuestring);
+    return 0;
+}
+
+/* ---- one parser per kind ---- */
+
+static int state_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    if (string_field(reader, line, "state", "unit", 1, &event->unit) != 0) return -1;
+    if (string_field(reader, line, "state", "machine", 1, &event->machine) != 0) return -1;
+    if (string_field(reader, line, "state", "from", 1, &event->from) != 0) return -1;
+    if (string_field(reader, line, "state", "to", 1, &event->to) != 0) return -1;
+    return string_field(reader, line, "state", "hook", 0, &event->hook);
+}
+
+static int collective_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    if (string_field(reader, line, "collective", "op", 1, &event->label) != 0) return -1;
+    if (string_field(reader, line, "collective", "unit", 0, &event->unit) != 0) return -1;
+    if (count_field(reader, line, "collective", "bytes", &event->bytes) != 0) return -1;
+    if (count_field(reader, line, "collective", "bytes_sent", &event->bytes_sent) != 0) return -1;
+    if (count_field(reader, line, "collective", "bytes_recv", &event->bytes_recv) != 0) return -1;
+    if (count_field(reader, line, "collective", "seq", &event->seq) != 0) return -1;
+    return number_field(reader, line, "collective", "dur", &event->dur);
+}
+
+static int category_index(const char *category) {
+    for (int index = 0; index < RUN_CATEGORY_COUNT; index++)
+        if (strcmp(run_categories[index], category) == 0) return index;
+    return RUN_NONE;
+}
+
+static int memory_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    const char *kind = event->kind == RUN_ALLOC ? "alloc" : "free";
+    int category;
+    if (count_field(reader, line, kind, "id", &event->id) != 0) return -1;
+    if (count_field(reader, line, kind, "bytes", &event->bytes) != 0) return -1;
+    if (string_field(reader, line, kind, "owner", 1, &event->label) != 0) return -1;
+    if (string_field(reader, line, kind, "category", 1, &category) != 0) return -1;
+    event->category = category_index(run_string(reader->run, category));
+    if (event->category == RUN_NONE)
+        return line_fail(reader, "%s of category '%s', which EVENTS.md does not list", kind,
+                         run_string(reader->run, category));
+    return 0;
+}
+
+static int compute_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    if (string_field(reader, line, "compute", "name", 1, &event->label) != 0) return -1;
+    if (string_field(reader, line, "compute", "unit", 0, &event->unit) != 0) return -1;
+    if (string_field(reader, line, "compute", "phase", 0, &event->phase) != 0) return -1;
+    return number_field(reader, line, "compute", "dur", &event->dur);
+}
+
+static int step_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    if (integer_field(reader, line, "step", "step", &event->step) != 0) return -1;
+    if (integer_field(reader, line, "step", "micro", &event->micro) != 0) return -1;
+    if (number_field(reader, line, "step", "loss", &event->loss) != 0) return -1;
+    if (count_field(reader, line, "step", "peak_bytes", &event->peak_bytes) != 0) return -1;
+    return number_field(reader, line, "step", "time", &event->seconds);
+}
+
+static int mark_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    if (string_field(reader, line, "mark", "text", 1, &event->label) != 0) return -1;
+    if (strcmp(run_string(reader->run, event->label), "t0") == 0) reader->t0_event = reader->rank->event_count;
+    return 0;
+}
+
+typedef int (*event_parser)(rank_reader *reader, const cJSON *line, run_event *event);
+
+static const struct {
+    const char *kind;
+    run_event_kind value;
+    event_parser parse;
+} parsers[] = {
+    {"state", RUN_STATE, state_parse},       {"collective", RUN_COLLECTIVE, collective_parse},
+    {"alloc", RUN_ALLOC, memory_parse},      {"free", RUN_FREE, memory_parse},
+    {"compute", RUN_COMPUTE, compute_parse}, {"step", RUN_STEP, step_parse},
+    {"mark", RUN_MARK, mark_parse},
+};
+
+static int rank_push(rank_reader *reader, const run_event *event) {
+    run_rank *rank = reader->rank;
+    if (rank->event_count == rank->event_capacity) {
+        size_t capacity = rank->event_capacity ? 2 * rank->event_capacity : 1024;
+        run_event *events = realloc(rank->events, capacity * sizeof *events);
+        if (events == NULL) return line_fail(reader, "out of memory holding %zu events", capacity);
+        rank->events = events;
+        rank->event_capacity = capacity;
+    }
+    rank->events[rank->event_count++] = *event;
+    return 0;
+}
+
+/* A kind this tool does not know is skipped with a warning: a newer writer may add one (EVENTS.md). */
+static int event_parse(rank_reader *reader, const cJSON *line) {
+    run_event event = {.line = reader->line_number, .label = RUN_NONE, .unit = RUN_NONE, .machine = RUN_NONE,
+                       .from = RUN_NONE, .to = RUN_NONE, .hook = RUN_NONE, .phase = RUN_NONE,
+                       .category = RUN_NONE, .partner = RUN_NONE};
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(line, "kind");
+    if (!cJSON_IsString(kind)) return line_fail(reader, "event has no string field 'kind'");
+    if (strcmp(kind->valuestring, "meta") == 0) return line_fail(reader, "a second 'meta' line (only line 1 may be one)");
+    if (number_field(reader, line, kind->valuestring, "ts", &event.ts) != 0) return -1;
+    if (event.ts < 0) event.ts = 0;
+    for (size_t index = 0; index < sizeof parsers / sizeof parsers[0]; index++) {
+        if (strcmp(parsers[index].kind, kind->valuestring) != 0) continue;
+        event.kind = parsers[index].value;
+        if (parsers[index].parse(reader, line, &event) != 0) return -1;
+        return rank_push(reader, &event);
+    }
+    fprintf(stderr, "warning: %s line %zu: unknown kind '%s' skipped\n", reader->rank->path, reader->line_number,
+            kind->valuestring);
+    return 0;
+}
+
+/* The meta line says whose file this is, so a file left from another run is not read as this one's. */
+static int meta_check(rank_reader *reader, const cJSON *line) {
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(line, "kind");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(line, "schema");
+    double version, world, rank;
+    if (!cJSON_IsString(kind) || strcmp(kind->valuestring, "meta") != 0)
+        return line_fail(reader, "the first line must be the 'meta' event");
+    if (!cJSON_IsString(schema) || strcmp(schema->valuestring, TRACE_SCHEMA_NAME) != 0)
+        return line_fail(reader, "schema is not '%s'", TRACE_SCHEMA_NAME);
+    if (number_field(reader, line, "meta", "version", &version) != 0) return -1;
+    if (number_field(reader, line, "meta", "world", &world) != 0) return -1;
+    if (number_field(reader, line, "meta", "rank", &rank) != 0) return -1;
+    if (version != TRACE_SCHEMA_VERSION)
+        return line_fail(reader, "schema version %g, this tool reads version %d", version, TRACE_SCHEMA_VERSION);
+    if (world < 1 || world > 1e6 || (double)(int)world != world)
+        return line_fail(reader, "meta world %g is not a world size", world);
+    if (reader->run->world != 0 && (int)world != reader->run->world)
+        return line_fail(reader, "meta world is %g but rank0.jsonl says world %d", world, reader->run->world);
+    if (rank != reader->rank->rank)
+        return line_fail(reader, "meta rank is %g but the file name says rank %d", rank, reader->rank->rank);
+    if (reader->run->world == 0) reader->run->world = (int)world;
+    reader->meta_seen = 1;
+    return 0;
+}
+
+/* A line without its newline is the file's last and was cut short by a crash (the sink flushes whole lines). */
+static int line_read(rank_reader *reader, char *text, size_t length) {
+    int complete = length > 0 && text[length - 1] == '\n';
+    if (complete) text[length - 1] = '\0';
+    cJSON *line = cJSON_ParseWithOpts(text, NULL, 1);
+    if (!cJSON_IsObject(line)) {
+        cJSON_Delete(line);
+        if (complete) return line_fail(reader, "not a JSON object: %.80s", text);
+        fprintf(stderr, "warning: %s line %zu: skipping a last line cut short (%zu bytes, no newline)\n",
+                reader->rank->path, reader->line_number, length);
+        return 0;
+    }
+    int status = reader->line_number == 1 ? meta_check(reader, line) : event_parse(reader, line);
+    cJSON_Delete(line);
+    return status;
+}
+
+static int file_read(rank_reader *reader) {
+    run_rank *rank = reader->rank;
+    FILE *file = fopen(rank->path, "r");
+    if (file == NULL) {
+        if (rank->rank == 0) return fail(reader->error, reader->error_size, "cannot open %s: %s", rank->path,
+                                         strerror(errno));
+        return fail(reader->error, reader->error_size, "cannot open %s: %s (rank0.jsonl says world %d)", rank->path,
+                    strerror(errno), reader->run->world);
+    }
+    char *text = NULL;
+    size_t text_capacity = 0;
+    ssize_t length;
+    int status = 0;
+    while (status == 0 && (length = getline(&text, &text_capacity, file)) >= 0) {
+        reader->line_number++;
+        status = line_read(reader, text, (size_t)length);
+    }
+    if (status == 0 && ferror(file))
+        status = fail(reader->error, reader->error_size, "error reading %s: %s", rank->path, strerror(errno));
+    if (status == 0 && !reader->meta_seen)
+        status = fail(reader->error, reader->error_size, "%s has no meta line (empty or cut short)", rank->path);
+    rank->line_count = reader->line_number;
+    free(text);
+    fclose(file);
+    return status;
+}
+
+/* ---- pairing each free with its alloc ---- */
+
+typedef struct id_entry {
+    uint64_t id;
+    size_t event;
+} id_entry;
+
+static int id_compare(const void *left_pointer, const void *right_pointer) {
+    const id_entry *left = left_pointer, *right = right_pointer;
+    return (left->id > right->id) - (left->id < right->id);
+}
+
+static int free_match(rank_reader *reader, const id_entry *allocs, size_t alloc_count, size_t index) {
+    run_rank *rank = reader->rank;
+    run_event *freed = &rank->events[index];
+    id_entry key = {freed->id, 0};
+    const id_entry *found = bsearch(&key, allocs, alloc_count, sizeof *allocs, id_compare);
+    reader->line_number = freed->line;
+    if (found == NULL || found->event > index)
+        return line_fail(reader, "free of id %llu (%llu bytes, %s) that was never allocated before it",
+                         (unsigned long long)freed->id, (unsigned long long)freed->bytes,
+                         run_string(reader->run, freed->label));
+    run_event *allocated = &rank->events[found->event];
+    if (allocated->partner != RUN_NONE)
+        return line_fail(reader, "free of id %llu, already freed at line %zu", (unsigned long long)freed->id,
+                         rank->events[allocated->partner].line);
+    if (allocated->bytes != freed->bytes || allocated->category != freed->category)
+        return line_fail(reader, "free of id %llu is %llu bytes of %s, but line %zu allocated %llu bytes of %s",
+                         (unsigned long long)freed->id, (unsigned long long)freed->bytes,
+                         run_categories[freed->category], allocated->line, (unsigned long long)allocated->bytes,
+                         run_categories[allocated->category]);
+    allocated->partner = (long)index;
+    freed->partner = (long)found->event;
+    return 0;
+}
+
+/* Sorting the allocations by id finds reused ids and lets each free find its alloc in log time. */
+static int frees_match(rank_reader *reader) {
+    run_rank *rank = reader->rank;
+    id_entry *allocs = malloc((rank->event_count + 1) * sizeof *allocs);
+    if (allocs == NULL) return fail(reader->error, reader->error_size, "out of memory pairing allocations");
+    size_t alloc_count = 0;
+    for (size_t index = 0; index < rank->event_count; index++)
+        if (rank->events[index].kind == RUN_ALLOC) allocs[alloc_count++] = (id_entry){rank->events[index].id, index};
+    qsort(allocs, alloc_count, sizeof *allocs, id_compare);
+    int status = 0;
+    for (size_t index = 1; status == 0 && index < alloc_count; index++) {
+        if (allocs[index].id != allocs[index - 1].id) continue;
+        reader->line_number = rank->events[allocs[index].event].line;
+        status = line_fail(reader, "allocation id %llu reused (first at line %zu)", (unsigned long long)allocs[index].id,
+                           rank->events[allocs[index - 1].event].line);
+    }
+    for (size_t index = 0; status == 0 && index < rank->event_count; index++)
+        if (rank->events[index].kind == RUN_FREE) status = free_match(reader, allocs, alloc_count, index);
+    free(allocs);
+    return status;
+}
+
+/* Lines before the last t0 mark count from an older t0; like the Chrome export, they are put at 0. */
+static void early_events_clamp(rank_reader *reader) {
+    for (size_t index = 0; index < reader->t0_event; index++) reader->rank->events[index].ts = 0;
+}
+
+static int rank_load(trace_run *run, int rank_index, char *error, size_t error_size) {
+    run_rank *rank = &run->ranks[rank_index];
+    rank->rank = rank_index;
+    int written = snprintf(rank->path, sizeof rank->path, "%s/rank%d.jsonl", run->rundir, rank_index);
+    if (written < 0 || (size_t)written >= sizeof rank->path)
+        return fail(error, error_size, "run directory name too long: %s", run->rundir);
+    rank_reader reader = {.run = run, .rank = rank, .error = error, .error_size = error_size};
+    if (file_read(&reader) != 0) return -1;
+    early_events_clamp(&reader);
+    return frees_match(&reader);
+}
+
+/* Rank 0 is read into a one-rank array first, since only its meta line tells how many ranks there are. */
+int run_load(trace_run *run, const char *rundir, char *error, size_t error_size) {
+    memset(run, 0, sizeof *run);
+    int written = snprintf(run->rundir, sizeof run->rundir, "%s", rundir);
+    if (written < 0 || (size_t)written >= sizeof run->rundir)
+        return fail(error, error_size, "run directory name too long: %s", rundir);
+    run->ranks = calloc(1, sizeof *run->ranks);
+    if (run->ranks == NULL) return fail(error, error_size, "out of memory reading %s", rundir);
+    run->rank_count = 1;
+    if (rank_load(run, 0, error, error_size) != 0) return -1;
+    run_rank *ranks = realloc(run->ranks, (size_t)run->world * sizeof *ranks);
+    if (ranks == NULL) return fail(error, error_size, "out of memory for %d ranks", run->world);
+    memset(ranks + 1, 0, (size_t)(run->world - 1) * sizeof *ranks);
+    run->ranks = ranks;
+    run->rank_count = run->world;
+    for (int rank = 1; rank < run->world; rank++)
+        if (rank_load(run, rank, error, error_size) != 0) return -1;
+    return 0;
+}
+
+void run_free(trace_run *run) {
+    for (int rank = 0; rank < run->rank_count; rank++) free(run->ranks[rank].events);
+    free(run->ranks);
+    for (size_t index = 0; index < run->strings.count; index++) free(run->strings.texts[index]);
+    free(run->strings.texts);
+    free(run->strings.slots);
+    memset(run, 0, sizeof *run);
+}

@@ -1,0 +1,82 @@
+/* run.h — a run directory's events read back into memory, for the views that need a whole rank at once: the memory
+ * page, the memory_viz snapshot and the summary. (The Chrome export streams one rank at a time and reads on its own.)
+ *
+ * Every rank<R>.jsonl of the run is parsed with cJSON and checked against trace/EVENTS.md; each event keeps its line
+ * number, so every view can send the learner back to the exact line. Strings (owners, units, states...) are stored
+ * once per run and events refer to them by index.
+ */
+#ifndef FSDPLAB_RUN_H
+#define FSDPLAB_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* EVENTS.md's memory categories, in its order: views list and color them in this order. */
+enum { RUN_CATEGORY_COUNT = 10 };
+extern const char *const run_categories[RUN_CATEGORY_COUNT];
+
+typedef enum run_event_kind {
+    RUN_STATE,
+    RUN_COLLECTIVE,
+    RUN_ALLOC,
+    RUN_FREE,
+    RUN_COMPUTE,
+    RUN_STEP,
+    RUN_MARK,
+} run_event_kind;
+
+enum { RUN_NONE = -1 };  /* a string field that the line has not, or has as null; a free with no alloc */
+
+/* One JSONL line. Which fields mean something depends on the kind (EVENTS.md): the rest are 0 or RUN_NONE. */
+typedef struct run_event {
+    run_event_kind kind;
+    size_t line;          /* line number in rank<R>.jsonl; line 1 is the meta line, so events start at 2 */
+    double ts;            /* microseconds since t0; 0 for lines before the last "t0" mark, like the Chrome export */
+    double dur;           /* collective, compute */
+    int label;            /* string: alloc/free owner, collective op, compute name, mark text */
+    int unit;             /* string: state, collective, compute */
+    int machine, from, to, hook;  /* strings: state */
+    int phase;            /* string: compute */
+    int category;         /* alloc/free: index into run_categories */
+    uint64_t id, bytes, bytes_sent, bytes_recv, seq, peak_bytes;
+    long partner;         /* alloc: index of its free in the rank's events, free: of its alloc; RUN_NONE if none */
+    int step, micro;
+    double loss, seconds;
+} run_event;
+
+typedef struct run_rank {
+    int rank;
+    char path[4096];
+    size_t line_count;    /* lines read, the meta line included */
+    run_event *events;    /* in file order, which is the order the allocator and the hooks saw them */
+    size_t event_count;
+    size_t event_capacity;
+} run_rank;
+
+typedef struct run_strings {
+    char **texts;
+    size_t count;
+    size_t capacity;
+    int *slots;           /* open-addressing hash table of indices into texts; RUN_NONE when empty */
+    size_t slot_count;    /* a power of two, kept at least twice count */
+} run_strings;
+
+typedef struct trace_run {
+    char rundir[4096];
+    int world;
+    run_rank *ranks;      /* world of them once loaded, ranks[r].rank == r */
+    int rank_count;       /* entries in ranks (1 while rank 0 is read) */
+    run_strings strings;
+} trace_run;
+
+/* Reads every rank<R>.jsonl of rundir (rank0.jsonl's meta line gives the world size). A final line cut short by a
+ * crash is skipped with a warning on stderr; any other bad line, an unknown category, a reused allocation id or a
+ * free that matches no live allocation (id, bytes, category) is an error naming the file, the line and the values.
+ * Returns 0, or -1 with the message in `error`; free the run with run_free either way. */
+int run_load(trace_run *run, const char *rundir, char *error, size_t error_size);
+void run_free(trace_run *run);
+
+/* The text of a string index; "" for RUN_NONE. */
+const char *run_string(const trace_run *run, int index);
+
+#endif

@@ -1,0 +1,386 @@
+/* summary.c — see summary.h. Every figure is computed from the JSONL lines alone, one rank at a time. */
+#include "summary.h"
+#include "view_file.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- formatting ---- */
+
+/* 34769296 -> "34,769,296": exact bytes a learner can compare with the JSONL, grouped to be read at a glance. */
+static const char *grouped(uint64_t value, char *text, size_t size) {
+    char digits[32];
+    int length = snprintf(digits, sizeof digits, "%llu", (unsigned long long)value);
+    size_t out = 0;
+    for (int index = 0; index < length && out + 2 < size; index++) {
+        if (index > 0 && (length - index) % 3 == 0) text[out++] = ',';
+        text[out++] = digits[index];
+    }
+    text[out] = '\0';
+    return text;
+}
+
+/* Decimal units, as the labs print them ("Peak = 34.8 MB"). */
+static const char *human(uint64_t bytes, char *text, size_t size) {
+    static const char *const units[] = {"B", "kB", "MB", "GB", "TB"};
+    double value = (double)bytes;
+    int unit = 0;
+    while (value >= 1000 && unit < 4) {
+        value /= 1000;
+        unit++;
+    }
+    if (unit == 0) snprintf(text, size, "%llu B", (unsigned long long)bytes);
+    else snprintf(text, size, "%.1f %s", value, units[unit]);
+    return text;
+}
+
+static double share(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
+
+/* ---- peak memory ---- */
+
+typedef struct memory_peak {
+    uint64_t bytes;
+    uint64_t category_bytes[RUN_CATEGORY_COUNT];
+    size_t line;                          /* 0: no allocation at all */
+    size_t index;
+} memory_peak;
+
+/* The first moment the running sum of allocs minus frees is at its highest, and its composition. */
+static memory_peak peak_find(const run_rank *rank) {
+    memory_peak peak = {0};
+    uint64_t live = 0, category_live[RUN_CATEGORY_COUNT] = {0};
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind != RUN_ALLOC && event->kind != RUN_FREE) continue;
+        int allocated = event->kind == RUN_ALLOC;
+        live = allocated ? live + event->bytes : live - event->bytes;
+        category_live[event->category] += allocated ? event->bytes : (uint64_t)0 - event->bytes;
+        if (!allocated || (peak.line != 0 && live <= peak.bytes)) continue;
+        peak = (memory_peak){.bytes = live, .line = event->line, .index = index};
+        memcpy(peak.category_bytes, category_live, sizeof category_live);
+    }
+    return peak;
+}
+
+/* "during step 2 micro-batch 1": step events close a (micro-)step, so the next one after the line names it. */
+static void moment_describe(const run_rank *rank, size_t index, char *text, size_t size) {
+    for (size_t next = index; next < rank->event_count; next++) {
+        const run_event *event = &rank->events[next];
+        if (event->kind != RUN_STEP) continue;
+        if (event->micro >= 0) snprintf(text, size, "during step %d micro-batch %d", event->step, event->micro);
+        else snprintf(text, size, "during step %d", event->step);
+        return;
+    }
+    snprintf(text, size, "after the last step");
+}
+
+static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank) {
+    memory_peak peak = peak_find(rank);
+    char exact[32], readable[32], moment[96];
+    if (peak.line == 0) {
+        fprintf(stream, "peak memory: no allocation in this rank's events\n");
+        return;
+    }
+    moment_describe(rank, peak.index, moment, sizeof moment);
+    fprintf(stream, "peak memory: %s B (%s) at line %zu (alloc of %s), %s\n", grouped(peak.bytes, exact, sizeof exact),
+            human(peak.bytes, readable, sizeof readable), peak.line, run_string(run, rank->events[peak.index].label),
+            moment);
+    fprintf(stream, "  %-18s %16s %8s\n", "category", "bytes", "share");
+    for (int category = 0; category < RUN_CATEGORY_COUNT; category++)
+        fprintf(stream, "  %-18s %16s %7.1f%%\n", run_categories[category],
+                grouped(peak.category_bytes[category], exact, sizeof exact),
+                share((double)peak.category_bytes[category], (double)peak.bytes));
+    fprintf(stream, "  %-18s %16s %7.1f%%\n", "total", grouped(peak.bytes, exact, sizeof exact), 100.0);
+}
+
+/* ---- collectives by op ---- */
+
+typedef struct op_total {
+    int op;
+    size_t count;
+    uint64_t bytes, bytes_sent;
+    double dur;
+} op_total;
+
+static void op_add(op_total *totals, size_t *total_count, const run_event *event) {
+    size_t index = 0;
+    while (index < *total_count && totals[index].op != event->label) index++;
+    if (index == *total_count) totals[(*total_count)++] = (op_total){.op = event->label};
+    totals[index].count++;
+    totals[index].bytes += event->bytes;
+    totals[index].bytes_sent += event->bytes_sent;
+    totals[index].dur += event->dur;
+}
+
+static void op_row_print(FILE *stream, const char *name, const op_total *total) {
+    char bytes[32], sent[32];
+    fprintf(stream, "  %-18s %7zu %16s %16s %10.3f\n", name, total->count, grouped(total->bytes, bytes, sizeof bytes),
+            grouped(total->bytes_sent, sent, sizeof sent), total->dur / 1000.0);
+}
+
+/* Ops are few (EVENTS.md lists five) but a newer writer may add one: room for one per collective is always enough. */
+static int collectives_print(FILE *stream, const trace_run *run, const run_rank *rank) {
+    op_total *totals = calloc(rank->event_count + 1, sizeof *totals);
+    if (totals == NULL) return -1;
+    size_t total_count = 0;
+    op_total all = {0};
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind != RUN_COLLECTIVE) continue;
+        op_add(totals, &total_count, event);
+        all.count++;
+        all.bytes += event->bytes;
+        all.bytes_sent += event->bytes_sent;
+        all.dur += event->dur;
+    }
+    fprintf(stream, "  %-18s %7s %16s %16s %10s\n", "collective", "count", "bytes", "bytes sent", "time ms");
+    for (size_t index = 0; index < total_count; index++)
+        op_row_print(stream, run_string(run, totals[index].op), &totals[index]);
+    op_row_print(stream, "total", &all);
+    free(totals);
+    return 0;
+}
+
+/* ---- compute, comm, idle and overlap ---- */
+
+typedef struct interval {
+    double start, end;
+} interval;
+
+static int interval_compare(const void *left_pointer, const void *right_pointer) {
+    const interval *left = left_pointer, *right = right_pointer;
+    return (left->start > right->start) - (left->start < right->start);
+}
+
+/* Sorts and merges in place into disjoint intervals; returns how many remain. */
+static size_t intervals_union(interval *intervals, size_t count) {
+    if (count == 0) return 0;
+    qsort(intervals, count, sizeof *intervals, interval_compare);
+    size_t merged = 0;
+    for (size_t index = 1; index < count; index++) {
+        if (intervals[index].start <= intervals[merged].end) {
+            if (intervals[index].end > intervals[merged].end) intervals[merged].end = intervals[index].end;
+        } else {
+            intervals[++merged] = intervals[index];
+        }
+    }
+    return merged + 1;
+}
+
+static double intervals_length(const interval *intervals, size_t count) {
+    double length = 0;
+    for (size_t index = 0; index < count; index++) length += intervals[index].end - intervals[index].start;
+    return length;
+}
+
+/* Length of the intersection of two unions of disjoint sorted intervals: walk both, advancing the one ending first. */
+static double intersection_length(const interval *left, size_t left_count, const interval *right, size_t right_count) {
+    double length = 0;
+    size_t left_index = 0, right_index = 0;
+    while (left_index < left_count && right_index < right_count) {
+        double start = left[left_index].start > right[right_index].start ? left[left_index].start
+                                                                           : right[right_index].start;
+        double end = left[left_index].end < right[right_index].end ? left[left_index].end : right[right_index].end;
+        if (end > start) length += end - start;
+        if (left[left_index].end < right[right_index].end) left_index++;
+        else right_index++;
+    }
+    return length;
+}
+
+typedef struct time_split {
+    double span, compute, comm, overlap, idle;
+    size_t spans;                         /* compute and collective events seen */
+} time_split;
+
+/* Collects the rank's compute (or comm) spans as intervals; also widens [first, last]. */
+static size_t intervals_collect(const run_rank *rank, run_event_kind kind, interval *intervals, double *first,
+                                double *last) {
+    size_t count = 0;
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind != kind) continue;
+        intervals[count++] = (interval){event->ts, event->ts + event->dur};
+        if (event->ts < *first) *first = event->ts;
+        if (event->ts + event->dur > *last) *last = event->ts + event->dur;
+    }
+    return count;
+}
+
+static int time_split_find(const run_rank *rank, time_split *split) {
+    interval *compute = malloc((rank->event_count + 1) * sizeof *compute);
+    interval *comm = malloc((rank->event_count + 1) * sizeof *comm);
+    if (compute == NULL || comm == NULL) {
+        free(compute);
+        free(comm);
+        return -1;
+    }
+    double first = 1e300, last = -1e300;
+    size_t compute_count = intervals_collect(rank, RUN_COMPUTE, compute, &first, &last);
+    size_t comm_count = intervals_collect(rank, RUN_COLLECTIVE, comm, &first, &last);
+    *split = (time_split){.spans = compute_count + comm_count};
+    compute_count = intervals_union(compute, compute_count);
+    comm_count = intervals_union(comm, comm_count);
+    if (split->spans > 0) {
+        split->span = last - first;
+        split->compute = intervals_length(compute, compute_count);
+        split->comm = intervals_length(comm, comm_count);
+        split->overlap = intersection_length(compute, compute_count, comm, comm_count);
+        split->idle = split->span - (split->compute + split->comm - split->overlap);
+    }
+    free(compute);
+    free(comm);
+    return 0;
+}
+
+static int time_print(FILE *stream, const run_rank *rank) {
+    time_split split;
+    if (time_split_find(rank, &split) != 0) return -1;
+    if (split.spans == 0) {
+        fprintf(stream, "time: no compute or collective events\n");
+        return 0;
+    }
+    fprintf(stream, "time (ms), from the first compute or collective start to the last end:\n");
+    fprintf(stream, "  %-18s %12.3f\n", "span", split.span / 1000);
+    fprintf(stream, "  %-18s %12.3f %7.1f%% of span\n", "compute", split.compute / 1000, share(split.compute, split.span));
+    fprintf(stream, "  %-18s %12.3f %7.1f%% of span\n", "comm", split.comm / 1000, share(split.comm, split.span));
+    fprintf(stream, "  %-18s %12.3f %7.1f%% of comm   (comm intervals that intersect compute intervals, HTA)\n",
+            "overlap", split.overlap / 1000, share(split.overlap, split.comm));
+    fprintf(stream, "  %-18s %12.3f %7.1f%% of span   (neither compute nor comm)\n", "idle", split.idle / 1000,
+            share(split.idle, split.span));
+    return 0;
+}
+
+/* ---- comm volume against ZeRO-3 ---- */
+
+typedef struct volume {
+    uint64_t parameters;                  /* P: sum over FSDP units of their largest collective buffer */
+    int unit_count;
+    uint64_t measured;
+    size_t micro_batches;
+} volume;
+
+static int volume_op(const trace_run *run, const run_event *event) {
+    const char *op = run_string(run, event->label);
+    if (strcmp(op, "all_reduce") == 0) return 2;
+    return strcmp(op, "all_gather") == 0 || strcmp(op, "reduce_scatter") == 0;
+}
+
+/* FSDP units are the units of `state` events; collectives labelled otherwise (a loss all-reduce) do not count. A
+ * unit's largest all-gather / reduce-scatter / all-reduce buffer is its padded unsharded size. */
+static int volume_find(const trace_run *run, const run_rank *rank, volume *found) {
+    unsigned char *is_unit = calloc(run->strings.count + 1, 1);
+    uint64_t *unit_bytes = calloc(run->strings.count + 1, sizeof *unit_bytes);
+    if (is_unit == NULL || unit_bytes == NULL) {
+        free(is_unit);
+        free(unit_bytes);
+        return -1;
+    }
+    *found = (volume){0};
+    size_t optimizer_steps = 0;
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind == RUN_STATE) is_unit[event->unit] = 1;
+        if (event->kind == RUN_STEP && event->micro >= 0) found->micro_batches++;
+        if (event->kind == RUN_STEP && event->micro < 0) optimizer_steps++;
+    }
+    if (found->micro_batches == 0) found->micro_batches = optimizer_steps;
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        int weight = event->kind == RUN_COLLECTIVE && event->unit != RUN_NONE ? volume_op(run, event) : 0;
+        if (weight == 0 || !is_unit[event->unit]) continue;
+        found->measured += (uint64_t)weight * event->bytes;
+        if (event->bytes > unit_bytes[event->unit]) unit_bytes[event->unit] = event->bytes;
+    }
+    for (size_t unit = 0; unit < run->strings.count; unit++) {
+        found->parameters += unit_bytes[unit];
+        found->unit_count += unit_bytes[unit] > 0;
+    }
+    free(is_unit);
+    free(unit_bytes);
+    return 0;
+}
+
+static void volume_row_print(FILE *stream, const char *name, uint64_t bytes, double per_micro_batch,
+                             const char *comparison) {
+    char exact[32];
+    fprintf(stream, "  %-18s %16s B = %.3f P per micro-batch%s\n", name, grouped(bytes, exact, sizeof exact),
+            per_micro_batch, comparison);
+}
+
+static int volume_print(FILE *stream, const trace_run *run, const run_rank *rank) {
+    volume found;
+    char exact[32], readable[32], comparison[96];
+    if (volume_find(run, rank, &found) != 0) return -1;
+    fprintf(stream, "comm volume vs ZeRO-3 (buffer bytes: all_gather + reduce_scatter + 2 x all_reduce, FSDP units):\n");
+    if (found.parameters == 0 || found.micro_batches == 0) {
+        fprintf(stream, "  no FSDP unit collectives or no steps in this rank's events\n");
+        return 0;
+    }
+    double micro = (double)found.micro_batches, parameters = (double)found.parameters;
+    uint64_t zero3 = 3 * found.parameters * found.micro_batches, all_reduce = 2 * found.parameters * found.micro_batches;
+    fprintf(stream, "  %-18s %16s B (%s, padded, %d units); %zu micro-batches\n", "parameters P",
+            grouped(found.parameters, exact, sizeof exact), human(found.parameters, readable, sizeof readable),
+            found.unit_count, found.micro_batches);
+    volume_row_print(stream, "measured", found.measured, (double)found.measured / parameters / micro, "");
+    snprintf(comparison, sizeof comparison, "   measured / expected %.3f", (double)found.measured / (double)zero3);
+    volume_row_print(stream, "ZeRO-3 expects", zero3, 3.0, comparison);
+    snprintf(comparison, sizeof comparison, "   measured / all-reduce %.3f (ZeRO-3: 1.5)",
+             (double)found.measured / (double)all_reduce);
+    volume_row_print(stream, "all-reduce (DDP)", all_reduce, 2.0, comparison);
+    return 0;
+}
+
+/* ---- the whole summary ---- */
+
+static void rank_header_print(FILE *stream, const run_rank *rank) {
+    size_t steps = 0, micro_batches = 0;
+    for (size_t index = 0; index < rank->event_count; index++) {
+        if (rank->events[index].kind != RUN_STEP) continue;
+        if (rank->events[index].micro < 0) steps++;
+        else micro_batches++;
+    }
+    fprintf(stream, "\n== rank %d  (%s: %zu lines, %zu events; steps %zu, micro-batches %zu)\n\n", rank->rank,
+            rank->path, rank->line_count, rank->event_count, steps, micro_batches);
+}
+
+int summary_print(const trace_run *run, FILE *stream, char *error, size_t error_size) {
+    fprintf(stream, "fsdplab summary of %s: %d rank%s (events: trace/EVENTS.md; \"line\" is a line of rank<R>.jsonl)\n",
+            run->rundir, run->world, run->world == 1 ? "" : "s");
+    for (int rank = 0; rank < run->world; rank++) {
+        const run_rank *each = &run->ranks[rank];
+        rank_header_print(stream, each);
+        peak_print(stream, run, each);
+        fputc('\n', stream);
+        int status = collectives_print(stream, run, each);
+        if (status == 0) fputc('\n', stream);
+        if (status == 0) status = time_print(stream, each);
+        if (status == 0) fputc('\n', stream);
+        if (status == 0) status = volume_print(stream, run, each);
+        if (status != 0) {
+            snprintf(error, error_size, "out of memory summarizing %s", each->path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int summary_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size) {
+    view_file view;
+    if (view_file_open(&view, out_path, error, error_size) != 0) return -1;
+    int status = summary_print(run, view.file, error, error_size);
+    return view_file_close(&view, status, error, error_size);
+}
+
+int summary_write(const char *rundir, const char *out_path, int echo, char *error, size_t error_size) {
+    char path[VIEW_PATH_CAPACITY];
+    if (view_path(path, sizeof path, rundir, out_path, SUMMARY_FILE_NAME, error, error_size) != 0) return -1;
+    trace_run run;
+    int status = run_load(&run, rundir, error, error_size);
+    if (status == 0 && echo) status = summary_print(&run, stdout, error, error_size);
+    if (status == 0) status = summary_write_run(&run, path, error, error_size);
+    run_free(&run);
+    return status;
+}

@@ -1,0 +1,47 @@
+/* view_file.c — see view_file.h. */
+#include "view_file.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+int view_path(char *path, size_t path_size, const char *rundir, const char *out_path, const char *default_name,
+              char *error, size_t error_size) {
+    int written = out_path != NULL ? snprintf(path, path_size, "%s", out_path)
+                                   : snprintf(path, path_size, "%s/%s", rundir, default_name);
+    if (written >= 0 && (size_t)written < path_size) return 0;
+    snprintf(error, error_size, "output path too long: %s/%s", rundir, out_path != NULL ? out_path : default_name);
+    return -1;
+}
+
+int view_file_open(view_file *view, const char *path, char *error, size_t error_size) {
+    memset(view, 0, sizeof *view);
+    int written = snprintf(view->path, sizeof view->path, "%s", path);
+    int temporary_written = snprintf(view->temporary_path, sizeof view->temporary_path, "%s.tmp", path);
+    if (written < 0 || (size_t)written >= sizeof view->path || temporary_written < 0 ||
+        (size_t)temporary_written >= sizeof view->temporary_path) {
+        snprintf(error, error_size, "output path too long: %s", path);
+        return -1;
+    }
+    view->file = fopen(view->temporary_path, "w");
+    if (view->file != NULL) return 0;
+    snprintf(error, error_size, "cannot write %s: %s", view->temporary_path, strerror(errno));
+    return -1;
+}
+
+int view_file_close(view_file *view, int status, char *error, size_t error_size) {
+    if (view->file == NULL) return -1;
+    int write_failed = ferror(view->file);
+    if (fclose(view->file) != 0) write_failed = 1;
+    view->file = NULL;
+    if (status == 0 && write_failed) {
+        snprintf(error, error_size, "cannot write %s: %s", view->temporary_path, strerror(errno));
+        status = -1;
+    }
+    if (status == 0 && rename(view->temporary_path, view->path) != 0) {
+        snprintf(error, error_size, "cannot rename %s to %s: %s", view->temporary_path, view->path, strerror(errno));
+        status = -1;
+    }
+    if (status != 0) remove(view->temporary_path);
+    return status;
+}

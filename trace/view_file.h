@@ -1,0 +1,30 @@
+/* view_file.h — writing one view of a run (memory.html, the snapshot, summary.txt) so that it appears whole or not
+ * at all: everything goes to <path>.tmp, renamed to <path> only when every write succeeded. A viewer never opens
+ * half a file left by a failed export.
+ */
+#ifndef FSDPLAB_VIEW_FILE_H
+#define FSDPLAB_VIEW_FILE_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum { VIEW_PATH_CAPACITY = 4096 };
+
+typedef struct view_file {
+    FILE *file;
+    char path[VIEW_PATH_CAPACITY];
+    char temporary_path[VIEW_PATH_CAPACITY + 8];
+} view_file;
+
+/* The output path: out_path when given, else <rundir>/<default_name>. Returns 0, or -1 when it does not fit. */
+int view_path(char *path, size_t path_size, const char *rundir, const char *out_path, const char *default_name,
+              char *error, size_t error_size);
+
+/* Opens <path>.tmp for writing. Returns 0, or -1 with a message naming the file. */
+int view_file_open(view_file *view, const char *path, char *error, size_t error_size);
+
+/* status 0: checks every write, closes and renames to the final path; otherwise (or when that fails) removes the
+ * temporary file. Returns 0 when the file is in place, else -1 (keeping the caller's message when status != 0). */
+int view_file_close(view_file *view, int status, char *error, size_t error_size);
+
+#endif
