@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../trace/chrome.h"
+#include "../trace/export.h"
 #include "layers.h"
 
 void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int line) {
@@ -165,14 +165,13 @@ int ctx_finish(context *ctx) {
     int status = clean ? 0 : 1;
     if (ctx->rank == 0) {
         if (!clean) fprintf(stderr, "%s: error: tracked memory leaked on some rank (listed above)\n", ctx->program);
-        char trace_path[600], error[512];
-        snprintf(trace_path, sizeof trace_path, "%s/trace.json", ctx->outdir);
-        if (chrome_export(ctx->outdir, trace_path, error, sizeof error) != 0) {
-            fprintf(stderr, "%s: error: writing %s: %s\n", ctx->program, trace_path, error);
+        char error[512];
+        if (trace_export_all(ctx->outdir, error, sizeof error) != 0) {
+            fprintf(stderr, "%s: error: exporting the trace of %s: %s\n", ctx->program, ctx->outdir, error);
             status = 1;
         } else {
-            printf("\nevents: %s/rank*.jsonl\ntrace:  %s  (open in chrome://tracing or https://ui.perfetto.dev)\n",
-                   ctx->outdir, trace_path);
+            printf("\n");
+            trace_export_describe(stdout, ctx->outdir);
         }
         fflush(stdout);
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what fsdplab builds and tests with, only what is missing (safe to run again).
-#   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3.
+#   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3, and Chromium (the
+#   headless browser that checks the memory page).
 #   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy for the reference checks; pandas,
 #   matplotlib and the Jupyter execution packages for the notebooks. Never used by the core.
 # Usage: scripts/install_deps.sh        (as root, or with sudo available)
@@ -8,7 +9,7 @@
 set -euo pipefail
 
 debian_packages=(build-essential pkg-config openmpi-bin libopenmpi-dev libcjson-dev check libopenblas-dev python3
-  python3-pip)
+  python3-pip chromium fonts-dejavu-core)
 
 missing=()
 for package in "${debian_packages[@]}"; do
@@ -32,7 +33,7 @@ if [ "${FSDPLAB_NO_PYTHON_DEPS:-0}" = 1 ]; then
   echo "install_deps: FSDPLAB_NO_PYTHON_DEPS=1, not installing the Python reference packages"
   exit 0
 fi
-if python3 -c "import torch, transformers, safetensors, numpy, pandas, matplotlib, nbclient, nbformat, ipykernel, nbconvert" 2>/dev/null; then
+if python3 -c "import torch, transformers, safetensors, numpy, pandas, matplotlib, nbclient, nbformat, ipykernel, nbconvert, websocket" 2>/dev/null; then
   echo "install_deps: Python reference packages present"
 else
   requirements="$(dirname "$0")/requirements.txt"

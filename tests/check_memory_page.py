@@ -50,10 +50,12 @@ class Report:
 
 
 def rank_files(rundir):
-    """{rank: [event, ...]} from rank<R>.jsonl, with each event's line number in '_line'."""
+    """{rank: [event, ...]} from rank<R>.jsonl for the world rank0.jsonl's meta line names, with each event's line
+    number in '_line'."""
     ranks = {}
-    rank = 0
-    while os.path.exists(os.path.join(rundir, f"rank{rank}.jsonl")):
+    with open(os.path.join(rundir, "rank0.jsonl"), encoding="utf-8") as file:
+        world = json.loads(file.readline())["world"]
+    for rank in range(world):
         events = []
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), encoding="utf-8") as file:
             for number, text in enumerate(file, start=1):
@@ -63,7 +65,6 @@ def rank_files(rundir):
                 event["_line"] = number
                 events.append(event)
         ranks[rank] = events
-        rank += 1
     return ranks
 
 
@@ -234,7 +235,9 @@ def check_hover(browser, report):
         "     category: data.categories[rank.allocations[best][3]], bytes: rank.allocations[best][2]}; }"
         " return null; })()")
     if target is None:
-        report.check("hover: a band to hover", ["no allocation band could be found under a point"])
+        report.check("hover: a band to hover", [] if browser.evaluate(
+            "document.getElementById('timeline').dataset.allocations === '0'")
+            else ["no allocation band could be found under a point"])
         return
     browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=target["x"], y=target["y"])
     panel = browser.evaluate("document.getElementById('details').innerText")
@@ -254,6 +257,9 @@ def check_zoom(browser, report):
              " left: box.left + Number(clip.getAttribute('x')), width: Number(clip.getAttribute('width')),"
              " y: box.top + Number(clip.getAttribute('y')) + Number(clip.getAttribute('height')) / 2 }; })()")
     before = browser.evaluate(state)
+    if before["to"] - before["from"] < 20:
+        report.check("zoom: too few lines to zoom into", [])
+        return
     start, end = before["left"] + 0.4 * before["width"], before["left"] + 0.6 * before["width"]
     for kind, x in (("mousePressed", start), ("mouseMoved", end), ("mouseReleased", end)):
         browser.send("Input.dispatchMouseEvent", type=kind, x=x, y=before["y"], button="left", clickCount=1)

@@ -267,7 +267,8 @@ def main():
         return 1
     report.check(f"{path} ({len(data):,} bytes) loads with pickle; opcodes the memory_viz unpickler reads",
                  opcode_problems(data))
-    world = sum(1 for rank in range(4096) if os.path.exists(os.path.join(args.rundir, f"rank{rank}.jsonl")))
+    with open(os.path.join(args.rundir, "rank0.jsonl"), encoding="utf-8") as file:
+        world = json.loads(file.readline())["world"]
     problems = field_problems(snapshot, world)
     report.check("every field the viewer reads, with its type", problems)
     if problems:

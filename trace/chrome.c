@@ -385,7 +385,8 @@ static void events_order(rank_reader *reader) {
         pending->ts = 0;
         cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(pending->event, "ts"), 0);
     }
-    qsort(reader->events, reader->event_count, sizeof *reader->events, pending_compare);
+    if (reader->event_count > 0)  /* qsort's array must not be NULL, even empty */
+        qsort(reader->events, reader->event_count, sizeof *reader->events, pending_compare);
 }
 
 /* Writes and frees the event. */

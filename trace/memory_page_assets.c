@@ -53,7 +53,8 @@ const char memory_page_style[] =
     "svg #selection { fill: rgba(78, 121, 167, 0.15); stroke: #4e79a7; pointer-events: none; }\n"
     "#about { padding: 4px 22px 24px; max-width: 1150px; color: #444; font-size: 13px; }\n"
     "#about li { margin: 2px 0; }\n"
-    "#details .training { margin-top: 6px; color: #555; }\n";
+    "#details .training { margin-top: 6px; color: #555; }\n"
+    "svg .markers, svg .peak, svg .axis { pointer-events: none; }\n";
 
 const char memory_page_script[] =
     "'use strict';\n"
@@ -242,11 +243,19 @@ const char memory_page_script[] =
     "function drawMarkers(svg, rank, scale, height) {\n"
     "  const group = svgElement(svg, 'g', {'clip-path': 'url(#marker-clip)', class: 'markers'});\n"
     "  const labels = svgElement(svg, 'g', {'clip-path': 'url(#label-clip)', class: 'markers'});\n"
-    "  for (const [line, step, micro] of rank.steps) {\n"
-    "    const x = scale.x(line), whole = micro < 0, atEnd = x > MARGIN.left + scale.plotWidth - 40;\n"
-    "    svgElement(group, 'line', {x1: x, x2: x, y1: MARGIN.top - 14, y2: height - 8, class: whole ? 'step' : 'micro'});\n"
+    "  const shown = rank.steps.filter(s => s[0] >= view.from && s[0] <= view.to);\n"
+    "  const microLines = shown.length < scale.plotWidth / 8;  // denser than that they would only grey the plot\n"
+    "  const labelEnd = {step: -Infinity, micro: -Infinity};     // per row: where the last label drawn ends\n"
+    "  for (const [line, step, micro] of shown) {\n"
+    "    const x = scale.x(line), whole = micro < 0, row = whole ? 'step' : 'micro';\n"
+    "    if (!whole && !microLines) continue;\n"
+    "    svgElement(group, 'line', {x1: x, x2: x, y1: MARGIN.top - 14, y2: height - 8, class: row});\n"
+    "    const label = whole ? `step ${step}` : `s${step} mb${micro}`, width = label.length * 6.5;\n"
+    "    const atEnd = x + 3 + width > MARGIN.left + scale.plotWidth + 30, left = atEnd ? x - 3 - width : x + 3;\n"
+    "    if (left < labelEnd[row] + 6) continue;  // would overlap the previous label of its row\n"
+    "    labelEnd[row] = left + width;\n"
     "    svgElement(labels, 'text', {x: atEnd ? x - 3 : x + 3, y: MARGIN.top - (whole ? 18 : 5), 'text-anchor': atEnd ? 'end' : 'start',\n"
-    "      class: whole ? 'step-label' : 'micro-label'}, whole ? `step ${step}` : `s${step} mb${micro}`);\n"
+    "      class: row + '-label'}, label);\n"
     "  }\n"
     "  for (const [line, label] of rank.marks) {\n"
     "    if (text(label) === 't0') continue;\n"
