@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,44 @@ static int fail(char *error, size_t error_size, const char *format, ...) {
 }
 
 /* ---------------------------------------------------------------- config */
+
+/* The numeric config fields by their HF names, in one place: what config.json holds, what qwen2_config_set (CONFIG=)
+ * overrides. fallback: the value when config.json lacks the field (required ones have none); num_key_value_heads'
+ * -1 means "as many as the attention heads", HF's rule. */
+typedef struct config_field {
+    const char *name;
+    size_t offset;
+    int is_integer, required;
+    double fallback;
+} config_field;
+#define INTEGER_FIELD(name, required, fallback) {#name, offsetof(qwen2_config, name), 1, required, fallback}
+#define REAL_FIELD(name, fallback) {#name, offsetof(qwen2_config, name), 0, 0, fallback}
+static const config_field config_fields[] = {
+    INTEGER_FIELD(vocab_size, 1, 0),          INTEGER_FIELD(hidden_size, 1, 0),
+    INTEGER_FIELD(intermediate_size, 1, 0),   INTEGER_FIELD(num_hidden_layers, 1, 0),
+    INTEGER_FIELD(num_attention_heads, 1, 0), INTEGER_FIELD(num_key_value_heads, 0, -1),
+    INTEGER_FIELD(max_position_embeddings, 1, 0),
+    REAL_FIELD(rope_theta, 10000.0),          REAL_FIELD(rms_norm_eps, 1e-6),
+    REAL_FIELD(initializer_range, 0.02),      INTEGER_FIELD(bos_token_id, 0, 0),
+    INTEGER_FIELD(eos_token_id, 0, 0),
+};
+#define CONFIG_FIELD_COUNT (sizeof config_fields / sizeof config_fields[0])
+
+static void field_store(qwen2_config *c, const config_field *field, double value) {
+    if (field->is_integer) *(int *)((char *)c + field->offset) = (int)value;
+    else *(double *)((char *)c + field->offset) = value;
+}
+
+static double field_load(const qwen2_config *c, const config_field *field) {
+    return field->is_integer ? *(const int *)((const char *)c + field->offset)
+                             : *(const double *)((const char *)c + field->offset);
+}
+
+static const config_field *field_named(const char *name) {
+    for (size_t i = 0; i < CONFIG_FIELD_COUNT; i++)
+        if (strcmp(config_fields[i].name, name) == 0) return &config_fields[i];
+    return NULL;
+}
 
 int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size) {
     memset(config, 0, sizeof *config);
@@ -62,28 +101,18 @@ int qwen2_config_preset(qwen2_config *config, const char *name, char *error, siz
     return 0;
 }
 
-int qwen2_config_set(qwen2_config *c, const char *field, const char *value, char *error, size_t error_size) {
-    struct { const char *name; int *integer; double *real; } fields[] = {
-        {"vocab_size", &c->vocab_size, NULL}, {"hidden_size", &c->hidden_size, NULL},
-        {"intermediate_size", &c->intermediate_size, NULL}, {"num_hidden_layers", &c->num_hidden_layers, NULL},
-        {"num_attention_heads", &c->num_attention_heads, NULL}, {"num_key_value_heads", &c->num_key_value_heads, NULL},
-        {"max_position_embeddings", &c->max_position_embeddings, NULL}, {"rope_theta", NULL, &c->rope_theta},
-        {"rms_norm_eps", NULL, &c->rms_norm_eps}, {"initializer_range", NULL, &c->initializer_range},
-    };
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        if (strcmp(fields[i].name, field) != 0) continue;
-        char *end = NULL;
-        double number = strtod(value, &end);
-        if (end == value || *end != '\0' || (fields[i].integer && number != (double)(int)number))
-            return fail(error, error_size, "config field %s='%s' is not a%s number", field, value,
-                        fields[i].integer ? "n integer" : "");
-        if (fields[i].integer) *fields[i].integer = (int)number;
-        else *fields[i].real = number;
-        snprintf(c->name, sizeof c->name, "custom");
-        if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
-        return 0;
-    }
-    return fail(error, error_size, "'%s' is not a Qwen2 config field", field);
+int qwen2_config_set(qwen2_config *c, const char *name, const char *value, char *error, size_t error_size) {
+    const config_field *field = field_named(name);
+    if (field == NULL) return fail(error, error_size, "'%s' is not a Qwen2 config field", name);
+    char *end = NULL;
+    double number = strtod(value, &end);
+    if (end == value || *end != '\0' || (field->is_integer && number != (double)(int)number))
+        return fail(error, error_size, "config field %s='%s' is not a%s number", name, value,
+                    field->is_integer ? "n integer" : "");
+    field_store(c, field, number);
+    snprintf(c->name, sizeof c->name, "custom");
+    if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
+    return 0;
 }
 
 int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error, size_t error_size) {
@@ -125,23 +154,13 @@ int qwen2_config_save_json(const qwen2_config *c, const char *path, char *error,
     cJSON *architectures = cJSON_AddArrayToObject(json, "architectures");
     cJSON_AddItemToArray(architectures, cJSON_CreateString("Qwen2ForCausalLM"));
     cJSON_AddStringToObject(json, "model_type", "qwen2");
-    cJSON_AddNumberToObject(json, "vocab_size", c->vocab_size);
-    cJSON_AddNumberToObject(json, "hidden_size", c->hidden_size);
-    cJSON_AddNumberToObject(json, "intermediate_size", c->intermediate_size);
-    cJSON_AddNumberToObject(json, "num_hidden_layers", c->num_hidden_layers);
-    cJSON_AddNumberToObject(json, "num_attention_heads", c->num_attention_heads);
-    cJSON_AddNumberToObject(json, "num_key_value_heads", c->num_key_value_heads);
-    cJSON_AddNumberToObject(json, "max_position_embeddings", c->max_position_embeddings);
-    cJSON_AddNumberToObject(json, "rope_theta", c->rope_theta);
-    cJSON_AddNumberToObject(json, "rms_norm_eps", c->rms_norm_eps);
-    cJSON_AddNumberToObject(json, "initializer_range", c->initializer_range);
+    for (size_t i = 0; i < CONFIG_FIELD_COUNT; i++)
+        cJSON_AddNumberToObject(json, config_fields[i].name, field_load(c, &config_fields[i]));
     cJSON_AddBoolToObject(json, "tie_word_embeddings", c->tie_word_embeddings);
     cJSON_AddStringToObject(json, "hidden_act", "silu");
     cJSON_AddNumberToObject(json, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(json, "use_sliding_window", 0);
     cJSON_AddBoolToObject(json, "use_cache", 1);
-    cJSON_AddNumberToObject(json, "bos_token_id", c->bos_token_id);
-    cJSON_AddNumberToObject(json, "eos_token_id", c->eos_token_id);
     cJSON_AddStringToObject(json, "torch_dtype", "float32");
     char *text = cJSON_Print(json);
     cJSON_Delete(json);
@@ -184,15 +203,14 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     }
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "custom");
-    struct { const char *key; int required; double value; } fields[] = {
-        {"vocab_size", 1, 0}, {"hidden_size", 1, 0}, {"intermediate_size", 1, 0}, {"num_hidden_layers", 1, 0},
-        {"num_attention_heads", 1, 0}, {"num_key_value_heads", 0, -1}, {"max_position_embeddings", 1, 0},
-        {"rope_theta", 0, 10000.0}, {"rms_norm_eps", 0, 1e-6}, {"initializer_range", 0, 0.02},
-        {"bos_token_id", 0, 0}, {"eos_token_id", 0, 0}, {"head_dim", 0, -1},
-    };
     int status = 0;
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0] && status == 0; i++)
-        status = json_number(json, fields[i].key, &fields[i].value, fields[i].required, path, error, error_size);
+    for (size_t i = 0; i < CONFIG_FIELD_COUNT && status == 0; i++) {
+        double value = config_fields[i].fallback;
+        status = json_number(json, config_fields[i].name, &value, config_fields[i].required, path, error, error_size);
+        field_store(c, &config_fields[i], value);
+    }
+    double head_dim = -1;
+    if (status == 0) status = json_number(json, "head_dim", &head_dim, 0, path, error, error_size);
     /* transformers 5 moved rope_theta into "rope_parameters"; older files have it at the top level. */
     const cJSON *rope = cJSON_GetObjectItemCaseSensitive(json, "rope_parameters");
     if (status == 0 && cJSON_IsObject(rope) && cJSON_GetObjectItemCaseSensitive(json, "rope_theta") == NULL) {
@@ -200,7 +218,7 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
         if (cJSON_IsString(type) && strcmp(type->valuestring, "default") != 0)
             status = fail(error, error_size, "%s: rope_type \"%s\" is not supported (only default RoPE)", path,
                           type->valuestring);
-        else status = json_number(rope, "rope_theta", &fields[7].value, 1, path, error, error_size);
+        else status = json_number(rope, "rope_theta", &c->rope_theta, 1, path, error, error_size);
     }
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(json, "tie_word_embeddings");
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(json, "hidden_act");
@@ -208,22 +226,11 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
         status = fail(error, error_size, "%s: hidden_act must be \"silu\"", path);
     cJSON_Delete(json);
     if (status != 0) return -1;
-    c->vocab_size = (int)fields[0].value;
-    c->hidden_size = (int)fields[1].value;
-    c->intermediate_size = (int)fields[2].value;
-    c->num_hidden_layers = (int)fields[3].value;
-    c->num_attention_heads = (int)fields[4].value;
-    c->num_key_value_heads = fields[5].value < 0 ? c->num_attention_heads : (int)fields[5].value;
-    c->max_position_embeddings = (int)fields[6].value;
-    c->rope_theta = fields[7].value;
-    c->rms_norm_eps = fields[8].value;
-    c->initializer_range = fields[9].value;
-    c->bos_token_id = (int)fields[10].value;
-    c->eos_token_id = (int)fields[11].value;
+    if (c->num_key_value_heads < 0) c->num_key_value_heads = c->num_attention_heads;
     c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
-    if (fields[12].value >= 0 && (int)fields[12].value != c->head_dim)
+    if (head_dim >= 0 && (int)head_dim != c->head_dim)
         return fail(error, error_size, "%s: head_dim %d differs from hidden_size / num_attention_heads = %d", path,
-                    (int)fields[12].value, c->head_dim);
+                    (int)head_dim, c->head_dim);
     c->tie_word_embeddings = tie == NULL || cJSON_IsTrue(tie); /* HF's default for Qwen2 is false, but our presets tie */
     if (tie != NULL && !cJSON_IsBool(tie)) return fail(error, error_size, "%s: tie_word_embeddings is not a bool", path);
     return qwen2_config_validate(c, error, error_size);
