@@ -374,6 +374,20 @@ START_TEST(test_malformed_middle_line) {
 }
 END_TEST
 
+/* The export reads through run.h, which pairs every free with a live alloc of its rank. */
+START_TEST(test_unmatched_free_refused) {
+    char *dir = run_dir_make(), error[1024] = "", path[4096];
+    for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
+    path_join(path, sizeof path, dir, "rank1.jsonl");
+    text_append(path, "{\"kind\":\"free\",\"ts\":99,\"rank\":1,\"id\":999,\"bytes\":8,\"category\":\"data\","
+                      "\"owner\":\"nobody\",\"live\":0,\"category_live\":0}\n");
+    ck_assert_int_eq(export_broken(dir, error, sizeof error), -1);
+    ck_assert_msg(strstr(error, "rank1.jsonl line 16:") != NULL && strstr(error, "id 999") != NULL,
+                  "error does not name the line and the id: %s", error);
+    run_dir_remove(dir);
+}
+END_TEST
+
 START_TEST(test_truncated_last_line_skipped) {
     char *dir = run_dir_make(), error[1024] = "", path[4096];
     for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
@@ -420,6 +434,7 @@ static Suite *trace_suite(void) {
     tcase_add_test(errors, test_missing_rank_file);
     tcase_add_test(errors, test_world_disagrees);
     tcase_add_test(errors, test_malformed_middle_line);
+    tcase_add_test(errors, test_unmatched_free_refused);
     tcase_add_test(errors, test_truncated_last_line_skipped);
     tcase_add_test(errors, test_explicit_output_path);
     suite_add_tcase(suite, errors);

@@ -9,13 +9,13 @@
 
 #include <stdio.h>
 
-/* Each view's file name in the run directory; chrome_export names trace.json itself. */
-static const char *const view_names[] = {MEMORY_PAGE_FILE_NAME, SNAPSHOT_FILE_NAME, SUMMARY_FILE_NAME};
-typedef int (*view_writer)(const trace_run *run, const char *out_path, char *error, size_t error_size);
-static const view_writer view_writers[] = {memory_page_write_run, snapshot_write_run, summary_write_run};
+/* Each view's file name in the run directory, and its writer. */
+static const char *const view_names[] = {CHROME_FILE_NAME, MEMORY_PAGE_FILE_NAME, SNAPSHOT_FILE_NAME,
+                                         SUMMARY_FILE_NAME};
+static const trace_view_writer view_writers[] = {chrome_write_run, memory_page_write_run, snapshot_write_run,
+                                                 summary_write_run};
 
 int trace_export_all(const char *rundir, char *error, size_t error_size) {
-    if (chrome_export(rundir, NULL, error, error_size) != 0) return -1;
     trace_run run;
     int status = run_load(&run, rundir, error, error_size);
     for (size_t view = 0; status == 0 && view < sizeof view_names / sizeof view_names[0]; view++) {
@@ -27,9 +27,21 @@ int trace_export_all(const char *rundir, char *error, size_t error_size) {
     return status;
 }
 
+int trace_export_view(const char *rundir, const char *out_path, const char *default_name, trace_view_writer writer,
+                      char *error, size_t error_size) {
+    char path[VIEW_PATH_CAPACITY];
+    if (view_path(path, sizeof path, rundir, out_path, default_name, error, error_size) != 0) return -1;
+    trace_run run;
+    int status = run_load(&run, rundir, error, error_size);
+    if (status == 0) status = writer(&run, path, error, error_size);
+    run_free(&run);
+    return status;
+}
+
 void trace_export_describe(FILE *stream, const char *rundir) {
     fprintf(stream, "events:   %s/rank*.jsonl\n", rundir);
-    fprintf(stream, "trace:    %s/trace.json  (open in chrome://tracing or https://ui.perfetto.dev)\n", rundir);
+    fprintf(stream, "trace:    %s/" CHROME_FILE_NAME "  (open in chrome://tracing or https://ui.perfetto.dev)\n",
+            rundir);
     fprintf(stream, "memory:   %s/" MEMORY_PAGE_FILE_NAME "  (open in any browser; works offline)\n", rundir);
     fprintf(stream, "snapshot: %s/" SNAPSHOT_FILE_NAME "  (drop on https://pytorch.org/memory_viz)\n", rundir);
     fprintf(stream, "summary:  %s/" SUMMARY_FILE_NAME "  (peak memory, collectives, time, comm volume)\n", rundir);

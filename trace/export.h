@@ -12,9 +12,19 @@
 #include <stddef.h>
 #include <stdio.h>
 
-/* Writes the four files into rundir, reading the events once for the last three. Returns 0, or -1 at the first
- * failure with a message naming the file and the cause in `error`; files written before it stay. */
+#include "run.h"
+
+/* Writes the four files into rundir, reading the events once (run_load) for all of them. Returns 0, or -1 at the
+ * first failure with a message naming the file and the cause in `error`; files written before it stay. */
 int trace_export_all(const char *rundir, char *error, size_t error_size);
+
+/* How each view writes a loaded run to a file: chrome_write_run, memory_page_write_run, snapshot_write_run,
+ * summary_write_run. */
+typedef int (*trace_view_writer)(const trace_run *run, const char *out_path, char *error, size_t error_size);
+
+/* Loads rundir and writes one view of it to out_path (NULL: <rundir>/<default_name>), as `fsdptrace <view>` does. */
+int trace_export_view(const char *rundir, const char *out_path, const char *default_name, trace_view_writer writer,
+                      char *error, size_t error_size);
 
 /* Prints where the files are and how to open each, one line per file (what a lab prints at its end). */
 void trace_export_describe(FILE *stream, const char *rundir);

@@ -98,7 +98,7 @@ static int chrome_run(int argc, char **argv) {
     char error[1024];
     if (arguments_parse(argc, argv, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
     if (chrome_export(rundir, out_path, error, sizeof error) != 0) return view_failed(argv[0], error);
-    return view_done(rundir, out_path, "trace.json");
+    return view_done(rundir, out_path, CHROME_FILE_NAME);
 }
 
 static int memory_run(int argc, char **argv) {

@@ -1,6 +1,7 @@
 /* memory_page.c — see memory_page.h. This file gathers the run's data as JSON and writes the page around it; the
  * page's style and script are in memory_page_assets.c. */
 #include "memory_page.h"
+#include "export.h"
 #include "view_file.h"
 
 #include <cjson/cJSON.h>
@@ -169,11 +170,5 @@ int memory_page_write_run(const trace_run *run, const char *out_path, char *erro
 }
 
 int memory_page_write(const char *rundir, const char *out_path, char *error, size_t error_size) {
-    char path[VIEW_PATH_CAPACITY];
-    if (view_path(path, sizeof path, rundir, out_path, MEMORY_PAGE_FILE_NAME, error, error_size) != 0) return -1;
-    trace_run run;
-    int status = run_load(&run, rundir, error, error_size);
-    if (status == 0) status = memory_page_write_run(&run, path, error, error_size);
-    run_free(&run);
-    return status;
+    return trace_export_view(rundir, out_path, MEMORY_PAGE_FILE_NAME, memory_page_write_run, error, error_size);
 }

@@ -151,6 +151,14 @@ static int string_field(rank_reader *reader, const cJSON *line, const char *kind
     return 0;
 }
 
+/* An optional string field (see run.h's RUN_HAS_*): `field` goes into event->present when the line has the key at
+ * all, null included, so the Chrome export can copy it as it was. */
+static int optional_string(rank_reader *reader, const cJSON *line, const char *kind, const char *key, unsigned field,
+                           run_event *event, int *index) {
+    if (cJSON_GetObjectItemCaseSensitive(line, key) != NULL) event->present |= field;
+    return string_field(reader, line, kind, key, 0, index);
+}
+
 /* ---- one parser per kind ---- */
 
 static int state_parse(rank_reader *reader, const cJSON *line, run_event *event) {
@@ -158,12 +166,17 @@ static int state_parse(rank_reader *reader, const cJSON *line, run_event *event)
     if (string_field(reader, line, "state", "machine", 1, &event->machine) != 0) return -1;
     if (string_field(reader, line, "state", "from", 1, &event->from) != 0) return -1;
     if (string_field(reader, line, "state", "to", 1, &event->to) != 0) return -1;
-    return string_field(reader, line, "state", "hook", 0, &event->hook);
+    return optional_string(reader, line, "state", "hook", RUN_HAS_HOOK, event, &event->hook);
 }
 
 static int collective_parse(rank_reader *reader, const cJSON *line, run_event *event) {
     if (string_field(reader, line, "collective", "op", 1, &event->label) != 0) return -1;
-    if (string_field(reader, line, "collective", "unit", 0, &event->unit) != 0) return -1;
+    if (optional_string(reader, line, "collective", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
+    if (optional_string(reader, line, "collective", "reduce", RUN_HAS_REDUCE, event, &event->reduce) != 0) return -1;
+    if (cJSON_GetObjectItemCaseSensitive(line, "count") != NULL) {
+        event->present |= RUN_HAS_COUNT;
+        if (count_field(reader, line, "collective", "count", &event->count) != 0) return -1;
+    }
     if (count_field(reader, line, "collective", "bytes", &event->bytes) != 0) return -1;
     if (count_field(reader, line, "collective", "bytes_sent", &event->bytes_sent) != 0) return -1;
     if (count_field(reader, line, "collective", "bytes_recv", &event->bytes_recv) != 0) return -1;
@@ -193,8 +206,8 @@ static int memory_parse(rank_reader *reader, const cJSON *line, run_event *event
 
 static int compute_parse(rank_reader *reader, const cJSON *line, run_event *event) {
     if (string_field(reader, line, "compute", "name", 1, &event->label) != 0) return -1;
-    if (string_field(reader, line, "compute", "unit", 0, &event->unit) != 0) return -1;
-    if (string_field(reader, line, "compute", "phase", 0, &event->phase) != 0) return -1;
+    if (optional_string(reader, line, "compute", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
+    if (optional_string(reader, line, "compute", "phase", RUN_HAS_PHASE, event, &event->phase) != 0) return -1;
     return number_field(reader, line, "compute", "dur", &event->dur);
 }
 
@@ -242,7 +255,7 @@ static int rank_push(rank_reader *reader, const run_event *event) {
 static int event_parse(rank_reader *reader, const cJSON *line) {
     run_event event = {.line = reader->line_number, .label = RUN_NONE, .unit = RUN_NONE, .machine = RUN_NONE,
                        .from = RUN_NONE, .to = RUN_NONE, .hook = RUN_NONE, .phase = RUN_NONE,
-                       .category = RUN_NONE, .partner = RUN_NONE};
+                       .reduce = RUN_NONE, .category = RUN_NONE, .partner = RUN_NONE};
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(line, "kind");
     if (!cJSON_IsString(kind)) return line_fail(reader, "event has no string field 'kind'");
     if (strcmp(kind->valuestring, "meta") == 0) return line_fail(reader, "a second 'meta' line (only line 1 may be one)");
@@ -264,10 +277,12 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(line, "kind");
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(line, "schema");
     double version, world, rank;
-    if (!cJSON_IsString(kind) || strcmp(kind->valuestring, "meta") != 0)
-        return line_fail(reader, "the first line must be the 'meta' event");
-    if (!cJSON_IsString(schema) || strcmp(schema->valuestring, TRACE_SCHEMA_NAME) != 0)
-        return line_fail(reader, "schema is not '%s'", TRACE_SCHEMA_NAME);
+    if (!cJSON_IsString(kind)) return line_fail(reader, "the first line must be the 'meta' event");
+    if (strcmp(kind->valuestring, "meta") != 0)
+        return line_fail(reader, "the first line must be the 'meta' event, not '%s'", kind->valuestring);
+    if (!cJSON_IsString(schema)) return line_fail(reader, "'meta' event has no string field 'schema'");
+    if (strcmp(schema->valuestring, TRACE_SCHEMA_NAME) != 0)
+        return line_fail(reader, "schema '%s', expected '%s'", schema->valuestring, TRACE_SCHEMA_NAME);
     if (number_field(reader, line, "meta", "version", &version) != 0) return -1;
     if (number_field(reader, line, "meta", "world", &world) != 0) return -1;
     if (number_field(reader, line, "meta", "rank", &rank) != 0) return -1;
@@ -386,7 +401,8 @@ static int frees_match(rank_reader *reader) {
     return status;
 }
 
-/* Lines before the last t0 mark count from an older t0; like the Chrome export, they are put at 0. */
+/* Lines before the last t0 mark count from an older t0, so their ts would land after the run's start; they happened
+ * before t0 and are put at 0, keeping file order. */
 static void early_events_clamp(rank_reader *reader) {
     for (size_t index = 0; index < reader->t0_event; index++) reader->rank->events[index].ts = 0;
 }

@@ -1,5 +1,6 @@
-/* run.h — a run directory's events read back into memory, for the views that need a whole rank at once: the memory
- * page, the memory_viz snapshot and the summary. (The Chrome export streams one rank at a time and reads on its own.)
+/* run.h — a run directory's events read back into memory: the one reader of rank<R>.jsonl that every view uses (the
+ * Chrome export, the memory page, the memory_viz snapshot and the summary), so they all accept and refuse the same
+ * files with the same messages, and `trace_export_all` reads a run once for all four.
  *
  * Every rank<R>.jsonl of the run is parsed with cJSON and checked against trace/EVENTS.md; each event keeps its line
  * number, so every view can send the learner back to the exact line. Strings (owners, units, states...) are stored
@@ -27,18 +28,31 @@ typedef enum run_event_kind {
 
 enum { RUN_NONE = -1 };  /* a string field that the line has not, or has as null; a free with no alloc */
 
+/* Optional fields a line may leave out. run_event.present says which ones the line has (as a value or as null):
+ * the Chrome export copies into its args exactly the fields the line has, as the line has them. */
+enum {
+    RUN_HAS_UNIT = 1 << 0,    /* collective, compute */
+    RUN_HAS_PHASE = 1 << 1,   /* compute */
+    RUN_HAS_REDUCE = 1 << 2,  /* collective */
+    RUN_HAS_COUNT = 1 << 3,   /* collective */
+    RUN_HAS_HOOK = 1 << 4,    /* state */
+};
+
 /* One JSONL line. Which fields mean something depends on the kind (EVENTS.md): the rest are 0 or RUN_NONE. */
 typedef struct run_event {
     run_event_kind kind;
     size_t line;          /* line number in rank<R>.jsonl; line 1 is the meta line, so events start at 2 */
-    double ts;            /* microseconds since t0; 0 for lines before the last "t0" mark, like the Chrome export */
+    double ts;            /* microseconds since t0; 0 when negative or on a line before the last "t0" mark */
     double dur;           /* collective, compute */
     int label;            /* string: alloc/free owner, collective op, compute name, mark text */
     int unit;             /* string: state, collective, compute */
     int machine, from, to, hook;  /* strings: state */
     int phase;            /* string: compute */
+    int reduce;           /* string: collective */
     int category;         /* alloc/free: index into run_categories */
+    unsigned present;     /* RUN_HAS_* of the optional fields the line has */
     uint64_t id, bytes, bytes_sent, bytes_recv, seq, peak_bytes;
+    uint64_t count;       /* collective: floats in the buffer */
     long partner;         /* alloc: index of its free in the rank's events, free: of its alloc; RUN_NONE if none */
     int step, micro;
     double loss, seconds;

@@ -1,6 +1,7 @@
 /* snapshot.c — see snapshot.h. The field names are those of torch.cuda.memory._snapshot()'s documented TypedDicts
  * (Snapshot, Segment, Block, Frame, TraceEntry) and what torch/utils/viz/MemoryViz.js reads from them. */
 #include "snapshot.h"
+#include "export.h"
 #include "pickle.h"
 #include "view_file.h"
 
@@ -366,11 +367,5 @@ int snapshot_write_run(const trace_run *run, const char *out_path, char *error, 
 }
 
 int snapshot_write(const char *rundir, const char *out_path, char *error, size_t error_size) {
-    char path[VIEW_PATH_CAPACITY];
-    if (view_path(path, sizeof path, rundir, out_path, SNAPSHOT_FILE_NAME, error, error_size) != 0) return -1;
-    trace_run run;
-    int status = run_load(&run, rundir, error, error_size);
-    if (status == 0) status = snapshot_write_run(&run, path, error, error_size);
-    run_free(&run);
-    return status;
+    return trace_export_view(rundir, out_path, SNAPSHOT_FILE_NAME, snapshot_write_run, error, error_size);
 }
