@@ -11,8 +11,7 @@ const char *fp_shard_state_name(fp_shard_state state) { return state == FP_UNSHA
 
 void fp_fill_normal(const char *name, size_t first, size_t count, float *out, void *user) {
     const fp_normal_init *init = user;
-    uint64_t stream = rng_stream_of(name);
-    for (size_t i = 0; i < count; i++) out[i] = rng_normal(init->seed, stream, first + i, 0.0f, init->std);
+    rng_fill_normal(init->seed, rng_stream_of(name), first, count, 0.0f, init->std, out);
 }
 
 static int bad_spec(flat_param *fp, int index, const char *why) {

@@ -341,8 +341,7 @@ void qwen2_init_fill(const char *name, size_t first, size_t count, float *out, v
     } else if (ends_with(name, ".bias")) {
         memset(out, 0, count * sizeof(float));
     } else {
-        uint64_t stream = rng_stream_of(name);
-        for (size_t i = 0; i < count; i++) out[i] = rng_normal(init->seed, stream, first + i, 0.0f, init->std);
+        rng_fill_normal(init->seed, rng_stream_of(name), first, count, 0.0f, init->std, out);
     }
 }
 

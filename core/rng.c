@@ -22,10 +22,27 @@ float rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
     return (float)(rng_bits(seed, stream, index) >> 40) * (1.0f / 16777216.0f);
 }
 
+/* The Box-Muller pair k: radius and angle from the uniforms at counters 2k and 2k+1, in double. */
+static void normal_pair(uint64_t seed, uint64_t stream, uint64_t pair, double *cosine, double *sine) {
+    double u1 = 1.0 - (double)rng_uniform(seed, stream, 2 * pair); /* in (0, 1]: the log is finite */
+    double angle = 6.283185307179586 * (double)rng_uniform(seed, stream, 2 * pair + 1);
+    double radius = sqrt(-2.0 * log(u1));
+    *cosine = radius * cos(angle);
+    *sine = radius * sin(angle);
+}
+
 float rng_normal(uint64_t seed, uint64_t stream, uint64_t index, float mean, float std) {
-    /* 1 - u lies in (0, 1], so the log is finite. Computed in double, then rounded once. */
-    double u1 = 1.0 - (double)rng_uniform(seed, stream, 2 * index);
-    double u2 = (double)rng_uniform(seed, stream, 2 * index + 1);
-    double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    return (float)((double)mean + (double)std * z);
+    double cosine, sine;
+    normal_pair(seed, stream, index / 2, &cosine, &sine);
+    return (float)((double)mean + (double)std * (index % 2 ? sine : cosine));
+}
+
+void rng_fill_normal(uint64_t seed, uint64_t stream, uint64_t first, size_t count, float mean, float std, float *out) {
+    for (size_t i = 0; i < count;) {
+        uint64_t index = first + i;
+        double cosine, sine;
+        normal_pair(seed, stream, index / 2, &cosine, &sine);
+        if (index % 2 == 0) out[i++] = (float)((double)mean + (double)std * cosine);
+        if (i < count) out[i++] = (float)((double)mean + (double)std * sine); /* index + 1 or an odd start */
+    }
 }

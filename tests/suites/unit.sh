@@ -9,6 +9,7 @@ mpi_suite() { # mpi_suite NAME BINARY RANKS...
 }
 check "test_mem: tracked allocator" tests/bin/test_mem
 check "test_safetensors: round trip, HF-written file, refusals" tests/bin/test_safetensors
+check "test_rng: counter-based, any range alone, normal statistics" tests/bin/test_rng
 mpi_suite "test_comm: collectives vs Send/Recv reference" tests/bin/test_comm 1 2 3 4
 mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_flat_param 1 2 3 4
 mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batches" tests/bin/test_data 1 2 4
