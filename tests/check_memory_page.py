@@ -22,6 +22,8 @@ import tempfile
 import time
 import urllib.request
 
+from check_report import Report
+
 SKIPPED = 77
 VIEWPORT = (1600, 1000)
 
@@ -29,24 +31,6 @@ VIEWPORT = (1600, 1000)
 def skip(reason):
     print(f"skipped: {reason}")
     sys.exit(SKIPPED)
-
-
-class Report:
-    """One OK / FAIL line per check, like tests/validate_trace.py."""
-
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, title, problems):
-        if problems:
-            self.failed += 1
-            print(f"FAIL {title}")
-            for problem in problems[:12]:
-                print(f"       {problem}")
-        else:
-            self.passed += 1
-            print(f"OK   {title}")
 
 
 def rank_files(rundir):
@@ -321,8 +305,7 @@ def main():
     print(f"page: {page_path}, {os.path.getsize(page_path):,} bytes; navigation to drawn {load_ms:.0f} ms; "
           f"drawing one rank {max(render_times):.1f} ms at most")
     print(f"screenshot: {shot_path}")
-    print(f"{report.passed} passed, {report.failed} failed")
-    return 1 if report.failed else 0
+    return report.finish()
 
 
 if __name__ == "__main__":

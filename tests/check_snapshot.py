@@ -24,6 +24,8 @@ import pickle
 import pickletools
 import sys
 
+from check_report import Report
+
 # The opcodes MemoryViz.js's unpickle() handles (protocol 2 subset a dict/list/str/int/bool/None pickle needs).
 VIEWER_OPCODES = {"PROTO", "STOP", "MARK", "EMPTY_DICT", "SETITEMS", "SETITEM", "EMPTY_LIST", "APPENDS", "APPEND",
                   "BININT", "BININT1", "BININT2", "LONG1", "BINUNICODE", "SHORT_BINUNICODE", "NEWTRUE", "NEWFALSE",
@@ -32,24 +34,6 @@ ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segmen
 BLOCK_STATES = {"active_allocated", "active_pending_free", "inactive"}
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state", "activation",
               "checkpoint_input", "workspace", "comm_buffer", "data"]
-
-
-class Report:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, title, problems):
-        if problems:
-            self.failed += 1
-            print(f"FAIL {title}")
-            for problem in problems[:12]:
-                print(f"       {problem}")
-            if len(problems) > 12:
-                print(f"       ... and {len(problems) - 12} more")
-        else:
-            self.passed += 1
-            print(f"OK   {title}")
 
 
 def is_int(value):
@@ -280,8 +264,7 @@ def main():
     report.check("the trace is the events: bytes, category, owner, line of every alloc; same peak",
                  events_problems(snapshot, args.rundir, peaks))
     torch_readers(snapshot, report)
-    print(f"{report.passed} passed, {report.failed} failed")
-    return 1 if report.failed else 0
+    return report.finish()
 
 
 if __name__ == "__main__":

@@ -176,7 +176,7 @@ def check_init_statistics(stored):
     outliers = [name for name, tensor in stored.items() if tensor.ndim == 2 and (
         abs(tensor.mean().item()) > 5 * INIT_STD / math.sqrt(tensor.numel())
         or abs(tensor.std().item() / INIT_STD - 1) > 5 / math.sqrt(2 * tensor.numel()))]
-    report(not outliers, f"1b init: every weight matrix's mean and std within 5 standard errors"
+    report(not outliers, "1b init: every weight matrix's mean and std within 5 standard errors"
            + (f"; not {outliers}" if outliers else ""))
     biases = [name for name in stored if name.endswith(".bias")]
     report(all(not stored[name].any() for name in biases), f"1b init: all {len(biases)} biases zero")

@@ -9,6 +9,7 @@
 
 #include "../core/layers.h"
 #include "../core/rng.h"
+#include "check_main.h"
 
 /* Finite differences in float: eps 1e-2 on O(1) inputs keeps truncation error ~1e-4 and rounding error ~1e-5. */
 #define FD_EPS 1e-2f
@@ -281,9 +282,5 @@ int main(void) {
     tcase_add_test(tc, test_embedding_gradient_accumulates_repeated_tokens);
     tcase_add_test(tc, test_cross_entropy_gradient_mean_and_ignore_index);
     suite_add_tcase(suite, tc);
-    SRunner *runner = srunner_create(suite);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(suite);
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../core/mem.h"
+#include "check_main.h"
 
 START_TEST(test_live_and_peak_by_category) {
     mem_tracker tracker;
@@ -171,9 +172,5 @@ int main(void) {
     tcase_add_test(tc, test_category_names_round_trip);
     tcase_add_test(tc, test_format_bytes);
     suite_add_tcase(suite, tc);
-    SRunner *runner = srunner_create(suite);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(suite);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "../core/rng.h"
+#include "check_main.h"
 
 START_TEST(test_fill_equals_one_by_one_for_any_start_and_length) {
     uint64_t stream = rng_stream_of("model.layers.0.mlp.up_proj.weight");
@@ -54,9 +55,5 @@ int main(void) {
     tcase_add_test(tc, test_values_depend_on_seed_stream_and_index_only);
     tcase_add_test(tc, test_normal_statistics);
     suite_add_tcase(suite, tc);
-    SRunner *runner = srunner_create(suite);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(suite);
 }

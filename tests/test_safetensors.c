@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../core/safetensors.h"
+#include "check_main.h"
 
 static char directory[] = "/tmp/fsdplab_test_st_XXXXXX";
 static char path[256];
@@ -171,9 +172,5 @@ int main(void) {
     tcase_add_test(tc, test_duplicate_names_are_not_written);
     tcase_add_test(tc, test_reads_a_file_written_by_hf_safetensors);
     suite_add_tcase(suite, tc);
-    SRunner *runner = srunner_create(suite);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(suite);
 }

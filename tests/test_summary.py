@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+from check_report import Report
+
 # (kind, ts, fields) in file order; line numbers start at 3 (line 1 meta, line 2 the t0 mark).
 EVENTS = [
     ("alloc", 1, {"id": 1, "bytes": 2000, "category": "param_shard", "owner": "root._local_shard"}),        # 3: 2000
@@ -78,22 +80,6 @@ TIME_SHARES = {"compute": 100 * 40 / 140, "comm": 100 * 94 / 140, "overlap": 100
 # measured = 4000 + 6000 + 6000 + 6000 + 4000 = 26000 over 1 micro-batch = 2.6 P; ZeRO-3 3 P = 30000; DDP 2 P.
 VOLUME = {"parameters": 10000, "measured": 26000, "per_micro_batch": 2.6, "zero3": 30000, "zero3_ratio": 26 / 30,
           "all_reduce": 20000, "all_reduce_ratio": 1.3}
-
-
-class Report:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, title, problems):
-        if problems:
-            self.failed += 1
-            print(f"FAIL {title}")
-            for problem in problems:
-                print(f"       {problem}")
-        else:
-            self.passed += 1
-            print(f"OK   {title}")
 
 
 def write_run(rundir, world, events):
@@ -231,8 +217,7 @@ def main():
         report.check("a free of an unknown id is refused, naming file, line and id",
                      [] if done.returncode == 1 and wanted in done.stderr
                      else [f"exit {done.returncode}, stderr {done.stderr.strip()!r}, wanted {wanted!r}"])
-    print(f"{report.passed} passed, {report.failed} failed")
-    return 1 if report.failed else 0
+    return report.finish()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "../trace/chrome.h"
 #include "../trace/trace.h"
+#include "check_main.h"
 
 #include <check.h>
 #include <cjson/cJSON.h>
@@ -448,9 +449,5 @@ static Suite *trace_suite(void) {
 }
 
 int main(void) {
-    SRunner *runner = srunner_create(trace_suite());
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return check_run(trace_suite());
 }

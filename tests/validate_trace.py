@@ -13,6 +13,8 @@ import os
 import sys
 from collections import defaultdict
 
+from check_report import Report
+
 SCHEMA_NAME = "fsdplab-events"
 SCHEMA_VERSION = 1
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
@@ -22,30 +24,6 @@ THREAD_NAMES = {1: "compute", 2: "comm", 3: "memory"}
 # JSONL kind -> (Chrome phase, tid) it becomes; the counts per rank must agree.
 KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", 2), "state": ("i", 1), "mark": ("i", 1),
                  "step": ("i", 1), "alloc": ("C", 3), "free": ("C", 3)}
-PROBLEMS_SHOWN = 12
-
-
-class Report:
-    """Prints one line per check and remembers whether any failed."""
-
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, title, problems):
-        if problems:
-            self.failed += 1
-            print(f"FAIL {title}")
-            for problem in problems[:PROBLEMS_SHOWN]:
-                print(f"       {problem}")
-            if len(problems) > PROBLEMS_SHOWN:
-                print(f"       ... and {len(problems) - PROBLEMS_SHOWN} more")
-        else:
-            self.passed += 1
-            print(f"OK   {title}")
-
-    def skip(self, title, reason):
-        print(f"SKIP {title} ({reason})")
 
 
 def is_int(value):
@@ -365,8 +343,7 @@ def main():
             report.skip("trace checks against the JSONL", "the JSONL files are unusable")
     elif events is not None:
         report.skip("ordering, spans, names, counters, flows", "events lack required fields")
-    print(f"validate_trace: {report.passed} passed, {report.failed} failed")
-    return 1 if report.failed else 0
+    return report.finish("validate_trace")
 
 
 if __name__ == "__main__":
