@@ -71,10 +71,6 @@ static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category,
                 tracker->rank, bytes, mem_category_name(category), owner, tracker->live_bytes);
         abort();
     }
-    /* The address may be one we saw freed: it is no longer a candidate for "double free". */
-    for (size_t i = 0; i < MEM_RECENT_FREES; i++)
-        if (tracker->recent_frees[i].ptr == ptr) tracker->recent_frees[i].ptr = NULL;
-
     mem_block *block = &tracker->live_blocks[tracker->live_count++];
     block->ptr = ptr;
     block->bytes = bytes;
@@ -111,8 +107,11 @@ int mem_try_free(mem_tracker *tracker, void *ptr) {
     if (ptr == NULL) return 0;
     mem_block *block = find_live(tracker, ptr);
     if (block == NULL) {
-        for (size_t i = 0; i < MEM_RECENT_FREES; i++) {
-            const mem_block *freed = &tracker->recent_frees[i];
+        /* Not live: if it was freed lately it is a double free. Newest first, so that an address malloc handed out
+         * again (and that was freed again since) is reported with its latest owner; a live address never gets
+         * here, which is why allocating needs no bookkeeping of reused addresses. */
+        for (size_t back = 1; back <= MEM_RECENT_FREES; back++) {
+            const mem_block *freed = &tracker->recent_frees[(tracker->recent_next + MEM_RECENT_FREES - back) % MEM_RECENT_FREES];
             if (freed->ptr == ptr) {
                 snprintf(tracker->error, sizeof tracker->error,
                          "rank %d: double free of %zu bytes of %s owned by '%s' (allocation id %llu)",

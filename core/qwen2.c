@@ -479,14 +479,24 @@ static int norm_param(const qwen2_model *model) { return 1 + LAYER_PARAM_COUNT *
 
 /* ---------------------------------------------------------------- activations */
 
-/* A tracked float buffer named "layers.<l>.<owner>" (or "<owner>" outside the layers). Forward outputs are
- * written whole, so ACTIVATION buffers start undefined; gradient buffers (+= targets) start at zero. */
-static float *activation(qwen2_model *model, size_t count, const char *owner, int layer, mem_category category) {
+/* Tracked float buffers named "layers.<l>.<owner>" (or "<owner>" outside the layers), in two kinds that say what
+ * the code does with them: an output buffer is written whole by the call that fills it, so it starts undefined (no
+ * time spent zeroing); a sum buffer is what backward kernels add into (+=), so it starts at zero. */
+static float *tracked_buffer(qwen2_model *model, size_t count, const char *owner, int layer, mem_category category,
+                             int zeroed) {
     char name[MEM_OWNER_MAX];
     if (layer >= 0) snprintf(name, sizeof name, "layers.%d.%s", layer, owner);
     else snprintf(name, sizeof name, "%s", owner);
-    if (category == MEM_ACTIVATION) return mem_alloc_uninitialized(&model->ctx->mem, count * sizeof(float), category, name);
-    return mem_alloc(&model->ctx->mem, count * sizeof(float), category, name);
+    return zeroed ? mem_alloc(&model->ctx->mem, count * sizeof(float), category, name)
+                  : mem_alloc_uninitialized(&model->ctx->mem, count * sizeof(float), category, name);
+}
+
+static float *output_buffer(qwen2_model *model, size_t count, const char *owner, int layer, mem_category category) {
+    return tracked_buffer(model, count, owner, layer, category, 0);
+}
+
+static float *sum_buffer(qwen2_model *model, size_t count, const char *owner, int layer, mem_category category) {
+    return tracked_buffer(model, count, owner, layer, category, 1);
 }
 
 static void release(qwen2_model *model, float **buffer) {
@@ -501,7 +511,7 @@ static void release(qwen2_model *model, float **buffer) {
 static const float *stacked_pair(qwen2_model *model, const float *first, const float *second, size_t count,
                                  float **copy, int layer) {
     if (second == first + count) return first;
-    *copy = activation(model, 2 * count, "mlp.gate_up_weight", layer, MEM_WORKSPACE);
+    *copy = output_buffer(model, 2 * count, "mlp.gate_up_weight", layer, MEM_WORKSPACE);
     memcpy(*copy, first, count * sizeof(float));
     memcpy(*copy + count, second, count * sizeof(float));
     return *copy;
@@ -513,8 +523,8 @@ static void ensure_rope(qwen2_model *model, int T) {
     release(model, &model->rope_cos);
     release(model, &model->rope_sin);
     size_t count = (size_t)T * model->config.head_dim;
-    model->rope_cos = activation(model, count, "rope.cos", -1, MEM_WORKSPACE);
-    model->rope_sin = activation(model, count, "rope.sin", -1, MEM_WORKSPACE);
+    model->rope_cos = output_buffer(model, count, "rope.cos", -1, MEM_WORKSPACE);
+    model->rope_sin = output_buffer(model, count, "rope.sin", -1, MEM_WORKSPACE);
     rope_tables(model->rope_cos, model->rope_sin, T, model->config.head_dim, (float)model->config.rope_theta);
     model->rope_positions = T;
 }
@@ -594,7 +604,7 @@ static mem_category residual_category(const qwen2_model *model, const qwen2_acti
 void qwen2_embed_forward(qwen2_model *model, qwen2_activations *acts) {
     size_t N = (size_t)acts->B * acts->T;
     int C = model->config.hidden_size;
-    acts->residuals[0] = activation(model, N * C, "embed_tokens.output", -1, residual_category(model, acts, 0));
+    acts->residuals[0] = output_buffer(model, N * C, "embed_tokens.output", -1, residual_category(model, acts, 0));
     embedding_forward(acts->residuals[0], acts->tokens, qwen2_param_data(model, embed_param()), (int)N, C);
 }
 
@@ -607,35 +617,35 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *w[LAYER_PARAM_COUNT];
     for (int k = 0; k < LAYER_PARAM_COUNT; k++) w[k] = qwen2_param_data(model, layer_param(l, k));
 
-    a->ln1 = activation(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
-    a->ln1_rstd = activation(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
+    a->ln1 = output_buffer(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
+    a->ln1_rstd = output_buffer(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
     rmsnorm_forward(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
-    a->q = activation(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
-    a->k = activation(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
-    a->v = activation(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
+    a->q = output_buffer(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
+    a->k = output_buffer(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
+    a->v = output_buffer(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
     linear_forward(a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
     linear_forward(a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
     linear_forward(a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
     rope_forward(a->q, model->rope_cos, model->rope_sin, B, T, H, D);
     rope_forward(a->k, model->rope_cos, model->rope_sin, B, T, KVH, D);
-    a->probs = activation(model, (size_t)B * H * T * T, "self_attn.probs", l, MEM_ACTIVATION);
-    a->attention = activation(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
+    a->probs = output_buffer(model, (size_t)B * H * T * T, "self_attn.probs", l, MEM_ACTIVATION);
+    a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
     attention_forward(a->attention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
-    a->mid = activation(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
+    a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
     linear_forward(a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
     add_inplace(a->mid, x, (size_t)N * C);
 
-    a->ln2 = activation(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
-    a->ln2_rstd = activation(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
+    a->ln2 = output_buffer(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
+    a->ln2_rstd = output_buffer(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
     rmsnorm_forward(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
-    a->gate_up = activation(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
-    a->swiglu = activation(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
+    a->gate_up = output_buffer(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
+    a->swiglu = output_buffer(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
     float *stacked = NULL;
     linear_forward(a->gate_up, a->ln2, stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l),
                    NULL, N, C, 2 * I);
     release(model, &stacked);
     swiglu_forward(a->swiglu, a->gate_up, N, I);
-    float *out = acts->residuals[l + 1] = activation(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
+    float *out = acts->residuals[l + 1] = output_buffer(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
     linear_forward(out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
     add_inplace(out, a->mid, (size_t)N * C);
 }
@@ -643,15 +653,15 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
 float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size;
-    acts->final_norm = activation(model, (size_t)N * C, "norm.output", -1, MEM_ACTIVATION);
-    acts->final_rstd = activation(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
+    acts->final_norm = output_buffer(model, (size_t)N * C, "norm.output", -1, MEM_ACTIVATION);
+    acts->final_rstd = output_buffer(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
     rmsnorm_forward(acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
                     qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
-    acts->logits = activation(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
+    acts->logits = output_buffer(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
     /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
     linear_forward(acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);
     if (acts->targets == NULL) return 0.0f;
-    acts->dlogits = activation(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
+    acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
     acts->loss = cross_entropy_forward_backward(acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
                                                 &acts->target_count);
     return acts->loss;
@@ -668,13 +678,12 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
     if (acts->dlogits == NULL) ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
-    float *dnorm = activation(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
+    float *dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
     linear_backward(dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
                     qwen2_param_data(model, embed_param()), N, C, V);
     release(model, &acts->dlogits);
     release(model, &acts->logits);
-    acts->dresiduals[L] = activation(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
-    memset(acts->dresiduals[L], 0, (size_t)N * C * sizeof(float)); /* rmsnorm_backward adds into it */
+    acts->dresiduals[L] = sum_buffer(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
     rmsnorm_backward(acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
                      qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
     release(model, &dnorm);
@@ -695,19 +704,19 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
         g[k] = qwen2_param_grad(model, layer_param(l, k));
     }
     /* MLP half: out = mid + down(swiglu(gate(ln2), up(ln2))), ln2 = norm(mid) */
-    float *dmid = activation(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE);
+    float *dmid = output_buffer(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE);
     memcpy(dmid, dout, (size_t)N * C * sizeof(float));
-    float *dswiglu = activation(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
+    float *dswiglu = sum_buffer(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
     linear_backward(dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
-    float *dgate_up = activation(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
+    float *dgate_up = sum_buffer(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
     swiglu_backward(dgate_up, dswiglu, a->gate_up, N, I);
     release(model, &dswiglu);
-    float *dln2 = activation(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
+    float *dln2 = sum_buffer(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
     float *stacked = NULL, *stacked_grad = NULL;
     const float *gate_up_weight = stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l);
     float *gate_up_grad = g[UP_WEIGHT] == g[GATE_WEIGHT] + (size_t)I * C
                               ? g[GATE_WEIGHT]
-                              : (stacked_grad = activation(model, (size_t)2 * I * C, "mlp.gate_up_grad", l, MEM_WORKSPACE));
+                              : (stacked_grad = sum_buffer(model, (size_t)2 * I * C, "mlp.gate_up_grad", l, MEM_WORKSPACE));
     linear_backward(dln2, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
     if (stacked_grad != NULL) { /* the rare split case: hand each half back */
         add_inplace(g[GATE_WEIGHT], stacked_grad, (size_t)I * C);
@@ -720,18 +729,18 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &dln2);
 
     /* attention half: mid = x + o_proj(attention(rope(q), rope(k), v)), q,k,v = proj(ln1), ln1 = norm(x) */
-    float *dattention = activation(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
+    float *dattention = sum_buffer(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
     linear_backward(dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
-    float *dq = activation(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
-    float *dk = activation(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
-    float *dv = activation(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
-    float *scratch = activation(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
+    float *dq = sum_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
+    float *dk = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
+    float *dv = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
+    float *scratch = output_buffer(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
     attention_backward(dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
     release(model, &scratch);
     release(model, &dattention);
     rope_backward(dq, model->rope_cos, model->rope_sin, B, T, H, D);
     rope_backward(dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
-    float *dln1 = activation(model, (size_t)N * C, "input_layernorm.doutput", l, MEM_WORKSPACE);
+    float *dln1 = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput", l, MEM_WORKSPACE);
     linear_backward(dln1, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
     linear_backward(dln1, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
     linear_backward(dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
@@ -739,7 +748,7 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &dk);
     release(model, &dv);
     /* dx = dmid (the residual path) + the norm's backward */
-    float *dx = acts->dresiduals[l] = activation(model, (size_t)N * C, "dresidual", l - 1, MEM_ACTIVATION);
+    float *dx = acts->dresiduals[l] = output_buffer(model, (size_t)N * C, "dresidual", l - 1, MEM_ACTIVATION);
     memcpy(dx, dmid, (size_t)N * C * sizeof(float));
     rmsnorm_backward(dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
     release(model, &dln1);
