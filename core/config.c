@@ -16,6 +16,16 @@ long cfg_env_int(context *ctx, const char *name, long default_value, long min_va
     return value;
 }
 
+double cfg_env_real(context *ctx, const char *name, double default_value, double min_value, double max_value) {
+    const char *text = getenv(name);
+    if (text == NULL || text[0] == '\0') return default_value;
+    char *end = NULL;
+    double value = strtod(text, &end);
+    if (end == text || *end != '\0' || !(value >= min_value && value <= max_value))
+        ctx_exit_all(ctx, 2, "%s='%s' is not a number in %g..%g", name, text, min_value, max_value);
+    return value;
+}
+
 const char *cfg_env_choice(context *ctx, const char *name, const char *default_value, const char *const *choices) {
     const char *text = getenv(name);
     if (text == NULL || text[0] == '\0') return default_value;

@@ -11,6 +11,8 @@
 
 /* The integer in variable `name`, or default_value when unset or empty; must lie in [min_value, max_value]. */
 long cfg_env_int(context *ctx, const char *name, long default_value, long min_value, long max_value);
+/* The real number in variable `name` (strtod syntax), or default_value; must lie in [min_value, max_value]. */
+double cfg_env_real(context *ctx, const char *name, double default_value, double min_value, double max_value);
 /* SEED, the one seed every lab's values come from (default 1234). */
 uint64_t cfg_env_seed(context *ctx);
 /* The value of `name`, which must be one of the NULL-terminated `choices`; default_value when unset or empty. */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "layers.h"
 #include "rng.h"
 
@@ -126,6 +127,21 @@ int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error,
         if (qwen2_config_set(config, item, equals + 1, error, error_size) != 0) return -1;
     }
     return qwen2_config_validate(config, error, error_size);
+}
+
+void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len) {
+    static const char *const presets[] = {"tiny", "qwen2-0.5b", NULL};
+    const char *preset = cfg_env_choice(ctx, "MODEL", "tiny", presets);
+    qwen2_config_preset(config, preset, ctx->error, sizeof ctx->error);
+    const char *overrides = getenv("CONFIG");
+    if (overrides != NULL && overrides[0] != '\0') {
+        if (qwen2_config_apply(config, overrides, ctx->error, sizeof ctx->error) != 0)
+            ctx_exit_all(ctx, 2, "CONFIG='%s': %s", overrides, ctx->error);
+        snprintf(config->name, sizeof config->name, "%s + CONFIG", preset);
+    }
+    if (seq_len > config->max_position_embeddings)
+        ctx_exit_all(ctx, 2, "SEQ=%d is longer than MODEL=%s's max_position_embeddings %d", seq_len, preset,
+                     config->max_position_embeddings);
 }
 
 int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size) {

@@ -47,6 +47,9 @@ int qwen2_config_preset(qwen2_config *config, const char *name, char *error, siz
 int qwen2_config_set(qwen2_config *config, const char *field, const char *value, char *error, size_t error_size);
 /* Several overrides, "hidden_size=512,num_hidden_layers=8" (the labs' CONFIG setting). */
 int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error, size_t error_size);
+/* The labs' model: MODEL (a preset, default tiny) with CONFIG's overrides applied, checked to hold seq_len
+ * positions. A bad value stops every rank with a message naming the variable (ctx_exit_all). */
+void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len);
 /* Checks the shape rules (heads divide hidden, KV heads divide heads, even head_dim, ...). */
 int qwen2_config_validate(const qwen2_config *config, char *error, size_t error_size);
 /* config.json in HF's Qwen2Config format. */

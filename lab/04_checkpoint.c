@@ -92,16 +92,10 @@ int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "04_checkpoint", "runs/04_checkpoint");
     ctx_require_world_size(&ctx, 1, 8);
-    static const char *const models[] = {"tiny", "qwen2-0.5b", NULL};
-    const char *model_name = cfg_env_choice(&ctx, "MODEL", "tiny", models);
     int B = (int)cfg_env_int(&ctx, "MBS", 4, 1, 4096), T = (int)cfg_env_int(&ctx, "SEQ", 128, 2, 32768);
     uint64_t seed = cfg_env_seed(&ctx);
     qwen2_config config;
-    if (qwen2_config_preset(&config, model_name, ctx.error, sizeof ctx.error) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
-    const char *overrides = getenv("CONFIG");
-    if (overrides && overrides[0] && qwen2_config_apply(&config, overrides, ctx.error, sizeof ctx.error) != 0)
-        ctx_exit_all(&ctx, 2, "CONFIG='%s': %s", overrides, ctx.error);
-    if (T > config.max_position_embeddings) ctx_exit_all(&ctx, 2, "SEQ=%d exceeds %d positions", T, config.max_position_embeddings);
+    qwen2_config_from_env(&ctx, &config, T);
 
     qwen2_model model;
     qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
@@ -126,7 +120,7 @@ int main(int argc, char **argv) {
 
     if (ctx.rank == 0) {
         double layer_flops = qwen2_forward_flops(&config, B, T, 1), step_flops = 3.0 * qwen2_forward_flops(&config, B, T, 0);
-        printf("lab 04 — activation checkpointing, %s (%d layers), micro-batch %d x %d per rank, %d ranks\n\n", model_name,
+        printf("lab 04 — activation checkpointing, %s (%d layers), micro-batch %d x %d per rank, %d ranks\n\n", config.name,
                config.num_hidden_layers, B, T, ctx.world_size);
         printf("  %-26s %12s %18s %12s %12s\n", "rank 0", "activation", "checkpoint_input", "peak", "time");
         print_row("without checkpointing", &without);

@@ -44,28 +44,15 @@
 #include "../core/qwen2.h"
 
 typedef struct settings {
-    const char *model, *strategy, *data, *save, *config, *wrap, *peak;
+    const char *strategy, *data, *save, *wrap, *peak;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
     double lr, clip;
     uint64_t seed;
 } settings;
 
-/* A real number from the environment, checked like cfg_env_int. */
-static double env_real(context *ctx, const char *name, double fallback, double min_value, double max_value) {
-    const char *text = getenv(name);
-    if (text == NULL || text[0] == '\0') return fallback;
-    char *end = NULL;
-    double value = strtod(text, &end);
-    if (end == text || *end != '\0' || !(value >= min_value && value <= max_value))
-        ctx_exit_all(ctx, 2, "%s='%s' is not a number in %g..%g", name, text, min_value, max_value);
-    return value;
-}
-
 static settings read_settings(context *ctx) {
-    static const char *const models[] = {"tiny", "qwen2-0.5b", NULL};
     static const char *const strategies[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
     settings s = {
-        .model = cfg_env_choice(ctx, "MODEL", "tiny", models),
         .strategy = cfg_env_choice(ctx, "STRATEGY", "FULL_SHARD", strategies),
         .micro_batch = (int)cfg_env_int(ctx, "MBS", 4, 1, 4096),
         .accumulation = (int)cfg_env_int(ctx, "ACC", 2, 1, 4096),
@@ -74,12 +61,11 @@ static settings read_settings(context *ctx) {
         .eval_every = (int)cfg_env_int(ctx, "EVAL", 0, 0, 1000000),
         .checkpointing = (int)cfg_env_int(ctx, "CKPT", 0, 0, 1),
         .no_sync = (int)cfg_env_int(ctx, "NO_SYNC", 0, 0, 1),
-        .lr = env_real(ctx, "LR", 1e-3, 0.0, 10.0),
-        .clip = env_real(ctx, "CLIP", 0.0, 0.0, 1e9),
+        .lr = cfg_env_real(ctx, "LR", 1e-3, 0.0, 10.0),
+        .clip = cfg_env_real(ctx, "CLIP", 0.0, 0.0, 1e9),
         .seed = cfg_env_seed(ctx),
         .data = getenv("DATA"),
         .save = getenv("SAVE"),
-        .config = getenv("CONFIG"),
         .wrap = getenv("WRAP"),
         .peak = cfg_env_choice(ctx, "PEAK", "tracked", (const char *const[]){"tracked", "rss", NULL}),
     };
@@ -89,12 +75,7 @@ static settings read_settings(context *ctx) {
 /* The model, one unit per decoder layer (transformer_auto_wrap_policy), initialised from SEED. */
 static void build_model(context *ctx, const settings *s, qwen2_model *model) {
     qwen2_config config;
-    if (qwen2_config_preset(&config, s->model, ctx->error, sizeof ctx->error) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
-    if (s->config != NULL && s->config[0] && qwen2_config_apply(&config, s->config, ctx->error, sizeof ctx->error) != 0)
-        ctx_exit_all(ctx, 2, "CONFIG='%s': %s", s->config, ctx->error);
-    if (s->seq_len > config.max_position_embeddings)
-        ctx_exit_all(ctx, 2, "SEQ=%d is longer than MODEL=%s's max_position_embeddings %d", s->seq_len, s->model,
-                     config.max_position_embeddings);
+    qwen2_config_from_env(ctx, &config, s->seq_len);
     /* WRAP: "layers" (transformer_auto_wrap_policy, the default) or "size:<min params>" (size_based_auto_wrap_policy) */
     fsdp_wrap_fn wrap = fsdp_wrap_decoder_layers;
     size_t min_params = 0;
@@ -152,8 +133,8 @@ int main(int argc, char **argv) {
     int *targets = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
     if (ctx.rank == 0) {
         printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx.world_size, s.accumulation);
-        printf("(model %s%s%s, %d units, %s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", s.model,
-               s.config && s.config[0] ? " with " : "", s.config && s.config[0] ? s.config : "", model.unit_count, s.strategy, s.checkpointing ? ", activation checkpointing" : "",
+        printf("(model %s, %d units, %s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", model.config.name,
+               model.unit_count, s.strategy, s.checkpointing ? ", activation checkpointing" : "",
                s.no_sync ? ", no_sync" : "", s.micro_batch, s.seq_len, loader.source);
         fflush(stdout);
     }
