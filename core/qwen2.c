@@ -68,38 +68,27 @@ static const config_field *field_named(const char *name) {
     return NULL;
 }
 
+/* The presets: HF's Qwen2-0.5B, and a tiny byte-level model (ids 0..255 are bytes, 256 <|endoftext|>, 257-259
+ * reserved specials) with the same shape rules, fast on one core. */
+static const qwen2_config presets[] = {
+    {.name = "qwen2-0.5b", .vocab_size = 151936, .hidden_size = 896, .intermediate_size = 4864,
+     .num_hidden_layers = 24, .num_attention_heads = 14, .num_key_value_heads = 2, .head_dim = 64,
+     .max_position_embeddings = 131072, .rope_theta = 1000000.0, .rms_norm_eps = 1e-6, .initializer_range = 0.02,
+     .tie_word_embeddings = 1, .bos_token_id = 151643, .eos_token_id = 151643},
+    {.name = "tiny", .vocab_size = 260, .hidden_size = 128, .intermediate_size = 352, .num_hidden_layers = 4,
+     .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 32, .max_position_embeddings = 1024,
+     .rope_theta = 10000.0, .rms_norm_eps = 1e-6, .initializer_range = 0.02, .tie_word_embeddings = 1,
+     .bos_token_id = 256, .eos_token_id = 256},
+};
+
 int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size) {
-    memset(config, 0, sizeof *config);
-    snprintf(config->name, sizeof config->name, "%s", name);
-    config->rms_norm_eps = 1e-6;
-    config->initializer_range = 0.02;
-    config->tie_word_embeddings = 1;
-    if (strcmp(name, "qwen2-0.5b") == 0) {
-        config->vocab_size = 151936;
-        config->hidden_size = 896;
-        config->intermediate_size = 4864;
-        config->num_hidden_layers = 24;
-        config->num_attention_heads = 14;
-        config->num_key_value_heads = 2;
-        config->max_position_embeddings = 131072;
-        config->rope_theta = 1000000.0;
-        config->bos_token_id = config->eos_token_id = 151643;
-    } else if (strcmp(name, "tiny") == 0) {
-        /* Byte-level: ids 0..255 are bytes, 256 <|endoftext|>, 257-259 reserved specials. */
-        config->vocab_size = 260;
-        config->hidden_size = 128;
-        config->intermediate_size = 352;
-        config->num_hidden_layers = 4;
-        config->num_attention_heads = 4;
-        config->num_key_value_heads = 2;
-        config->max_position_embeddings = 1024;
-        config->rope_theta = 10000.0;
-        config->bos_token_id = config->eos_token_id = 256;
-    } else {
-        return fail(error, error_size, "MODEL='%s' is not a model; choose one of: tiny, qwen2-0.5b", name);
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (strcmp(presets[i].name, name) != 0) continue;
+        *config = presets[i];
+        return qwen2_config_validate(config, error, error_size); /* head_dim above must follow the rules too */
     }
-    config->head_dim = config->hidden_size / config->num_attention_heads;
-    return 0;
+    memset(config, 0, sizeof *config);
+    return fail(error, error_size, "MODEL='%s' is not a model; choose one of: tiny, qwen2-0.5b", name);
 }
 
 int qwen2_config_set(qwen2_config *c, const char *name, const char *value, char *error, size_t error_size) {
