@@ -360,15 +360,6 @@ double qwen2_forward_flops(const qwen2_config *c, int B, int T, int layers_only)
 
 /* ---------------------------------------------------------------- model and units */
 
-void qwen2_default_units(const qwen2_tree *tree, int *unit_of_param, int *unit_count) {
-    int layers = 0;
-    for (int p = 0; p < tree->param_count; p++) {
-        unit_of_param[p] = tree->params[p].layer + 1;
-        if (tree->params[p].layer + 1 > layers) layers = tree->params[p].layer + 1;
-    }
-    *unit_count = layers + 1;
-}
-
 /* "root" for unit 0; otherwise the deepest module holding all of the unit's parameters, without "model.":
  * "layers.3" for a decoder layer, "layers.3.mlp" for an MLP wrapped alone; "layers.3-5" when only a list of layers
  * holds them all. */

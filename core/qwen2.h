@@ -113,9 +113,6 @@ typedef struct qwen2_model {
     float *rope_cos, *rope_sin;   /* (rope_positions, head_dim), category workspace */
 } qwen2_model;
 
-/* One unit per decoder layer, the root unit for the rest: the default auto-wrap policy. unit_of_param[i] = unit of
- * tree param i (0 = root), unit_count written. The FSDP wrap policy (later) produces other assignments. */
-void qwen2_default_units(const qwen2_tree *tree, int *unit_of_param, int *unit_count);
 /* Builds the tree, the FlatParameters for the given assignment (unit names: "root", "layers.3"; a unit holding
  * several layers is named after its layers) and fills every rank's shards from `init` (NULL: zeros, e.g. before
  * ckpt_load_pretrained); replicated: every rank keeps whole units (NO_SHARD). Every rank must call it. Returns -1 with ctx->error on a bad config or assignment;

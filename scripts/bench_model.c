@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "../core/context.h"
+#include "../core/fsdp.h"
 #include "../core/qwen2.h"
 #include "../core/rng.h"
 
@@ -75,13 +76,10 @@ int main(int argc, char **argv) {
     int iterations = atoi(argument(argc, argv, "iterations", "5"));
     if (B < 1 || T < 1 || iterations < 1) ctx_exit_all(&ctx, 2, "B, T and iterations must be positive");
 
-    qwen2_tree tree;
-    if (qwen2_tree_build(&tree, &config) != 0) ctx_fatal(&ctx, "out of memory");
-    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param), unit_count = 0;
-    qwen2_default_units(&tree, unit_of_param, &unit_count);
-    qwen2_init_spec init = {.seed = 1, .std = config.initializer_range};
+    qwen2_init_spec init = {.seed = 1, .std = (float)config.initializer_range};
     qwen2_model model;
-    if (qwen2_model_init(&model, &ctx, &config, unit_of_param, unit_count, 0, &init) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    if (fsdp_model_init(&model, &ctx, &config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, &init) != 0)
+        ctx_exit_all(&ctx, 2, "%s", ctx.error);
     for (int unit = 0; unit < model.unit_count; unit++)
         if (fp_unshard(&model.units[unit], "bench") != 0) ctx_fatal(&ctx, "%s", ctx.error);
 
@@ -99,15 +97,13 @@ int main(int argc, char **argv) {
     qsort(seconds, (size_t)iterations, sizeof *seconds, compare_doubles);
     double median = seconds[iterations / 2], flops = 3.0 * qwen2_forward_flops(&config, B, T, 0);
     size_t params = 0;
-    for (int p = 0; p < tree.param_count; p++) params += qwen2_param_numel(&tree.params[p]);
+    for (int p = 0; p < model.tree.param_count; p++) params += qwen2_param_numel(&model.tree.params[p]);
     printf("{\"impl\": \"fsdplab\", \"tokens_per_s\": %.1f, \"step_s\": %.5f, \"gflops\": %.2f, "
            "\"sgemm_peak_gflops\": %.2f, \"params\": %zu}\n",
            B * T / median, median, flops / median / 1e9, sgemm_peak_gflops(&ctx), params);
     free(seconds);
     free(tokens);
     free(targets);
-    free(unit_of_param);
-    qwen2_tree_free(&tree);
     qwen2_model_free(&model);
     trace_close(&ctx.trace);
     size_t leaks = mem_shutdown(&ctx.mem);

@@ -22,6 +22,7 @@
 #include "../core/checkpoint.h"
 #include "../core/context.h"
 #include "../core/data.h"
+#include "../core/fsdp.h"
 #include "../core/qwen2.h"
 #include "../core/safetensors.h"
 
@@ -42,14 +43,10 @@ static void load_config(context *ctx, const char *what, qwen2_config *config) {
     if (status != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
 }
 
+/* One unit per decoder layer, as lab 05 wraps it. */
 static void make_model(context *ctx, qwen2_model *model, const qwen2_config *config, const qwen2_init_spec *init) {
-    qwen2_tree tree;
-    if (qwen2_tree_build(&tree, config) != 0) ctx_fatal(ctx, "out of memory");
-    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param), unit_count = 0;
-    qwen2_default_units(&tree, unit_of_param, &unit_count);
-    if (qwen2_model_init(model, ctx, config, unit_of_param, unit_count, 0, init) != 0) ctx_fatal(ctx, "%s", ctx->error);
-    free(unit_of_param);
-    qwen2_tree_free(&tree);
+    if (fsdp_model_init(model, ctx, config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, init) != 0)
+        ctx_fatal(ctx, "%s", ctx->error);
 }
 
 static void unshard_all(qwen2_model *model) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../core/checkpoint.h"
+#include "../core/fsdp.h"
 #include "../core/qwen2.h"
 #include "../core/rng.h"
 #include "../core/safetensors.h"
@@ -32,14 +33,9 @@ static qwen2_config small_config(void) {
 }
 
 static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t seed) {
-    qwen2_tree tree;
-    ck_assert_int_eq(qwen2_tree_build(&tree, config), 0);
-    int unit_of_param[512], unit_count = 0;
-    ck_assert_int_le(tree.param_count, 512);
-    qwen2_default_units(&tree, unit_of_param, &unit_count);
-    qwen2_tree_free(&tree);
     qwen2_init_spec init = {.seed = seed, .std = 0.02f};
-    ck_assert_msg(qwen2_model_init(model, &ctx, config, unit_of_param, unit_count, 0, &init) == 0, "%s", ctx.error);
+    ck_assert_msg(fsdp_model_init(model, &ctx, config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, &init) == 0,
+                  "%s", ctx.error);
     for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
 }
 
