@@ -113,11 +113,12 @@ typedef struct qwen2_model {
     float *rope_cos, *rope_sin;   /* (rope_positions, head_dim), category workspace */
 } qwen2_model;
 
-/* Builds the tree, the FlatParameters for the given assignment (unit names: "root", "layers.3"; a unit holding
- * several layers is named after its layers) and fills every rank's shards from `init` (NULL: zeros, e.g. before
- * ckpt_load_pretrained); replicated: every rank keeps whole units (NO_SHARD). Every rank must call it. Returns -1 with ctx->error on a bad config or assignment;
- * qwen2_model_free still frees what was made. OpenBLAS runs ctx->threads threads (env THREADS, default 1: one
- * rank per core). */
+/* Builds the tree and one FlatParameter per unit of the given assignment (unit_of_param[i]: the unit of tree
+ * parameter i, 0 the root; fsdp_auto_wrap makes one), each named after the module holding its parameters ("root",
+ * "layers.3", "layers.3.mlp"), and fills every rank's shards from `init` (NULL: zeros, e.g. before
+ * ckpt_load_pretrained). replicated: every rank keeps whole units (NO_SHARD). Every rank must call it. Returns -1
+ * with ctx->error on a bad config or assignment; qwen2_model_free still frees what was made. OpenBLAS runs
+ * ctx->threads threads (env THREADS, default 1: one rank per core). */
 int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
                      int unit_count, int replicated, const qwen2_init_spec *init);
 void qwen2_model_free(qwen2_model *model);
