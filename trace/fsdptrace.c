@@ -21,29 +21,34 @@
 
 enum { EXIT_DONE = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
 
+/* The summary's writer for the command line: the tables are the point, so they go to stdout too. */
+static int summary_echo_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size) {
+    if (summary_print(run, stdout, error, error_size) != 0) return -1;
+    printf("\n");
+    return summary_write_run(run, out_path, error, error_size);
+}
+
+/* A view subcommand loads the run and hands it to `writer`; `all` (writer NULL) writes every view at once. */
 typedef struct subcommand {
     const char *name;
     const char *arguments;
     const char *summary;
-    int (*run)(int argc, char **argv);  /* argv[0] is the subcommand's name */
+    trace_view_writer writer;
+    const char *default_name;  /* the view's file in the run directory, when -o is not given */
 } subcommand;
 
-static int chrome_run(int argc, char **argv);
-static int memory_run(int argc, char **argv);
-static int snapshot_run(int argc, char **argv);
-static int summary_run(int argc, char **argv);
-static int all_run(int argc, char **argv);
-
 static const subcommand subcommands[] = {
-    {"chrome", "<rundir> [-o out.json]", "Chrome trace of all ranks (default <rundir>/trace.json)", chrome_run},
-    {"merge", "<rundir> [-o out.json]", "same as chrome", chrome_run},
+    {"chrome", "<rundir> [-o out.json]", "Chrome trace of all ranks (default <rundir>/" CHROME_FILE_NAME ")",
+     chrome_write_run, CHROME_FILE_NAME},
+    {"merge", "<rundir> [-o out.json]", "same as chrome", chrome_write_run, CHROME_FILE_NAME},
     {"memory", "<rundir> [-o out.html]", "memory timeline page (default <rundir>/" MEMORY_PAGE_FILE_NAME ")",
-     memory_run},
+     memory_page_write_run, MEMORY_PAGE_FILE_NAME},
     {"snapshot", "<rundir> [-o out.pickle]",
-     "PyTorch memory snapshot for pytorch.org/memory_viz (default <rundir>/" SNAPSHOT_FILE_NAME ")", snapshot_run},
+     "PyTorch memory snapshot for pytorch.org/memory_viz (default <rundir>/" SNAPSHOT_FILE_NAME ")",
+     snapshot_write_run, SNAPSHOT_FILE_NAME},
     {"summary", "<rundir> [-o out.txt]", "prints and writes the summary tables (default <rundir>/" SUMMARY_FILE_NAME ")",
-     summary_run},
-    {"all", "<rundir>", "all of the above, under their default names in <rundir>", all_run},
+     summary_echo_write_run, SUMMARY_FILE_NAME},
+    {"all", "<rundir>", "all of the above, under their default names in <rundir>", NULL, NULL},
 };
 enum { SUBCOMMAND_COUNT = sizeof subcommands / sizeof subcommands[0] };
 
@@ -81,50 +86,21 @@ static int arguments_parse(int argc, char **argv, const char **rundir, const cha
     return EXIT_DONE;
 }
 
-/* The path a view went to: -o's, or its default name in the run directory. */
-static int view_done(const char *rundir, const char *out_path, const char *default_name) {
-    if (out_path != NULL) printf("%s\n", out_path);
-    else printf("%s/%s\n", rundir, default_name);
-    return EXIT_DONE;
-}
-
 static int view_failed(const char *subcommand_name, const char *error) {
     fprintf(stderr, "fsdptrace %s: %s\n", subcommand_name, error);
     return EXIT_FAILED;
 }
 
-static int chrome_run(int argc, char **argv) {
+/* One view: prints the path it went to (-o's, or its default name in the run directory). */
+static int view_run(const subcommand *command, int argc, char **argv) {
     const char *rundir, *out_path;
     char error[1024];
     if (arguments_parse(argc, argv, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
-    if (chrome_export(rundir, out_path, error, sizeof error) != 0) return view_failed(argv[0], error);
-    return view_done(rundir, out_path, CHROME_FILE_NAME);
-}
-
-static int memory_run(int argc, char **argv) {
-    const char *rundir, *out_path;
-    char error[1024];
-    if (arguments_parse(argc, argv, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
-    if (memory_page_write(rundir, out_path, error, sizeof error) != 0) return view_failed(argv[0], error);
-    return view_done(rundir, out_path, MEMORY_PAGE_FILE_NAME);
-}
-
-static int snapshot_run(int argc, char **argv) {
-    const char *rundir, *out_path;
-    char error[1024];
-    if (arguments_parse(argc, argv, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
-    if (snapshot_write(rundir, out_path, error, sizeof error) != 0) return view_failed(argv[0], error);
-    return view_done(rundir, out_path, SNAPSHOT_FILE_NAME);
-}
-
-/* The tables go to stdout (they are the point), then the file's path on its own last line. */
-static int summary_run(int argc, char **argv) {
-    const char *rundir, *out_path;
-    char error[1024];
-    if (arguments_parse(argc, argv, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
-    if (summary_write(rundir, out_path, 1, error, sizeof error) != 0) return view_failed(argv[0], error);
-    printf("\n");
-    return view_done(rundir, out_path, SUMMARY_FILE_NAME);
+    if (trace_export_view(rundir, out_path, command->default_name, command->writer, error, sizeof error) != 0)
+        return view_failed(argv[0], error);
+    if (out_path != NULL) printf("%s\n", out_path);
+    else printf("%s/%s\n", rundir, command->default_name);
+    return EXIT_DONE;
 }
 
 static int all_run(int argc, char **argv) {
@@ -143,6 +119,8 @@ int main(int argc, char **argv) {
         return EXIT_DONE;
     }
     for (int index = 0; index < SUBCOMMAND_COUNT; index++)
-        if (strcmp(argv[1], subcommands[index].name) == 0) return subcommands[index].run(argc - 1, argv + 1);
+        if (strcmp(argv[1], subcommands[index].name) == 0)
+            return subcommands[index].writer != NULL ? view_run(&subcommands[index], argc - 1, argv + 1)
+                                                     : all_run(argc - 1, argv + 1);
     return usage_fail("unknown subcommand ", argv[1]);
 }

@@ -168,7 +168,3 @@ int memory_page_write_run(const trace_run *run, const char *out_path, char *erro
     cJSON_free(json);
     return status;
 }
-
-int memory_page_write(const char *rundir, const char *out_path, char *error, size_t error_size) {
-    return trace_export_view(rundir, out_path, MEMORY_PAGE_FILE_NAME, memory_page_write_run, error, error_size);
-}

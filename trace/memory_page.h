@@ -25,7 +25,4 @@
 /* Writes the page of an already loaded run to out_path. Returns 0, or -1 with a message in `error`. */
 int memory_page_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size);
 
-/* Loads rundir and writes its page to out_path (NULL: <rundir>/memory.html). */
-int memory_page_write(const char *rundir, const char *out_path, char *error, size_t error_size);
-
 #endif

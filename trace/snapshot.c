@@ -365,7 +365,3 @@ int snapshot_write_run(const trace_run *run, const char *out_path, char *error, 
     free(memories);
     return status;
 }
-
-int snapshot_write(const char *rundir, const char *out_path, char *error, size_t error_size) {
-    return trace_export_view(rundir, out_path, SNAPSHOT_FILE_NAME, snapshot_write_run, error, error_size);
-}

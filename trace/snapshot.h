@@ -24,7 +24,4 @@
 /* Writes the snapshot of an already loaded run to out_path. Returns 0, or -1 with a message in `error`. */
 int snapshot_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size);
 
-/* Loads rundir and writes its snapshot to out_path (NULL: <rundir>/memory_snapshot.pickle). */
-int snapshot_write(const char *rundir, const char *out_path, char *error, size_t error_size);
-
 #endif

@@ -373,14 +373,3 @@ int summary_write_run(const trace_run *run, const char *out_path, char *error, s
     int status = summary_print(run, view.file, error, error_size);
     return view_file_close(&view, status, error, error_size);
 }
-
-int summary_write(const char *rundir, const char *out_path, int echo, char *error, size_t error_size) {
-    char path[VIEW_PATH_CAPACITY];
-    if (view_path(path, sizeof path, rundir, out_path, SUMMARY_FILE_NAME, error, error_size) != 0) return -1;
-    trace_run run;
-    int status = run_load(&run, rundir, error, error_size);
-    if (status == 0 && echo) status = summary_print(&run, stdout, error, error_size);
-    if (status == 0) status = summary_write_run(&run, path, error, error_size);
-    run_free(&run);
-    return status;
-}

@@ -25,7 +25,4 @@ int summary_print(const trace_run *run, FILE *stream, char *error, size_t error_
 /* Writes the summary of a loaded run to out_path. */
 int summary_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size);
 
-/* Loads rundir and writes its summary to out_path (NULL: <rundir>/summary.txt); echo != 0 prints it on stdout too. */
-int summary_write(const char *rundir, const char *out_path, int echo, char *error, size_t error_size);
-
 #endif
