@@ -11,8 +11,9 @@ static void path_in(char *out, size_t size, const char *directory, const char *f
     snprintf(out, size, "%s/%s", directory, file);
 }
 
-/* Rank 0 writes config.json and model.safetensors from the unsharded parameters. */
-static int write_files(qwen2_model *model, const char *directory) {
+/* Rank 0 writes config.json and model.safetensors, each tensor from `tensor` (the unsharded parameters, or the
+ * gathered gradients). */
+static int write_files(qwen2_model *model, const char *directory, float *(*tensor)(const qwen2_model *, int)) {
     context *ctx = model->ctx;
     if (ctx_make_directories(directory) != 0) {
         snprintf(ctx->error, sizeof ctx->error, "rank %d: cannot create checkpoint directory %s", ctx->rank, directory);
@@ -27,7 +28,7 @@ static int write_files(qwen2_model *model, const char *directory) {
     for (int p = 0; p < tree->param_count; p++) {
         const qwen2_param *param = &tree->params[p];
         refs[p] = (st_tensor_ref){param->name, param->ndim, {param->shape[0], param->shape[1]},
-                                  qwen2_param_data(model, p)};
+                                  tensor(model, p)};
     }
     path_in(path, sizeof path, directory, "model.safetensors");
     int status = st_write(path, refs, tree->param_count, "pt", ctx->error, sizeof ctx->error);
@@ -44,10 +45,20 @@ int ckpt_save_pretrained(qwen2_model *model, const char *directory) {
         was_sharded[unit] = model->units[unit].shard_state == FP_SHARDED;
         status = fp_unshard(&model->units[unit], "state_dict");
     }
-    if (status == 0 && ctx->rank == 0) status = write_files(model, directory);
+    if (status == 0 && ctx->rank == 0) status = write_files(model, directory, qwen2_param_data);
     for (int unit = 0; unit < model->unit_count; unit++)
         if (was_sharded[unit]) fp_reshard(&model->units[unit], "state_dict");
     free(was_sharded);
+    return ctx_all_true(ctx, status == 0) ? 0 : -1;
+}
+
+int ckpt_save_gradients(qwen2_model *model, const char *directory) {
+    context *ctx = model->ctx;
+    int status = 0;
+    for (int unit = 0; unit < model->unit_count && status == 0; unit++) status = fp_gather_grad(&model->units[unit]);
+    if (status == 0 && ctx->rank == 0) status = write_files(model, directory, qwen2_param_grad);
+    for (int unit = 0; unit < model->unit_count; unit++)
+        if (model->units[unit].full_grad_padded != NULL) fp_free_full_grad(&model->units[unit]);
     return ctx_all_true(ctx, status == 0) ? 0 : -1;
 }
 

@@ -10,6 +10,10 @@
 
 /* Collective. Returns 0 on every rank, or -1 on every rank with ctx->error (on the rank that failed). */
 int ckpt_save_pretrained(qwen2_model *model, const char *directory);
+/* The gradients the optimizer is about to use (every unit's sharded gradient, gathered), written like a checkpoint:
+ * the parameters' names and shapes, so tools that compare checkpoints compare gradients too. Collective; returns 0
+ * on every rank or -1 on every rank with ctx->error. */
+int ckpt_save_gradients(qwen2_model *model, const char *directory);
 /* Fills every unit's local shard from <directory>/model.safetensors. The model must have been made with the config
  * in <directory>/config.json (qwen2_config_load_json). A missing tensor, a wrong shape or an unknown tensor is an
  * error naming it. Collective; returns 0 or -1 on every rank. The tied lm_head.weight, if the file has it, must

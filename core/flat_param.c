@@ -217,9 +217,23 @@ int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
             for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += target[i];
         mem_free(&ctx->mem, target);
     }
-    mem_free(&ctx->mem, fp->full_grad_padded);
-    fp->full_grad_padded = NULL;
+    fp_free_full_grad(fp);
     return status;
+}
+
+int fp_gather_grad(flat_param *fp) {
+    float *full = fp_alloc_full_grad(fp);
+    if (fp->grad_shard == NULL) return 0; /* the buffer starts zeroed */
+    if (fp->replicated) {
+        memcpy(full, fp->grad_shard, fp->sharded_numel * sizeof(float));
+        return 0;
+    }
+    return comm_all_gather(fp->ctx, fp->grad_shard, full, fp->padded_unsharded_numel, fp->unit);
+}
+
+void fp_free_full_grad(flat_param *fp) {
+    mem_free(&fp->ctx->mem, fp->full_grad_padded);
+    fp->full_grad_padded = NULL;
 }
 
 void fp_zero_grad(flat_param *fp) {

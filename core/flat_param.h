@@ -107,6 +107,12 @@ float *fp_grad_view(const flat_param *fp, const char *name);
  * on first use), then frees the full gradient. Replicated: all-reduces instead. Returns -1 with ctx->error if the
  * collective fails. */
 int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce);
+/* The sharded gradient all-gathered into the full gradient buffer (fp_alloc_full_grad's; zeros where no gradient
+ * has arrived yet), so fp_grad_view reads every parameter's whole gradient: for writing gradients out, never
+ * during a step. Collective. Returns -1 with ctx->error if the collective fails. */
+int fp_gather_grad(flat_param *fp);
+/* Frees the full gradient buffer (after fp_gather_grad). */
+void fp_free_full_grad(flat_param *fp);
 /* Frees the sharded gradient (torch's zero_grad(set_to_none=True)). */
 void fp_zero_grad(flat_param *fp);
 

@@ -15,7 +15,8 @@
  *   env: MODEL (tiny, qwen2-0.5b), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
- *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), THREADS, CONFIG
+ *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), GRADS (write step 1's
+ *   gradients there, as the optimizer sees them, in checkpoint form: what check-05 compares), THREADS, CONFIG
  *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8), WRAP (layers, or size:<min params>
  *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS).
  *
@@ -44,7 +45,7 @@
 #include "../core/qwen2.h"
 
 typedef struct settings {
-    const char *strategy, *data, *save, *wrap, *peak;
+    const char *strategy, *data, *save, *grads, *wrap, *peak;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
     double lr, clip;
     uint64_t seed;
@@ -66,6 +67,7 @@ static settings read_settings(context *ctx) {
         .seed = cfg_env_seed(ctx),
         .data = getenv("DATA"),
         .save = getenv("SAVE"),
+        .grads = getenv("GRADS"),
         .wrap = getenv("WRAP"),
         .peak = cfg_env_choice(ctx, "PEAK", "tracked", (const char *const[]){"tracked", "rss", NULL}),
     };
@@ -149,6 +151,8 @@ int main(int argc, char **argv) {
             trace_step(&ctx.trace, step, micro, loss, ctx.mem.peak_bytes, MPI_Wtime() - start);
             loss_sum += loss;
         }
+        if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && ckpt_save_gradients(&model, s.grads) != 0)
+            ctx_fatal(&ctx, "GRADS='%s': %s", s.grads, ctx.error);
         if (s.clip > 0.0) adamw_clip_grad_norm(&ctx, model.units, model.unit_count, s.clip);
         for (int unit = 0; unit < model.unit_count; unit++) {
             adamw_step(&states[unit], &model.units[unit], &optimizer);

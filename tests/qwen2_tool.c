@@ -8,7 +8,9 @@
  *       batch.json = {"input_ids": [[...], ...], "targets": [[...], ...]} (targets already shifted, -100 ignored);
  *       writes logits [B,T,V], loss [1] and grad/<name> for every parameter after one forward + backward.
  *   qwen2_tool generate <dir> <seed> <temperature> <max_new> <token> [<token> ...]   prints the new token ids
- *   qwen2_tool compare <dir_a> <dir_b> <tolerance>    largest |a - b| over all parameters; fails above tolerance
+ *   qwen2_tool compare <dir_a> <dir_b> <tolerance> [absolute|relative]   two checkpoints (or GRADS dumps) of one
+ *       config: largest |a - b| over all parameters, or per tensor relative to max |b|; fails above tolerance or on
+ *       a NaN/inf, refuses different configs
  *   qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]
  *       the global micro-batches lab 05 trains on (data/loader.h, shuffled by seed), as int32: for each
  *       micro-batch, tokens then targets, each global_batch x seq; rank r of P takes rows r*MBS .. (r+1)*MBS-1.
@@ -31,7 +33,7 @@ static int usage(void) {
                     "       qwen2_tool init <preset|config.json> <seed> <out_dir> [field=value,...]\n"
                     "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>\n"
                     "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n"
-                    "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance>\n"
+                    "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance> [absolute|relative]\n"
                     "       qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]\n");
     return 2;
 }
@@ -197,27 +199,100 @@ static int command_generate(context *ctx, int argc, char **argv) {
     return 0;
 }
 
-/* Two checkpoints of the same config: the largest absolute difference of any parameter, and where. Absolute, not
- * relative per tensor: some tensors sit near zero by construction (k_proj.bias gets a zero gradient in exact
- * arithmetic, as softmax ignores a shift shared by all keys; AdamW turns the rounding noise into lr-sized steps),
- * and a per-tensor relative measure would magnify their noise into a false alarm. */
-static int command_compare(context *ctx, const char *first, const char *second, double tolerance) {
+/* The first key whose value differs between two config.json files (either side may lack it), or NULL when they are
+ * equal: a comparison of two checkpoints means something only for one config, and tensors of different shapes
+ * would be read past their ends. */
+static const char *config_difference(const cJSON *a, const cJSON *b, char *detail, size_t size) {
+    const cJSON *sides[2] = {a, b};
+    for (int side = 0; side < 2; side++) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, sides[side]) {
+            const cJSON *other = cJSON_GetObjectItemCaseSensitive(sides[1 - side], item->string);
+            if (other != NULL && cJSON_Compare(item, other, 1)) continue;
+            const cJSON *in_a = side == 0 ? item : other, *in_b = side == 0 ? other : item;
+            char *text_a = in_a ? cJSON_PrintUnformatted(in_a) : NULL, *text_b = in_b ? cJSON_PrintUnformatted(in_b) : NULL;
+            snprintf(detail, size, "%s (%s vs %s)", item->string, text_a ? text_a : "absent", text_b ? text_b : "absent");
+            free(text_a);
+            free(text_b);
+            return item->string;
+        }
+    }
+    return NULL;
+}
+
+static cJSON *read_config_json(context *ctx, const char *directory) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", directory);
+    cJSON *json = read_json(path);
+    if (!cJSON_IsObject(json)) ctx_exit_all(ctx, 2, "compare: %s is missing or not a JSON object", path);
+    return json;
+}
+
+/* Two checkpoints (or gradient dumps, lab 05's GRADS) of the same config, tensor by tensor.
+ *   absolute: max |a - b| over every element of every tensor must be <= tolerance.
+ *   relative: per tensor, max |a - b| / max |b| must be <= tolerance (for gradients: tests/tolerances.py derives it).
+ * A NaN or infinity on either side fails, naming the tensor. Prints the worst tensors, then OK or FAIL. */
+static int command_compare(context *ctx, const char *first, const char *second, const char *tolerance_text,
+                           const char *mode) {
+    char *end = NULL;
+    double tolerance = strtod(tolerance_text, &end);
+    if (end == tolerance_text || *end != '\0' || !isfinite(tolerance) || tolerance < 0.0)
+        ctx_exit_all(ctx, 2, "compare: tolerance '%s' is not a finite number >= 0", tolerance_text);
+    int relative = strcmp(mode, "relative") == 0;
+    if (!relative && strcmp(mode, "absolute") != 0)
+        ctx_exit_all(ctx, 2, "compare: mode '%s' is neither absolute nor relative", mode);
+    cJSON *config_a = read_config_json(ctx, first), *config_b = read_config_json(ctx, second);
+    char detail[512];
+    if (config_difference(config_a, config_b, detail, sizeof detail) != NULL)
+        ctx_exit_all(ctx, 2, "compare: %s and %s have different configs: %s", first, second, detail);
+    cJSON_Delete(config_a);
+    cJSON_Delete(config_b);
+
     qwen2_model a, b;
     load_model(ctx, &a, first);
     load_model(ctx, &b, second);
-    double worst = 0.0, scale = 0.0;
-    const char *worst_name = a.tree.params[0].name;
-    for (int p = 0; p < a.tree.param_count; p++) {
+    int count = a.tree.param_count, status = 0;
+    double *error = calloc((size_t)count, sizeof *error), *scale = calloc((size_t)count, sizeof *scale);
+    if (error == NULL || scale == NULL) ctx_fatal(ctx, "out of memory");
+    for (int p = 0; p < count && status == 0; p++) {
         const float *x = qwen2_param_data(&a, p), *y = qwen2_param_data(&b, p);
         for (size_t i = 0; i < qwen2_param_numel(&a.tree.params[p]); i++) {
-            double d = fabs((double)x[i] - (double)y[i]);
-            if (d > worst) worst = d, worst_name = a.tree.params[p].name;
-            if (fabs((double)y[i]) > scale) scale = fabs((double)y[i]);
+            if (!isfinite(x[i]) || !isfinite(y[i])) {
+                printf("FAIL: %s[%zu] is %g in %s and %g in %s\n", a.tree.params[p].name, i, x[i], first, y[i], second);
+                status = 1;
+                break;
+            }
+            error[p] = fmax(error[p], fabs((double)x[i] - (double)y[i]));
+            scale[p] = fmax(scale[p], fabs((double)y[i]));
         }
     }
-    printf("max |a - b| %.3e (%s; largest |b| %.3g), tolerance %.1e: %s\n", worst, worst_name, scale, tolerance,
-           worst <= tolerance ? "OK" : "FAIL");
-    int status = worst <= tolerance ? 0 : 1;
+    if (status == 0) {
+        double *measure = calloc((size_t)count, sizeof *measure);
+        int *order = calloc((size_t)count, sizeof *order);
+        if (measure == NULL || order == NULL) ctx_fatal(ctx, "out of memory");
+        for (int p = 0; p < count; p++) {
+            double s = relative ? scale[p] : 1.0;
+            measure[p] = s > 0.0 ? error[p] / s : (error[p] > 0.0 ? INFINITY : 0.0);
+            int at = p; /* insertion sort, worst first: a few hundred tensors */
+            for (; at > 0 && measure[order[at - 1]] < measure[p]; at--) order[at] = order[at - 1];
+            order[at] = p;
+        }
+        for (int shown = 0; shown < 5 && shown < count; shown++) {
+            int p = order[shown];
+            printf("  %-48s max |a - b| %.3e, max |b| %.3e", a.tree.params[p].name, error[p], scale[p]);
+            if (relative) printf(", relative %.3e", measure[p]);
+            printf("\n");
+        }
+        double value = measure[order[0]];
+        status = value <= tolerance ? 0 : 1;
+        printf("%s: worst %s %.3e (%s), tolerance %.3e\n", status == 0 ? "OK" : "FAIL",
+               relative ? "max |a - b| / max |b| of a tensor" : "max |a - b|", value, a.tree.params[order[0]].name,
+               tolerance);
+        free(measure);
+        free(order);
+    }
+    free(error);
+    free(scale);
     qwen2_model_free(&a);
     qwen2_model_free(&b);
     return status;
@@ -263,7 +338,8 @@ int main(int argc, char **argv) {
     else if (argc == 5 && strcmp(argv[1], "run") == 0) status = command_run(&ctx, argv[2], argv[3], argv[4]);
     else if (argc >= 7 && strcmp(argv[1], "generate") == 0) status = command_generate(&ctx, argc, argv);
     else if ((argc == 7 || argc == 8) && strcmp(argv[1], "batches") == 0) status = command_batches(&ctx, argc, argv);
-    else if (argc == 5 && strcmp(argv[1], "compare") == 0) status = command_compare(&ctx, argv[2], argv[3], atof(argv[4]));
+    else if ((argc == 5 || argc == 6) && strcmp(argv[1], "compare") == 0)
+        status = command_compare(&ctx, argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "absolute");
     else status = usage();
     trace_close(&ctx.trace);
     size_t leaks = mem_shutdown(&ctx.mem);

@@ -1,0 +1,163 @@
+"""The tolerances of the equivalence checks (N ranks vs 1 rank), derived from the arithmetic, not fitted to a machine.
+
+Two runs of lab 05 with the same init and the same global batch compute the same exact values; they differ only in
+rounding: the order in which sums are taken (each rank sums its own tokens, the ring reduce-scatter adds the ranks'
+partial sums, micro-batches accumulate) and the kernels that compute each GEMM (OpenBLAS picks Haswell, SkylakeX,
+Zen ... kernels by CPU and by OPENBLAS_CORETYPE, and blocks sums differently with THREADS). Every bound below holds
+for any of those orders and kernels.
+
+Rounding model (float32, round to nearest): unit roundoff u = 2^-24. A sum or dot product of k terms, in any order,
+is off by at most lambda * sqrt(k) * u * sum|terms| with probability at least 1 - 2 exp(-lambda^2 / 2) (Higham and
+Mary, "A new approach to probabilistic rounding error analysis", SISC 2019: the errors are independent and of mean
+zero; the deterministic worst case is k * u, which no real run approaches). lambda = 8: 2 exp(-32) = 2.5e-14 per
+sum, so over a million gradient elements and every variant of `make check` the chance of a false alarm is below
+1e-6.
+
+    python3 tests/tolerances.py gradients CONFIG_JSON TOKENS SEQ   per-tensor bound on max|g_a - g_b| / max|g_b|
+    python3 tests/tolerances.py loss CONFIG_JSON TOKENS SEQ        relative bound on the first step's loss
+    python3 tests/tolerances.py adamw LR STEPS                     absolute bound on parameters after STEPS steps
+
+TOKENS is the number of target tokens in one optimizer step (global batch x SEQ x accumulation).
+"""
+import json
+import math
+import struct
+import sys
+from array import array
+
+U = 2.0 ** -24
+LAMBDA = 8.0
+BETA1, BETA2 = 0.9, 0.999  # core/optim.c adamw_default_config
+WEIGHT_DECAY = 1e-2
+
+
+def load_config(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+def forward_path(config, seq):
+    """The dot products one value passes through from the embedding to the loss, by length: per layer RMSNorm's
+    mean of squares (C), q/k/v projections (C), attention scores (head_dim), softmax normaliser (T), attention
+    times V (T), o_proj (C), RMSNorm (C), gate/up (C), down (I); then the final norm (C), lm_head (C) and the
+    cross-entropy's log-sum-exp over the vocabulary (V)."""
+    C, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    head_dim = C // config["num_attention_heads"]
+    layer = [C, C, head_dim, seq, seq, C, C, C, I]
+    return layer * config["num_hidden_layers"] + [C, C, V]
+
+
+def backward_path(config, seq):
+    """Backward's dot products on the way back to the embedding, by length: the cross-entropy gradient (V), lm_head's
+    input gradient (V), the final norm (C); per layer down_proj's input gradient (C), gate/up's (2 I), RMSNorm (C),
+    o_proj's (C), dP = dO V^T (head_dim), the softmax backward (T), dQ and dK (T each), q/k/v's input gradient
+    (C + 2 kv_heads head_dim), RMSNorm (C)."""
+    C, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    head_dim = C // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    layer = [C, 2 * I, C, C, head_dim, seq, seq, seq, C + 2 * kv, C]
+    return [V, V, C] + layer * config["num_hidden_layers"]
+
+
+def gradient_tolerance(config, tokens, seq):
+    """Per tensor: max|g_a - g_b| <= tol * max|g_b|.
+
+    A gradient element is g = (1/n) sum_i t_i over the n = TOKENS target tokens of the step; each term t_i is the
+    product of the chain of dot products from the loss back to the parameter (forward then backward path, D terms
+    in all: their rounding errors are independent, so they add like one dot product of length D). Each run's g is
+    then off by at most lambda u (sqrt(n) + sqrt(D)) * mean|t_i|, and two runs differ by at most twice that.
+    mean|t_i| is measured against max|g| of the tensor: the per-token terms of the tensor's largest element add
+    up at least like independent signs do (a random walk), so mean|t_i| <= sqrt(n) max|g|.
+
+      tol = 2 lambda u (sqrt(n) + sqrt(D)) sqrt(n)
+
+    For the tiny model (n = 2048, D = 14,240) that is 6.8e-3: a planted bug that averages with the wrong count
+    (sum for mean: a factor of N ranks), skips a unit's reduce-scatter or shifts a shard is off by O(1), more than
+    100x above it; the measured differences (about 1e-6) sit 1000x below it."""
+    n = tokens
+    D = sum(forward_path(config, seq)) + sum(backward_path(config, seq))
+    return 2.0 * LAMBDA * U * (math.sqrt(n) + math.sqrt(D)) * math.sqrt(n)
+
+
+def loss_tolerance(config, tokens, seq):
+    """The first step's loss, relative: both runs start from bit-identical parameters (the init depends only on
+    seed, name and index), so only rounding separates them. The loss is the mean of n cross-entropies, each >= 0
+    (no cancellation in the mean) and each the end of the forward path (D_f terms). A cross-entropy is
+    log-sum-exp(z) - z_target; at initialisation the logits are small (|z| < ln V = the loss itself), so its
+    absolute error is at most twice its relative one times the loss: factor 2.
+
+      tol = 2 lambda u (sqrt(n) + sqrt(D_f)) * 2"""
+    n = tokens
+    D_forward = sum(forward_path(config, seq))
+    return 2.0 * LAMBDA * U * (math.sqrt(n) + math.sqrt(D_forward)) * 2.0
+
+
+def adamw_update_bound(step, beta1=BETA1, beta2=BETA2):
+    """|m_hat / (sqrt(v_hat) + eps)| after `step` steps, for any gradients. m_t = (1 - b1) sum_s b1^(t-s) g_s and
+    v_t = (1 - b2) sum_s b2^(t-s) g_s^2; by Cauchy-Schwarz |sum b1^(t-s) g_s| <= sqrt(sum (b1^2/b2)^k)
+    sqrt(sum b2^(t-s) g_s^2), and the bias corrections multiply by sqrt(1 - b2^t) / (1 - b1^t). Step 1 gives 1."""
+    series = sum((beta1 * beta1 / beta2) ** k for k in range(step))
+    return ((1 - beta1) / math.sqrt(1 - beta2)) * math.sqrt(series) * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
+
+
+def adamw_parameter_tolerance(lr, steps, largest_parameter=1.0):
+    """Absolute bound on |p_a - p_b| after `steps` AdamW steps from the same parameters, whatever the gradients.
+    AdamW amplifies rounding: a gradient element near eps (1e-8) that differs by 1e-10 moves the parameter by up
+    to lr in one run and less in the other. So no rounding-sized bound holds for the parameters; what holds is
+    p <- p (1 - lr wd) - lr u_t with |u_t| <= adamw_update_bound(t) on both sides: the runs' updates differ by at
+    most 2 lr bound(t) per step, and weight decay only shrinks an old difference. Add the rounding of storing p
+    (u |p| per step, both runs).
+
+      tol = 2 lr sum_t bound(t) + 2 steps u max|p|
+
+    This catches only gross errors (lr-sized); the gradient check is the sensitive one."""
+    return 2.0 * lr * sum(adamw_update_bound(t) for t in range(1, steps + 1)) + 2.0 * steps * U * largest_parameter
+
+
+def read_safetensors(path):
+    """{name: array('f')} from an F32 safetensors file (what lab 05 writes for SAVE and GRADS)."""
+    with open(path, "rb") as file:
+        header_size = struct.unpack("<Q", file.read(8))[0]
+        header = json.loads(file.read(header_size))
+        data = file.read()
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] != "F32":
+            raise ValueError(f"{path}: tensor {name} is {entry['dtype']}, expected F32")
+        begin, end = entry["data_offsets"]
+        values = array("f")
+        values.frombytes(data[begin:end])
+        tensors[name] = values
+    return tensors
+
+
+def later_loss_allowance(gradients_run, gradients_reference, lr):
+    """How far the loss of step t > 1 may drift beyond rounding, per step already taken, absolute. After step 1 the
+    parameters differ by the difference of the AdamW updates. To first order the loss moves by sum_i g_i dp_i, and
+    for AdamW's update u = g / (|g| + eps) (one element) a gradient error dg changes it by
+    |du| = eps |dg| / (|g| + eps)^2, so |g du| <= |dg| / 4 for every |g|: the elements AdamW amplifies are exactly
+    those whose gradient is too small to move the loss. With the step-1 gradient differences measured (both runs'
+    GRADS), and later steps' rounding of the same size:
+
+      allowance = lr / 4 * sum_i |g_run,i - g_reference,i|      (per step taken)"""
+    return lr / 4.0 * sum(abs(a - b) for name, g in gradients_reference.items()
+                          for a, b in zip(gradients_run[name], g))
+
+
+def main(argv):
+    if len(argv) == 5 and argv[1] in ("gradients", "loss"):
+        config, tokens, seq = load_config(argv[2]), int(argv[3]), int(argv[4])
+        bound = gradient_tolerance if argv[1] == "gradients" else loss_tolerance
+        print(f"{bound(config, tokens, seq):.6e}")
+        return 0
+    if len(argv) == 4 and argv[1] == "adamw":
+        print(f"{adamw_parameter_tolerance(float(argv[2]), int(argv[3])):.6e}")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
