@@ -84,16 +84,19 @@ void memory_model_predict(memory_prediction *p, const qwen2_model *model, const 
 void memory_model_report(const memory_prediction *p, const size_t *measured, size_t measured_total, char *out,
                          size_t out_size) {
     size_t used = (size_t)snprintf(out, out_size, "memory per rank, analytic model vs measured peak:\n"
-                                                  "  %-17s %12s %12s %7s\n", "category", "predicted", "measured",
-                                   "ratio");
+                                                  "  %-17s %12s %12s %7s %12s\n", "category", "predicted",
+                                   "measured", "ratio", "difference");
     char predicted_text[32], measured_text[32];
     for (int category = 0; category < MEM_CATEGORY_COUNT && used < out_size; category++) {
         if (p->category_peak[category] == 0 && measured[category] == 0) continue;
         double ratio = p->category_peak[category] ? (double)measured[category] / (double)p->category_peak[category] : 0.0;
-        used += (size_t)snprintf(out + used, out_size - used, "  %-17s %12s %12s %7.3f\n",
+        /* in bytes, exactly: the model counts the very buffers the code allocates, so anything but 0 is a bug */
+        long long difference = (long long)measured[category] - (long long)p->category_peak[category];
+        used += (size_t)snprintf(out + used, out_size - used, "  %-17s %12s %12s %7.3f %+10lld B\n",
                                  mem_category_name((mem_category)category),
                                  mem_format_bytes(p->category_peak[category], predicted_text, sizeof predicted_text),
-                                 mem_format_bytes(measured[category], measured_text, sizeof measured_text), ratio);
+                                 mem_format_bytes(measured[category], measured_text, sizeof measured_text), ratio,
+                                 difference);
     }
     if (used < out_size)
         snprintf(out + used, out_size - used, "  %-17s %12s %12s   (total peak <= sum of category peaks)\n",

@@ -16,6 +16,7 @@ sum, so over a million gradient elements and every variant of `make check` the c
     python3 tests/tolerances.py gradients CONFIG_JSON TOKENS SEQ   per-tensor bound on max|g_a - g_b| / max|g_b|
     python3 tests/tolerances.py loss CONFIG_JSON TOKENS SEQ        relative bound on the first step's loss
     python3 tests/tolerances.py adamw LR STEPS                     absolute bound on parameters after STEPS steps
+    python3 tests/tolerances.py drift GRADS_DIR TOKENS SEQ LR      absolute loss drift per AdamW step (derived)
 
 TOKENS is the number of target tokens in one optimizer step (global batch x SEQ x accumulation).
 """
@@ -77,6 +78,21 @@ def gradient_tolerance(config, tokens, seq):
     n = tokens
     D = sum(forward_path(config, seq)) + sum(backward_path(config, seq))
     return 2.0 * LAMBDA * U * (math.sqrt(n) + math.sqrt(D)) * math.sqrt(n)
+
+
+def logit_tolerance(config, seq):
+    """Per tensor of logits: max|z_a - z_b| <= tol * max|z_b|. A logit is the end of the forward path (D_f terms);
+    its last dot product (lm_head, length C) may cancel like a random walk, so |terms| <= sqrt(C) max|z|.
+
+      tol = 2 lambda u sqrt(D_f) sqrt(C)"""
+    return 2.0 * LAMBDA * U * math.sqrt(sum(forward_path(config, seq))) * math.sqrt(config["hidden_size"])
+
+
+def sum_of_positives_tolerance(count):
+    """Two sums of the same `count` non-negative numbers in different orders (a mean of cross-entropies), relative:
+    each is within (count - 1) u of the exact sum (Higham's deterministic bound; no cancellation), so
+    tol = 2 (count - 1) u."""
+    return 2.0 * (count - 1) * U
 
 
 def loss_tolerance(config, tokens, seq):
@@ -146,11 +162,28 @@ def later_loss_allowance(gradients_run, gradients_reference, lr):
                           for a, b in zip(gradients_run[name], g))
 
 
+def derived_loss_drift(gradients, config, tokens, seq, lr):
+    """later_loss_allowance when the other run's gradients are not at hand (PyTorch's, in train.sh's parity): every
+    gradient element is taken as off by the whole bound, tol * max|g| of its tensor (from one run's GRADS). Far
+    looser than the measured allowance (1e-2 of the loss per step on the tiny model), so it catches only a step that
+    goes wrong as a whole; the tight checks are the pieces': HF parity of every gradient, AdamW parity.
+
+      drift = lr / 4 * sum_tensors numel * tol * max|g|      (per step taken)"""
+    tol = gradient_tolerance(config, tokens, seq)
+    return lr / 4.0 * sum(len(g) * tol * max(abs(x) for x in g) for g in gradients.values())
+
+
 def main(argv):
     if len(argv) == 5 and argv[1] in ("gradients", "loss"):
         config, tokens, seq = load_config(argv[2]), int(argv[3]), int(argv[4])
         bound = gradient_tolerance if argv[1] == "gradients" else loss_tolerance
         print(f"{bound(config, tokens, seq):.6e}")
+        return 0
+    if len(argv) == 6 and argv[1] == "drift":
+        grads_dir, tokens, seq, lr = argv[2], int(argv[3]), int(argv[4]), float(argv[5])
+        config = load_config(f"{grads_dir}/config.json")
+        gradients = read_safetensors(f"{grads_dir}/model.safetensors")
+        print(f"{derived_loss_drift(gradients, config, tokens, seq, lr):.6e}")
         return 0
     if len(argv) == 4 and argv[1] == "adamw":
         print(f"{adamw_parameter_tolerance(float(argv[2]), int(argv[3])):.6e}")

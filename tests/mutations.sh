@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Planted mutations: proof that `make check-05` can fail. Each mutation is a bug FSDP code really gets wrong; it is
+# applied to a scratch copy of the tree (never to this one), the copy is rebuilt, and its `make check-05` must fail.
+# Prints, per mutation, the checks that caught it, and ends with "N passed, N failed" (a mutation that check-05
+# does not catch is a failure). About 3 minutes per mutation on 2 cores; not part of `make check`.
+#
+#   tests/mutations.sh              every mutation
+#   tests/mutations.sh NAME...      some of them (names below)
+set -u
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+# name | file | python expression turning the file's text into the mutant's (must change it)
+mutations=(
+  "sum-for-mean|core/fsdp.c|s.replace('fp_reduce_scatter_grad(fp, COMM_AVG)', 'fp_reduce_scatter_grad(fp, COMM_SUM)')"
+  "skip-one-reduce-scatter|core/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count) != 0) return -1;', '    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count) != 0) return -1;')"
+  "wrong-shard-offset|core/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', 'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
+  "padding-rounds-down|core/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * world;', 'fp->padded_unsharded_numel = offset / world * world;')"
+  "accumulation-not-scaled|core/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps', '1.0f')"
+  "post-forward-keeps-layer-0|core/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
+)
+
+wanted=("$@")
+passed=0
+failed=0
+scratch=$(mktemp -d /tmp/fsdplab-mutants.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+for entry in "${mutations[@]}"; do
+  IFS='|' read -r name file expression <<<"$entry"
+  if [ ${#wanted[@]} -gt 0 ] && ! printf '%s\n' "${wanted[@]}" | grep -qx "$name"; then continue; fi
+  copy="$scratch/$name"
+  started=$(date +%s)
+  # The tree as it is here (built objects included, so only the mutated file recompiles), minus old runs.
+  mkdir -p "$copy" && tar -C "$root" --exclude=./runs --exclude=./.git -cf - . | tar -C "$copy" -xf -
+  if ! python3 - "$copy/$file" "$expression" <<'EOF'
+import sys
+path, expression = sys.argv[1], sys.argv[2]
+s = open(path).read()
+mutant = eval(expression, {"s": s})
+if mutant == s:
+    sys.exit(f"the mutation does not apply to {path}: its text has changed; update tests/mutations.sh")
+open(path, "w").write(mutant)
+EOF
+  then
+    echo "FAIL  $name: not applied"
+    failed=$((failed + 1))
+    continue
+  fi
+  if ! make -C "$copy" -s all >"$copy/build.log" 2>&1; then
+    echo "FAIL  $name: the mutant does not build (see $copy/build.log)"; tail -5 "$copy/build.log"
+    failed=$((failed + 1))
+    continue
+  fi
+  make -C "$copy" -s check-05 >"$copy/check.log" 2>&1
+  status=$?
+  caught=$(grep -c '^FAIL ' "$copy/check.log")
+  seconds=$(( $(date +%s) - started ))
+  if [ $status -ne 0 ] && [ "$caught" -gt 0 ]; then
+    passed=$((passed + 1))
+    echo "PASS  $name: check-05 fails ($caught checks, ${seconds}s), e.g."
+    grep '^FAIL ' "$copy/check.log" | sed 's/   (log:.*//' | head -4 | sed 's/^FAIL /        /'
+  else
+    failed=$((failed + 1))
+    echo "FAIL  $name: check-05 still passes (${seconds}s): the checks are blind to this bug"
+  fi
+done
+echo
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
