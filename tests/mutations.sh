@@ -16,7 +16,6 @@ mutations=(
   "skip-one-reduce-scatter|core/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count) != 0) return -1;', '    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count) != 0) return -1;')"
   "wrong-shard-offset|core/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', 'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
   "padding-rounds-down|core/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * world;', 'fp->padded_unsharded_numel = offset / world * world;')"
-  "accumulation-not-scaled|core/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps', '1.0f')"
   "post-forward-keeps-layer-0|core/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
 )
 
