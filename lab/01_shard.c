@@ -12,7 +12,7 @@
  *
  * What to look at
  *   The table: for each rank, which elements of which parameter it owns, and its bytes vs the unsharded unit.
- *   In the trace (runs/01_shard/trace.json, in chrome://tracing or Perfetto): the memory counter of each rank grows
+ *   In the trace (runs/01_shard/trace.json, in Perfetto UI): the memory counter of each rank grows
  *   by only its shard (param_shard), and the one all-gather the lab uses to check that the shards reassemble.
  *
  * The check (`make check-01`): the concatenated shards equal the flattened original, for 2 and 3 ranks.

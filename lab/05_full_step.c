@@ -20,7 +20,7 @@
  *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8), WRAP (layers, or size:<min params>
  *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS).
  *
- * What to look at (runs/05_full_step/trace.json in chrome://tracing or Perfetto)
+ * What to look at (runs/05_full_step/trace.json in Perfetto UI)
  *   Per rank: on the comm track an all_gather before each layer's forward and again before its backward, and a
  *   reduce_scatter after each backward; on the compute track forward, backward (and recompute with CKPT=1); the
  *   state instants (_pre_forward, _post_backward_hook, ...) in PyTorch's order; the memory counter rising through

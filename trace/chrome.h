@@ -1,8 +1,9 @@
 /* chrome.h — turns a run directory's rank<R>.jsonl files into one Chrome Trace Event Format file.
  *
  * The mapping (pids, tids, event phases, the memory counter, the flows joining a collective across ranks) is the
- * section "Chrome export" of trace/EVENTS.md; tests/validate_trace.py checks every rule of it on a real run.
- * Open the result in https://ui.perfetto.dev or chrome://tracing.
+ * section "Chrome export" of trace/EVENTS.md; tests/validate_trace.py checks every rule of it on a real run, and
+ * tests/check_trace_viewers.py opens it in Perfetto UI and in Catapult and counts the arrows each one draws.
+ * Open the result in https://ui.perfetto.dev (or `go tool trace`'s Catapult viewer).
  */
 #ifndef FSDPLAB_CHROME_H
 #define FSDPLAB_CHROME_H

@@ -40,7 +40,7 @@ int trace_export_view(const char *rundir, const char *out_path, const char *defa
 
 void trace_export_describe(FILE *stream, const char *rundir) {
     fprintf(stream, "events:   %s/rank*.jsonl\n", rundir);
-    fprintf(stream, "trace:    %s/" CHROME_FILE_NAME "  (open in chrome://tracing or https://ui.perfetto.dev)\n",
+    fprintf(stream, "trace:    %s/" CHROME_FILE_NAME "  (open in https://ui.perfetto.dev)\n",
             rundir);
     fprintf(stream, "memory:   %s/" MEMORY_PAGE_FILE_NAME "  (open in any browser; works offline)\n", rundir);
     fprintf(stream, "snapshot: %s/" SNAPSHOT_FILE_NAME "  (drop on https://pytorch.org/memory_viz)\n", rundir);

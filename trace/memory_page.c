@@ -136,7 +136,7 @@ static void body_put(FILE *file, const trace_run *run) {
           "micro-batch 1).</li>\n"
           "<li>Below the plot, each FSDP unit's lane is grey while the unit is UNSHARDED (its full parameters "
           "gathered) and colored by its HandleTrainingState while not IDLE.</li>\n"
-          "<li>The same run: <code>trace.json</code> (chrome://tracing or ui.perfetto.dev), "
+          "<li>The same run: <code>trace.json</code> (ui.perfetto.dev), "
           "<code>memory_snapshot.pickle</code> (drop on pytorch.org/memory_viz), <code>summary.txt</code>.</li>\n"
           "</ul></section>\n", file);
 }

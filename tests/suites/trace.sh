@@ -12,3 +12,9 @@ check "fsdptrace all: lab 05 writes its views" bash -c '
   ls runs/check/views/trace.json runs/check/views/memory.html runs/check/views/memory_snapshot.pickle runs/check/views/summary.txt'
 check "memory_snapshot.pickle: loads, fields, addresses consistent with sizes" python3 tests/check_snapshot.py runs/check/views
 check "memory.html in headless Chromium: a band per allocation, no console errors" python3 tests/check_memory_page.py runs/check/views
+for ranks in 3 4; do
+  run_lab "05_full_step -np $ranks STEPS=1 ACC=1: a trace for the viewers" $ranks runs/check/viewers_np$ranks \
+    05_full_step STEPS=1 ACC=1
+done
+check "trace.json in Perfetto UI and Catapult (2, 3, 4 ranks): every flow arrow imported, no 'main thread'" \
+  python3 tests/check_trace_viewers.py runs/check/views runs/check/viewers_np3 runs/check/viewers_np4
