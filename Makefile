@@ -6,6 +6,7 @@
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
 #   make clean
+#   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
 #
 # MPIRUN is how the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on a 2-core
 # machine need --oversubscribe. Users just type `mpirun -np 2 lab/01_shard`.
@@ -24,10 +25,16 @@ ifneq ($(HAVE_DEPS),yes)
 endif
 
 CC := mpicc
+# CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS and LDLIBS are the user's to set; what the build cannot do without is
+# in REQUIRED_CFLAGS and REQUIRED_LDLIBS, which every compile and link line uses as well. The user's flags come after
+# the required ones, so they can refine them (-O0, -Wno-error=...).
 CFLAGS ?= -O2 -g
 # Messages into fixed buffers may be cut short, on purpose: gcc's guesses about that are not errors here.
-CFLAGS += -std=c11 -Wall -Wextra -Werror -Wno-format-truncation $(shell pkg-config --cflags libcjson openblas)
-LDLIBS := $(shell pkg-config --libs libcjson openblas) -lm
+REQUIRED_CFLAGS := -std=c11 -Wall -Wextra -Werror -Wno-format-truncation \
+  $(shell pkg-config --cflags libcjson openblas)
+REQUIRED_LDLIBS := $(shell pkg-config --libs libcjson openblas) -lm
+COMPILE = $(CC) $(REQUIRED_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS)
+LINK = $(COMPILE) $(LDFLAGS)
 CHECK_CFLAGS := $(shell pkg-config --cflags check)
 CHECK_LIBS := $(shell pkg-config --libs check)
 
@@ -55,11 +62,12 @@ all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_m
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
 HEADERS := $(wildcard core/*.h trace/*.h)
 %.o: %.c $(HEADERS)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(COMPILE) -c $< -o $@
 
 # The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
-# llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change.
-core/layers.o: CFLAGS += -O3 -ffast-math
+# llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
+# the user's CFLAGS, so `make CFLAGS=-O1` keeps the kernels fast; `make KERNEL_CFLAGS=` builds them with CFLAGS alone.
+core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 
 trace/libfsdptrace.a: $(TRACE_OBJ)
 	ar rcs $@ $^
@@ -67,17 +75,17 @@ core/libfsdplab.a: $(CORE_OBJ)
 	ar rcs $@ $^
 
 trace/fsdptrace: trace/fsdptrace.c trace/libfsdptrace.a
-	$(CC) $(CFLAGS) $< trace/libfsdptrace.a $(LDLIBS) -o $@
+	$(LINK) $< trace/libfsdptrace.a $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
 lab/%: lab/%.c $(LIBS) $(HEADERS)
-	$(CC) $(CFLAGS) $< $(LIBS) $(LDLIBS) -o $@
+	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
 scripts/bench_model: scripts/bench_model.c $(LIBS) $(HEADERS)
-	$(CC) $(CFLAGS) $< $(LIBS) $(LDLIBS) -o $@
+	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
 tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
 	@mkdir -p tests/bin
-	$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIBS) $(CHECK_LIBS) $(LDLIBS) -o $@
+	$(LINK) $(CHECK_CFLAGS) $< $(LIBS) $(CHECK_LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
