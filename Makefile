@@ -1,6 +1,8 @@
 # fsdplab — build the runtime, the trace tool, the labs; run the checks.
 #
 #   make              build everything (installs missing dependencies first, via scripts/install_deps.sh)
+#   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
+#                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
 #   make check-01     one lab's check (01 ... 05); check-unit, check-trace, check-model for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
@@ -8,8 +10,8 @@
 #   make clean
 #   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
 #
-# MPIRUN is how the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on a 2-core
-# machine need --oversubscribe. Users just type `mpirun -np 2 lab/01_shard`.
+# MPIRUN is how `make run` and the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on
+# a 2-core machine need --oversubscribe. Users may also type `mpirun -np 2 lab/01_shard` themselves.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
@@ -55,7 +57,7 @@ TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05)
+.PHONY: all run check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05)
 
 all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
@@ -86,6 +88,13 @@ scripts/bench_model: scripts/bench_model.c $(LIBS) $(HEADERS)
 tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
 	@mkdir -p tests/bin
 	$(LINK) $(CHECK_CFLAGS) $< $(LIBS) $(CHECK_LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
+
+# The main job, as root or not: lab 05 on NP ranks into its default run dir (runs/05_full_step, unless OUT says
+# otherwise). The lab reads its settings from the environment, and make passes it on, with any VAR=value given on
+# make's command line, so `make run STEPS=10` and `STEPS=10 make run` do the same.
+NP ?= 2
+run: lab/05_full_step
+	$(MPIRUN) -np $(NP) lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all

@@ -40,3 +40,11 @@ check_fails "05_full_step STRATEGY=HYBRID is refused, naming the value" "STRATEG
   env OUT=runs/check/05_bad STRATEGY=HYBRID $MPIRUN -np 2 lab/05_full_step
 check_fails "05_full_step MBS=0 is refused, naming the value" "MBS='0' is not an integer in 1..4096" \
   env OUT=runs/check/05_bad MBS=0 $MPIRUN -np 2 lab/05_full_step
+# The README's main command, `make run`: lab 05 launched through the Makefile's MPIRUN (--allow-run-as-root for root),
+# its settings from make's command line or from the environment alike, OUT passed on as any other setting.
+check "make run NP=1 STEPS=1 ACC=1: make's command line reaches lab 05" bash -c \
+  "OUT=runs/check/05_make_run make -s --no-print-directory run NP=1 STEPS=1 ACC=1 | tee /dev/stderr |
+   grep -c -e '^Ranks = 1, ' -e '^1/1: Loss = ' -e '^events: *runs/check/05_make_run/' | grep -qx 3"
+check "STEPS=1 ACC=1 make run: 2 ranks by default, settings from the environment" bash -c \
+  "OUT=runs/check/05_make_run STEPS=1 ACC=1 make -s --no-print-directory run | tee /dev/stderr |
+   grep -c -e '^Ranks = 2, ' -e '^1/1: Loss = ' | grep -qx 2"
