@@ -1,14 +1,17 @@
 # fsdplab — build the runtime, the trace tool, the labs; run the checks.
 #
 #   make              build everything (installs missing dependencies first, via scripts/install_deps.sh)
+#   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
+#                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
 #   make check-01     one lab's check (01 ... 05); check-unit, check-trace, check-model for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
 #   make clean
+#   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
 #
-# MPIRUN is how the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on a 2-core
-# machine need --oversubscribe. Users just type `mpirun -np 2 lab/01_shard`.
+# MPIRUN is how `make run` and the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on
+# a 2-core machine need --oversubscribe. Users may also type `mpirun -np 2 lab/01_shard` themselves.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
@@ -24,10 +27,16 @@ ifneq ($(HAVE_DEPS),yes)
 endif
 
 CC := mpicc
+# CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS and LDLIBS are the user's to set; what the build cannot do without is
+# in REQUIRED_CFLAGS and REQUIRED_LDLIBS, which every compile and link line uses as well. The user's flags come after
+# the required ones, so they can refine them (-O0, -Wno-error=...).
 CFLAGS ?= -O2 -g
 # Messages into fixed buffers may be cut short, on purpose: gcc's guesses about that are not errors here.
-CFLAGS += -std=c11 -Wall -Wextra -Werror -Wno-format-truncation $(shell pkg-config --cflags libcjson openblas)
-LDLIBS := $(shell pkg-config --libs libcjson openblas) -lm
+REQUIRED_CFLAGS := -std=c11 -Wall -Wextra -Werror -Wno-format-truncation \
+  $(shell pkg-config --cflags libcjson openblas)
+REQUIRED_LDLIBS := $(shell pkg-config --libs libcjson openblas) -lm
+COMPILE = $(CC) $(REQUIRED_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS)
+LINK = $(COMPILE) $(LDFLAGS)
 CHECK_CFLAGS := $(shell pkg-config --cflags check)
 CHECK_LIBS := $(shell pkg-config --libs check)
 
@@ -48,18 +57,19 @@ TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05)
+.PHONY: all run check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05)
 
 all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
 HEADERS := $(wildcard core/*.h trace/*.h)
 %.o: %.c $(HEADERS)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(COMPILE) -c $< -o $@
 
 # The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
-# llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change.
-core/layers.o: CFLAGS += -O3 -ffast-math
+# llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
+# the user's CFLAGS, so `make CFLAGS=-O1` keeps the kernels fast; `make KERNEL_CFLAGS=` builds them with CFLAGS alone.
+core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 
 trace/libfsdptrace.a: $(TRACE_OBJ)
 	ar rcs $@ $^
@@ -67,17 +77,24 @@ core/libfsdplab.a: $(CORE_OBJ)
 	ar rcs $@ $^
 
 trace/fsdptrace: trace/fsdptrace.c trace/libfsdptrace.a
-	$(CC) $(CFLAGS) $< trace/libfsdptrace.a $(LDLIBS) -o $@
+	$(LINK) $< trace/libfsdptrace.a $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
 lab/%: lab/%.c $(LIBS) $(HEADERS)
-	$(CC) $(CFLAGS) $< $(LIBS) $(LDLIBS) -o $@
+	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
 scripts/bench_model: scripts/bench_model.c $(LIBS) $(HEADERS)
-	$(CC) $(CFLAGS) $< $(LIBS) $(LDLIBS) -o $@
+	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
 tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
 	@mkdir -p tests/bin
-	$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIBS) $(CHECK_LIBS) $(LDLIBS) -o $@
+	$(LINK) $(CHECK_CFLAGS) $< $(LIBS) $(CHECK_LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
+
+# The main job, as root or not: lab 05 on NP ranks into its default run dir (runs/05_full_step, unless OUT says
+# otherwise). The lab reads its settings from the environment, and make passes it on, with any VAR=value given on
+# make's command line, so `make run STEPS=10` and `STEPS=10 make run` do the same.
+NP ?= 2
+run: lab/05_full_step
+	$(MPIRUN) -np $(NP) lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all

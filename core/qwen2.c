@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
 #include "layers.h"
 #include "rng.h"
 
@@ -81,14 +80,34 @@ static const qwen2_config presets[] = {
      .bos_token_id = 256, .eos_token_id = 256},
 };
 
+/* Other names a preset answers to: the seed project's command line says MODEL=qwen2 for Qwen2-0.5B. A config made
+ * from an alias carries the preset's own name, so logs and config.json say which model it really is. */
+static const struct preset_alias {
+    const char *alias, *preset;
+} preset_aliases[] = {{"qwen2", "qwen2-0.5b"}};
+
 int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size) {
+    const char *preset_name = name;
+    for (size_t i = 0; i < sizeof preset_aliases / sizeof preset_aliases[0]; i++)
+        if (strcmp(preset_aliases[i].alias, name) == 0) preset_name = preset_aliases[i].preset;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        if (strcmp(presets[i].name, name) != 0) continue;
+        if (strcmp(presets[i].name, preset_name) != 0) continue;
         *config = presets[i];
         return qwen2_config_validate(config, error, error_size); /* head_dim above must follow the rules too */
     }
     memset(config, 0, sizeof *config);
-    return fail(error, error_size, "MODEL='%s' is not a model; choose one of: tiny, qwen2-0.5b", name);
+    /* Every accepted name, built from the tables so the message cannot fall behind them. */
+    char accepted[256] = "";
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        size_t used = strlen(accepted);
+        snprintf(accepted + used, sizeof accepted - used, "%s%s", i > 0 ? ", " : "", presets[i].name);
+        for (size_t a = 0; a < sizeof preset_aliases / sizeof preset_aliases[0]; a++) {
+            if (strcmp(preset_aliases[a].preset, presets[i].name) != 0) continue;
+            used = strlen(accepted);
+            snprintf(accepted + used, sizeof accepted - used, " (or %s)", preset_aliases[a].alias);
+        }
+    }
+    return fail(error, error_size, "MODEL='%s' is not a model; choose one of: %s", name, accepted);
 }
 
 int qwen2_config_set(qwen2_config *c, const char *name, const char *value, char *error, size_t error_size) {
@@ -119,17 +138,19 @@ int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error,
 }
 
 void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len) {
-    static const char *const presets[] = {"tiny", "qwen2-0.5b", NULL};
-    const char *preset = cfg_env_choice(ctx, "MODEL", "tiny", presets);
-    qwen2_config_preset(config, preset, ctx->error, sizeof ctx->error);
+    const char *model = getenv("MODEL");
+    if (model == NULL || model[0] == '\0') model = "tiny";
+    if (qwen2_config_preset(config, model, ctx->error, sizeof ctx->error) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
     const char *overrides = getenv("CONFIG");
     if (overrides != NULL && overrides[0] != '\0') {
+        char preset[sizeof config->name];
+        snprintf(preset, sizeof preset, "%s", config->name); /* the preset's own name, not an alias */
         if (qwen2_config_apply(config, overrides, ctx->error, sizeof ctx->error) != 0)
             ctx_exit_all(ctx, 2, "CONFIG='%s': %s", overrides, ctx->error);
         snprintf(config->name, sizeof config->name, "%s + CONFIG", preset);
     }
     if (seq_len > config->max_position_embeddings)
-        ctx_exit_all(ctx, 2, "SEQ=%d is longer than MODEL=%s's max_position_embeddings %d", seq_len, preset,
+        ctx_exit_all(ctx, 2, "SEQ=%d is longer than MODEL=%s's max_position_embeddings %d", seq_len, model,
                      config->max_position_embeddings);
 }
 

@@ -39,7 +39,8 @@ typedef struct qwen2_config {
     int bos_token_id, eos_token_id;
 } qwen2_config;
 
-/* "qwen2-0.5b" (HF's values) or "tiny" (byte-level vocab: 256 bytes + 4 specials; CPU-fast). */
+/* "qwen2-0.5b" (HF's values; "qwen2", the seed's name, is the same preset) or "tiny" (byte-level vocab: 256 bytes
+ * + 4 specials; CPU-fast). An unknown name returns -1 with a message listing the accepted ones. */
 int qwen2_config_preset(qwen2_config *config, const char *name, char *error, size_t error_size);
 /* Overrides one field by its HF name ("hidden_size", "num_hidden_layers", "rope_theta", ...) from text; head_dim
  * follows hidden_size / num_attention_heads. Returns -1 with a message naming the field and value when unknown or

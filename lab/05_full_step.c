@@ -9,10 +9,11 @@
  *   state for the shard alone. Peak memory is "1/N of everything + the unsharded units in flight + activations".
  *
  * What to run
- *   mpirun -np 2 lab/05_full_step                      3 steps of the tiny model, ACC=2
+ *   mpirun -np 2 lab/05_full_step                      3 steps of the tiny model, ACC=2 (as root, OpenMPI also
+ *                                                      wants --allow-run-as-root; `make run` adds it for you)
  *   STEPS=50 EVAL=25 mpirun -np 2 lab/05_full_step     watch the loss fall and the model start to write
  *   STRATEGY=SHARD_GRAD_OP CKPT=1 NO_SYNC=1 ...        compare the peaks (and the traces)
- *   env: MODEL (tiny, qwen2-0.5b), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
+ *   env: MODEL (tiny, qwen2-0.5b or its seed name qwen2), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), GRADS (write step 1's

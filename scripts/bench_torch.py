@@ -18,12 +18,16 @@ PRESETS = {  # the same values as core/qwen2.c's presets
                        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=131072,
                        rope_theta=1000000.0),
 }
+PRESETS["qwen2"] = PRESETS["qwen2-0.5b"]  # the seed's name for it, as core/qwen2.c accepts
 RUN_KEYS = {"model", "B", "T", "iterations"}  # everything else is a Qwen2Config field, as for scripts/bench_model
 
 
 def main(argv):
     args = dict(arg.split("=", 1) for arg in argv)
-    fields = dict(PRESETS[args.get("model", "tiny")])
+    model = args.get("model", "tiny")
+    if model not in PRESETS:
+        sys.exit(f"bench_torch: model='{model}' is not a model; choose one of: {', '.join(PRESETS)}")
+    fields = dict(PRESETS[model])
     for key, value in args.items():
         if key not in RUN_KEYS:
             fields[key] = float(value) if "." in value or "e" in value else int(value)

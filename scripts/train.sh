@@ -6,7 +6,7 @@
 #   ... FSDP=both  ./scripts/train.sh       both, then a side-by-side table: loss difference, time and peak ratios
 #
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
-# CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
+# CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
 # EVAL (fsdplab: print a generated story every EVAL steps), CONFIG (model fields by HF name, for both). Both implementations start from the same bytes (fsdplab's
 # initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
 # their outputs.
@@ -29,7 +29,11 @@ case "$BACKEND" in
   *) fail "BACKEND='$BACKEND' is not allowed; choose one of: mpi, gloo, nccl" ;;
 esac
 [[ "$PROCESSES" =~ ^[1-9][0-9]*$ ]] || fail "PROCESSES='$PROCESSES' is not a positive integer"
-case "$MODEL" in tiny | qwen2-0.5b) ;; *) fail "MODEL='$MODEL' is not allowed; choose one of: tiny, qwen2-0.5b" ;; esac
+# The same names core/qwen2.c accepts (qwen2, the seed's name, is Qwen2-0.5B); checked here so a typo fails before make.
+case "$MODEL" in
+  tiny | qwen2-0.5b | qwen2) ;;
+  *) fail "MODEL='$MODEL' is not a model; choose one of: qwen2-0.5b (or qwen2), tiny" ;;
+esac
 
 mpirun_flags=()
 [ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)

@@ -2,6 +2,7 @@
  * way to look at a model from the shell. One rank (run it directly, no mpirun).
  *
  *   qwen2_tool params <preset>                        HF name and shape of every parameter, then "total N"
+ *       (a preset is a name MODEL takes: tiny, qwen2-0.5b, or qwen2 for the same 0.5B config)
  *   qwen2_tool init <preset|config.json> <seed> <dir> [overrides]   fsdplab's init as an HF directory
  *       (config.json, model.safetensors); overrides as lab 05's CONFIG: hidden_size=512,num_hidden_layers=8
  *   qwen2_tool run <dir> <batch.json> <out.safetensors>

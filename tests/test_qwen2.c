@@ -62,8 +62,19 @@ START_TEST(test_presets_and_config_json_round_trip) {
     ck_assert_int_eq(big.head_dim, 64);
     ck_assert_int_eq(qwen2_config_validate(&big, ctx.error, sizeof ctx.error), 0);
     ck_assert_int_eq(qwen2_config_preset(&tiny, "tiny", ctx.error, sizeof ctx.error), 0);
+    /* The seed's name for Qwen2-0.5B is the same preset, named as the preset. */
+    qwen2_config alias;
+    ck_assert_int_eq(qwen2_config_preset(&alias, "qwen2", ctx.error, sizeof ctx.error), 0);
+    ck_assert(alias.vocab_size == big.vocab_size && alias.hidden_size == big.hidden_size &&
+              alias.intermediate_size == big.intermediate_size && alias.num_hidden_layers == big.num_hidden_layers &&
+              alias.num_attention_heads == big.num_attention_heads &&
+              alias.num_key_value_heads == big.num_key_value_heads && alias.head_dim == big.head_dim &&
+              alias.max_position_embeddings == big.max_position_embeddings && alias.rope_theta == big.rope_theta &&
+              alias.rms_norm_eps == big.rms_norm_eps && alias.bos_token_id == big.bos_token_id);
+    ck_assert_str_eq(alias.name, "qwen2-0.5b");
     ck_assert_int_eq(qwen2_config_preset(&back, "gpt2", ctx.error, sizeof ctx.error), -1);
-    ck_assert_msg(strstr(ctx.error, "MODEL='gpt2'") && strstr(ctx.error, "tiny, qwen2-0.5b"), "%s", ctx.error);
+    ck_assert_msg(strstr(ctx.error, "MODEL='gpt2'") && strstr(ctx.error, "qwen2-0.5b (or qwen2), tiny"), "%s",
+                  ctx.error);
     char path[] = "/tmp/fsdplab_config_XXXXXX";
     int fd = mkstemp(path);
     close(fd);

@@ -94,3 +94,11 @@ size = struct.unpack(\"<Q\", data[:8])[0]
 begin = json.loads(data[8:8 + size])[\"model.norm.weight\"][\"data_offsets\"][0]
 data[8 + size + begin + 12:8 + size + begin + 16] = struct.pack(\"<f\", float(\"nan\"))
 open(path, \"wb\").write(data)' && OUT=runs/check/compare tests/bin/qwen2_tool compare runs/check/05_nan $REFERENCE05/checkpoint 1"
+# The README's main command, `make run`: lab 05 launched through the Makefile's MPIRUN (--allow-run-as-root for root),
+# its settings from make's command line or from the environment alike, OUT passed on as any other setting.
+check "make run NP=1 STEPS=1 ACC=1: make's command line reaches lab 05" bash -c \
+  "OUT=runs/check/05_make_run make -s --no-print-directory run NP=1 STEPS=1 ACC=1 | tee /dev/stderr |
+   grep -c -e '^Ranks = 1, ' -e '^1/1: Loss = ' -e '^events: *runs/check/05_make_run/' | grep -qx 3"
+check "STEPS=1 ACC=1 make run: 2 ranks by default, settings from the environment" bash -c \
+  "OUT=runs/check/05_make_run STEPS=1 ACC=1 make -s --no-print-directory run | tee /dev/stderr |
+   grep -c -e '^Ranks = 2, ' -e '^1/1: Loss = ' | grep -qx 2"

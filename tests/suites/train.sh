@@ -5,3 +5,10 @@ check_fails "train.sh FSDP=deepspeed is refused, naming the value" "FSDP='deepsp
   env FSDP=deepspeed scripts/train.sh
 check_fails "train.sh BACKEND=nccl is refused on this build" "BACKEND=nccl needs the GPU build" \
   env BACKEND=nccl scripts/train.sh
+# The seed's own command line says MODEL=qwen2: lab 05 must take it as Qwen2-0.5B (cut to one layer and a byte vocab
+# by CONFIG, so the check takes a second, not minutes).
+check "train.sh MODEL=qwen2 runs lab 05 on qwen2-0.5b" bash -c 'TRAIN_DIR=runs/check/train_qwen2 FSDP=edufsdp MODEL=qwen2 \
+  CONFIG=num_hidden_layers=1,vocab_size=260 SEQ=16 MBS=1 ACC=1 STEPS=1 scripts/train.sh | tee /dev/stderr |
+  grep -q "^(model qwen2-0.5b + CONFIG, "'
+check_fails "train.sh MODEL=gpt2 is refused, listing the models" "MODEL='gpt2' is not a model; choose one of: .*qwen2" \
+  env MODEL=gpt2 scripts/train.sh
