@@ -211,8 +211,10 @@ static const char *config_difference(const cJSON *a, const cJSON *b, char *detai
             const cJSON *other = cJSON_GetObjectItemCaseSensitive(sides[1 - side], item->string);
             if (other != NULL && cJSON_Compare(item, other, 1)) continue;
             const cJSON *in_a = side == 0 ? item : other, *in_b = side == 0 ? other : item;
-            char *text_a = in_a ? cJSON_PrintUnformatted(in_a) : NULL, *text_b = in_b ? cJSON_PrintUnformatted(in_b) : NULL;
-            snprintf(detail, size, "%s (%s vs %s)", item->string, text_a ? text_a : "absent", text_b ? text_b : "absent");
+            char *text_a = in_a ? cJSON_PrintUnformatted(in_a) : NULL;
+            char *text_b = in_b ? cJSON_PrintUnformatted(in_b) : NULL;
+            snprintf(detail, size, "%s (%s vs %s)", item->string, text_a ? text_a : "absent",
+                     text_b ? text_b : "absent");
             free(text_a);
             free(text_b);
             return item->string;

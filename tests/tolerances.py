@@ -72,9 +72,9 @@ def gradient_tolerance(config, tokens, seq):
 
       tol = 2 lambda u (sqrt(n) + sqrt(D)) sqrt(n)
 
-    For the tiny model (n = 2048, D = 14,240) that is 6.8e-3: a planted bug that averages with the wrong count
-    (sum for mean: a factor of N ranks), skips a unit's reduce-scatter or shifts a shard is off by O(1), more than
-    100x above it; the measured differences (about 1e-6) sit 1000x below it."""
+    For the tiny model (n = 2048 tokens, SEQ 128: D = 5,636 + 8,200) that is 7.0e-3: a planted bug that averages
+    with the wrong count (sum for mean: a factor of N ranks), skips a unit's reduce-scatter or shifts a shard is
+    off by O(1), more than 100x above it; the measured differences (about 1e-6) sit 1000x below it."""
     n = tokens
     D = sum(forward_path(config, seq)) + sum(backward_path(config, seq))
     return 2.0 * LAMBDA * U * (math.sqrt(n) + math.sqrt(D)) * math.sqrt(n)
