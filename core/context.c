@@ -1,6 +1,7 @@
 /* context.c — MPI start-up and shut-down, the run's output directory, ordered printing. See context.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "context.h"
+#include "config.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -116,7 +117,14 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
     }
     if (trace_open(&ctx->trace, ctx->outdir, ctx->rank, ctx->world_size) != 0)
         ctx_fatal(ctx, "cannot open the event file in %s", ctx->outdir);
-    mem_init(&ctx->mem, ctx->rank, &ctx->trace);
+    /* ALLOC=malloc turns the caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): one segment per request.
+     * MAX_SPLIT_SIZE_MB is PyTorch's max_split_size_mb (0 or unset: no limit). */
+    static const char *const alloc_modes[] = {"caching", "malloc", NULL};
+    allocator_settings allocation = {
+        .caching = strcmp(cfg_env_choice(ctx, "ALLOC", "caching", alloc_modes), "caching") == 0,
+        .max_split_size = (size_t)cfg_env_int(ctx, "MAX_SPLIT_SIZE_MB", 0, 0, 1 << 20) << 20,
+    };
+    mem_init(&ctx->mem, ctx->rank, &ctx->trace, &allocation);
     /* t0 right after a barrier, so every rank's timestamps start together. */
     CTX_MPI(ctx, MPI_Barrier(ctx->comm));
     trace_reset_t0(&ctx->trace);

@@ -1,7 +1,6 @@
 /* mem.c — the tracked allocator. See mem.h. */
 #include "mem.h"
 
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,16 +21,48 @@ int mem_category_from_name(const char *name) {
     return -1;
 }
 
-void mem_init(mem_tracker *tracker, int rank, trace_sink *trace) {
-    /* A training step frees and re-allocates the same activation sizes every time. By default glibc returns large
-     * blocks to the kernel and takes them back (page faults, zeroing: 15% of a tiny model's step); keeping them in
-     * the heap for reuse is what PyTorch's caching allocator does too. Live and peak bytes are unaffected. */
-    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-    mallopt(M_TRIM_THRESHOLD, 256 * 1024 * 1024);
+/* The allocator tells the tracker of every segment it takes or gives back; the tracker writes the event. */
+static void on_segment(void *state, allocator_event event, const allocator_segment *segment) {
+    mem_tracker *tracker = state;
+    tracker->reserved_bytes = tracker->allocator.reserved_bytes;
+    if (tracker->reserved_bytes > tracker->peak_reserved_bytes) tracker->peak_reserved_bytes = tracker->reserved_bytes;
+    if (tracker->trace == NULL) return;
+    trace_segment_info info = {
+        .id = segment->id,
+        .address = (uint64_t)(uintptr_t)segment->ptr,
+        .bytes = segment->size,
+        .pool = allocator_pool_name(segment->pool),
+        .stream = segment->stream,
+        .owner = tracker->request_owner,
+        .category = tracker->request_owner ? mem_category_name(tracker->request_category) : NULL,
+        .reserved_bytes = tracker->reserved_bytes,
+    };
+    if (event == ALLOCATOR_SEGMENT_ALLOC) trace_segment_alloc(tracker->trace, &info);
+    else trace_segment_free(tracker->trace, &info);
+}
+
+void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings) {
     memset(tracker, 0, sizeof *tracker);
     tracker->rank = rank;
     tracker->trace = trace;
     tracker->next_id = 1;
+    allocator_settings defaults = {.caching = 1, .max_split_size = SIZE_MAX};
+    allocator_init(&tracker->allocator, &allocator_host_backend, settings ? settings : &defaults, on_segment, tracker);
+    if (trace != NULL) {
+        const allocator_settings *used = &tracker->allocator.settings;
+        trace_allocator_info info = {
+            .mode = used->caching ? "caching" : "malloc",
+            .backend = allocator_host_backend.name,
+            .round = ALLOCATOR_ROUND,
+            .small_size = ALLOCATOR_SMALL_SIZE,
+            .small_segment = ALLOCATOR_SMALL_SEGMENT,
+            .large_segment = ALLOCATOR_LARGE_SEGMENT,
+            .min_large_alloc = ALLOCATOR_MIN_LARGE_ALLOC,
+            .round_large = ALLOCATOR_ROUND_LARGE,
+            .max_split_size = used->max_split_size == SIZE_MAX ? 0 : used->max_split_size,
+        };
+        trace_allocator(trace, &info);
+    }
 }
 
 static void emit(mem_tracker *tracker, const mem_block *block, int is_alloc) {
@@ -43,6 +74,11 @@ static void emit(mem_tracker *tracker, const mem_block *block, int is_alloc) {
         .owner = block->owner,
         .live_bytes = tracker->live_bytes,
         .category_live_bytes = tracker->category_live_bytes[block->category],
+        .address = (uint64_t)(uintptr_t)block->ptr,
+        .size = block->block->size,
+        .segment = (uint64_t)(uintptr_t)block->block->segment->ptr,
+        .stream = block->block->stream,
+        .reserved_bytes = tracker->reserved_bytes,
     };
     if (is_alloc) trace_alloc(tracker->trace, &info);
     else trace_free(tracker->trace, &info);
@@ -64,15 +100,22 @@ static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category,
         tracker->live_blocks = grown;
         tracker->live_capacity = capacity;
     }
-    /* calloc(0) may return NULL; a zero-byte block still gets a unique address so it can be freed and traced. */
-    void *ptr = zeroed ? calloc(bytes ? bytes : 1, 1) : malloc(bytes ? bytes : 1);
-    if (ptr == NULL) {
-        fprintf(stderr, "rank %d: out of memory allocating %zu bytes of %s for '%s' (%zu bytes live)\n",
-                tracker->rank, bytes, mem_category_name(category), owner, tracker->live_bytes);
+    /* A zero-byte request still gets a block (512 bytes), so it has a unique address to free and trace. */
+    tracker->request_owner = owner;
+    tracker->request_category = category;
+    allocator_block *served = allocator_malloc(&tracker->allocator, bytes, 0);
+    tracker->request_owner = NULL;
+    if (served == NULL) {
+        fprintf(stderr, "rank %d: out of memory allocating %zu bytes of %s for '%s' (%zu bytes live, %zu reserved, "
+                "the cache emptied)\n", tracker->rank, bytes, mem_category_name(category), owner, tracker->live_bytes,
+                tracker->reserved_bytes);
         abort();
     }
+    void *ptr = served->ptr;
+    if (zeroed) memset(ptr, 0, bytes);
     mem_block *block = &tracker->live_blocks[tracker->live_count++];
     block->ptr = ptr;
+    block->block = served;
     block->bytes = bytes;
     block->category = category;
     block->id = tracker->next_id++;
@@ -131,8 +174,13 @@ int mem_try_free(mem_tracker *tracker, void *ptr) {
     tracker->recent_next = (tracker->recent_next + 1) % MEM_RECENT_FREES;
     tracker->live_bytes -= freed.bytes;
     tracker->category_live_bytes[freed.category] -= freed.bytes;
-    free(ptr);
     emit(tracker, &freed, 0);
+    /* After the free event: with caching off the block's segment goes back now, and its event follows. */
+    tracker->request_owner = freed.owner;
+    tracker->request_category = freed.category;
+    allocator_free(&tracker->allocator, freed.block);
+    tracker->request_owner = NULL;
+    tracker->reserved_bytes = tracker->allocator.reserved_bytes;
     return 0;
 }
 
@@ -145,8 +193,15 @@ void mem_free(mem_tracker *tracker, void *ptr) {
 
 void mem_reset_peak(mem_tracker *tracker) {
     tracker->peak_bytes = tracker->live_bytes;
+    tracker->peak_reserved_bytes = tracker->reserved_bytes;
     for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
         tracker->category_peak_bytes[category] = tracker->category_live_bytes[category];
+}
+
+size_t mem_empty_cache(mem_tracker *tracker) {
+    size_t released = allocator_empty_cache(&tracker->allocator);
+    tracker->reserved_bytes = tracker->allocator.reserved_bytes;
+    return released;
 }
 
 size_t mem_shutdown(mem_tracker *tracker) {
@@ -158,6 +213,8 @@ size_t mem_shutdown(mem_tracker *tracker) {
                 (unsigned long long)block->id);
         mem_free(tracker, block->ptr);
     }
+    mem_empty_cache(tracker); /* every block is free now: the segments go back, each with its event */
+    allocator_destroy(&tracker->allocator);
     free(tracker->live_blocks);
     tracker->live_blocks = NULL;
     tracker->live_capacity = 0;

@@ -5,6 +5,10 @@
  * keeps live and peak bytes per category and in total, and writes an `alloc` / `free` event for each, so that
  * sum(alloc) - sum(free) in the trace is exactly the live bytes it reports.
  *
+ * The bytes themselves come from the caching allocator (core/allocator.h): `live` (allocated) bytes are what callers
+ * asked for, `reserved` bytes the segments the allocator holds from the backend, cached blocks included. Both have
+ * peaks; reserved - allocated is the cache plus fragmentation, the gap PyTorch's memory stats show.
+ *
  * Misuse aborts with a message that names the rank and the owner: freeing twice, freeing a pointer the tracker
  * never gave out. Blocks still live at mem_shutdown are listed as leaks. (The tracker's own bookkeeping table is
  * not counted: it is the ruler, not the thing measured.)
@@ -16,6 +20,7 @@
 #include <stdint.h>
 
 #include "../trace/trace.h"
+#include "allocator.h"
 
 typedef enum mem_category {
     MEM_PARAM_SHARD,
@@ -39,6 +44,7 @@ typedef struct mem_block {
     size_t bytes;
     mem_category category;
     uint64_t id;
+    allocator_block *block;                  /* the allocator's block that holds it */
     char owner[MEM_OWNER_MAX];
 } mem_block;
 
@@ -53,6 +59,10 @@ typedef struct mem_tracker {
     size_t live_bytes, peak_bytes;
     size_t category_live_bytes[MEM_CATEGORY_COUNT];
     size_t category_peak_bytes[MEM_CATEGORY_COUNT];
+    size_t reserved_bytes, peak_reserved_bytes; /* the allocator's segments */
+    allocator allocator;
+    const char *request_owner;               /* the request being served, for the segment events it causes */
+    mem_category request_category;
     char error[512];                         /* the last misuse, for mem_try_free callers and tests */
 } mem_tracker;
 
@@ -60,7 +70,8 @@ const char *mem_category_name(mem_category category);
 /* Returns the category whose name is `name`, or -1. */
 int mem_category_from_name(const char *name);
 
-void mem_init(mem_tracker *tracker, int rank, trace_sink *trace);
+/* settings NULL: PyTorch's defaults (caching on, no max_split_size). Writes an `allocator` event with them. */
+void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings);
 /* Zeroed block of `bytes` bytes. Aborts naming rank, owner and size when the system has no memory. */
 void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner);
 /* Like mem_alloc but the contents are undefined: for buffers the caller overwrites completely (forward
@@ -72,9 +83,12 @@ void mem_free(mem_tracker *tracker, void *ptr);
 int mem_try_free(mem_tracker *tracker, void *ptr);
 /* The block record of a live pointer, or NULL. */
 const mem_block *mem_find(const mem_tracker *tracker, const void *ptr);
-/* Starts a new peak window (e.g. a step): peaks restart from the bytes live now. */
+/* Starts a new peak window (e.g. a step): peaks restart from the bytes live (and reserved) now. */
 void mem_reset_peak(mem_tracker *tracker);
-/* Lists every live block on stderr as a leak (rank, owner, category, bytes), frees them, and returns their count. */
+/* Gives every cached, unused segment back to the backend (torch.cuda.empty_cache). Returns the bytes released. */
+size_t mem_empty_cache(mem_tracker *tracker);
+/* Lists every live block on stderr as a leak (rank, owner, category, bytes), frees them, releases every segment
+ * and returns the count of leaked blocks. */
 size_t mem_shutdown(mem_tracker *tracker);
 
 /* "12.3 MB", "4.0 KB", "17 B": binary-free SI-ish units, as the seed's log prints (1 MB = 1e6 bytes). */

@@ -44,7 +44,7 @@ static run_result run_once(context *ctx, qwen2_model *model, int checkpointing, 
     fsdp_runtime runtime;
     if (fsdp_runtime_init(&runtime, ctx, model, &options) != 0) ctx_fatal(ctx, "%s", ctx->error);
     trace_mark(&ctx->trace, checkpointing ? "lab 04: with activation checkpointing" : "lab 04: without checkpointing");
-    trace_step(&ctx->trace, checkpointing + 1, 0, 0.0, ctx->mem.live_bytes, 0.0);
+    trace_step(&ctx->trace, checkpointing + 1, 0, 0.0, ctx->mem.live_bytes, ctx->mem.reserved_bytes, 0.0);
     mem_reset_peak(&ctx->mem);
     double start = MPI_Wtime();
     run_result result = {.loss = fsdp_forward_backward(&runtime, tokens, targets, B, T, 1)};

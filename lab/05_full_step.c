@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
             data_next_batch(&loader, tokens, targets);
             float loss = fsdp_forward_backward(&runtime, tokens, targets, s.micro_batch, s.seq_len,
                                                micro == s.accumulation - 1);
-            trace_step(&ctx.trace, step, micro, loss, ctx.mem.peak_bytes, MPI_Wtime() - start);
+            trace_step(&ctx.trace, step, micro, loss, ctx.mem.peak_bytes, ctx.mem.peak_reserved_bytes, MPI_Wtime() - start);
             loss_sum += loss;
         }
         if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && ckpt_save_gradients(&model, s.grads) != 0)
@@ -171,7 +171,7 @@ int main(int argc, char **argv) {
         CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
         CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
         loss /= ctx.world_size;
-        trace_step(&ctx.trace, step, -1, loss, ctx.mem.peak_bytes, elapsed);
+        trace_step(&ctx.trace, step, -1, loss, ctx.mem.peak_bytes, ctx.mem.peak_reserved_bytes, elapsed);
         for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
             if (ctx.mem.category_peak_bytes[category] > measured_peak[category])
                 measured_peak[category] = ctx.mem.category_peak_bytes[category];

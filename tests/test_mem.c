@@ -14,7 +14,7 @@
 
 START_TEST(test_live_and_peak_by_category) {
     mem_tracker tracker;
-    mem_init(&tracker, 0, NULL);
+    mem_init(&tracker, 0, NULL, NULL);
     char *shard = mem_alloc(&tracker, 100, MEM_PARAM_SHARD, "unit.shard");
     char *full = mem_alloc(&tracker, 400, MEM_PARAM_UNSHARDED, "unit.full");
     ck_assert_uint_eq(tracker.live_bytes, 500);
@@ -38,7 +38,7 @@ END_TEST
 
 START_TEST(test_double_free_names_the_owner) {
     mem_tracker tracker;
-    mem_init(&tracker, 3, NULL);
+    mem_init(&tracker, 3, NULL, NULL);
     void *block = mem_alloc(&tracker, 64, MEM_GRAD_SHARD, "layers.3.grad_shard");
     ck_assert_int_eq(mem_try_free(&tracker, block), 0);
     ck_assert_int_eq(mem_try_free(&tracker, block), -1);
@@ -52,7 +52,7 @@ END_TEST
 
 START_TEST(test_unknown_pointer_is_refused) {
     mem_tracker tracker;
-    mem_init(&tracker, 1, NULL);
+    mem_init(&tracker, 1, NULL, NULL);
     int on_stack = 0;
     ck_assert_int_eq(mem_try_free(&tracker, &on_stack), -1);
     ck_assert_msg(strstr(tracker.error, "did not hand out") != NULL, "%s", tracker.error);
@@ -63,7 +63,7 @@ END_TEST
 
 START_TEST(test_mem_free_aborts_on_double_free) {
     mem_tracker tracker;
-    mem_init(&tracker, 0, NULL);
+    mem_init(&tracker, 0, NULL, NULL);
     void *block = mem_alloc(&tracker, 8, MEM_DATA, "batch");
     mem_free(&tracker, block);
     mem_free(&tracker, block); /* must abort: SIGABRT */
@@ -72,7 +72,7 @@ END_TEST
 
 START_TEST(test_shutdown_counts_leaks) {
     mem_tracker tracker;
-    mem_init(&tracker, 0, NULL);
+    mem_init(&tracker, 0, NULL, NULL);
     mem_alloc(&tracker, 10, MEM_ACTIVATION, "layers.0.attention_scores");
     mem_alloc(&tracker, 20, MEM_OPTIM_STATE, "layers.0.exp_avg");
     void *freed = mem_alloc(&tracker, 30, MEM_WORKSPACE, "scratch");
@@ -84,7 +84,7 @@ END_TEST
 
 START_TEST(test_reused_address_is_not_a_double_free) {
     mem_tracker tracker;
-    mem_init(&tracker, 0, NULL);
+    mem_init(&tracker, 0, NULL, NULL);
     /* malloc often hands the same address back; the tracker must forget it was freed. */
     for (int i = 0; i < 100; i++) {
         void *block = mem_alloc(&tracker, 256, MEM_WORKSPACE, "loop");
@@ -100,7 +100,7 @@ START_TEST(test_events_sum_to_live_bytes) {
     trace_sink sink;
     ck_assert_int_eq(trace_open(&sink, dir, 0, 1), 0);
     mem_tracker tracker;
-    mem_init(&tracker, 0, &sink);
+    mem_init(&tracker, 0, &sink, NULL);
     void *blocks[6];
     for (int i = 0; i < 6; i++) blocks[i] = mem_alloc(&tracker, (size_t)(i + 1) * 1000, (mem_category)i, "b");
     mem_free(&tracker, blocks[2]);

@@ -36,8 +36,8 @@ typedef struct ledger {
 static uint64_t ledger_alloc(trace_sink *sink, ledger *book, int category, uint64_t bytes, const char *owner) {
     book->live += bytes;
     book->category_live[category] += bytes;
-    trace_memory_info info = {++book->next_id, bytes, categories[category], owner, book->live,
-                              book->category_live[category]};
+    trace_memory_info info = {.id = ++book->next_id, .bytes = bytes, .category = categories[category], .owner = owner,
+                              .live_bytes = book->live, .category_live_bytes = book->category_live[category]};
     trace_alloc(sink, &info);
     return info.id;
 }
@@ -46,7 +46,8 @@ static void ledger_free(trace_sink *sink, ledger *book, uint64_t id, int categor
                         const char *owner) {
     book->live -= bytes;
     book->category_live[category] -= bytes;
-    trace_memory_info info = {id, bytes, categories[category], owner, book->live, book->category_live[category]};
+    trace_memory_info info = {.id = id, .bytes = bytes, .category = categories[category], .owner = owner,
+                              .live_bytes = book->live, .category_live_bytes = book->category_live[category]};
     trace_free(sink, &info);
 }
 
@@ -94,7 +95,7 @@ static void rank_write(const char *dir, int rank, int world) {
     collective_write(&sink, "reduce_scatter", "layers.0", 1, scatter_start);
     ledger_free(&sink, &book, unsharded, PARAM_UNSHARDED, 4000, "layers.0._full_param_padded");
     ledger_free(&sink, &book, activation, ACTIVATION, 512, "layers.0.activations");
-    trace_step(&sink, 1, -1, 2.5, 6512, 0.001);
+    trace_step(&sink, 1, -1, 2.5, 6512, 8192, 0.001);
     trace_close(&sink);
 }
 

@@ -177,6 +177,9 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
     case RUN_STEP: return step_convert(rank, event);
     case RUN_ALLOC:
     case RUN_FREE: return memory_convert(rank, event, category_live);
+    case RUN_SEGMENT_ALLOC:
+    case RUN_SEGMENT_FREE:
+    case RUN_ALLOCATOR: break; /* skipped by the caller */
     }
     return NULL;  /* not reached: run.h has no other kind */
 }
@@ -307,6 +310,8 @@ static int rank_write(const trace_run *run, const run_rank *rank, const flow_pla
     int status = 0;
     for (size_t index = 0; status == 0 && index < rank->event_count; index++) {
         const run_event *event = &rank->events[index];
+        if (event->kind == RUN_SEGMENT_ALLOC || event->kind == RUN_SEGMENT_FREE || event->kind == RUN_ALLOCATOR)
+            continue; /* segments and settings: memory.html and the snapshot show them */
         cJSON *chrome = event_convert(run, rank, event, category_live);
         if (chrome == NULL) {
             snprintf(error, error_size, "%s line %zu: out of memory building the Chrome event", rank->path,

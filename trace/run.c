@@ -201,6 +201,62 @@ static int memory_parse(rank_reader *reader, const cJSON *line, run_event *event
     if (event->category == RUN_NONE)
         return line_fail(reader, "%s of category '%s', which EVENTS.md does not list", kind,
                          run_string(reader->run, category));
+    if (count_field(reader, line, kind, "addr", &event->address) != 0) return -1;
+    if (count_field(reader, line, kind, "size", &event->size) != 0) return -1;
+    if (count_field(reader, line, kind, "segment", &event->segment) != 0) return -1;
+    if (integer_field(reader, line, kind, "stream", &event->stream) != 0) return -1;
+    if (count_field(reader, line, kind, "reserved", &event->reserved) != 0) return -1;
+    if (event->size < event->bytes)
+        return line_fail(reader, "%s id %llu: block size %llu is smaller than the %llu bytes asked for", kind,
+                         (unsigned long long)event->id, (unsigned long long)event->size,
+                         (unsigned long long)event->bytes);
+    return 0;
+}
+
+static int segment_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    const char *kind = event->kind == RUN_SEGMENT_ALLOC ? "segment_alloc" : "segment_free";
+    int category;
+    if (count_field(reader, line, kind, "id", &event->id) != 0) return -1;
+    if (count_field(reader, line, kind, "addr", &event->address) != 0) return -1;
+    if (count_field(reader, line, kind, "bytes", &event->bytes) != 0) return -1;
+    if (string_field(reader, line, kind, "pool", 1, &event->pool) != 0) return -1;
+    const char *pool = run_string(reader->run, event->pool);
+    if (strcmp(pool, "small") != 0 && strcmp(pool, "large") != 0)
+        return line_fail(reader, "%s pool '%s', expected 'small' or 'large'", kind, pool);
+    if (integer_field(reader, line, kind, "stream", &event->stream) != 0) return -1;
+    if (string_field(reader, line, kind, "owner", 0, &event->label) != 0) return -1;
+    if (string_field(reader, line, kind, "category", 0, &category) != 0) return -1;
+    if (category != RUN_NONE) {
+        event->category = category_index(run_string(reader->run, category));
+        if (event->category == RUN_NONE)
+            return line_fail(reader, "%s of category '%s', which EVENTS.md does not list", kind,
+                             run_string(reader->run, category));
+    }
+    return count_field(reader, line, kind, "reserved", &event->reserved);
+}
+
+static int text_copy(rank_reader *reader, const cJSON *line, const char *key, char *out, size_t out_size) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(line, key);
+    if (!cJSON_IsString(item)) return line_fail(reader, "'allocator' event has no string field '%s'", key);
+    snprintf(out, out_size, "%s", item->valuestring);
+    return 0;
+}
+
+static int allocator_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    (void)event;
+    run_allocator *a = &reader->rank->allocator;
+    if (text_copy(reader, line, "mode", a->mode, sizeof a->mode) != 0) return -1;
+    if (text_copy(reader, line, "backend", a->backend, sizeof a->backend) != 0) return -1;
+    if (strcmp(a->mode, "caching") != 0 && strcmp(a->mode, "malloc") != 0)
+        return line_fail(reader, "allocator mode '%s', expected 'caching' or 'malloc'", a->mode);
+    const struct { const char *key; uint64_t *value; } numbers[] = {
+        {"round", &a->round}, {"small_size", &a->small_size}, {"small_segment", &a->small_segment},
+        {"large_segment", &a->large_segment}, {"min_large_alloc", &a->min_large_alloc},
+        {"round_large", &a->round_large}, {"max_split_size", &a->max_split_size},
+    };
+    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++)
+        if (count_field(reader, line, "allocator", numbers[i].key, numbers[i].value) != 0) return -1;
+    a->seen = 1;
     return 0;
 }
 
@@ -216,6 +272,7 @@ static int step_parse(rank_reader *reader, const cJSON *line, run_event *event) 
     if (integer_field(reader, line, "step", "micro", &event->micro) != 0) return -1;
     if (number_field(reader, line, "step", "loss", &event->loss) != 0) return -1;
     if (count_field(reader, line, "step", "peak_bytes", &event->peak_bytes) != 0) return -1;
+    if (count_field(reader, line, "step", "peak_reserved", &event->reserved) != 0) return -1;
     return number_field(reader, line, "step", "time", &event->seconds);
 }
 
@@ -236,6 +293,8 @@ static const struct {
     {"alloc", RUN_ALLOC, memory_parse},      {"free", RUN_FREE, memory_parse},
     {"compute", RUN_COMPUTE, compute_parse}, {"step", RUN_STEP, step_parse},
     {"mark", RUN_MARK, mark_parse},
+    {"segment_alloc", RUN_SEGMENT_ALLOC, segment_parse}, {"segment_free", RUN_SEGMENT_FREE, segment_parse},
+    {"allocator", RUN_ALLOCATOR, allocator_parse},
 };
 
 static int rank_push(rank_reader *reader, const run_event *event) {
@@ -255,7 +314,7 @@ static int rank_push(rank_reader *reader, const run_event *event) {
 static int event_parse(rank_reader *reader, const cJSON *line) {
     run_event event = {.line = reader->line_number, .label = RUN_NONE, .unit = RUN_NONE, .machine = RUN_NONE,
                        .from = RUN_NONE, .to = RUN_NONE, .hook = RUN_NONE, .phase = RUN_NONE,
-                       .reduce = RUN_NONE, .category = RUN_NONE, .partner = RUN_NONE};
+                       .reduce = RUN_NONE, .category = RUN_NONE, .partner = RUN_NONE, .pool = RUN_NONE};
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(line, "kind");
     if (!cJSON_IsString(kind)) return line_fail(reader, "event has no string field 'kind'");
     if (strcmp(kind->valuestring, "meta") == 0) return line_fail(reader, "a second 'meta' line (only line 1 may be one)");
@@ -286,6 +345,10 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
     if (number_field(reader, line, "meta", "version", &version) != 0) return -1;
     if (number_field(reader, line, "meta", "world", &world) != 0) return -1;
     if (number_field(reader, line, "meta", "rank", &rank) != 0) return -1;
+    if (version == 1)
+        return line_fail(reader, "schema version 1, from fsdplab before the caching allocator (no block addresses or "
+                                 "segments); this tool reads version %d: run the lab again to record it",
+                         TRACE_SCHEMA_VERSION);
     if (version != TRACE_SCHEMA_VERSION)
         return line_fail(reader, "schema version %g, this tool reads version %d", version, TRACE_SCHEMA_VERSION);
     if (world < 1 || world > 1e6 || (double)(int)world != world)

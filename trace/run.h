@@ -24,6 +24,9 @@ typedef enum run_event_kind {
     RUN_COMPUTE,
     RUN_STEP,
     RUN_MARK,
+    RUN_SEGMENT_ALLOC,
+    RUN_SEGMENT_FREE,
+    RUN_ALLOCATOR,
 } run_event_kind;
 
 enum { RUN_NONE = -1 };  /* a string field that the line has not, or has as null; a free with no alloc */
@@ -49,7 +52,13 @@ typedef struct run_event {
     int machine, from, to, hook;  /* strings: state */
     int phase;            /* string: compute */
     int reduce;           /* string: collective */
-    int category;         /* alloc/free: index into run_categories */
+    int category;         /* alloc/free: index into run_categories; segment events: the request's, or RUN_NONE */
+    int pool;             /* string: segment events' pool ("small", "large") */
+    int stream;           /* alloc/free/segment events */
+    uint64_t address;     /* alloc/free: the block's address; segment events: the segment's */
+    uint64_t size;        /* alloc/free: the block's (rounded) size */
+    uint64_t segment;     /* alloc/free: the address of the segment holding the block */
+    uint64_t reserved;    /* alloc/free/segment events: reserved bytes after the event; step: the reserved peak */
     unsigned present;     /* RUN_HAS_* of the optional fields the line has */
     uint64_t id, bytes, bytes_sent, bytes_recv, seq, peak_bytes;
     uint64_t count;       /* collective: floats in the buffer */
@@ -58,8 +67,17 @@ typedef struct run_event {
     double loss, seconds;
 } run_event;
 
+/* The `allocator` event: the caching allocator's settings on this rank (EVENTS.md). */
+typedef struct run_allocator {
+    int seen;
+    char mode[16];        /* "caching" or "malloc" */
+    char backend[16];
+    uint64_t round, small_size, small_segment, large_segment, min_large_alloc, round_large, max_split_size;
+} run_allocator;
+
 typedef struct run_rank {
     int rank;
+    run_allocator allocator;
     char path[4096];
     size_t line_count;    /* lines read, the meta line included */
     run_event *events;    /* in file order, which is the order the allocator and the hooks saw them */

@@ -126,6 +126,43 @@ static void memory_event(trace_sink *sink, const char *kind, const trace_memory_
     cJSON_AddStringToObject(event, "owner", info->owner);
     cJSON_AddNumberToObject(event, "live", (double)info->live_bytes);
     cJSON_AddNumberToObject(event, "category_live", (double)info->category_live_bytes);
+    cJSON_AddNumberToObject(event, "addr", (double)info->address);
+    cJSON_AddNumberToObject(event, "size", (double)info->size);
+    cJSON_AddNumberToObject(event, "segment", (double)info->segment);
+    cJSON_AddNumberToObject(event, "stream", info->stream);
+    cJSON_AddNumberToObject(event, "reserved", (double)info->reserved_bytes);
+    event_write(sink, event);
+}
+
+static void segment_event(trace_sink *sink, const char *kind, const trace_segment_info *info) {
+    cJSON *event = event_begin(sink, kind, trace_now_us(sink));
+    if (event == NULL) return;
+    cJSON_AddNumberToObject(event, "id", (double)info->id);
+    cJSON_AddNumberToObject(event, "addr", (double)info->address);
+    cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
+    cJSON_AddStringToObject(event, "pool", info->pool);
+    cJSON_AddNumberToObject(event, "stream", info->stream);
+    add_string_or_null(event, "owner", info->owner);
+    add_string_or_null(event, "category", info->category);
+    cJSON_AddNumberToObject(event, "reserved", (double)info->reserved_bytes);
+    event_write(sink, event);
+}
+
+void trace_segment_alloc(trace_sink *sink, const trace_segment_info *info) { segment_event(sink, "segment_alloc", info); }
+void trace_segment_free(trace_sink *sink, const trace_segment_info *info) { segment_event(sink, "segment_free", info); }
+
+void trace_allocator(trace_sink *sink, const trace_allocator_info *info) {
+    cJSON *event = event_begin(sink, "allocator", trace_now_us(sink));
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "mode", info->mode);
+    cJSON_AddStringToObject(event, "backend", info->backend);
+    cJSON_AddNumberToObject(event, "round", (double)info->round);
+    cJSON_AddNumberToObject(event, "small_size", (double)info->small_size);
+    cJSON_AddNumberToObject(event, "small_segment", (double)info->small_segment);
+    cJSON_AddNumberToObject(event, "large_segment", (double)info->large_segment);
+    cJSON_AddNumberToObject(event, "min_large_alloc", (double)info->min_large_alloc);
+    cJSON_AddNumberToObject(event, "round_large", (double)info->round_large);
+    cJSON_AddNumberToObject(event, "max_split_size", (double)info->max_split_size);
     event_write(sink, event);
 }
 
@@ -143,13 +180,15 @@ void trace_compute(trace_sink *sink, const char *name, const char *unit, const c
     event_write(sink, event);
 }
 
-void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t peak_bytes, double time_seconds) {
+void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t peak_bytes, uint64_t peak_reserved_bytes,
+                double time_seconds) {
     cJSON *event = event_begin(sink, "step", trace_now_us(sink));
     if (event == NULL) return;
     cJSON_AddNumberToObject(event, "step", step);
     cJSON_AddNumberToObject(event, "micro", micro);
     cJSON_AddNumberToObject(event, "loss", loss);
     cJSON_AddNumberToObject(event, "peak_bytes", (double)peak_bytes);
+    cJSON_AddNumberToObject(event, "peak_reserved", (double)peak_reserved_bytes);
     cJSON_AddNumberToObject(event, "time", time_seconds);
     event_write(sink, event);
 }

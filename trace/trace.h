@@ -15,7 +15,7 @@
 #include <stdio.h>
 
 #define TRACE_SCHEMA_NAME "fsdplab-events"
-#define TRACE_SCHEMA_VERSION 1
+#define TRACE_SCHEMA_VERSION 2
 
 typedef struct trace_sink {
     FILE *file;          /* NULL: tracing disabled, every trace_* call is a no-op */
@@ -56,7 +56,8 @@ typedef struct trace_collective_info {
 } trace_collective_info;
 void trace_collective(trace_sink *sink, const trace_collective_info *info);
 
-/* A tracked allocation or free (core/mem.h). live_bytes and category_live_bytes are the totals after the event. */
+/* A tracked allocation or free (core/mem.h). live_bytes, category_live_bytes and reserved_bytes are the totals
+ * after the event. `address`/`size` are the allocator's block (size rounded), `segment` its segment's address. */
 typedef struct trace_memory_info {
     uint64_t id;
     uint64_t bytes;
@@ -64,16 +65,49 @@ typedef struct trace_memory_info {
     const char *owner;
     uint64_t live_bytes;
     uint64_t category_live_bytes;
+    uint64_t address;
+    uint64_t size;
+    uint64_t segment;
+    int stream;
+    uint64_t reserved_bytes;
 } trace_memory_info;
 void trace_alloc(trace_sink *sink, const trace_memory_info *info);
 void trace_free(trace_sink *sink, const trace_memory_info *info);
+
+/* A segment the caching allocator took from (segment_alloc) or gave back to (segment_free) its backend.
+ * owner/category: the request that made the allocator ask for it, or that freed it (category NULL for
+ * empty_cache and shutdown). reserved_bytes: the total after the event. */
+typedef struct trace_segment_info {
+    uint64_t id;
+    uint64_t address;
+    uint64_t bytes;
+    const char *pool;      /* "small" or "large" */
+    int stream;
+    const char *owner;
+    const char *category;
+    uint64_t reserved_bytes;
+} trace_segment_info;
+void trace_segment_alloc(trace_sink *sink, const trace_segment_info *info);
+void trace_segment_free(trace_sink *sink, const trace_segment_info *info);
+
+/* The allocator's settings, once, before any memory event (PyTorch's snapshot calls them allocator_settings). */
+typedef struct trace_allocator_info {
+    const char *mode;      /* "caching" or "malloc" */
+    const char *backend;   /* "host" */
+    uint64_t round;        /* block rounding */
+    uint64_t small_size, small_segment, large_segment, min_large_alloc, round_large;
+    uint64_t max_split_size; /* 0: no limit */
+} trace_allocator_info;
+void trace_allocator(trace_sink *sink, const trace_allocator_info *info);
 
 /* A finished compute span (a layer's forward, an optimizer step...) that started at start_us. */
 void trace_compute(trace_sink *sink, const char *name, const char *unit, const char *phase, double start_us,
                    double dur_us);
 
-/* The end of a (micro-)step. micro is -1 for a whole optimizer step. */
-void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t peak_bytes, double time_seconds);
+/* The end of a (micro-)step. micro is -1 for a whole optimizer step. peak_bytes / peak_reserved_bytes: the
+ * allocated and reserved peaks of the step. */
+void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t peak_bytes, uint64_t peak_reserved_bytes,
+                double time_seconds);
 
 /* Free text: a label a learner will see on the timeline ("lab 02: before unshard"). */
 void trace_mark(trace_sink *sink, const char *text);
