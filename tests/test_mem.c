@@ -94,6 +94,48 @@ START_TEST(test_reused_address_is_not_a_double_free) {
 }
 END_TEST
 
+START_TEST(test_a_reused_block_is_zeroed_again) {
+    mem_tracker tracker;
+    mem_init(&tracker, 0, NULL, NULL);
+    unsigned char *dirty = mem_alloc_uninitialized(&tracker, 4096, MEM_WORKSPACE, "dirty");
+    memset(dirty, 0xab, 4096);
+    mem_free(&tracker, dirty);
+    unsigned char *clean = mem_alloc(&tracker, 4096, MEM_WORKSPACE, "clean");
+    ck_assert_ptr_eq(clean, dirty); /* the cached block, handed out again */
+    for (int i = 0; i < 4096; i++) ck_assert_int_eq(clean[i], 0);
+    mem_free(&tracker, clean);
+    ck_assert_uint_eq(mem_shutdown(&tracker), 0);
+}
+END_TEST
+
+START_TEST(test_reserved_bytes_follow_the_segments) {
+    mem_tracker tracker;
+    mem_init(&tracker, 0, NULL, NULL);
+    void *small = mem_alloc(&tracker, 100, MEM_WORKSPACE, "small");
+    ck_assert_uint_eq(tracker.live_bytes, 100);
+    ck_assert_uint_eq(tracker.reserved_bytes, 2u << 20);  /* one small segment */
+    void *large = mem_alloc(&tracker, 3u << 20, MEM_ACTIVATION, "large");
+    ck_assert_uint_eq(tracker.reserved_bytes, 22u << 20); /* + a 20 MiB large segment */
+    mem_free(&tracker, large);
+    mem_free(&tracker, small);
+    ck_assert_uint_eq(tracker.live_bytes, 0);
+    ck_assert_uint_eq(tracker.reserved_bytes, 22u << 20); /* cached */
+    ck_assert_uint_eq(tracker.peak_reserved_bytes, 22u << 20);
+    ck_assert_uint_eq(mem_empty_cache(&tracker), 22u << 20);
+    ck_assert_uint_eq(tracker.reserved_bytes, 0);
+    ck_assert_uint_eq(mem_shutdown(&tracker), 0);
+
+    allocator_settings no_caching = {.caching = 0};
+    mem_init(&tracker, 0, NULL, &no_caching);
+    small = mem_alloc(&tracker, 100, MEM_WORKSPACE, "small");
+    ck_assert_uint_eq(tracker.reserved_bytes, 512);       /* its own segment: the 512-byte block */
+    mem_free(&tracker, small);
+    ck_assert_uint_eq(tracker.reserved_bytes, 0);         /* released at once */
+    ck_assert_uint_eq(tracker.peak_reserved_bytes, 512);
+    ck_assert_uint_eq(mem_shutdown(&tracker), 0);
+}
+END_TEST
+
 START_TEST(test_events_sum_to_live_bytes) {
     char dir[] = "/tmp/fsdplab_test_mem_XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -115,12 +157,27 @@ START_TEST(test_events_sum_to_live_bytes) {
     FILE *file = fopen(path, "r");
     ck_assert_ptr_nonnull(file);
     char line[1024];
-    long running = 0;
-    int memory_events = 0, checked_live_now = 0;
+    long running = 0, reserved = 0;
+    int memory_events = 0, checked_live_now = 0, segments = 0;
+    double segment_address[16];
     while (fgets(line, sizeof line, file)) {
         cJSON *event = cJSON_Parse(line);
         ck_assert_ptr_nonnull(event);
         const char *kind = cJSON_GetObjectItem(event, "kind")->valuestring;
+        if (strcmp(kind, "segment_alloc") == 0) {
+            ck_assert_int_lt(segments, 16);
+            segment_address[segments++] = cJSON_GetObjectItem(event, "addr")->valuedouble;
+            reserved += (long)cJSON_GetObjectItem(event, "bytes")->valuedouble;
+            ck_assert_int_eq(reserved, (long)cJSON_GetObjectItem(event, "reserved")->valuedouble);
+        }
+        if (strcmp(kind, "alloc") == 0) { /* its segment was announced before it, and holds it */
+            double segment = cJSON_GetObjectItem(event, "segment")->valuedouble;
+            int known = 0;
+            for (int i = 0; i < segments; i++) known |= segment_address[i] == segment;
+            ck_assert(known);
+            ck_assert(cJSON_GetObjectItem(event, "addr")->valuedouble >= segment);
+            ck_assert_int_eq(reserved, (long)cJSON_GetObjectItem(event, "reserved")->valuedouble);
+        }
         if (strcmp(kind, "alloc") == 0 || strcmp(kind, "free") == 0) {
             long bytes = (long)cJSON_GetObjectItem(event, "bytes")->valuedouble;
             running += strcmp(kind, "alloc") == 0 ? bytes : -bytes;
@@ -134,6 +191,7 @@ START_TEST(test_events_sum_to_live_bytes) {
     }
     fclose(file);
     ck_assert_int_eq(memory_events, 12);
+    ck_assert_int_eq(segments, 1); /* 1000..6000 bytes: all six carved from one 2 MiB small segment */
     ck_assert(checked_live_now);
     ck_assert_int_eq(running, 0);
     unlink(path);
@@ -168,6 +226,8 @@ int main(void) {
     tcase_add_test_raise_signal(tc, test_mem_free_aborts_on_double_free, SIGABRT);
     tcase_add_test(tc, test_shutdown_counts_leaks);
     tcase_add_test(tc, test_reused_address_is_not_a_double_free);
+    tcase_add_test(tc, test_a_reused_block_is_zeroed_again);
+    tcase_add_test(tc, test_reserved_bytes_follow_the_segments);
     tcase_add_test(tc, test_events_sum_to_live_bytes);
     tcase_add_test(tc, test_category_names_round_trip);
     tcase_add_test(tc, test_format_bytes);

@@ -7,6 +7,7 @@ mpi_suite() { # mpi_suite NAME BINARY RANKS...
     check "$name -np $ranks" env OUT="runs/check/$(basename "$binary")_np$ranks" $MPIRUN -np "$ranks" "$binary"
   done
 }
+check "test_allocator: rounding, pools, split/merge, best fit, max_split_size, empty_cache, vs a reference model" tests/bin/test_allocator
 check "test_mem: tracked allocator" tests/bin/test_mem
 check "test_safetensors: round trip, HF-written file, refusals" tests/bin/test_safetensors
 check "test_rng: counter-based, any range alone, normal statistics" tests/bin/test_rng
