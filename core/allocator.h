@@ -88,7 +88,8 @@ typedef void (*allocator_observer)(void *observer_state, allocator_event event, 
 
 typedef struct allocator_settings {
     int caching;                        /* 1: PyTorch's caching allocator; 0: one segment per request (ALLOC=malloc) */
-    size_t max_split_size;              /* SIZE_MAX: no limit (PyTorch's default) */
+    size_t max_split_size;              /* SIZE_MAX or 0: no limit (PyTorch's default); else > 20 MiB, as PyTorch
+                                         * requires: a smaller cap would strand every fully freed large segment */
 } allocator_settings;
 
 typedef struct allocator {

@@ -118,11 +118,16 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
     if (trace_open(&ctx->trace, ctx->outdir, ctx->rank, ctx->world_size) != 0)
         ctx_fatal(ctx, "cannot open the event file in %s", ctx->outdir);
     /* ALLOC=malloc turns the caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): one segment per request.
-     * MAX_SPLIT_SIZE_MB is PyTorch's max_split_size_mb (0 or unset: no limit). */
+     * MAX_SPLIT_SIZE_MB is PyTorch's max_split_size_mb (0 or unset: no limit). Like PyTorch, it must exceed the
+     * 20 MiB large segment: below that, a fully freed 20 MiB segment could never serve the requests it was cut for. */
     static const char *const alloc_modes[] = {"caching", "malloc", NULL};
+    long max_split_mb = cfg_env_int(ctx, "MAX_SPLIT_SIZE_MB", 0, 0, 1 << 20);
+    if (max_split_mb != 0 && max_split_mb <= ALLOCATOR_LARGE_SEGMENT >> 20)
+        ctx_exit_all(ctx, 2, "MAX_SPLIT_SIZE_MB='%ld' is too small: 0 (no limit) or more than %d, the large segment size",
+                     max_split_mb, ALLOCATOR_LARGE_SEGMENT >> 20);
     allocator_settings allocation = {
         .caching = strcmp(cfg_env_choice(ctx, "ALLOC", "caching", alloc_modes), "caching") == 0,
-        .max_split_size = (size_t)cfg_env_int(ctx, "MAX_SPLIT_SIZE_MB", 0, 0, 1 << 20) << 20,
+        .max_split_size = (size_t)max_split_mb << 20,
     };
     mem_init(&ctx->mem, ctx->rank, &ctx->trace, &allocation);
     /* t0 right after a barrier, so every rank's timestamps start together. */

@@ -7,6 +7,9 @@
  * Each category's peak is predicted from the shapes alone (config, batch, world size, strategy, checkpointing,
  * no_sync), counting exactly the buffers fsdplab allocates; the categories peak at different moments, so their sum
  * bounds the total peak from above.
+ *
+ * Reserved memory (the caching allocator's segments, core/allocator.h) is bounded, not predicted: see
+ * memory_model_predict for what the bound assumes.
  */
 #ifndef FSDPLAB_MEMORY_MODEL_H
 #define FSDPLAB_MEMORY_MODEL_H
@@ -19,14 +22,16 @@
 
 typedef struct memory_prediction {
     size_t category_peak[MEM_CATEGORY_COUNT]; /* bytes per rank */
-    size_t sum_of_peaks;                      /* an upper bound of the total peak */
+    size_t sum_of_peaks;                      /* an upper bound of the total (allocated) peak */
+    size_t reserved_bound;                    /* the bound on the caching allocator's reserved peak (see .c) */
 } memory_prediction;
 
 /* B, T: this rank's micro-batch. data_stream_bytes: the loader's token stream (it is data memory too). */
 void memory_model_predict(memory_prediction *prediction, const qwen2_model *model, const fsdp_options *options,
                           int world_size, int B, int T, size_t data_stream_bytes);
-/* A table: category, predicted, measured, measured / predicted; then the total. */
+/* A table: category, predicted, measured, measured / predicted; then the allocated total and the reserved peak
+ * against its bound. */
 void memory_model_report(const memory_prediction *prediction, const size_t *measured_category_peak,
-                         size_t measured_total_peak, char *out, size_t out_size);
+                         size_t measured_total_peak, size_t measured_reserved_peak, char *out, size_t out_size);
 
 #endif

@@ -7,28 +7,39 @@
  *   in backward each unit is unsharded again (_pre_backward_hook), its gradient reduce-scattered and its parameters
  *   freed (_post_backward_hook). After ACC micro-batches AdamW updates only this rank's shard, with optimizer
  *   state for the shard alone. Peak memory is "1/N of everything + the unsharded units in flight + activations".
+ *   The bytes come from a caching allocator like PyTorch's (core/allocator.h): a freed unit's buffer stays
+ *   *reserved* and serves the next unit's all-gather, so after the first steps nothing is asked of the system;
+ *   reserved - allocated is what the cache holds plus fragmentation.
  *
  * What to run
  *   mpirun -np 2 lab/05_full_step                      3 steps of the tiny model, ACC=2 (as root, OpenMPI also
  *                                                      wants --allow-run-as-root; `make run` adds it for you)
  *   STEPS=50 EVAL=25 mpirun -np 2 lab/05_full_step     watch the loss fall and the model start to write
  *   STRATEGY=SHARD_GRAD_OP CKPT=1 NO_SYNC=1 ...        compare the peaks (and the traces)
+ *   ALLOC=malloc mpirun -np 2 lab/05_full_step         no caching: every buffer a fresh segment (PyTorch's
+ *                                                      PYTORCH_NO_CUDA_MEMORY_CACHING=1); same numbers, more sys time
  *   env: MODEL (tiny, qwen2-0.5b or its seed name qwen2), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), OUT (run dir), SAVE (write an HF checkpoint there at the end), GRADS (write step 1's
  *   gradients there, as the optimizer sees them, in checkpoint form: what check-05 compares), THREADS, CONFIG
  *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8), WRAP (layers, or size:<min params>
- *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS).
+ *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS),
+ *   ALLOC (caching, the default, or malloc), MAX_SPLIT_SIZE_MB (PyTorch's max_split_size_mb; 0: no limit).
  *
  * What to look at (runs/05_full_step/trace.json in Perfetto UI)
  *   Per rank: on the comm track an all_gather before each layer's forward and again before its backward, and a
  *   reduce_scatter after each backward; on the compute track forward, backward (and recompute with CKPT=1); the
  *   state instants (_pre_forward, _post_backward_hook, ...) in PyTorch's order; the memory counter rising through
- *   forward (activations) and falling through backward, param_unsharded flickering one unit at a time.
+ *   forward (activations) and falling through backward, param_unsharded flickering one unit at a time, and the
+ *   reserved counter above it: it climbs in the first steps, then stays flat. memory.html draws reserved over the
+ *   bands and lists the segments holding the fragmentation at its peak; memory_snapshot.pickle is the allocator's
+ *   own state for pytorch.org/memory_viz (segments, blocks, segment_alloc/alloc/free_completed/segment_free).
  *
  * The check (`make check-05`): losses and parameters on 2 and 4 ranks equal those of 1 rank without sharding, for
- * every strategy, both accumulation modes and checkpointing on/off; the state order equals PyTorch's.
+ * every strategy, both accumulation modes and checkpointing on/off; the state order equals PyTorch's; the memory
+ * model equals the measured peak per category to the byte, and reserved lies between allocated and its bound; with
+ * ALLOC=malloc everything is bit-identical.
  */
 #include <math.h>
 #include <stdio.h>
@@ -141,7 +152,7 @@ int main(int argc, char **argv) {
                s.no_sync ? ", no_sync" : "", s.micro_batch, s.seq_len, loader.source);
         fflush(stdout);
     }
-    size_t measured_peak[MEM_CATEGORY_COUNT] = {0}, measured_total_peak = 0;
+    size_t measured_peak[MEM_CATEGORY_COUNT] = {0}, measured_total_peak = 0, measured_reserved_peak = 0;
     for (int step = 1; step <= s.steps; step++) {
         mem_reset_peak(&ctx.mem);
         double start = MPI_Wtime(), loss_sum = 0.0;
@@ -176,6 +187,7 @@ int main(int argc, char **argv) {
             if (ctx.mem.category_peak_bytes[category] > measured_peak[category])
                 measured_peak[category] = ctx.mem.category_peak_bytes[category];
         if (ctx.mem.peak_bytes > measured_total_peak) measured_total_peak = ctx.mem.peak_bytes;
+        if (ctx.mem.peak_reserved_bytes > measured_reserved_peak) measured_reserved_peak = ctx.mem.peak_reserved_bytes;
         if (ctx.rank == 0) {
             printf("%d/%d: Loss = %.6f, Peak = %.1f MB, Time = %.4fs\n", step, s.steps, loss, peak / 1e6, slowest);
             fflush(stdout);
@@ -187,7 +199,7 @@ int main(int argc, char **argv) {
     memory_model_predict(&predicted, &model, &options, ctx.world_size, s.micro_batch, s.seq_len,
                          loader.token_count * sizeof(uint16_t));
     char report[4096];
-    memory_model_report(&predicted, measured_peak, measured_total_peak, report, sizeof report);
+    memory_model_report(&predicted, measured_peak, measured_total_peak, measured_reserved_peak, report, sizeof report);
     if (ctx.rank == 0) printf("\n%s", report);
 
     if (s.save != NULL && s.save[0] != '\0') {

@@ -189,30 +189,30 @@ END_TEST
 
 START_TEST(test_max_split_size_keeps_big_blocks_whole) {
     fixture f;
-    setup(&f, 1, 8 * MB, SIZE_MAX);
-    allocator_block *twelve = allocator_malloc(&f.a, 12 * MB, 0);
-    allocator_free(&f.a, twelve);
-    allocator_block *small = allocator_malloc(&f.a, 2 * MB, 0); /* must not take (and split) the 12 MiB block */
+    setup(&f, 1, 24 * MB, SIZE_MAX); /* PyTorch requires max_split_size > 20 MiB */
+    allocator_block *thirty = allocator_malloc(&f.a, 30 * MB, 0);
+    allocator_free(&f.a, thirty);
+    allocator_block *small = allocator_malloc(&f.a, 2 * MB, 0); /* must not take (and split) the 30 MiB block */
     ck_assert_uint_eq(small->segment->size, 20 * MB);
     ck_assert_int_eq(f.counts.allocs, 2);
-    allocator_block *again = allocator_malloc(&f.a, 12 * MB, 0); /* a large request reuses it */
+    allocator_block *again = allocator_malloc(&f.a, 30 * MB, 0); /* a large request reuses it */
     ck_assert_int_eq(f.counts.allocs, 2);
     allocator_free(&f.a, again);
-    allocator_block *huge = allocator_malloc(&f.a, 40 * MB, 0);
+    allocator_block *huge = allocator_malloc(&f.a, 60 * MB, 0);
     allocator_free(&f.a, huge);
-    /* Free now: 12 MiB, the 18 MiB rest of the small request's segment, 40 MiB. */
-    allocator_block *thirty = allocator_malloc(&f.a, 30 * MB, 0);   /* 40 < 30 + 20: taken, and never split */
-    ck_assert_uint_eq(thirty->size, 40 * MB);
-    allocator_free(&f.a, thirty);
-    allocator_block *fifteen = allocator_malloc(&f.a, 15 * MB, 0);  /* the 18 MiB rest, whole (15 >= max_split) */
-    ck_assert_uint_eq(fifteen->size, 18 * MB);
-    allocator_block *thirteen = allocator_malloc(&f.a, 13 * MB, 0); /* only 40 fits, but 40 >= 13 + 20: new */
-    ck_assert_uint_eq(thirteen->segment->size, 14 * MB);
+    /* Free now: 30 MiB, the 18 MiB rest of the small request's segment, 60 MiB. */
+    allocator_block *fortyfive = allocator_malloc(&f.a, 45 * MB, 0); /* 60 < 45 + 20: taken, and never split */
+    ck_assert_uint_eq(fortyfive->size, 60 * MB);
+    allocator_free(&f.a, fortyfive);
+    allocator_block *twentysix = allocator_malloc(&f.a, 26 * MB, 0); /* the 30 MiB block, whole */
+    ck_assert_uint_eq(twentysix->size, 30 * MB);
+    allocator_block *thirtyfive = allocator_malloc(&f.a, 35 * MB, 0); /* only 60 fits, but 60 >= 35 + 20: new */
+    ck_assert_uint_eq(thirtyfive->segment->size, 36 * MB);
     ck_assert_int_eq(f.counts.allocs, 4);
     assert_consistent(&f.a);
     allocator_free(&f.a, small);
-    allocator_free(&f.a, thirteen);
-    allocator_free(&f.a, fifteen);
+    allocator_free(&f.a, twentysix);
+    allocator_free(&f.a, thirtyfive);
     teardown(&f);
 }
 END_TEST
@@ -350,7 +350,7 @@ static size_t segment_index(const allocator_segment *segment) { return (size_t)(
 START_TEST(test_random_sequences_match_the_reference_model) {
     for (int round = 0; round < 6; round++) {
         fixture f;
-        size_t max_split = round % 2 ? 16 * (size_t)MB : SIZE_MAX;
+        size_t max_split = round % 2 ? 24 * (size_t)MB : SIZE_MAX;
         setup(&f, 1, max_split == SIZE_MAX ? 0 : max_split, SIZE_MAX);
         static ref_model m;
         memset(&m, 0, sizeof m);

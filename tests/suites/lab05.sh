@@ -50,6 +50,26 @@ for kernel in $kernels05; do
     equal05 "$name" "runs/check/05_kernel_${kernel}_np$ranks"
   done
 done
+# The caching allocator changes where buffers live, never what is computed: without it (ALLOC=malloc, every request
+# its own segment, like PYTORCH_NO_CUDA_MEMORY_CACHING=1) losses, gradients and parameters are bit-identical.
+lab05 "05_full_step -np 2 FULL_SHARD ALLOC=malloc" 2 runs/check/05_malloc STRATEGY=FULL_SHARD ALLOC=malloc
+check "05_full_step ALLOC=malloc: the same losses, bit for bit, as with caching" python3 -c "
+import json
+def losses(d): return [(e['step'], e['micro'], e['loss']) for r in (0, 1)
+                       for e in map(json.loads, open(f'{d}/rank{r}.jsonl')) if e['kind'] == 'step']
+a, b = losses('runs/check/05_malloc'), losses('runs/check/05_FULL_SHARD_np2')
+print(f'{len(a)} step events; first {a[0]}')
+assert a == b and len(a) > 0, f'losses differ: {a} vs {b}'
+segments = [e for e in map(json.loads, open('runs/check/05_malloc/rank0.jsonl')) if e['kind'] == 'alloc']
+assert all(e['reserved'] >= e['size'] for e in segments)"
+check "05_full_step ALLOC=malloc: gradients bit-identical to caching's" env OUT=runs/check/compare tests/bin/qwen2_tool \
+  compare runs/check/05_malloc/grads runs/check/05_FULL_SHARD_np2/grads 0 absolute
+check "05_full_step ALLOC=malloc: parameters bit-identical to caching's" env OUT=runs/check/compare tests/bin/qwen2_tool \
+  compare runs/check/05_malloc/checkpoint runs/check/05_FULL_SHARD_np2/checkpoint 0 absolute
+check_fails "05_full_step ALLOC=pool is refused, naming the value" "ALLOC='pool' is not allowed" \
+  env OUT=runs/check/05_bad ALLOC=pool $MPIRUN -np 2 lab/05_full_step
+check_fails "05_full_step MAX_SPLIT_SIZE_MB=4 is refused, naming the value" "MAX_SPLIT_SIZE_MB='4' is too small" \
+  env OUT=runs/check/05_bad MAX_SPLIT_SIZE_MB=4 $MPIRUN -np 2 lab/05_full_step
 lab05 "05_full_step -np 2 FULL_SHARD THREADS=2" 2 runs/check/05_threads2 STRATEGY=FULL_SHARD THREADS=2
 equal05 "05_full_step -np 2 FULL_SHARD THREADS=2" runs/check/05_threads2
 # Padding: the tiny model's units are multiples of 64 floats, so only an odd world size pads (a decoder layer is
@@ -61,9 +81,9 @@ equal05 "05_full_step -np 3 FULL_SHARD (padded units)" runs/check/05_FULL_SHARD_
 GLOBAL05=8 REFERENCE05=runs/check/05_reference
 run_lab "05_full_step -np 2 ACC=1 one step: for the state order" 2 runs/check/05_states 05_full_step STEPS=1 ACC=1
 check "05_full_step: state transitions in PyTorch FSDP1's order" python3 tests/check_state_order.py runs/check/05_states 4
-for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "WRAP=size:100000" \
+for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "WRAP=size:100000" "ALLOC=malloc" "MAX_SPLIT_SIZE_MB=21" \
   "CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408 MBS=2 SEQ=64"; do
-  name="05_full_step memory model exact to the byte (${variant:-tiny})"
+  name="05_full_step memory model exact to the byte, reserved within its bound (${variant:-tiny})"
   check "$name" bash -c "env OUT=runs/check/05_memory STEPS=2 $variant $MPIRUN -np 2 lab/05_full_step > runs/check/05_memory.log &&
     python3 tests/check_memory_model.py runs/check/05_memory.log"
 done
