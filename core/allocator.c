@@ -1,17 +1,27 @@
 /* allocator.c — the caching allocator. See allocator.h; the numbered steps there are the functions here. */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise's MADV_HUGEPAGE */
 #include "allocator.h"
 
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- the host backend: page-aligned memory ---- */
 
+enum { HUGE_PAGE = 2 << 20 };
+
+/* Segments of 2 MiB and more start on a 2 MiB boundary and ask the kernel for transparent huge pages: the first
+ * touch of a fresh segment then faults once per 2 MiB instead of once per 4 KiB (qwen2-0.5b touches ~5 GB per rank in
+ * its first steps: 1.3 million faults, most of its system time, without them). Where THP is off this is a no-op. */
 static void *host_segment_alloc(void *state, size_t bytes) {
     (void)state;
     void *ptr = NULL;
-    return posix_memalign(&ptr, 4096, bytes) == 0 ? ptr : NULL;
+    if (posix_memalign(&ptr, bytes >= HUGE_PAGE ? HUGE_PAGE : 4096, bytes) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= HUGE_PAGE) (void)madvise(ptr, bytes, MADV_HUGEPAGE); /* advice: failing changes nothing */
+#endif
+    return ptr;
 }
 
 static void host_segment_free(void *state, void *ptr, size_t bytes) {

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 
 static double monotonic_seconds(void) {
     struct timespec now;
@@ -189,6 +190,13 @@ void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t pea
     cJSON_AddNumberToObject(event, "loss", loss);
     cJSON_AddNumberToObject(event, "peak_bytes", (double)peak_bytes);
     cJSON_AddNumberToObject(event, "peak_reserved", (double)peak_reserved_bytes);
+    /* The process's CPU time so far: differences between steps split a step into user and system (kernel) time,
+     * where page faults on fresh memory and the kernel-side copies of shared-memory MPI show up. */
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {
+        cJSON_AddNumberToObject(event, "cpu_user", (double)usage.ru_utime.tv_sec + 1e-6 * (double)usage.ru_utime.tv_usec);
+        cJSON_AddNumberToObject(event, "cpu_sys", (double)usage.ru_stime.tv_sec + 1e-6 * (double)usage.ru_stime.tv_usec);
+    }
     cJSON_AddNumberToObject(event, "time", time_seconds);
     event_write(sink, event);
 }
