@@ -6,18 +6,26 @@
  *   parameter at its slice of it; right after, it frees that buffer again (reshard). So the peak memory of FSDP is
  *   "all shards + one (or two) unsharded units", and every unshard costs an all-gather in which each rank sends its
  *   shard to the N-1 others and receives theirs: (N-1)/N of the unit's bytes each way.
+ *   Freed is not returned: like PyTorch's caching allocator, fsdplab's (core/allocator.h) keeps the freed buffer's
+ *   segment *reserved*, so `live` (allocated) drops at reshard but `reserved` does not, and the next unshard gets the
+ *   very same block back without asking the system for memory: why torch.cuda.memory_reserved() exceeds
+ *   memory_allocated(), and why after the first step FSDP costs no more system allocations.
  *
  * What to run
  *   mpirun -np 2 lab/02_gather         then -np 4: the shard shrinks, the unsharded buffer does not
- *   env: OUT (default runs/02_gather), SEED (default 1234)
+ *   ALLOC=malloc mpirun -np 2 lab/02_gather   no caching: reserved falls with live, the second unshard maps anew
+ *   env: OUT (default runs/02_gather), SEED (default 1234), ALLOC (caching or malloc)
  *
  * What to look at
- *   The printed memory table (before / during / after). In the trace: on the memory track the param_unsharded band
- *   appears at the all_gather on the comm track and vanishes at reshard; the ShardState instants SHARDED -> UNSHARDED
- *   -> SHARDED; the flow arrows joining the same all_gather on every rank.
+ *   The printed memory table (before / during / after, twice): live and reserved side by side. In the trace: on the
+ *   memory track the param_unsharded band appears at the all_gather on the comm track and vanishes at reshard, while
+ *   the reserved counter stays up; the ShardState instants SHARDED -> UNSHARDED -> SHARDED; the flow arrows joining
+ *   the same all_gather on every rank. In memory_snapshot.pickle (pytorch.org/memory_viz): one segment_alloc, then
+ *   the same block address allocated and freed twice.
  *
- * The check (`make check-02`): every parameter view equals the original, and live memory after reshard equals the
- * shard-only level before unshard, on every rank.
+ * The check (`make check-02`): every parameter view equals the original, live memory after reshard equals the
+ * shard-only level before unshard, and (caching) the second unshard reuses the first one's block: same address,
+ * reserved unchanged, no new segment; on every rank.
  */
 #include <stdio.h>
 #include <string.h>
@@ -30,21 +38,24 @@
 
 typedef struct memory_row {
     const char *moment;
-    size_t live, param_shard, param_unsharded;
+    size_t live, param_shard, param_unsharded, reserved, segment_allocs;
 } memory_row;
 
 static memory_row memory_now(const context *ctx, const char *moment) {
     return (memory_row){moment, ctx->mem.live_bytes, ctx->mem.category_live_bytes[MEM_PARAM_SHARD],
-                        ctx->mem.category_live_bytes[MEM_PARAM_UNSHARDED]};
+                        ctx->mem.category_live_bytes[MEM_PARAM_UNSHARDED], ctx->mem.reserved_bytes,
+                        ctx->mem.allocator.segment_allocs};
 }
 
 static void print_memory_table(const memory_row *rows, int count) {
-    char live[32], shard[32], unsharded[32];
-    printf("  %-16s %12s %14s %16s\n", "rank 0", "live", "param_shard", "param_unsharded");
+    char live[32], shard[32], unsharded[32], reserved[32];
+    printf("  %-17s %12s %14s %16s %12s %9s\n", "rank 0", "live", "param_shard", "param_unsharded", "reserved",
+           "segments");
     for (int i = 0; i < count; i++)
-        printf("  %-16s %12s %14s %16s\n", rows[i].moment, mem_format_bytes(rows[i].live, live, sizeof live),
+        printf("  %-17s %12s %14s %16s %12s %9zu\n", rows[i].moment, mem_format_bytes(rows[i].live, live, sizeof live),
                mem_format_bytes(rows[i].param_shard, shard, sizeof shard),
-               mem_format_bytes(rows[i].param_unsharded, unsharded, sizeof unsharded));
+               mem_format_bytes(rows[i].param_unsharded, unsharded, sizeof unsharded),
+               mem_format_bytes(rows[i].reserved, reserved, sizeof reserved), rows[i].segment_allocs);
 }
 
 /* Compares every parameter's view in the unsharded buffer with the values it was initialised with. */
@@ -85,11 +96,12 @@ int main(int argc, char **argv) {
                fp.sharded_numel, mem_format_bytes(fp.sharded_numel * sizeof(float), shard_text, sizeof shard_text));
     }
 
-    memory_row rows[3];
+    memory_row rows[5];
     rows[0] = memory_now(&ctx, "before unshard");
     trace_mark(&ctx.trace, "lab 02: before unshard");
     if (fp_unshard(&fp, "lab02.unshard") != 0) ctx_fatal(&ctx, "%s", ctx.error);
     trace_collective_info gather = ctx.last_collective;
+    const float *first_buffer = fp.full_param_padded;
     rows[1] = memory_now(&ctx, "after unshard");
     int views_ok = ctx_all_true(&ctx, views_match_original(&ctx, &fp, &init));
     fp_reshard(&fp, "lab02.reshard");
@@ -97,9 +109,23 @@ int main(int argc, char **argv) {
     trace_mark(&ctx.trace, "lab 02: after reshard");
     int memory_ok = ctx_all_true(&ctx, rows[2].live == rows[0].live && rows[2].param_unsharded == 0);
 
+    /* Once more: the cache hands the freed block back. */
+    if (fp_unshard(&fp, "lab02.unshard_again") != 0) ctx_fatal(&ctx, "%s", ctx.error);
+    int same_block = fp.full_param_padded == first_buffer;
+    rows[3] = memory_now(&ctx, "unshard again");
+    views_ok = ctx_all_true(&ctx, views_match_original(&ctx, &fp, &init)) && views_ok;
+    fp_reshard(&fp, "lab02.reshard_again");
+    rows[4] = memory_now(&ctx, "reshard again");
+    trace_mark(&ctx.trace, "lab 02: after the second reshard");
+    int caching = ctx.mem.allocator.settings.caching;
+    /* (The view check between the rows allocates scratch buffers of its own, hence rows 2 and 3 are compared.) */
+    int cache_ok = ctx_all_true(&ctx, !caching || (same_block && rows[2].reserved >= rows[1].reserved &&
+                                                   rows[3].reserved == rows[2].reserved &&
+                                                   rows[3].segment_allocs == rows[2].segment_allocs));
+
     if (ctx.rank == 0) {
         char sent[32], received[32];
-        print_memory_table(rows, 3);
+        print_memory_table(rows, 5);
         printf("\nall_gather of %s: rank 0 sent %s and received %s ((N-1)/N of the unit each way) in %.3f ms\n",
                unsharded_text, mem_format_bytes(gather.bytes_sent, sent, sizeof sent),
                mem_format_bytes(gather.bytes_recv, received, sizeof received), gather.dur_us / 1000.0);
@@ -107,8 +133,13 @@ int main(int argc, char **argv) {
                fp.param_count, views_ok ? "OK" : "MISMATCH");
         printf("check: live memory after reshard == before unshard, nothing unsharded left (all ranks): %s\n",
                memory_ok ? "OK" : "MISMATCH");
+        if (caching)
+            printf("check: the second unshard reuses the cached block (same address, reserved unchanged, no new "
+                   "segment; all ranks): %s\n", cache_ok ? "OK" : "MISMATCH");
+        else
+            printf("ALLOC=malloc: no cache, so reserved falls with live and the second unshard takes a new segment\n");
     }
     fp_free(&fp);
     int status = ctx_finish(&ctx);
-    return views_ok && memory_ok ? status : 1;
+    return views_ok && memory_ok && cache_ok ? status : 1;
 }
