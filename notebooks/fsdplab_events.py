@@ -186,11 +186,11 @@ class Events:
 
     def memory_timeline(self, rank: int = 0) -> pd.DataFrame:
         """Live bytes per category after every alloc/free on `rank` (one row each, in line order): columns line, ms,
-        kind, owner, delta, the categories, live."""
+        kind, owner, delta, the categories, live, and reserved (the caching allocator's segments after the event)."""
         memory = self.memory[self.memory["rank"] == rank].copy()
         wide = memory.pivot_table(index="line", columns="category", values="category_live", aggfunc="last")
         wide = wide.reindex(columns=CATEGORIES).ffill().fillna(0.0)
-        base = memory.set_index("line")[["ms", "kind", "category", "owner", "delta", "live"]]
+        base = memory.set_index("line")[["ms", "kind", "category", "owner", "delta", "live", "reserved"]]
         return base.join(wide).reset_index()
 
     def live_blocks(self, rank: int, line: int) -> pd.DataFrame:
