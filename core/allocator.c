@@ -150,6 +150,7 @@ static allocator_segment *segment_create(allocator *a, size_t size, int stream) 
 
 /* Gives a segment whose blocks are all free back to the backend. */
 static void segment_release(allocator *a, allocator_segment *segment) {
+    a->reserved_bytes -= segment->size;  /* first, so the observer reports reserved after the release */
     if (a->observer) a->observer(a->observer_state, ALLOCATOR_SEGMENT_FREE, segment);
     for (allocator_block *block = segment->first, *next; block != NULL; block = next) {
         next = block->next;
@@ -157,7 +158,6 @@ static void segment_release(allocator *a, allocator_segment *segment) {
         free(block);
     }
     a->backend.segment_free(a->backend.state, segment->ptr, segment->size);
-    a->reserved_bytes -= segment->size;
     a->segment_frees++;
     for (size_t i = 0; i < a->segment_count; i++)
         if (a->segments[i] == segment) {

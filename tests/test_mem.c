@@ -150,6 +150,7 @@ START_TEST(test_events_sum_to_live_bytes) {
     size_t live_now = tracker.live_bytes;
     for (int i = 0; i < 6; i++)
         if (i != 0 && i != 2) mem_free(&tracker, blocks[i]);
+    mem_empty_cache(&tracker); /* the segment goes back: its segment_free reports reserved after it, 0 */
     trace_close(&sink);
 
     char path[256];
@@ -158,7 +159,7 @@ START_TEST(test_events_sum_to_live_bytes) {
     ck_assert_ptr_nonnull(file);
     char line[1024];
     long running = 0, reserved = 0;
-    int memory_events = 0, checked_live_now = 0, segments = 0;
+    int memory_events = 0, checked_live_now = 0, segments = 0, segment_frees = 0;
     double segment_address[16];
     while (fgets(line, sizeof line, file)) {
         cJSON *event = cJSON_Parse(line);
@@ -168,6 +169,11 @@ START_TEST(test_events_sum_to_live_bytes) {
             ck_assert_int_lt(segments, 16);
             segment_address[segments++] = cJSON_GetObjectItem(event, "addr")->valuedouble;
             reserved += (long)cJSON_GetObjectItem(event, "bytes")->valuedouble;
+            ck_assert_int_eq(reserved, (long)cJSON_GetObjectItem(event, "reserved")->valuedouble);
+        }
+        if (strcmp(kind, "segment_free") == 0) {
+            segment_frees++;
+            reserved -= (long)cJSON_GetObjectItem(event, "bytes")->valuedouble;
             ck_assert_int_eq(reserved, (long)cJSON_GetObjectItem(event, "reserved")->valuedouble);
         }
         if (strcmp(kind, "alloc") == 0) { /* its segment was announced before it, and holds it */
@@ -194,6 +200,8 @@ START_TEST(test_events_sum_to_live_bytes) {
     ck_assert_int_eq(segments, 1); /* 1000..6000 bytes: all six carved from one 2 MiB small segment */
     ck_assert(checked_live_now);
     ck_assert_int_eq(running, 0);
+    ck_assert_int_eq(segment_frees, 1);
+    ck_assert_int_eq(reserved, 0);
     unlink(path);
     rmdir(dir);
     mem_shutdown(&tracker);

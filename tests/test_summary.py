@@ -20,54 +20,71 @@ import tempfile
 from check_report import Report
 
 # (kind, ts, fields) in file order; line numbers start at 3 (line 1 meta, line 2 the t0 mark).
+SEGMENT = 0x200000  # the one 2 MiB small-pool segment every block below is carved from
+# Each allocation id's block (address, size = bytes rounded up to 512), laid out as the caching allocator would: id 5
+# is freed and its block handed to id 6 and, grown by the free space after it, to id 7, then id 8.
+BLOCKS = {1: (SEGMENT, 2048), 2: (SEGMENT + 2048, 3072), 3: (SEGMENT + 5120, 4096), 4: (SEGMENT + 9216, 10240),
+          5: (SEGMENT + 19456, 6144), 6: (SEGMENT + 19456, 6144), 7: (SEGMENT + 19456, 7168),
+          8: (SEGMENT + 19456, 7168)}
 EVENTS = [
-    ("alloc", 1, {"id": 1, "bytes": 2000, "category": "param_shard", "owner": "root._local_shard"}),        # 3: 2000
-    ("alloc", 2, {"id": 2, "bytes": 3000, "category": "param_shard", "owner": "layers.0._local_shard"}),    # 4: 5000
+    ("allocator", 0, {"mode": "caching", "backend": "host", "round": 512, "small_size": 1048576,
+                      "small_segment": 2097152, "large_segment": 20971520, "min_large_alloc": 10485760,
+                      "round_large": 2097152, "max_split_size": 0}),                                        # 3
+    ("segment_alloc", 1, {"id": 1, "addr": SEGMENT, "bytes": 2097152, "pool": "small", "stream": 0,
+                          "owner": "root._local_shard", "category": "param_shard"}),                       # 4
+    ("alloc", 1, {"id": 1, "bytes": 2000, "category": "param_shard", "owner": "root._local_shard"}),        # 5: 2000
+    ("alloc", 2, {"id": 2, "bytes": 3000, "category": "param_shard", "owner": "layers.0._local_shard"}),    # 6: 5000
     ("state", 5, {"unit": "root", "machine": "HandleTrainingState", "from": "IDLE", "to": "FORWARD",
-                  "hook": "_pre_forward"}),                                                                # 5
+                  "hook": "_pre_forward"}),                                                                # 7
     ("alloc", 6, {"id": 3, "bytes": 4000, "category": "param_unsharded",
-                  "owner": "root._full_param_padded"}),                                                    # 6: 9000
+                  "owner": "root._full_param_padded"}),                                                    # 8: 9000
     ("collective", 10, {"op": "all_gather", "unit": "root", "bytes": 4000, "bytes_sent": 2000,
-                        "bytes_recv": 2000, "seq": 0, "dur": 20}),                                         # 7: [10,30)
+                        "bytes_recv": 2000, "seq": 0, "dur": 20}),                                         # 9: [10,30)
     ("state", 30, {"unit": "root", "machine": "ShardState", "from": "SHARDED", "to": "UNSHARDED",
-                   "hook": "_pre_forward"}),                                                               # 8
-    ("alloc", 31, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),         # 9: 19000
-    ("compute", 40, {"name": "embed.forward", "unit": "root", "phase": "forward", "dur": 20}),           # 10: [40,60)
-    ("compute", 50, {"name": "side.forward", "unit": None, "phase": None, "dur": 20}),                  # 11: [50,70)
+                   "hook": "_pre_forward"}),                                                               # 10
+    ("alloc", 31, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),         # 11: 19000
+    ("compute", 40, {"name": "embed.forward", "unit": "root", "phase": "forward", "dur": 20}),           # 12: [40,60)
+    ("compute", 50, {"name": "side.forward", "unit": None, "phase": None, "dur": 20}),                  # 13: [50,70)
     ("state", 60, {"unit": "layers.0", "machine": "HandleTrainingState", "from": "IDLE", "to": "FORWARD",
-                   "hook": "_pre_forward"}),                                                               # 12
+                   "hook": "_pre_forward"}),                                                               # 14
     ("alloc", 61, {"id": 5, "bytes": 6000, "category": "param_unsharded",
-                   "owner": "layers.0._full_param_padded"}),                                               # 13: 25000
+                   "owner": "layers.0._full_param_padded"}),                                               # 15: 25000
     ("collective", 65, {"op": "all_gather", "unit": "layers.0", "bytes": 6000, "bytes_sent": 3000,
-                        "bytes_recv": 3000, "seq": 1, "dur": 30}),                                         # 14: [65,95)
+                        "bytes_recv": 3000, "seq": 1, "dur": 30}),                                         # 16: [65,95)
     ("free", 95, {"id": 5, "bytes": 6000, "category": "param_unsharded",
-                  "owner": "layers.0._full_param_padded"}),                                                # 15: 19000
+                  "owner": "layers.0._full_param_padded"}),                                                # 17: 19000
     ("collective", 96, {"op": "all_gather", "unit": "layers.0", "bytes": 6000, "bytes_sent": 3000,
-                        "bytes_recv": 3000, "seq": 2, "dur": 4}),                                          # 16: [96,100)
+                        "bytes_recv": 3000, "seq": 2, "dur": 4}),                                          # 18: [96,100)
     ("alloc", 97, {"id": 6, "bytes": 6000, "category": "grad_unsharded",
-                   "owner": "layers.0.full_grad_padded"}),                                                 # 17: 25000, ties
+                   "owner": "layers.0.full_grad_padded"}),                                                 # 19: 25000, ties
     ("free", 98, {"id": 6, "bytes": 6000, "category": "grad_unsharded",
-                  "owner": "layers.0.full_grad_padded"}),                                                  # 18: 19000
-    ("compute", 100, {"name": "layers.0.backward", "unit": "layers.0", "phase": "backward", "dur": 10}),  # 19: [100,110)
-    ("alloc", 101, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),      # 20: 26000 PEAK
+                  "owner": "layers.0.full_grad_padded"}),                                                  # 20: 19000
+    ("compute", 100, {"name": "layers.0.backward", "unit": "layers.0", "phase": "backward", "dur": 10}),  # 21: [100,110)
+    ("alloc", 101, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),      # 22: 26000 PEAK
     ("collective", 105, {"op": "reduce_scatter", "unit": "layers.0", "bytes": 6000, "bytes_sent": 3000,
-                         "bytes_recv": 3000, "seq": 3, "dur": 20}),                                        # 21: [105,125)
-    ("free", 126, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),       # 22: 19000
-    ("alloc", 127, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),          # 23: 26000 tie
+                         "bytes_recv": 3000, "seq": 3, "dur": 20}),                                        # 23: [105,125)
+    ("free", 126, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),       # 24: 19000
+    ("alloc", 127, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),          # 25: 26000 tie
     ("collective", 130, {"op": "reduce_scatter", "unit": "root", "bytes": 4000, "bytes_sent": 2000,
-                         "bytes_recv": 2000, "seq": 4, "dur": 10}),                                        # 24: [130,140)
+                         "bytes_recv": 2000, "seq": 4, "dur": 10}),                                        # 26: [130,140)
     ("collective", 140, {"op": "all_reduce", "unit": "loss", "bytes": 4, "bytes_sent": 4, "bytes_recv": 4,
-                         "seq": 5, "dur": 10}),                                                            # 25: [140,150)
-    ("step", 151, {"step": 1, "micro": 0, "loss": 2.5, "peak_bytes": 26000, "time": 0.00015}),          # 26
-    ("step", 152, {"step": 1, "micro": -1, "loss": 2.5, "peak_bytes": 26000, "time": 0.00015}),         # 27
-    ("free", 153, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),           # 28
-    ("free", 154, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),         # 29
+                         "seq": 5, "dur": 10}),                                                            # 27: [140,150)
+    ("step", 151, {"step": 1, "micro": 0, "loss": 2.5, "peak_bytes": 26000, "peak_reserved": 2097152, "time": 0.00015}),          # 28
+    ("step", 152, {"step": 1, "micro": -1, "loss": 2.5, "peak_bytes": 26000, "peak_reserved": 2097152, "time": 0.00015}),         # 29
+    ("free", 153, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),           # 30
+    ("free", 154, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),         # 31
     ("free", 155, {"id": 3, "bytes": 4000, "category": "param_unsharded", "owner": "root._full_param_padded"}),
 ]
 
 # Worked out by hand from EVENTS.
-PEAK = {"bytes": 26000, "line": 20, "owner": "layers.0.dscores", "moment": "during step 1 micro-batch 0",
+PEAK = {"bytes": 26000, "line": 22, "owner": "layers.0.dscores", "moment": "during step 1 micro-batch 0",
         "categories": {"param_shard": 5000, "param_unsharded": 4000, "activation": 10000, "workspace": 7000}}
+# The reserved peak is the one segment, from line 4 on. At the allocated peak (line 22) the live blocks are ids 1, 2,
+# 3, 4, 7: sizes 2048 + 3072 + 4096 + 10240 + 7168 = 26624 for 26000 bytes asked, so rounding 624; the segment's
+# 2097152 - 26624 = 2070528 bytes are free; fragmentation 2097152 - 26000 = 2071152 = 98.8% of reserved.
+RESERVED = {"peak": 2097152, "peak_line": 4, "peak_owner": "root._local_shard", "rounding": 624, "cached": 2070528,
+            "fragmentation": 2071152, "fragmentation_share": 100 * 2071152 / 2097152,
+            "segment": (SEGMENT, "small", 2097152, 5, 26624, 2070528)}
 # op: (count, bytes, bytes sent, ms); all_gather 20+30+4 us, reduce_scatter 20+10, all_reduce 10.
 COLLECTIVES = {"all_gather": (3, 16000, 8000, 0.054), "reduce_scatter": (2, 10000, 5000, 0.030),
                "all_reduce": (1, 4, 4, 0.010), "total": (6, 26004, 13004, 0.094)}
@@ -86,13 +103,18 @@ def write_run(rundir, world, events):
     os.makedirs(rundir, exist_ok=True)
     for rank in range(world):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), "w", encoding="utf-8") as file:
-            lines = [{"kind": "meta", "ts": 0, "rank": rank, "schema": "fsdplab-events", "version": 1,
+            lines = [{"kind": "meta", "ts": 0, "rank": rank, "schema": "fsdplab-events", "version": 2,
                       "world": world, "unix_time": 0},
                      {"kind": "mark", "ts": 0, "rank": rank, "text": "t0"}]
             for kind, ts, fields in events:
                 line = {"kind": kind, "ts": ts, "rank": rank, **fields}
                 if kind == "collective":
                     line.update({"reduce": None, "count": fields["bytes"] // 4, "world": world})
+                if kind in ("alloc", "free"):  # the block, and the one segment's bytes as reserved
+                    address, size = BLOCKS.get(fields["id"], (SEGMENT + 1048576, 512))
+                    line.update({"addr": address, "size": size, "segment": SEGMENT, "stream": 0, "reserved": 2097152})
+                if kind == "segment_alloc":
+                    line["reserved"] = fields["bytes"]
                 lines.append(line)
             file.write("".join(json.dumps(line) + "\n" for line in lines))
 
@@ -128,6 +150,29 @@ def peak_problems(section):
             problems.append(f"{category} at peak: {rows.get(category)}, expected {wanted_bytes}")
     if number(rows.get("total", "0")) != PEAK["bytes"]:
         problems.append(f"total at peak {rows.get('total')}, expected {PEAK['bytes']}")
+    return problems
+
+
+def reserved_problems(section):
+    problems = []
+    match = re.search(r"^reserved peak: ([\d,]+) B \(.*?\) at line (\d+) \(segment_alloc for (\S+)\)", section, re.M)
+    found = (number(match[1]), int(match[2]), match[3]) if match else None
+    if found != (RESERVED["peak"], RESERVED["peak_line"], RESERVED["peak_owner"]):
+        problems.append(f"reserved peak line says {found}")
+    match = re.search(r"^fragmentation at the allocated peak \(line (\d+)\): reserved ([\d,]+) B - allocated ([\d,]+) B"
+                      r" = ([\d,]+) B \(([\d.]+)% of reserved\)", section, re.M)
+    found = (int(match[1]), number(match[2]), number(match[3]), number(match[4])) if match else None
+    if found != (PEAK["line"], RESERVED["peak"], PEAK["bytes"], RESERVED["fragmentation"]) or \
+            not close(float(match[5]), RESERVED["fragmentation_share"], 0.05):
+        problems.append(f"fragmentation line says {found}")
+    for name, pattern in (("rounding", r"^  rounding .*?([\d,]+) B$"), ("cached", r"^  free in segments .*?([\d,]+) B$")):
+        match = re.search(pattern, section, re.M)
+        if not match or number(match[1]) != RESERVED[name]:
+            problems.append(f"{name}: {match and match[1]}, expected {RESERVED[name]}")
+    rows = re.findall(r"^  (0x[0-9a-f]+)\s+(\w+)\s+([\d,]+)\s+(\d+)\s+([\d,]+)\s+([\d,]+)$", section, re.M)
+    found = [(int(a, 16), pool, number(b), int(n), number(c), number(f)) for a, pool, b, n, c, f in rows]
+    if found != [RESERVED["segment"]]:
+        problems.append(f"segment rows {found}, expected [{RESERVED['segment']}]")
     return problems
 
 
@@ -193,6 +238,8 @@ def main():
         report.check("fsdptrace summary exits 0 and names summary.txt last",
                      [] if done.returncode == 0 and done.stdout.rstrip().endswith(f"{rundir}/summary.txt")
                      else [f"exit {done.returncode}: {done.stderr.strip()} {done.stdout[-200:]!r}"])
+        if done.returncode != 0:
+            return report.finish()
         with open(os.path.join(rundir, "summary.txt"), encoding="utf-8") as file:
             text = file.read()
         ranks = sections(text)
@@ -201,6 +248,8 @@ def main():
                      [] if sorted(bodies) == [0, 1] and bodies[0] == bodies[1] else [f"sections {sorted(ranks)}"])
         section = ranks.get(0, "")
         report.check("peak: bytes, line, owner, step and composition by category", peak_problems(section))
+        report.check("reserved peak, fragmentation at the peak (rounding, cached) and its segment",
+                     reserved_problems(section))
         report.check("collectives by op: count, bytes, bytes sent, time", collective_problems(section))
         report.check("compute / comm / overlap (interval intersection) / idle", time_problems(section))
         report.check("comm volume vs ZeRO-3 and all-reduce", volume_problems(section))
@@ -211,9 +260,9 @@ def main():
                      [f"exit {done.returncode}, missing {missing}: {done.stderr.strip()}"] if done.returncode or missing
                      else [])
         broken = os.path.join(scratch, "broken")
-        write_run(broken, 1, EVENTS[:3] + [("free", 7, {"id": 99, "bytes": 64, "category": "data", "owner": "x"})])
+        write_run(broken, 1, EVENTS[:5] + [("free", 7, {"id": 99, "bytes": 64, "category": "data", "owner": "x"})])
         done = run_tool(args.tool, "summary", broken)
-        wanted = "rank0.jsonl line 6: free of id 99"
+        wanted = "rank0.jsonl line 8: free of id 99"
         report.check("a free of an unknown id is refused, naming file, line and id",
                      [] if done.returncode == 1 and wanted in done.stderr
                      else [f"exit {done.returncode}, stderr {done.stderr.strip()!r}, wanted {wanted!r}"])

@@ -26,20 +26,42 @@ enum { PARAM_SHARD = 0, PARAM_UNSHARDED = 1, GRAD_SHARD = 3, ACTIVATION = 5 };
 
 /* ---- writing a run, as the core would ---- */
 
-/* The allocator's bookkeeping the core keeps (core/mem.h), reduced to what the events report. */
+/* The allocator's bookkeeping the core keeps (core/mem.h, core/allocator.h), reduced to what the events report:
+ * one 2 MiB small-pool segment, taken at the first allocation, from which blocks (bytes rounded up to 512) are
+ * carved one after the other and never reused, so the events are consistent (trace/segments.h checks them). */
+enum { SEGMENT_BYTES = 2 << 20, ROUND = 512, MAX_IDS = 16 };
 typedef struct ledger {
     uint64_t live;
     uint64_t category_live[CATEGORY_COUNT];
     uint64_t next_id;
+    uint64_t segment;            /* its address, 0 until taken */
+    uint64_t carved;             /* bytes of the segment handed out */
+    uint64_t address[MAX_IDS];   /* each id's block */
+    uint64_t size[MAX_IDS];
 } ledger;
 
 static uint64_t ledger_alloc(trace_sink *sink, ledger *book, int category, uint64_t bytes, const char *owner) {
+    if (book->segment == 0) {
+        book->segment = 0x7f0000000000ull + (uint64_t)sink->rank * SEGMENT_BYTES;
+        trace_segment_info segment = {.id = 1, .address = book->segment, .bytes = SEGMENT_BYTES, .pool = "small",
+                                      .owner = owner, .category = categories[category],
+                                      .reserved_bytes = SEGMENT_BYTES};
+        trace_segment_alloc(sink, &segment);
+    }
+    uint64_t id = ++book->next_id;
+    ck_assert_uint_lt(id, MAX_IDS);
+    book->size[id] = bytes == 0 ? ROUND : (bytes + ROUND - 1) / ROUND * ROUND;
+    book->address[id] = book->segment + book->carved;
+    book->carved += book->size[id];
+    ck_assert_uint_le(book->carved, SEGMENT_BYTES);
     book->live += bytes;
     book->category_live[category] += bytes;
-    trace_memory_info info = {.id = ++book->next_id, .bytes = bytes, .category = categories[category], .owner = owner,
-                              .live_bytes = book->live, .category_live_bytes = book->category_live[category]};
+    trace_memory_info info = {.id = id, .bytes = bytes, .category = categories[category], .owner = owner,
+                              .live_bytes = book->live, .category_live_bytes = book->category_live[category],
+                              .address = book->address[id], .size = book->size[id], .segment = book->segment,
+                              .reserved_bytes = SEGMENT_BYTES};
     trace_alloc(sink, &info);
-    return info.id;
+    return id;
 }
 
 static void ledger_free(trace_sink *sink, ledger *book, uint64_t id, int category, uint64_t bytes,
@@ -47,7 +69,9 @@ static void ledger_free(trace_sink *sink, ledger *book, uint64_t id, int categor
     book->live -= bytes;
     book->category_live[category] -= bytes;
     trace_memory_info info = {.id = id, .bytes = bytes, .category = categories[category], .owner = owner,
-                              .live_bytes = book->live, .category_live_bytes = book->category_live[category]};
+                              .live_bytes = book->live, .category_live_bytes = book->category_live[category],
+                              .address = book->address[id], .size = book->size[id], .segment = book->segment,
+                              .reserved_bytes = SEGMENT_BYTES};
     trace_free(sink, &info);
 }
 
@@ -259,10 +283,18 @@ static void counter_expect(int rank, int sample, uint64_t live[CATEGORY_COUNT]) 
 }
 
 START_TEST(test_memory_counter_values) {
-    int samples[WORLD + 1] = {0};
+    int samples[WORLD + 1] = {0}, reserved_samples[WORLD + 1] = {0};
     const cJSON *event;
     cJSON_ArrayForEach(event, events) {
         if (!is_phase(event, "C")) continue;
+        if (strcmp(string_of(event, "name"), "reserved") == 0) { /* the one segment, taken before the first block */
+            const cJSON *args = cJSON_GetObjectItemCaseSensitive(event, "args");
+            ck_assert_int_eq(track_of(event), 3);
+            ck_assert_int_eq(cJSON_GetArraySize(args), 1);
+            ck_assert_double_eq(number_of(args, "reserved"), SEGMENT_BYTES);
+            reserved_samples[(int)number_of(event, "pid")]++;
+            continue;
+        }
         ck_assert_str_eq(string_of(event, "name"), "memory");
         ck_assert_int_eq(track_of(event), 3);
         int pid = (int)number_of(event, "pid");
@@ -282,6 +314,8 @@ START_TEST(test_memory_counter_values) {
     }
     ck_assert_int_eq(samples[1], 6);
     ck_assert_int_eq(samples[2], 6);
+    ck_assert_int_eq(reserved_samples[1], 1);
+    ck_assert_int_eq(reserved_samples[2], 1);
 }
 END_TEST
 
@@ -510,10 +544,42 @@ START_TEST(test_unmatched_free_refused) {
     for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
     path_join(path, sizeof path, dir, "rank1.jsonl");
     text_append(path, "{\"kind\":\"free\",\"ts\":99,\"rank\":1,\"id\":999,\"bytes\":8,\"category\":\"data\","
-                      "\"owner\":\"nobody\",\"live\":0,\"category_live\":0}\n");
+                      "\"owner\":\"nobody\",\"live\":0,\"category_live\":0,\"addr\":4096,\"size\":512,"
+                      "\"segment\":4096,\"stream\":0,\"reserved\":2097152}\n");
     ck_assert_int_eq(export_broken(dir, error, sizeof error), -1);
-    ck_assert_msg(strstr(error, "rank1.jsonl line 16:") != NULL && strstr(error, "id 999") != NULL,
+    ck_assert_msg(strstr(error, "rank1.jsonl line 17:") != NULL && strstr(error, "id 999") != NULL,
                   "error does not name the line and the id: %s", error);
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* run_load replays the allocator (trace/segments.h): a block laid over a live one is refused, naming both. Rank 1's
+ * first block (id 1, 2000 bytes) sits at the start of its segment 0x7f0000200000. */
+START_TEST(test_overlapping_block_refused) {
+    char *dir = run_dir_make(), error[1024] = "", path[4096];
+    for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
+    path_join(path, sizeof path, dir, "rank1.jsonl");
+    text_append(path, "{\"kind\":\"alloc\",\"ts\":99,\"rank\":1,\"id\":99,\"bytes\":512,\"category\":\"data\","
+                      "\"owner\":\"intruder\",\"live\":3512,\"category_live\":512,\"addr\":139637978825216,"
+                      "\"size\":512,\"segment\":139637978824704,\"stream\":0,\"reserved\":2097152}\n");
+    ck_assert_int_eq(export_broken(dir, error, sizeof error), -1);
+    ck_assert_msg(strstr(error, "rank1.jsonl line 17:") != NULL && strstr(error, "overlaps live block id 1") != NULL,
+                  "error does not name the line and the block: %s", error);
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* ... and a reserved figure that is not the running sum of the segments. */
+START_TEST(test_wrong_reserved_refused) {
+    char *dir = run_dir_make(), error[1024] = "", path[4096];
+    for (int rank = 0; rank < WORLD; rank++) rank_write(dir, rank, WORLD);
+    path_join(path, sizeof path, dir, "rank1.jsonl");
+    text_append(path, "{\"kind\":\"alloc\",\"ts\":99,\"rank\":1,\"id\":99,\"bytes\":512,\"category\":\"data\","
+                      "\"owner\":\"x\",\"live\":3512,\"category_live\":512,\"addr\":139637979873280,"
+                      "\"size\":512,\"segment\":139637978824704,\"stream\":0,\"reserved\":4194304}\n");
+    ck_assert_int_eq(export_broken(dir, error, sizeof error), -1);
+    ck_assert_msg(strstr(error, "rank1.jsonl line 17:") != NULL && strstr(error, "reserved 4194304") != NULL,
+                  "error does not name the line and the figure: %s", error);
     run_dir_remove(dir);
 }
 END_TEST
@@ -565,6 +631,8 @@ static Suite *trace_suite(void) {
     tcase_add_test(errors, test_world_disagrees);
     tcase_add_test(errors, test_malformed_middle_line);
     tcase_add_test(errors, test_unmatched_free_refused);
+    tcase_add_test(errors, test_overlapping_block_refused);
+    tcase_add_test(errors, test_wrong_reserved_refused);
     tcase_add_test(errors, test_truncated_last_line_skipped);
     tcase_add_test(errors, test_explicit_output_path);
     suite_add_tcase(suite, errors);

@@ -16,7 +16,7 @@ from collections import defaultdict
 from check_report import Report
 
 SCHEMA_NAME = "fsdplab-events"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
               "activation", "checkpoint_input", "workspace", "comm_buffer", "data"]
@@ -25,7 +25,8 @@ TRACK_NAMES = {1: "compute", 2: "comm", 3: "memory"}
 COMM_TRACK = 2
 # JSONL kind -> (Chrome phase, track) it becomes; the counts per rank must agree.
 KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", 2), "state": ("i", 1), "mark": ("i", 1),
-                 "step": ("i", 1), "alloc": ("C", 3), "free": ("C", 3)}
+                 "step": ("i", 1), "alloc": ("C", 3), "free": ("C", 3),
+                 "segment_alloc": ("C", 3), "segment_free": ("C", 3)}
 FLOW_PHASES = ("s", "f")  # v1 flow events: the arrows joining a collective across ranks
 
 
@@ -264,6 +265,84 @@ def check_memory_jsonl(ranks, report):
     report.check("JSONL alloc/free live and category_live equal the running sums", problems)
 
 
+def allocator_replay(rank, lines, problems):
+    """EVENTS.md's allocator invariants, replayed independently of trace/segments.c: every alloc's [addr, addr + size)
+    lies in the live segment its `segment` names, no two live blocks overlap, a segment is freed empty and as it was
+    allocated, size is bytes rounded up to the allocator's `round` (0 bytes take one block), and every `reserved` is
+    the running sum of segment bytes. Returns [(line_number, reserved after it)] of the segment events, in order."""
+    segments, blocks, reserved, samples = {}, {}, 0, []
+    settings = next((line for _, line in lines if line.get("kind") == "allocator"), None)
+    if settings is None:
+        problems.append(f"rank {rank}: no 'allocator' event")
+        return samples
+    granule = settings.get("round", 512)
+    for number, line in lines:
+        kind, where = line.get("kind"), f"rank {rank} line {number}"
+        if kind == "segment_alloc":
+            start, end = line["addr"], line["addr"] + line["bytes"]
+            for other, (other_end, _, _) in segments.items():
+                if start < other_end and other < end:
+                    problems.append(f"{where}: segment [{start:#x}, {end:#x}) overlaps live segment {other:#x}")
+            segments[start] = (end, line["bytes"], number)
+            reserved += line["bytes"]
+        elif kind == "segment_free":
+            held = segments.pop(line["addr"], None)
+            if held is None or held[1] != line["bytes"]:
+                problems.append(f"{where}: segment_free of {line['addr']:#x} ({line['bytes']} B), not a live segment "
+                                f"of that size")
+            inside = [block for block, (_, segment, _) in blocks.items() if segment == line["addr"]]
+            if inside:
+                problems.append(f"{where}: segment {line['addr']:#x} freed holding {len(inside)} live blocks")
+            reserved -= line["bytes"]
+        elif kind in ("alloc", "free"):
+            start, size, segment = line.get("addr"), line.get("size"), line.get("segment")
+            rounded = max(granule, -(-line.get("bytes", 0) // granule) * granule)
+            if settings.get("mode") == "caching" and size is not None and size < rounded:
+                problems.append(f"{where}: block size {size} for {line.get('bytes')} B, expected at least {rounded}")
+            if kind == "alloc":
+                held = segments.get(segment)
+                if held is None or not (segment <= start and start + size <= held[0]):
+                    problems.append(f"{where}: block [{start:#x}, +{size}) is not inside a live segment at "
+                                    f"{segment:#x}")
+                for other, (other_size, _, other_line) in blocks.items():
+                    if start < other + other_size and other < start + size:
+                        problems.append(f"{where}: block [{start:#x}, +{size}) overlaps the live block of line "
+                                        f"{other_line}")
+                blocks[start] = (size, segment, number)
+            elif blocks.pop(start, (None,))[0] != size:
+                problems.append(f"{where}: free of block [{start:#x}, +{size}), which is not live")
+        else:
+            continue
+        if line.get("reserved") != reserved:
+            problems.append(f"{where}: reserved {line.get('reserved')}, running sum of segments {reserved}")
+        if kind.startswith("segment"):
+            samples.append((number, reserved))
+    return samples
+
+
+def check_allocator_jsonl(ranks, report):
+    problems = []
+    for rank, lines in ranks.items():
+        allocator_replay(rank, lines, problems)
+    report.check("JSONL blocks lie inside live segments, never overlap, and reserved is the running sum of segments",
+                 problems[:20] + ([f"... {len(problems) - 20} more"] if len(problems) > 20 else []))
+
+
+def check_reserved_counters(events, ranks, report):
+    problems = []
+    for rank, lines in ranks.items():
+        expected = allocator_replay(rank, lines, [])
+        counters = [event for event in events
+                    if event["ph"] == "C" and event["name"] == "reserved" and event["pid"] == rank + 1]
+        if len(counters) != len(expected):
+            problems.append(f"rank {rank}: {len(counters)} reserved counter events, {len(expected)} segment lines")
+        for event, (number, reserved) in zip(counters, expected):
+            if event.get("args") != {"reserved": reserved}:
+                problems.append(f"rank {rank} (line {number}): reserved counter {event.get('args')}, running sum "
+                                f"{reserved}")
+    report.check("reserved counters equal the running sum of segment bytes, in order", problems)
+
+
 def check_memory_counters(events, ranks, report):
     problems = []
     for rank, lines in ranks.items():
@@ -377,6 +456,7 @@ def main():
     if ranks is not None:
         world = len(ranks)
         check_memory_jsonl(ranks, report)
+        check_allocator_jsonl(ranks, report)
         check_collectives(ranks, world, report)
     events = read_trace(options.trace or os.path.join(options.rundir, "trace.json"), report)
     if events is not None and check_fields(events, report):
@@ -386,6 +466,7 @@ def main():
             check_names(events, world, report)
             check_counts(events, ranks, report)
             check_memory_counters(events, ranks, report)
+            check_reserved_counters(events, ranks, report)
             check_flows(events, world, report)
         else:
             report.skip("trace checks against the JSONL", "the JSONL files are unusable")

@@ -150,6 +150,7 @@ static cJSON *step_convert(const run_rank *rank, const run_event *event) {
     cJSON_AddNumberToObject(args, "micro", event->micro);
     cJSON_AddNumberToObject(args, "loss", event->loss);
     cJSON_AddNumberToObject(args, "peak_bytes", (double)event->peak_bytes);
+    cJSON_AddNumberToObject(args, "peak_reserved", (double)event->reserved);
     cJSON_AddNumberToObject(args, "time", event->seconds);
     return chrome;
 }
@@ -167,8 +168,20 @@ static cJSON *memory_convert(const run_rank *rank, const run_event *event, int64
     return chrome;
 }
 
+/* segment_alloc and segment_free move the reserved bytes (the segments the caching allocator holds): a second counter,
+ * `reserved`, on the memory track, drawn beside the stacked categories so the gap between them is the cache. Also
+ * recomputed from the segment sizes, not copied. */
+static cJSON *reserved_convert(const run_rank *rank, const run_event *event, int64_t *reserved) {
+    *reserved += event->kind == RUN_SEGMENT_ALLOC ? (int64_t)event->bytes : -(int64_t)event->bytes;
+    cJSON *chrome =
+        chrome_event("C", "memory", "reserved", pid_of(rank), tid_of(pid_of(rank), TRACK_MEMORY), event->ts);
+    cJSON *args = cJSON_AddObjectToObject(chrome, "args");
+    cJSON_AddNumberToObject(args, "reserved", (double)*reserved);
+    return chrome;
+}
+
 static cJSON *event_convert(const trace_run *run, const run_rank *rank, const run_event *event,
-                            int64_t category_live[RUN_CATEGORY_COUNT]) {
+                            int64_t category_live[RUN_CATEGORY_COUNT], int64_t *reserved) {
     switch (event->kind) {
     case RUN_COMPUTE: return compute_convert(run, rank, event);
     case RUN_COLLECTIVE: return collective_convert(run, rank, event);
@@ -178,7 +191,7 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
     case RUN_ALLOC:
     case RUN_FREE: return memory_convert(rank, event, category_live);
     case RUN_SEGMENT_ALLOC:
-    case RUN_SEGMENT_FREE:
+    case RUN_SEGMENT_FREE: return reserved_convert(rank, event, reserved);
     case RUN_ALLOCATOR: break; /* skipped by the caller */
     }
     return NULL;  /* not reached: run.h has no other kind */
@@ -305,14 +318,13 @@ static int rank_write(const trace_run *run, const run_rank *rank, const flow_pla
                  rank->event_count, flow_count);
         return -1;
     }
-    int64_t category_live[RUN_CATEGORY_COUNT] = {0};
+    int64_t category_live[RUN_CATEGORY_COUNT] = {0}, reserved = 0;
     size_t count = 0;
     int status = 0;
     for (size_t index = 0; status == 0 && index < rank->event_count; index++) {
         const run_event *event = &rank->events[index];
-        if (event->kind == RUN_SEGMENT_ALLOC || event->kind == RUN_SEGMENT_FREE || event->kind == RUN_ALLOCATOR)
-            continue; /* segments and settings: memory.html and the snapshot show them */
-        cJSON *chrome = event_convert(run, rank, event, category_live);
+        if (event->kind == RUN_ALLOCATOR) continue; /* the settings: the snapshot and summary.txt show them */
+        cJSON *chrome = event_convert(run, rank, event, category_live, &reserved);
         if (chrome == NULL) {
             snprintf(error, error_size, "%s line %zu: out of memory building the Chrome event", rank->path,
                      event->line);

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "run.h"
 #include "trace.h"
+#include "segments.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -357,6 +358,8 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
         return line_fail(reader, "meta world is %g but rank0.jsonl says world %d", world, reader->run->world);
     if (rank != reader->rank->rank)
         return line_fail(reader, "meta rank is %g but the file name says rank %d", rank, reader->rank->rank);
+    const cJSON *unix_time = cJSON_GetObjectItemCaseSensitive(line, "unix_time");
+    if (cJSON_IsNumber(unix_time)) reader->rank->unix_time = unix_time->valuedouble;
     if (reader->run->world == 0) reader->run->world = (int)world;
     reader->meta_seen = 1;
     return 0;
@@ -479,7 +482,11 @@ static int rank_load(trace_run *run, int rank_index, char *error, size_t error_s
     rank_reader reader = {.run = run, .rank = rank, .error = error, .error_size = error_size};
     if (file_read(&reader) != 0) return -1;
     early_events_clamp(&reader);
-    return frees_match(&reader);
+    if (frees_match(&reader) != 0) return -1;
+    segments_state state;
+    int status = segments_replay(&state, rank, rank->event_count, error, error_size);
+    segments_free(&state);
+    return status;
 }
 
 /* Rank 0 is read into a one-rank array first, since only its meta line tells how many ranks there are. */

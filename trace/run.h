@@ -79,6 +79,7 @@ typedef struct run_rank {
     int rank;
     run_allocator allocator;
     char path[4096];
+    double unix_time;     /* the meta line's wall-clock seconds at t0's file open; 0 when absent */
     size_t line_count;    /* lines read, the meta line included */
     run_event *events;    /* in file order, which is the order the allocator and the hooks saw them */
     size_t event_count;
@@ -103,7 +104,9 @@ typedef struct trace_run {
 
 /* Reads every rank<R>.jsonl of rundir (rank0.jsonl's meta line gives the world size). A final line cut short by a
  * crash is skipped with a warning on stderr; any other bad line, an unknown category, a reused allocation id or a
- * free that matches no live allocation (id, bytes, category) is an error naming the file, the line and the values.
+ * free that matches no live allocation (id, bytes, category), or memory events that contradict the allocator's
+ * segments (trace/segments.h: a block outside its segment, overlapping blocks, a wrong `reserved`) is an error
+ * naming the file, the line and the values.
  * Returns 0, or -1 with the message in `error`; free the run with run_free either way. */
 int run_load(trace_run *run, const char *rundir, char *error, size_t error_size);
 void run_free(trace_run *run);

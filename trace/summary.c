@@ -1,5 +1,6 @@
 /* summary.c — see summary.h. Every figure is computed from the JSONL lines alone, one rank at a time. */
 #include "summary.h"
+#include "segments.h"
 #include "view_file.h"
 
 #include <stdint.h>
@@ -93,6 +94,95 @@ static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank)
                 grouped(peak.category_bytes[category], exact, sizeof exact),
                 share((double)peak.category_bytes[category], (double)peak.bytes));
     fprintf(stream, "  %-18s %16s %7.1f%%\n", "total", grouped(peak.bytes, exact, sizeof exact), 100.0);
+}
+
+/* ---- reserved memory: the caching allocator's segments ---- */
+
+static void allocator_print(FILE *stream, const run_rank *rank) {
+    const run_allocator *a = &rank->allocator;
+    char round[32], small[32], small_segment[32], large_segment[32], split[48];
+    if (!a->seen) {
+        fprintf(stream, "allocator: no 'allocator' event in this rank's file\n");
+        return;
+    }
+    if (a->max_split_size == 0) snprintf(split, sizeof split, "none");
+    else snprintf(split, sizeof split, "%s B", grouped(a->max_split_size, round, sizeof round));
+    fprintf(stream, "allocator: %s, segments from %s; blocks rounded to %s B; small pool (<= %s B) in %s B segments, "
+                    "large in %s B; max_split_size %s\n",
+            a->mode, a->backend, grouped(a->round, round, sizeof round), grouped(a->small_size, small, sizeof small),
+            grouped(a->small_segment, small_segment, sizeof small_segment),
+            grouped(a->large_segment, large_segment, sizeof large_segment), split);
+}
+
+/* The first segment event after which reserved bytes are highest. */
+static void reserved_peak_print(FILE *stream, const trace_run *run, const run_rank *rank) {
+    size_t peak = rank->event_count;
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind == RUN_SEGMENT_ALLOC && (peak == rank->event_count || event->reserved > rank->events[peak].reserved))
+            peak = index;
+    }
+    char exact[32], readable[32], moment[96];
+    if (peak == rank->event_count) {
+        fprintf(stream, "reserved peak: no segment in this rank's events\n");
+        return;
+    }
+    const run_event *event = &rank->events[peak];
+    moment_describe(rank, peak, moment, sizeof moment);
+    fprintf(stream, "reserved peak: %s B (%s) at line %zu (segment_alloc for %s), %s\n",
+            grouped(event->reserved, exact, sizeof exact), human(event->reserved, readable, sizeof readable),
+            event->line, event->label == RUN_NONE ? "(none)" : run_string(run, event->label), moment);
+}
+
+enum { SEGMENTS_LISTED = 12 };
+
+static int segment_by_free_desc(const void *left_pointer, const void *right_pointer) {
+    const segments_segment *left = left_pointer, *right = right_pointer;
+    uint64_t left_free = left->bytes - left->allocated, right_free = right->bytes - right->allocated;
+    if (left_free != right_free) return left_free < right_free ? 1 : -1;
+    return (left->address > right->address) - (left->address < right->address);
+}
+
+/* At the allocated peak: reserved − allocated, split into rounding (block sizes − bytes asked) and free space cached
+ * in segments, and the segments that hold it, the emptiest first. */
+static int fragmentation_print(FILE *stream, const trace_run *run, const run_rank *rank, char *error,
+                               size_t error_size) {
+    memory_peak peak = peak_find(rank);
+    if (peak.line == 0) return 0;
+    segments_state state;
+    if (segments_replay(&state, rank, peak.index + 1, error, error_size) != 0) {
+        segments_free(&state);
+        return -1;
+    }
+    char a[32], b[32], c[32], d[32];
+    uint64_t fragmentation = state.reserved - peak.bytes;
+    fprintf(stream, "fragmentation at the allocated peak (line %zu): reserved %s B - allocated %s B = %s B (%.1f%% of "
+                    "reserved)\n",
+            peak.line, grouped(state.reserved, a, sizeof a), grouped(peak.bytes, b, sizeof b),
+            grouped(fragmentation, c, sizeof c), share((double)fragmentation, (double)state.reserved));
+    fprintf(stream, "  %-34s %16s B\n", "rounding (block sizes - bytes asked)", grouped(state.allocated - peak.bytes, a,
+                                                                                      sizeof a));
+    fprintf(stream, "  %-34s %16s B\n", "free in segments (cached)", grouped(state.reserved - state.allocated, a,
+                                                                           sizeof a));
+    fprintf(stream, "  %-18s %-6s %14s %7s %14s %14s\n", "segment", "pool", "bytes", "blocks", "block bytes", "free");
+    qsort(state.segments, state.count, sizeof *state.segments, segment_by_free_desc);
+    for (size_t index = 0; index < state.count && index < SEGMENTS_LISTED; index++) {
+        const segments_segment *segment = &state.segments[index];
+        fprintf(stream, "  %#-18llx %-6s %14s %7zu %14s %14s\n", (unsigned long long)segment->address,
+                run_string(run, segment->pool), grouped(segment->bytes, a, sizeof a), segment->block_count,
+                grouped(segment->allocated, b, sizeof b), grouped(segment->bytes - segment->allocated, c, sizeof c));
+    }
+    if (state.count > SEGMENTS_LISTED) {
+        uint64_t bytes = 0, free_bytes = 0;
+        for (size_t index = SEGMENTS_LISTED; index < state.count; index++) {
+            bytes += state.segments[index].bytes;
+            free_bytes += state.segments[index].bytes - state.segments[index].allocated;
+        }
+        fprintf(stream, "  ... %zu more segments, %s B, %s B free\n", state.count - SEGMENTS_LISTED,
+                grouped(bytes, c, sizeof c), grouped(free_bytes, d, sizeof d));
+    }
+    segments_free(&state);
+    return 0;
 }
 
 /* ---- collectives by op ---- */
@@ -353,6 +443,10 @@ int summary_print(const trace_run *run, FILE *stream, char *error, size_t error_
         const run_rank *each = &run->ranks[rank];
         rank_header_print(stream, each);
         peak_print(stream, run, each);
+        fputc('\n', stream);
+        allocator_print(stream, each);
+        reserved_peak_print(stream, run, each);
+        if (fragmentation_print(stream, run, each, error, error_size) != 0) return -1;
         fputc('\n', stream);
         int status = collectives_print(stream, run, each);
         if (status == 0) fputc('\n', stream);

@@ -1,0 +1,193 @@
+/* segments.c — replaying the allocator's segments and blocks from the events. See segments.h. */
+#include "segments.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int line_fail(const run_rank *rank, const run_event *event, char *error, size_t error_size, const char *format,
+                     ...) {
+    int written = snprintf(error, error_size, "%s line %zu: ", rank->path, event->line);
+    if (written < 0 || (size_t)written >= error_size) return -1;
+    va_list arguments;
+    va_start(arguments, format);
+    vsnprintf(error + written, error_size - (size_t)written, format, arguments);
+    va_end(arguments);
+    return -1;
+}
+
+/* The first segment whose address is >= address (count when none). */
+static size_t segment_lower_bound(const segments_state *state, uint64_t address) {
+    size_t low = 0, high = state->count;
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        if (state->segments[middle].address < address) low = middle + 1;
+        else high = middle;
+    }
+    return low;
+}
+
+/* The first block of segment whose address is >= address. */
+static size_t block_lower_bound(const segments_segment *segment, uint64_t address) {
+    size_t low = 0, high = segment->block_count;
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        if (segment->blocks[middle].address < address) low = middle + 1;
+        else high = middle;
+    }
+    return low;
+}
+
+static int reserved_check(const segments_state *state, const run_rank *rank, const run_event *event, char *error,
+                          size_t error_size) {
+    if (event->reserved == state->reserved) return 0;
+    return line_fail(rank, event, error, error_size, "reserved %llu, but the segments so far hold %llu bytes",
+                     (unsigned long long)event->reserved, (unsigned long long)state->reserved);
+}
+
+static int segment_add(segments_state *state, const run_rank *rank, size_t index, char *error, size_t error_size) {
+    const run_event *event = &rank->events[index];
+    size_t at = segment_lower_bound(state, event->address);
+    const segments_segment *next = at < state->count ? &state->segments[at] : NULL;
+    const segments_segment *previous = at > 0 ? &state->segments[at - 1] : NULL;
+    if (event->bytes == 0) return line_fail(rank, event, error, error_size, "segment_alloc id %llu of 0 bytes",
+                                            (unsigned long long)event->id);
+    if ((next != NULL && next->address < event->address + event->bytes) ||
+        (previous != NULL && previous->address + previous->bytes > event->address)) {
+        const segments_segment *other = next != NULL && next->address < event->address + event->bytes ? next : previous;
+        return line_fail(rank, event, error, error_size,
+                         "segment_alloc id %llu [%#llx, +%llu) overlaps the live segment [%#llx, +%llu) of line %zu",
+                         (unsigned long long)event->id, (unsigned long long)event->address,
+                         (unsigned long long)event->bytes, (unsigned long long)other->address,
+                         (unsigned long long)other->bytes, rank->events[other->event].line);
+    }
+    if (state->count == state->capacity) {
+        size_t capacity = state->capacity ? 2 * state->capacity : 16;
+        segments_segment *segments = realloc(state->segments, capacity * sizeof *segments);
+        if (segments == NULL) return line_fail(rank, event, error, error_size, "out of memory for %zu segments", capacity);
+        state->segments = segments;
+        state->capacity = capacity;
+    }
+    memmove(&state->segments[at + 1], &state->segments[at], (state->count - at) * sizeof *state->segments);
+    state->segments[at] = (segments_segment){.address = event->address, .bytes = event->bytes, .pool = event->pool,
+                                             .stream = event->stream, .event = index};
+    state->count++;
+    state->reserved += event->bytes;
+    return reserved_check(state, rank, event, error, error_size);
+}
+
+static int segment_remove(segments_state *state, const run_rank *rank, size_t index, char *error, size_t error_size) {
+    const run_event *event = &rank->events[index];
+    size_t at = segment_lower_bound(state, event->address);
+    if (at == state->count || state->segments[at].address != event->address)
+        return line_fail(rank, event, error, error_size, "segment_free id %llu at %#llx, which is not a live segment",
+                         (unsigned long long)event->id, (unsigned long long)event->address);
+    segments_segment *segment = &state->segments[at];
+    if (segment->bytes != event->bytes)
+        return line_fail(rank, event, error, error_size, "segment_free id %llu of %llu bytes, but line %zu allocated %llu",
+                         (unsigned long long)event->id, (unsigned long long)event->bytes,
+                         rank->events[segment->event].line, (unsigned long long)segment->bytes);
+    if (segment->block_count != 0)
+        return line_fail(rank, event, error, error_size,
+                         "segment_free id %llu at %#llx while it holds %zu live blocks (the first from line %zu)",
+                         (unsigned long long)event->id, (unsigned long long)event->address, segment->block_count,
+                         rank->events[segment->blocks[0].event].line);
+    free(segment->blocks);
+    state->reserved -= segment->bytes;
+    memmove(segment, segment + 1, (state->count - at - 1) * sizeof *segment);
+    state->count--;
+    return reserved_check(state, rank, event, error, error_size);
+}
+
+/* The live segment the event names in its `segment` field, or NULL after writing the error. */
+static segments_segment *segment_of(segments_state *state, const run_rank *rank, const run_event *event, char *error,
+                                    size_t error_size) {
+    size_t at = segment_lower_bound(state, event->segment);
+    if (at < state->count && state->segments[at].address == event->segment) return &state->segments[at];
+    line_fail(rank, event, error, error_size, "%s id %llu names segment %#llx, which is not a live segment",
+              event->kind == RUN_ALLOC ? "alloc" : "free", (unsigned long long)event->id,
+              (unsigned long long)event->segment);
+    return NULL;
+}
+
+static int block_add(segments_state *state, const run_rank *rank, size_t index, char *error, size_t error_size) {
+    const run_event *event = &rank->events[index];
+    segments_segment *segment = segment_of(state, rank, event, error, error_size);
+    if (segment == NULL) return -1;
+    if (event->address < segment->address || event->address + event->size > segment->address + segment->bytes)
+        return line_fail(rank, event, error, error_size,
+                         "alloc id %llu: block [%#llx, +%llu) lies outside its segment [%#llx, +%llu)",
+                         (unsigned long long)event->id, (unsigned long long)event->address,
+                         (unsigned long long)event->size, (unsigned long long)segment->address,
+                         (unsigned long long)segment->bytes);
+    size_t at = block_lower_bound(segment, event->address);
+    const segments_block *next = at < segment->block_count ? &segment->blocks[at] : NULL;
+    const segments_block *previous = at > 0 ? &segment->blocks[at - 1] : NULL;
+    const segments_block *other = next != NULL && next->address < event->address + event->size ? next
+                                  : previous != NULL && previous->address + previous->size > event->address ? previous
+                                                                                                            : NULL;
+    if (other != NULL)
+        return line_fail(rank, event, error, error_size,
+                         "alloc id %llu: block [%#llx, +%llu) overlaps live block id %llu [%#llx, +%llu) of line %zu",
+                         (unsigned long long)event->id, (unsigned long long)event->address,
+                         (unsigned long long)event->size, (unsigned long long)rank->events[other->event].id,
+                         (unsigned long long)other->address, (unsigned long long)other->size,
+                         rank->events[other->event].line);
+    if (segment->block_count == segment->block_capacity) {
+        size_t capacity = segment->block_capacity ? 2 * segment->block_capacity : 8;
+        segments_block *blocks = realloc(segment->blocks, capacity * sizeof *blocks);
+        if (blocks == NULL) return line_fail(rank, event, error, error_size, "out of memory for %zu blocks", capacity);
+        segment->blocks = blocks;
+        segment->block_capacity = capacity;
+    }
+    memmove(&segment->blocks[at + 1], &segment->blocks[at], (segment->block_count - at) * sizeof *segment->blocks);
+    segment->blocks[at] = (segments_block){event->address, event->size, index};
+    segment->block_count++;
+    segment->allocated += event->size;
+    state->allocated += event->size;
+    return reserved_check(state, rank, event, error, error_size);
+}
+
+static int block_remove(segments_state *state, const run_rank *rank, size_t index, char *error, size_t error_size) {
+    const run_event *event = &rank->events[index];
+    segments_segment *segment = segment_of(state, rank, event, error, error_size);
+    if (segment == NULL) return -1;
+    size_t at = block_lower_bound(segment, event->address);
+    if (at == segment->block_count || segment->blocks[at].address != event->address ||
+        segment->blocks[at].size != event->size)
+        return line_fail(rank, event, error, error_size, "free id %llu of block [%#llx, +%llu), which is not live",
+                         (unsigned long long)event->id, (unsigned long long)event->address,
+                         (unsigned long long)event->size);
+    memmove(&segment->blocks[at], &segment->blocks[at + 1],
+            (segment->block_count - at - 1) * sizeof *segment->blocks);
+    segment->block_count--;
+    segment->allocated -= event->size;
+    state->allocated -= event->size;
+    return reserved_check(state, rank, event, error, error_size);
+}
+
+int segments_apply(segments_state *state, const run_rank *rank, size_t index, char *error,
+                   size_t error_size) {
+    switch (rank->events[index].kind) {
+    case RUN_SEGMENT_ALLOC: return segment_add(state, rank, index, error, error_size);
+    case RUN_SEGMENT_FREE: return segment_remove(state, rank, index, error, error_size);
+    case RUN_ALLOC: return block_add(state, rank, index, error, error_size);
+    case RUN_FREE: return block_remove(state, rank, index, error, error_size);
+    default: return 0;
+    }
+}
+
+int segments_replay(segments_state *state, const run_rank *rank, size_t end, char *error,
+                    size_t error_size) {
+    memset(state, 0, sizeof *state);
+    for (size_t index = 0; index < end && index < rank->event_count; index++)
+        if (segments_apply(state, rank, index, error, error_size) != 0) return -1;
+    return 0;
+}
+
+void segments_free(segments_state *state) {
+    for (size_t index = 0; index < state->count; index++) free(state->segments[index].blocks);
+    free(state->segments);
+    memset(state, 0, sizeof *state);
+}
