@@ -55,6 +55,23 @@ def expected_peak(events):
     return peak, peak_line
 
 
+def expected_reserved(events, peak_line):
+    """From the segment lines alone: (reserved peak bytes, its line, number of segment lines, reserved bytes and live
+    segment count at the allocated peak's line)."""
+    peak, peak_at, count, segments, at_peak = 0, 0, 0, set(), (0, 0)
+    reserved = 0
+    for event in events:
+        if event["kind"] in ("segment_alloc", "segment_free"):
+            count += 1
+            reserved = event["reserved"]
+            (segments.add if event["kind"] == "segment_alloc" else segments.discard)(event["addr"])
+            if reserved > peak:
+                peak, peak_at = reserved, event["_line"]
+        if event["_line"] == peak_line:
+            at_peak = (reserved, len(segments))
+    return peak, peak_at, count, at_peak
+
+
 def open_page(browser, page_path):
     """Loads the page and waits until it has drawn; returns milliseconds from navigation to drawn."""
     browser.enable()
@@ -74,6 +91,12 @@ def select_rank(browser, index):
                             " filled: [...svg.querySelectorAll('path.band')].filter(p => p.getAttribute('d')"
                             "   && p.getAttribute('fill')).length,"
                             " peak_bytes: Number(svg.dataset.peakBytes), peak_line: Number(svg.dataset.peakLine),"
+                            " reserved_peak: Number(svg.dataset.reservedPeak),"
+                            " reserved_line: Number(svg.dataset.reservedPeakLine),"
+                            " reserved_steps: Number(svg.dataset.reservedSteps),"
+                            " reserved_path: (svg.querySelector('path.reserved')?.getAttribute('d') ?? '').split('V').length - 1,"
+                            " heading: document.querySelector('#fragmentation h2')?.textContent ?? '',"
+                            " segment_rows: document.querySelectorAll('#segments tr').length - 1,"
                             " render_ms: Number(svg.dataset.renderMs) }; })()")
 
 
@@ -93,8 +116,19 @@ def check_ranks(browser, ranks, report):
         if (drawn["peak_bytes"], drawn["peak_line"]) != (peak, peak_line):
             problems.append(f"page peak {drawn['peak_bytes']} B at line {drawn['peak_line']}, "
                             f"recomputed {peak} B at line {peak_line}")
-        report.check(f"rank {rank}: {drawn['bands']} bands, one per allocation; peak {peak} B at line {peak_line}",
-                     problems)
+        reserved_peak, reserved_line, segment_lines, (reserved_then, live_segments) = expected_reserved(events, peak_line)
+        found = (drawn["reserved_peak"], drawn["reserved_line"], drawn["reserved_steps"], drawn["reserved_path"])
+        if found != (reserved_peak, reserved_line, segment_lines, segment_lines):
+            problems.append(f"reserved (peak, line, steps, path vertical moves) {found}, the JSONL has "
+                            f"{(reserved_peak, reserved_line, segment_lines, segment_lines)}")
+        heading = drawn["heading"].replace("\u2212", "-")
+        wanted = f"(line {peak_line:,}): reserved"
+        if wanted not in heading or drawn["segment_rows"] != live_segments:
+            problems.append(f"fragmentation heading {heading!r} (wanted {wanted!r}), {drawn['segment_rows']} segment "
+                            f"rows; {live_segments} segments live at line {peak_line} ({reserved_then} B reserved)")
+        report.check(f"rank {rank}: {drawn['bands']} bands, one per allocation; peak {peak} B at line {peak_line}; "
+                     f"reserved line with {segment_lines} steps, peak {reserved_peak} B; {live_segments} segments in "
+                     "the fragmentation table", problems)
     return render_times
 
 

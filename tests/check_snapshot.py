@@ -11,9 +11,12 @@ per rank. Checks, one OK / FAIL line each:
   - replaying each device trace: every alloc lies inside a segment that exists, no two live blocks overlap, every
     free_requested / free_completed matches a live alloc (address and size), and what is live at the end is exactly
     the segments' active blocks;
-  - the trace is the rank's events: one alloc per `alloc` line with its bytes, category, owner and line, and the
-    same peak of live bytes;
-  - when torch is installed, torch.cuda._memory_viz's own readers (segsum, trace) accept it.
+  - the trace is the rank's events up to the snapshot's moment (the end of the last optimizer step; the allocated
+    peak in a run without steps): one entry per segment_alloc / alloc / segment_free line and two per free, at the
+    allocator's real addresses, with bytes, line, owner and category; time_us is the wall clock; same peak;
+  - allocator_settings repeats rank 0's `allocator` event, and segments carry segment_pool_id;
+  - when torch is installed, torch.cuda._memory_viz's own readers (segsum, trace, trace_plot, segment_plot) accept
+    it.
 Standard library only (torch optional). Exit 1 when any check fails.
 """
 import argparse
@@ -195,28 +198,95 @@ def replay_problems(snapshot):
     return problems, peaks
 
 
+def snapshot_moment(lines):
+    """trace/snapshot.h's moment, worked out here on its own: the end of the last optimizer step (step with micro -1),
+    else of the last step, else the allocated peak (the first alloc after which live bytes are highest). Returns
+    the number of JSONL lines (after the meta line) the trace covers."""
+    events = [event for _, event in lines]
+    optimizer = [index for index, event in enumerate(events) if event["kind"] == "step" and event["micro"] < 0]
+    steps = [index for index, event in enumerate(events) if event["kind"] == "step"]
+    if optimizer or steps:
+        return (optimizer or steps)[-1] + 1
+    live, peak, peak_index = 0, -1, len(events) - 1
+    for index, event in enumerate(events):
+        if event["kind"] in ("alloc", "free"):
+            live += event["bytes"] if event["kind"] == "alloc" else -event["bytes"]
+            if event["kind"] == "alloc" and live > peak:
+                peak, peak_index = live, index
+    return peak_index + 1
+
+
+def expected_entries(rank, lines):
+    """What device trace `rank` must be, from its JSONL: the allocator's own actions at its real addresses."""
+    wanted = []
+    for number, event in lines[:snapshot_moment(lines)]:
+        kind = event["kind"]
+        if kind in ("segment_alloc", "segment_free"):
+            wanted.append((kind, event["addr"], event["bytes"], f"rank{rank}.jsonl", number))
+        elif kind == "alloc":
+            wanted.append(("alloc", event["addr"], event["bytes"], f"rank{rank}.jsonl", number, event["owner"],
+                           event["category"]))
+        elif kind == "free":
+            for action in ("free_requested", "free_completed"):
+                wanted.append((action, event["addr"], event["bytes"], f"rank{rank}.jsonl", number, event["owner"]))
+    return wanted
+
+
+def entry_shape(entry):
+    frame = entry["frames"][0] if entry["frames"] else {}
+    found = (entry["action"], entry["addr"], entry["size"], frame.get("filename"), frame.get("line"))
+    if entry["action"] in ("alloc", "free_requested", "free_completed"):
+        found += (frame.get("name"),)
+    if entry["action"] == "alloc":
+        found += (entry.get("category"),)
+    return found
+
+
 def events_problems(snapshot, rundir, peaks):
     problems = []
     for rank, trace in enumerate(snapshot["device_traces"]):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), encoding="utf-8") as file:
             lines = [(number, json.loads(text)) for number, text in enumerate(file, start=1) if text.endswith("\n")]
-        allocs = [(number, event) for number, event in lines if event["kind"] == "alloc"]
-        entries = [entry for entry in trace if entry["action"] == "alloc"]
-        if len(entries) != len(allocs):
-            problems.append(f"rank {rank}: {len(entries)} alloc entries for {len(allocs)} alloc lines")
-        for entry, (number, event) in zip(entries, allocs):
-            frame = entry["frames"][0] if entry["frames"] else {}
-            wanted = (event["bytes"], event["category"], f"rank{rank}.jsonl", number, event["owner"])
-            found = (entry["size"], entry.get("category"), frame.get("filename"), frame.get("line"), frame.get("name"))
-            if found != wanted:
-                problems.append(f"rank {rank} line {number}: entry {found}, event {wanted}")
+        meta, lines = lines[0][1], lines[1:]
+        wanted = expected_entries(rank, lines)
+        found = [entry_shape(entry) for entry in trace if entry["action"] != "snapshot"]
+        if len(found) != len(wanted):
+            problems.append(f"rank {rank}: {len(found)} trace entries, the JSONL up to the snapshot makes {len(wanted)}")
+        for index, (entry, line) in enumerate(zip(found, wanted)):
+            if entry != line:
+                problems.append(f"rank {rank} entry {index}: {entry}, the JSONL line says {line}")
+                break
+        if not trace or trace[-1]["action"] != "snapshot":
+            problems.append(f"rank {rank}: the trace does not end with a 'snapshot' entry")
+        start_us = meta["unix_time"] * 1e6
+        late = [entry["time_us"] for entry in trace if not start_us - 1e6 <= entry["time_us"] <= start_us + 86400e6]
+        if late:
+            problems.append(f"rank {rank}: {len(late)} entries' time_us not within a day after the run's start "
+                            f"{start_us:.0f} us (the wall clock), e.g. {late[0]}")
         live = peak = 0
-        for _, event in lines:
+        for _, event in lines[:snapshot_moment(lines)]:
             if event["kind"] in ("alloc", "free"):
                 live += event["bytes"] if event["kind"] == "alloc" else -event["bytes"]
                 peak = max(peak, live)
         if peak != peaks[rank]:
             problems.append(f"rank {rank}: the trace peaks at {peaks[rank]} live bytes, the events at {peak}")
+    return problems
+
+
+def settings_problems(snapshot, rundir):
+    settings = snapshot.get("allocator_settings")
+    if not isinstance(settings, dict):
+        return ["no allocator_settings dict"]
+    with open(os.path.join(rundir, "rank0.jsonl"), encoding="utf-8") as file:
+        event = next((json.loads(text) for text in file if '"kind":"allocator"' in text), {})
+    wanted = {"mode": event.get("mode"), "max_split_size": event.get("max_split_size") or -1,
+              "expandable_segments": False}
+    found = {name: settings.get(name) for name in wanted}
+    problems = [] if found == wanted else [f"allocator_settings {found}, rank 0's allocator event says {wanted}"]
+    for index, segment in enumerate(snapshot["segments"]):
+        if segment.get("segment_pool_id") != [0, 0]:
+            problems.append(f"segment {index}: segment_pool_id {segment.get('segment_pool_id')!r}, expected [0, 0]")
+            break
     return problems
 
 
@@ -227,12 +297,12 @@ def torch_readers(snapshot, report):
         print("SKIP torch.cuda._memory_viz readers (torch is not installed)")
         return
     problems = []
-    for name in ("segsum", "trace"):
+    for name in ("segsum", "trace", "trace_plot", "segment_plot"):
         try:
             getattr(_memory_viz, name)(snapshot)
         except Exception as error:  # noqa: BLE001 - any failure of torch's reader is the finding
             problems.append(f"{name}: {type(error).__name__}: {error}")
-    report.check("torch.cuda._memory_viz segsum and trace read it", problems)
+    report.check("torch.cuda._memory_viz segsum, trace, trace_plot and segment_plot read it", problems)
 
 
 def main():
@@ -261,8 +331,9 @@ def main():
     problems, peaks = replay_problems(snapshot)
     report.check("replay: allocs inside segments, never overlapping; frees match live allocs; end state = segments",
                  problems)
-    report.check("the trace is the events: bytes, category, owner, line of every alloc; same peak",
-                 events_problems(snapshot, args.rundir, peaks))
+    report.check("the trace is the allocator's events up to the snapshot: action, real address, bytes, line, owner, "
+                 "category; wall-clock time_us; same peak", events_problems(snapshot, args.rundir, peaks))
+    report.check("allocator_settings from the allocator event; segment_pool_id", settings_problems(snapshot, args.rundir))
     torch_readers(snapshot, report)
     return report.finish()
 

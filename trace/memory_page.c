@@ -2,6 +2,7 @@
  * page's style and script are in memory_page_assets.c. */
 #include "memory_page.h"
 #include "export.h"
+#include "segments.h"
 #include "view_file.h"
 
 #include <cjson/cJSON.h>
@@ -49,6 +50,47 @@ static int markers_add(cJSON *states, cJSON *steps, cJSON *marks, const run_rank
     return 0;
 }
 
+/* [line, reserved bytes after it] at each segment_alloc / segment_free: the reserved line over the bands. */
+static int reserved_add(cJSON *rows, const run_rank *rank) {
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind != RUN_SEGMENT_ALLOC && event->kind != RUN_SEGMENT_FREE) continue;
+        if (row_add(rows, (double[]){(double)event->line, (double)event->reserved}, 2) != 0) return -1;
+    }
+    return 0;
+}
+
+/* {line, reserved, allocated, rounding, cached, segments: [[address, pool, bytes, blocks, block bytes]...]} at the
+ * allocated peak (trace/segments.h), the segments with the most free bytes first; null when nothing was allocated.
+ * Returns -1 when out of memory. */
+static int fragmentation_add(cJSON *data, const run_rank *rank) {
+    uint64_t live;
+    size_t peak = segments_peak_index(rank, &live);
+    if (peak == rank->event_count) return cJSON_AddNullToObject(data, "fragmentation") != NULL ? 0 : -1;
+    segments_state state;
+    segments_fragmentation at;
+    char error[512];
+    int status = segments_fragmentation_at(&state, rank, peak, live, &at, error, sizeof error);
+    cJSON *fragmentation = status == 0 ? cJSON_AddObjectToObject(data, "fragmentation") : NULL;
+    cJSON *segments = fragmentation != NULL ? cJSON_AddArrayToObject(fragmentation, "segments") : NULL;
+    if (segments != NULL) {
+        cJSON_AddNumberToObject(fragmentation, "line", (double)rank->events[peak].line);
+        cJSON_AddNumberToObject(fragmentation, "reserved", (double)at.reserved);
+        cJSON_AddNumberToObject(fragmentation, "allocated", (double)at.allocated);
+        cJSON_AddNumberToObject(fragmentation, "rounding", (double)at.rounding);
+        cJSON_AddNumberToObject(fragmentation, "cached", (double)at.cached);
+        segments_sort_by_free(&state);
+        for (size_t index = 0; status == 0 && index < state.count; index++) {
+            const segments_segment *segment = &state.segments[index];
+            double values[5] = {(double)segment->address, segment->pool, (double)segment->bytes,
+                                (double)segment->block_count, (double)segment->allocated};
+            status = row_add(segments, values, 5);
+        }
+    }
+    segments_free(&state);
+    return segments != NULL && status == 0 ? 0 : -1;
+}
+
 static cJSON *rank_data(const run_rank *rank) {
     char file[32];
     snprintf(file, sizeof file, "rank%d.jsonl", rank->rank);
@@ -60,8 +102,10 @@ static cJSON *rank_data(const run_rank *rank) {
     cJSON *states = cJSON_AddArrayToObject(data, "states");
     cJSON *steps = cJSON_AddArrayToObject(data, "steps");
     cJSON *marks = cJSON_AddArrayToObject(data, "marks");
-    if (allocations == NULL || states == NULL || steps == NULL || marks == NULL ||
-        allocations_add(allocations, rank) != 0 || markers_add(states, steps, marks, rank) != 0) {
+    cJSON *reserved = cJSON_AddArrayToObject(data, "reserved");
+    if (allocations == NULL || states == NULL || steps == NULL || marks == NULL || reserved == NULL ||
+        allocations_add(allocations, rank) != 0 || markers_add(states, steps, marks, rank) != 0 ||
+        reserved_add(reserved, rank) != 0 || fragmentation_add(data, rank) != 0) {
         cJSON_Delete(data);
         return NULL;
     }
@@ -126,11 +170,15 @@ static void body_put(FILE *file, const trace_run *run) {
           "<span class=\"hint\">hover a band for its owner, bytes and the FSDP state then; drag across the plot to "
           "zoom; double-click to reset</span></div>\n</header>\n"
           "<main>\n<div id=\"chart\"><noscript>This page draws with JavaScript; please enable it.</noscript></div>\n"
-          "<aside id=\"details\"></aside>\n</main>\n", file);
+          "<aside id=\"details\"></aside>\n</main>\n"
+          "<section id=\"fragmentation\"></section>\n", file);
     fputs("<section id=\"about\"><h3>Reading the timeline</h3><ul>\n"
           "<li>Each band is one tracked allocation, as in PyTorch's <em>Active Memory Timeline</em> "
           "(pytorch.org/memory_viz): allocations stack in the order they were made; a band keeps its height until "
           "something below it is freed, then drops by that size. The top of the stack is the live tracked bytes.</li>\n"
+          "<li>The dark dashed line is <em>reserved</em> bytes: the segments the caching allocator holds "
+          "(core/allocator.h). The gap between it and the top of the stack is memory kept in the cache for the next "
+          "allocation, plus rounding; the table under the plot splits it at the allocated peak.</li>\n"
           "<li>x is the event index: the line number in rank&lt;R&gt;.jsonl, so any moment can be looked up in the "
           "events file. Solid lines end optimizer steps, dashed lines end micro-batches (s2 mb1: step 2, "
           "micro-batch 1).</li>\n"

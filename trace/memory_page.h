@@ -8,9 +8,13 @@
  * the plot, one lane per FSDP unit shows when it is UNSHARDED and its HandleTrainingState. The peak is marked and
  * the legend gives its composition by category. Hovering shows the band's owner, category and bytes, and every
  * unit's state at that line (its latest `state` events at or before it). Dragging across the plot zooms in x.
+ * Reserved bytes (the caching allocator's segments) are a dashed step line over the bands, with its peak; a table
+ * under the plot splits reserved − allocated at the allocated peak into rounding and cached free blocks and lists
+ * the segments holding it (section#fragmentation, table#segments).
  *
  * For checks, the page's <svg id="timeline"> carries data-rank, data-allocations (the rank's alloc events),
- * data-bands (path.band elements drawn), data-peak-bytes, data-peak-line and data-render-ms; <body data-ready="1">
+ * data-bands (path.band elements drawn), data-peak-bytes, data-peak-line, data-reserved-peak,
+ * data-reserved-peak-line, data-reserved-steps (segment events) and data-render-ms; <body data-ready="1">
  * once drawn. The run's data sits in <script type="application/json" id="run-data">.
  */
 #ifndef FSDPLAB_MEMORY_PAGE_H

@@ -191,3 +191,40 @@ void segments_free(segments_state *state) {
     free(state->segments);
     memset(state, 0, sizeof *state);
 }
+
+size_t segments_peak_index(const run_rank *rank, uint64_t *live_bytes) {
+    size_t peak = rank->event_count;
+    uint64_t live = 0, peak_live = 0;
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind == RUN_FREE) live -= event->bytes;
+        if (event->kind != RUN_ALLOC) continue;
+        live += event->bytes;
+        if (peak == rank->event_count || live > peak_live) {
+            peak = index;
+            peak_live = live;
+        }
+    }
+    *live_bytes = peak_live;
+    return peak;
+}
+
+int segments_fragmentation_at(segments_state *state, const run_rank *rank, size_t index, uint64_t live_bytes,
+                              segments_fragmentation *out, char *error, size_t error_size) {
+    if (segments_replay(state, rank, index + 1, error, error_size) != 0) return -1;
+    *out = (segments_fragmentation){.reserved = state->reserved, .allocated = live_bytes,
+                                    .rounding = state->allocated - live_bytes,
+                                    .cached = state->reserved - state->allocated};
+    return 0;
+}
+
+static int by_free_descending(const void *left_pointer, const void *right_pointer) {
+    const segments_segment *left = left_pointer, *right = right_pointer;
+    uint64_t left_free = left->bytes - left->allocated, right_free = right->bytes - right->allocated;
+    if (left_free != right_free) return left_free < right_free ? 1 : -1;
+    return (left->address > right->address) - (left->address < right->address);
+}
+
+void segments_sort_by_free(segments_state *state) {
+    qsort(state->segments, state->count, sizeof *state->segments, by_free_descending);
+}

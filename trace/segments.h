@@ -58,4 +58,26 @@ int segments_replay(segments_state *state, const run_rank *rank, size_t end, cha
 
 void segments_free(segments_state *state);
 
+/* The allocated peak every view reports: the first `alloc` after which the rank's live bytes (the sum of allocs minus
+ * frees, PyTorch's "allocated") are highest. Returns its index in rank->events, or rank->event_count when the rank
+ * allocated nothing; *live_bytes gets the live bytes there. */
+size_t segments_peak_index(const run_rank *rank, uint64_t *live_bytes);
+
+/* Fragmentation at an event: reserved − allocated, and how it splits. */
+typedef struct segments_fragmentation {
+    uint64_t reserved;   /* bytes of all segments */
+    uint64_t allocated;  /* bytes asked for by the live blocks */
+    uint64_t rounding;   /* block sizes − bytes asked for */
+    uint64_t cached;     /* segment bytes in no live block: free blocks the cache keeps */
+} segments_fragmentation;
+
+/* Replays rank->events[0 .. index] (the event included) into `state` (free it with segments_free) and fills `out`.
+ * live_bytes is the allocated bytes there (segments_peak_index's). Returns 0 or -1 as segments_apply. */
+int segments_fragmentation_at(segments_state *state, const run_rank *rank, size_t index, uint64_t live_bytes,
+                              segments_fragmentation *out, char *error, size_t error_size);
+
+/* Sorts state's segments with the most free bytes first (address order among equals): the ones holding the most
+ * fragmentation lead the views' tables. */
+void segments_sort_by_free(segments_state *state);
+
 #endif

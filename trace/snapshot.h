@@ -1,13 +1,15 @@
 /* snapshot.h — a run's memory as a PyTorch memory snapshot (`torch.cuda.memory._snapshot()`, pickled), so the
  * learner can drop it on https://pytorch.org/memory_viz and see the run in PyTorch's own viewer.
  *
- * Each rank is one device: `device_traces[r]` is rank r's allocations in file order, each `alloc` followed later by
- * `free_requested` and `free_completed` at the same address. fsdplab's allocator is malloc, which has no addresses
- * worth showing, so addresses come from a simulated caching allocator in the spirit of PyTorch's: sizes rounded up
- * to 512 bytes, blocks of at most 1 MiB in 2 MiB "small" segments, larger ones in 20 MiB "large" segments (or a
- * segment of their own, rounded to 2 MiB), first fit, segments kept to the end (each one's creation is a
- * `segment_alloc` entry). Addresses are therefore consistent with sizes: every block lies inside its segment and
- * no two live blocks overlap. `segments` is the allocator's state at the end of the run.
+ * Each rank is one device. Everything comes from the real allocator (core/allocator.h) through its events, replayed by
+ * trace/segments.h: `device_traces[r]` is rank r's `segment_alloc`, `alloc`, `free_requested` + `free_completed`
+ * and `segment_free` at the blocks' and segments' real addresses, in file order, up to the snapshot's moment, then a
+ * `snapshot` entry; `segments` is the allocator's state at that moment: each segment with its live blocks
+ * (`active_allocated`, size and requested size) and the free blocks the cache holds between them (`inactive`). The
+ * moment is the end of the last optimizer step (as torch.cuda.memory._snapshot() called after the training loop),
+ * or the allocated peak in a run without steps. `time_us` is the wall clock (the meta line's unix_time + ts), so the
+ * viewer shows the run's date; `allocator_settings` repeats the `allocator` event in PyTorch's names where it has
+ * them (max_split_size, expandable_segments, PYTORCH_CUDA_ALLOC_CONF) and fsdplab's otherwise.
  *
  * Each entry's `frames` names where it came from: {filename "rank<R>.jsonl", line <its line>, name <owner>}, then
  * {filename "fsdplab", line 0, name <category>}; allocs carry `category` too, which the viewer colors by.

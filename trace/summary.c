@@ -48,19 +48,16 @@ typedef struct memory_peak {
     size_t index;
 } memory_peak;
 
-/* The first moment the running sum of allocs minus frees is at its highest, and its composition. */
+/* The allocated peak (segments_peak_index) and its composition: the running sums up to it. */
 static memory_peak peak_find(const run_rank *rank) {
     memory_peak peak = {0};
-    uint64_t live = 0, category_live[RUN_CATEGORY_COUNT] = {0};
-    for (size_t index = 0; index < rank->event_count; index++) {
+    peak.index = segments_peak_index(rank, &peak.bytes);
+    if (peak.index == rank->event_count) return (memory_peak){0};
+    peak.line = rank->events[peak.index].line;
+    for (size_t index = 0; index <= peak.index; index++) {
         const run_event *event = &rank->events[index];
-        if (event->kind != RUN_ALLOC && event->kind != RUN_FREE) continue;
-        int allocated = event->kind == RUN_ALLOC;
-        live = allocated ? live + event->bytes : live - event->bytes;
-        category_live[event->category] += allocated ? event->bytes : (uint64_t)0 - event->bytes;
-        if (!allocated || (peak.line != 0 && live <= peak.bytes)) continue;
-        peak = (memory_peak){.bytes = live, .line = event->line, .index = index};
-        memcpy(peak.category_bytes, category_live, sizeof category_live);
+        if (event->kind == RUN_ALLOC) peak.category_bytes[event->category] += event->bytes;
+        if (event->kind == RUN_FREE) peak.category_bytes[event->category] -= event->bytes;
     }
     return peak;
 }
@@ -136,13 +133,6 @@ static void reserved_peak_print(FILE *stream, const trace_run *run, const run_ra
 
 enum { SEGMENTS_LISTED = 12 };
 
-static int segment_by_free_desc(const void *left_pointer, const void *right_pointer) {
-    const segments_segment *left = left_pointer, *right = right_pointer;
-    uint64_t left_free = left->bytes - left->allocated, right_free = right->bytes - right->allocated;
-    if (left_free != right_free) return left_free < right_free ? 1 : -1;
-    return (left->address > right->address) - (left->address < right->address);
-}
-
 /* At the allocated peak: reserved − allocated, split into rounding (block sizes − bytes asked) and free space cached
  * in segments, and the segments that hold it, the emptiest first. */
 static int fragmentation_print(FILE *stream, const trace_run *run, const run_rank *rank, char *error,
@@ -150,22 +140,21 @@ static int fragmentation_print(FILE *stream, const trace_run *run, const run_ran
     memory_peak peak = peak_find(rank);
     if (peak.line == 0) return 0;
     segments_state state;
-    if (segments_replay(&state, rank, peak.index + 1, error, error_size) != 0) {
+    segments_fragmentation at;
+    if (segments_fragmentation_at(&state, rank, peak.index, peak.bytes, &at, error, error_size) != 0) {
         segments_free(&state);
         return -1;
     }
     char a[32], b[32], c[32], d[32];
-    uint64_t fragmentation = state.reserved - peak.bytes;
+    uint64_t fragmentation = at.reserved - at.allocated;
     fprintf(stream, "fragmentation at the allocated peak (line %zu): reserved %s B - allocated %s B = %s B (%.1f%% of "
                     "reserved)\n",
-            peak.line, grouped(state.reserved, a, sizeof a), grouped(peak.bytes, b, sizeof b),
-            grouped(fragmentation, c, sizeof c), share((double)fragmentation, (double)state.reserved));
-    fprintf(stream, "  %-34s %16s B\n", "rounding (block sizes - bytes asked)", grouped(state.allocated - peak.bytes, a,
-                                                                                      sizeof a));
-    fprintf(stream, "  %-34s %16s B\n", "free in segments (cached)", grouped(state.reserved - state.allocated, a,
-                                                                           sizeof a));
+            peak.line, grouped(at.reserved, a, sizeof a), grouped(at.allocated, b, sizeof b),
+            grouped(fragmentation, c, sizeof c), share((double)fragmentation, (double)at.reserved));
+    fprintf(stream, "  %-34s %16s B\n", "rounding (block sizes - bytes asked)", grouped(at.rounding, a, sizeof a));
+    fprintf(stream, "  %-34s %16s B\n", "free in segments (cached)", grouped(at.cached, a, sizeof a));
     fprintf(stream, "  %-18s %-6s %14s %7s %14s %14s\n", "segment", "pool", "bytes", "blocks", "block bytes", "free");
-    qsort(state.segments, state.count, sizeof *state.segments, segment_by_free_desc);
+    segments_sort_by_free(&state);
     for (size_t index = 0; index < state.count && index < SEGMENTS_LISTED; index++) {
         const segments_segment *segment = &state.segments[index];
         fprintf(stream, "  %#-18llx %-6s %14s %7zu %14s %14s\n", (unsigned long long)segment->address,

@@ -1,6 +1,9 @@
 /* summary.h — a run in a few tables per rank (summary.txt):
  *
  *   - peak memory: the moment live tracked bytes were highest (the first such line) and what they were, by category;
+ *   - reserved memory: the caching allocator's settings, the reserved peak (segments held), and fragmentation at the
+ *     allocated peak: reserved − allocated, split into rounding (block sizes − bytes asked) and free blocks cached in
+ *     segments, with the segments that hold it, the emptiest first (trace/segments.h replays them);
  *   - collectives by op: count, buffer bytes, bytes this rank sent, time;
  *   - time: compute, comm and idle over the span from the first compute or collective start to the last end, and
  *     comm/compute overlap as HTA (Holistic Trace Analysis) defines it: the length of the intersection of the union
