@@ -10,13 +10,18 @@
  *
  * What to run
  *   mpirun -np 2 lab/03_reduce_scatter        then -np 4: the kept shard shrinks as 1/N
- *   env: OUT (default runs/03_reduce_scatter), SEED (default 1234), REPEAT (timed repetitions, default 5)
+ *   env: OUT (default runs/03_reduce_scatter), SEED (default 1234), REPEAT (timed repetitions, default 5),
+ *        BW_MB (largest buffer of the bandwidth table in MiB, default 64; 0 skips the table)
  *
  * What to look at
  *   The printed comparison of reduce_scatter and all_reduce: bytes sent, median time, and what each rank keeps. In
  *   the trace: the grad_unsharded band freed right after the reduce_scatter, leaving the small grad_shard; then the
  *   all_reduce for comparison and its full-size buffer that stays; then REPEAT timed pairs (unit "timing") on the
  *   comm track. The first collective of a run also pays for MPI's connection set-up, hence the repetitions.
+ *   Last, the bandwidth table: all_gather and reduce_scatter of 1 MiB .. BW_MB buffers, each as "bus bandwidth" (the
+ *   bytes this rank sends, (N-1)/N of the buffer, over the median time, NCCL's busbw) beside this machine's memcpy
+ *   bandwidth for the same bytes, measured on every rank at once (the ranks share the memory bus, as in the
+ *   collective). On one machine a collective is memory copies, so memcpy is its ceiling; a good one reaches half.
  *
  * The check (`make check-03`): each rank's gradient shard equals the mean over ranks of their full gradients,
  * restricted to its shard, and equals the matching slice of the all-reduced gradient.
@@ -99,12 +104,71 @@ static void time_both(context *ctx, const flat_param *fp, const float *gradient,
     mem_free(&ctx->mem, full);
 }
 
+static double median_of(double *values, int count) {
+    qsort(values, (size_t)count, sizeof *values, compare_doubles);
+    return values[count / 2];
+}
+
+/* Median seconds of copying `bytes` on every rank at once (a barrier lines them up), after one untimed copy that
+ * touches both buffers. */
+static double memcpy_seconds(context *ctx, size_t bytes, int repeat) {
+    char *from = mem_alloc(&ctx->mem, bytes, MEM_WORKSPACE, "lab03.memcpy_from");
+    char *to = mem_alloc(&ctx->mem, bytes, MEM_WORKSPACE, "lab03.memcpy_to");
+    double seconds[64];
+    memcpy(to, from, bytes);
+    for (int i = 0; i < repeat; i++) {
+        COMM_CHECK(ctx, comm_barrier(ctx, "bandwidth"));
+        double start = trace_now_us(&ctx->trace);
+        memcpy(to, from, bytes);
+        seconds[i] = (trace_now_us(&ctx->trace) - start) * 1e-6;
+    }
+    mem_free(&ctx->mem, from);
+    mem_free(&ctx->mem, to);
+    return median_of(seconds, repeat);
+}
+
+/* One row per (buffer size, op): median time, bus bandwidth, memcpy bandwidth of the same bytes, and their ratio. */
+static void bandwidth_table(context *ctx, int repeat, long largest_mib) {
+    if (ctx->rank == 0)
+        printf("\nbandwidth (rank 0; busbw = bytes sent / median time; memcpy of the same bytes on every rank at once)\n"
+               "  %10s %-15s %10s %12s %12s %8s\n", "buffer", "op", "time ms", "busbw GB/s", "memcpy GB/s",
+               "ratio");
+    for (long mib = 1; mib <= largest_mib; mib *= 4) {
+        size_t count = (size_t)mib * (1u << 20) / sizeof(float) / (size_t)ctx->world_size * (size_t)ctx->world_size;
+        size_t shard_count = count / (size_t)ctx->world_size;
+        float *full = mem_alloc(&ctx->mem, count * sizeof(float), MEM_COMM_BUFFER, "lab03.bandwidth_full");
+        float *shard = mem_alloc(&ctx->mem, shard_count * sizeof(float), MEM_COMM_BUFFER, "lab03.bandwidth_shard");
+        for (size_t i = 0; i < count; i++) full[i] = 1.0f;
+        size_t sent = (count - shard_count) * sizeof(float);  /* (N-1)/N of the buffer, both ops */
+        double copy = memcpy_seconds(ctx, sent, repeat);
+        for (int op = 0; op < 2; op++) {
+            double seconds[64];
+            for (int i = -1; i < repeat; i++) {  /* i = -1: a warm-up, untimed */
+                if (op == 0) COMM_CHECK(ctx, comm_all_gather(ctx, shard, full, count, "bandwidth"));
+                else COMM_CHECK(ctx, comm_reduce_scatter(ctx, full, shard, count, COMM_SUM, "bandwidth"));
+                if (i >= 0) seconds[i] = ctx->last_collective.dur_us * 1e-6;
+            }
+            double time = median_of(seconds, repeat);
+            if (ctx->rank == 0) {
+                char buffer[32];
+                printf("  %10s %-15s %10.3f %12.2f %12.2f %7.0f%%\n",
+                       mem_format_bytes(count * sizeof(float), buffer, sizeof buffer),
+                       op == 0 ? "all_gather" : "reduce_scatter", time * 1e3, (double)sent / time / 1e9,
+                       (double)sent / copy / 1e9, 100.0 * copy / time);
+            }
+        }
+        mem_free(&ctx->mem, shard);
+        mem_free(&ctx->mem, full);
+    }
+}
+
 int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "03_reduce_scatter", "runs/03_reduce_scatter");
     ctx_require_world_size(&ctx, 2, 8);
     uint64_t seed = cfg_env_seed(&ctx);
     int repeat = (int)cfg_env_int(&ctx, "REPEAT", 5, 1, 64);
+    long bandwidth_mib = cfg_env_int(&ctx, "BW_MB", 64, 0, 4096);
     /* float32 sums of N values of size ~1 in a different order than the double reference: far below 1e-5. */
     const double tolerance = 1e-5;
 
@@ -156,6 +220,7 @@ int main(int argc, char **argv) {
     }
     mem_free(&ctx.mem, all_reduced);
     fp_free(&fp);
+    bandwidth_table(&ctx, repeat, bandwidth_mib);
     int status = ctx_finish(&ctx);
     return mean_ok && slice_ok ? status : 1;
 }
