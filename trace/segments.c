@@ -2,6 +2,7 @@
 #include "segments.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,26 +18,29 @@ static int line_fail(const run_rank *rank, const run_event *event, char *error, 
     return -1;
 }
 
-/* The first segment whose address is >= address (count when none). */
-static size_t segment_lower_bound(const segments_state *state, uint64_t address) {
-    size_t low = 0, high = state->count;
+/* The first of `count` records (each `stride` bytes, sorted by the uint64_t address each starts with) whose address
+ * is >= address; count when none. Serves the segments and each segment's blocks. */
+static size_t lower_bound(const void *records, size_t count, size_t stride, uint64_t address) {
+    size_t low = 0, high = count;
     while (low < high) {
         size_t middle = low + (high - low) / 2;
-        if (state->segments[middle].address < address) low = middle + 1;
+        uint64_t at;
+        memcpy(&at, (const char *)records + middle * stride, sizeof at);
+        if (at < address) low = middle + 1;
         else high = middle;
     }
     return low;
 }
 
-/* The first block of segment whose address is >= address. */
+_Static_assert(offsetof(segments_segment, address) == 0 && offsetof(segments_block, address) == 0,
+               "lower_bound reads the address each record starts with");
+
+static size_t segment_lower_bound(const segments_state *state, uint64_t address) {
+    return lower_bound(state->segments, state->count, sizeof *state->segments, address);
+}
+
 static size_t block_lower_bound(const segments_segment *segment, uint64_t address) {
-    size_t low = 0, high = segment->block_count;
-    while (low < high) {
-        size_t middle = low + (high - low) / 2;
-        if (segment->blocks[middle].address < address) low = middle + 1;
-        else high = middle;
-    }
-    return low;
+    return lower_bound(segment->blocks, segment->block_count, sizeof *segment->blocks, address);
 }
 
 static int reserved_check(const segments_state *state, const run_rank *rank, const run_event *event, char *error,
