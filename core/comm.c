@@ -33,39 +33,94 @@ static int mpi_failed(context *ctx, int rc, const call *c, const char *what) {
 
 static const char *detail_name(comm_op op) { return op == OP_BROADCAST ? "root" : "reduction code"; }
 
-/* Every rank says (op, count, detail); all must agree. Costs one tiny all-gather, and turns a would-be hang or silent
- * corruption into an error that names the disagreeing ranks. */
+/* FNV-1a of the unit's name: the agreement compares names as one number, and the table stores no strings. */
+static uint64_t unit_hash(const char *unit) {
+    uint64_t hash = 14695981039346656037ull;
+    for (const char *p = unit ? unit : ""; *p; p++) hash = (hash ^ (uint64_t)(unsigned char)*p) * 1099511628211ull;
+    return hash;
+}
+
+static int signature_equal(const ctx_signature *a, const ctx_signature *b) {
+    return a->op == b->op && a->count == b->count && a->detail == b->detail && a->unit_hash == b->unit_hash;
+}
+
+/* The units' names differ between ranks: a second exchange fetches them, so the message can name both. Every rank
+ * sees the same table, so every rank makes this exchange or none does; a rank that has already written a message
+ * (op or count) keeps it (`explain` 0). Returns -1. */
+static int units_differ(context *ctx, const call *c, const ctx_signature *everyone, int explain) {
+    enum { NAME = 64 };
+    char mine[NAME] = {0};
+    snprintf(mine, sizeof mine, "%s", c->unit ? c->unit : "");
+    char *names = malloc((size_t)NAME * (size_t)ctx->world_size);
+    if (names == NULL) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
+                 op_names[c->op], c->unit);
+        return -1;
+    }
+    int rc = MPI_Allgather(mine, NAME, MPI_CHAR, names, NAME, MPI_CHAR, ctx->comm);
+    if (mpi_failed(ctx, rc, c, "unit name agreement (MPI_Allgather)")) {
+        free(names);
+        return -1;
+    }
+    uint64_t my_hash = unit_hash(c->unit);
+    for (int rank = 0; rank < ctx->world_size && explain; rank++) {
+        if (everyone[rank].unit_hash == my_hash) continue;
+        names[(size_t)NAME * (size_t)rank + NAME - 1] = '\0';
+        snprintf(ctx->error, sizeof ctx->error,
+                 "rank %d: %s of %llu floats on unit '%s', but rank %d called it on unit '%s': every rank must "
+                 "call the same collective on the same unit", ctx->rank, op_names[c->op],
+                 (unsigned long long)c->count, c->unit, rank, &names[(size_t)NAME * (size_t)rank]);
+        break;
+    }
+    free(names);
+    return -1;
+}
+
+/* Every rank says (op, count, detail, unit); all must agree. Costs one tiny all-gather, and turns a would-be hang
+ * or silent corruption into an error that names the disagreeing ranks. Done once per signature: a signature every
+ * rank has agreed on goes into ctx->agreed, and later calls with it skip the exchange (a unit's gathers repeat
+ * every micro-batch with the same layout). What that trusts: a call with an agreed signature on one rank is
+ * matched by the same call on the others; a mismatch among signatures seen before is no longer caught here. */
 static int agree(context *ctx, const call *c) {
-    uint64_t mine[3] = {(uint64_t)c->op, c->count, (uint64_t)c->detail};
-    uint64_t *everyone = malloc(sizeof mine * (size_t)ctx->world_size);
+    ctx_signature mine = {(uint64_t)c->op, c->count, (uint64_t)c->detail, unit_hash(c->unit)};
+    for (int i = 0; i < ctx->agreed_count; i++)
+        if (signature_equal(&ctx->agreed[i], &mine)) return 0;
+    ctx_signature *everyone = malloc(sizeof mine * (size_t)ctx->world_size);
     if (everyone == NULL) {
         snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
                  op_names[c->op], c->unit);
         return -1;
     }
-    int rc = MPI_Allgather(mine, 3, MPI_UINT64_T, everyone, 3, MPI_UINT64_T, ctx->comm);
+    ctx->agreements++;
+    int rc = MPI_Allgather(&mine, 4, MPI_UINT64_T, everyone, 4, MPI_UINT64_T, ctx->comm);
     if (mpi_failed(ctx, rc, c, "size agreement (MPI_Allgather)")) {
         free(everyone);
         return -1;
     }
     int status = 0;
     for (int rank = 0; rank < ctx->world_size && status == 0; rank++) {
-        const uint64_t *theirs = &everyone[3 * rank];
-        if (theirs[0] != mine[0] || theirs[2] != mine[2]) {
+        const ctx_signature *theirs = &everyone[rank];
+        if (theirs->op != mine.op || theirs->detail != mine.detail) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' (%s %lld) but rank %d called %s (%s %lld): every rank must call "
                      "the same collective", ctx->rank, op_names[c->op], c->unit, detail_name(c->op),
-                     (long long)c->detail, rank, theirs[0] <= OP_BARRIER ? op_names[theirs[0]] : "an unknown op",
-                     detail_name(c->op), (long long)theirs[2]);
+                     (long long)c->detail, rank, theirs->op <= OP_BARRIER ? op_names[theirs->op] : "an unknown op",
+                     detail_name(c->op), (long long)theirs->detail);
             status = -1;
-        } else if (theirs[1] != mine[1]) {
+        } else if (theirs->count != mine.count) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' of %llu floats, but rank %d passed %llu floats", ctx->rank,
-                     op_names[c->op], c->unit, (unsigned long long)c->count, rank, (unsigned long long)theirs[1]);
+                     op_names[c->op], c->unit, (unsigned long long)c->count, rank, (unsigned long long)theirs->count);
             status = -1;
         }
     }
+    /* Only names left to compare; decided on the whole table, so every rank takes the same branch. */
+    int names_match = 1;
+    for (int rank = 1; rank < ctx->world_size; rank++)
+        if (everyone[rank].unit_hash != everyone[0].unit_hash) names_match = 0;
+    if (!names_match) status = units_differ(ctx, c, everyone, status == 0);
     free(everyone);
+    if (status == 0 && ctx->agreed_count < CTX_SIGNATURES_MAX) ctx->agreed[ctx->agreed_count++] = mine;
     return status;
 }
 
