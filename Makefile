@@ -70,6 +70,9 @@ HEADERS := $(wildcard core/*.h trace/*.h)
 # llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
 # the user's CFLAGS, so `make CFLAGS=-O1` keeps the kernels fast; `make KERNEL_CFLAGS=` builds them with CFLAGS alone.
 core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
+# AdamW's element loop vectorises at -O3 once sqrtf needs no errno; fused multiply-adds stay exactly where the source
+# writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/optim.c says why).
+core/optim.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 
 trace/libfsdptrace.a: $(TRACE_OBJ)
 	ar rcs $@ $^

@@ -33,39 +33,94 @@ static int mpi_failed(context *ctx, int rc, const call *c, const char *what) {
 
 static const char *detail_name(comm_op op) { return op == OP_BROADCAST ? "root" : "reduction code"; }
 
-/* Every rank says (op, count, detail); all must agree. Costs one tiny all-gather, and turns a would-be hang or silent
- * corruption into an error that names the disagreeing ranks. */
+/* FNV-1a of the unit's name: the agreement compares names as one number, and the table stores no strings. */
+static uint64_t unit_hash(const char *unit) {
+    uint64_t hash = 14695981039346656037ull;
+    for (const char *p = unit ? unit : ""; *p; p++) hash = (hash ^ (uint64_t)(unsigned char)*p) * 1099511628211ull;
+    return hash;
+}
+
+static int signature_equal(const ctx_signature *a, const ctx_signature *b) {
+    return a->op == b->op && a->count == b->count && a->detail == b->detail && a->unit_hash == b->unit_hash;
+}
+
+/* The units' names differ between ranks: a second exchange fetches them, so the message can name both. Every rank
+ * sees the same table, so every rank makes this exchange or none does; a rank that has already written a message
+ * (op or count) keeps it (`explain` 0). Returns -1. */
+static int units_differ(context *ctx, const call *c, const ctx_signature *everyone, int explain) {
+    enum { NAME = 64 };
+    char mine[NAME] = {0};
+    snprintf(mine, sizeof mine, "%s", c->unit ? c->unit : "");
+    char *names = malloc((size_t)NAME * (size_t)ctx->world_size);
+    if (names == NULL) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
+                 op_names[c->op], c->unit);
+        return -1;
+    }
+    int rc = MPI_Allgather(mine, NAME, MPI_CHAR, names, NAME, MPI_CHAR, ctx->comm);
+    if (mpi_failed(ctx, rc, c, "unit name agreement (MPI_Allgather)")) {
+        free(names);
+        return -1;
+    }
+    uint64_t my_hash = unit_hash(c->unit);
+    for (int rank = 0; rank < ctx->world_size && explain; rank++) {
+        if (everyone[rank].unit_hash == my_hash) continue;
+        names[(size_t)NAME * (size_t)rank + NAME - 1] = '\0';
+        snprintf(ctx->error, sizeof ctx->error,
+                 "rank %d: %s of %llu floats on unit '%s', but rank %d called it on unit '%s': every rank must "
+                 "call the same collective on the same unit", ctx->rank, op_names[c->op],
+                 (unsigned long long)c->count, c->unit, rank, &names[(size_t)NAME * (size_t)rank]);
+        break;
+    }
+    free(names);
+    return -1;
+}
+
+/* Every rank says (op, count, detail, unit); all must agree. Costs one tiny all-gather, and turns a would-be hang
+ * or silent corruption into an error that names the disagreeing ranks. Done once per signature: a signature every
+ * rank has agreed on goes into ctx->agreed, and later calls with it skip the exchange (a unit's gathers repeat
+ * every micro-batch with the same layout). What that trusts: a call with an agreed signature on one rank is
+ * matched by the same call on the others; a mismatch among signatures seen before is no longer caught here. */
 static int agree(context *ctx, const call *c) {
-    uint64_t mine[3] = {(uint64_t)c->op, c->count, (uint64_t)c->detail};
-    uint64_t *everyone = malloc(sizeof mine * (size_t)ctx->world_size);
+    ctx_signature mine = {(uint64_t)c->op, c->count, (uint64_t)c->detail, unit_hash(c->unit)};
+    for (int i = 0; i < ctx->agreed_count; i++)
+        if (signature_equal(&ctx->agreed[i], &mine)) return 0;
+    ctx_signature *everyone = malloc(sizeof mine * (size_t)ctx->world_size);
     if (everyone == NULL) {
         snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
                  op_names[c->op], c->unit);
         return -1;
     }
-    int rc = MPI_Allgather(mine, 3, MPI_UINT64_T, everyone, 3, MPI_UINT64_T, ctx->comm);
+    ctx->agreements++;
+    int rc = MPI_Allgather(&mine, 4, MPI_UINT64_T, everyone, 4, MPI_UINT64_T, ctx->comm);
     if (mpi_failed(ctx, rc, c, "size agreement (MPI_Allgather)")) {
         free(everyone);
         return -1;
     }
     int status = 0;
     for (int rank = 0; rank < ctx->world_size && status == 0; rank++) {
-        const uint64_t *theirs = &everyone[3 * rank];
-        if (theirs[0] != mine[0] || theirs[2] != mine[2]) {
+        const ctx_signature *theirs = &everyone[rank];
+        if (theirs->op != mine.op || theirs->detail != mine.detail) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' (%s %lld) but rank %d called %s (%s %lld): every rank must call "
                      "the same collective", ctx->rank, op_names[c->op], c->unit, detail_name(c->op),
-                     (long long)c->detail, rank, theirs[0] <= OP_BARRIER ? op_names[theirs[0]] : "an unknown op",
-                     detail_name(c->op), (long long)theirs[2]);
+                     (long long)c->detail, rank, theirs->op <= OP_BARRIER ? op_names[theirs->op] : "an unknown op",
+                     detail_name(c->op), (long long)theirs->detail);
             status = -1;
-        } else if (theirs[1] != mine[1]) {
+        } else if (theirs->count != mine.count) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' of %llu floats, but rank %d passed %llu floats", ctx->rank,
-                     op_names[c->op], c->unit, (unsigned long long)c->count, rank, (unsigned long long)theirs[1]);
+                     op_names[c->op], c->unit, (unsigned long long)c->count, rank, (unsigned long long)theirs->count);
             status = -1;
         }
     }
+    /* Only names left to compare; decided on the whole table, so every rank takes the same branch. */
+    int names_match = 1;
+    for (int rank = 1; rank < ctx->world_size; rank++)
+        if (everyone[rank].unit_hash != everyone[0].unit_hash) names_match = 0;
+    if (!names_match) status = units_differ(ctx, c, everyone, status == 0);
     free(everyone);
+    if (status == 0 && ctx->agreed_count < CTX_SIGNATURES_MAX) ctx->agreed[ctx->agreed_count++] = mine;
     return status;
 }
 
@@ -133,25 +188,42 @@ int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_c
  * on one node was slower than its all-reduce, which moves twice the bytes). Chunk i is full[i*chunk ...]. In step k
  * (0..N-2) rank r sends its running sum of chunk (r-k-1) mod N to rank r+1 and receives rank r-1's running sum of
  * chunk (r-k-2) mod N, to which it adds its own. After N-1 steps rank r holds the complete sum of chunk r, having
- * sent and received N-1 chunks: (N-1)/N of the buffer, half of what a ring all-reduce moves. */
-static int ring_reduce_scatter(context *ctx, const call *c, const float *full, float *shard, size_t chunk) {
+ * sent and received N-1 chunks: (N-1)/N of the buffer, half of what a ring all-reduce moves.
+ *
+ * Each step adds the chunk it received to this rank's own as soon as it has arrived, in place in the receive buffer,
+ * and the last step also multiplies by `factor` (1/N for a mean) in that same pass: one pass over memory per step,
+ * with no zeroing and no copies. Per element the arithmetic is: received + mine, then (for a mean) times 1/N, each
+ * rounded to float, in that order. (Receiving in cache-sized pieces and adding each at once was measured too: no
+ * faster here, as Open MPI's shared-memory copy dominates, so the step stays one message.) */
+static int ring_reduce_scatter(context *ctx, const call *c, const float *full, float *shard, size_t chunk,
+                               float factor) {
     int world = ctx->world_size, rank = ctx->rank;
     int right = (rank + 1) % world, left = (rank - 1 + world) % world;
+    if (world == 1) { /* the sum of one rank; a mean divides by 1, which changes nothing */
+        memcpy(shard, full, chunk * sizeof(float));
+        return 0;
+    }
     /* Running sums alternate between two buffers (one is sent while the other receives); the last step receives
-     * straight into shard. So 2 ranks need no buffer, 3 ranks one, 4 or more two. */
+     * straight into shard. So 2 ranks need no buffer, 3 ranks one, 4 or more two. Every element is received before
+     * it is read: no zeroing. */
     float *buffers[2] = {NULL, NULL};
     for (int i = 0; i < 2 && i < world - 2; i++)
-        buffers[i] = mem_alloc(&ctx->mem, chunk * sizeof(float), MEM_COMM_BUFFER, "reduce_scatter.ring_buffer");
+        buffers[i] = mem_alloc_uninitialized(&ctx->mem, chunk * sizeof(float), MEM_COMM_BUFFER,
+                                             "reduce_scatter.ring_buffer");
     const float *sending = full + (size_t)((rank - 1 + world) % world) * chunk; /* step 0: my own chunk r-1 */
-    if (world == 1) memcpy(shard, full, chunk * sizeof(float));
     int status = 0;
     for (int step = 0; step < world - 1 && status == 0; step++) {
-        float *sum = step == world - 2 ? shard : buffers[step % 2];
+        int last = step == world - 2;
+        float *sum = last ? shard : buffers[step % 2];
         int rc = MPI_Sendrecv(sending, (int)chunk, MPI_FLOAT, right, 40, sum, (int)chunk, MPI_FLOAT, left, 40,
                               ctx->comm, MPI_STATUS_IGNORE);
         if (mpi_failed(ctx, rc, c, "MPI_Sendrecv (ring step)")) status = -1;
         const float *mine = full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk;
-        for (size_t i = 0; i < chunk; i++) sum[i] += mine[i];
+        if (status != 0) break;
+        if (last && factor != 1.0f)
+            for (size_t i = 0; i < chunk; i++) sum[i] = (sum[i] + mine[i]) * factor;
+        else
+            for (size_t i = 0; i < chunk; i++) sum[i] += mine[i];
         sending = sum;
     }
     mem_free(&ctx->mem, buffers[0]);
@@ -167,8 +239,8 @@ int comm_reduce_scatter(context *ctx, const float *full, float *shard, size_t fu
     size_t shard_count = full_count / (size_t)ctx->world_size;
     if (begin(ctx, &c, shard_count) != 0) return -1;
     if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, &c);
-    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count) != 0) return -1;
-    if (reduce == COMM_AVG) scale(shard, shard_count, 1.0f / (float)ctx->world_size);
+    float factor = reduce == COMM_AVG ? 1.0f / (float)ctx->world_size : 1.0f;
+    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;
     finish(ctx, &c);
     return 0;
 }

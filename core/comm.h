@@ -9,9 +9,12 @@
  * over MPI_Sendrecv in comm.c (read it: it is the algorithm the bytes in the trace assume).
  *
  * Each call writes one `collective` event (op, unit, bytes, ring traffic, seq, duration). Before moving data, every
- * rank checks that all ranks called the same op with the same count: a mismatch returns -1 on every rank with a
- * message in ctx->error naming both ranks and counts, instead of hanging or producing garbage. MPI failures also
- * return -1 with MPI's reason. Callers check the result (COMM_CHECK aborts with the message).
+ * rank checks that all ranks called the same op with the same count, detail (reduction, root) and unit: a mismatch
+ * returns -1 on every rank with a message in ctx->error naming both ranks and values, instead of hanging or
+ * producing garbage. The check is made once per signature (op, count, detail, unit): once every rank has agreed on
+ * it, later calls with it skip the exchange (ctx->agreed; ctx->agreements counts the exchanges), so a unit's
+ * layout is agreed on its first gather, not on every one. MPI failures also return -1 with MPI's reason. Callers
+ * check the result (COMM_CHECK aborts with the message).
  */
 #ifndef FSDPLAB_COMM_H
 #define FSDPLAB_COMM_H

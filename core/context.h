@@ -13,6 +13,14 @@
 #include "../trace/trace.h"
 #include "mem.h"
 
+/* A collective's signature that every rank has agreed on (core/comm.c): the op, the buffer's float count, the detail
+ * (reduction or broadcast root) and a hash of the unit's name. A call whose signature is in the table skips the
+ * agreement exchange; the table is the same on every rank because a signature enters it only after all agreed. */
+typedef struct ctx_signature {
+    uint64_t op, count, detail, unit_hash;
+} ctx_signature;
+#define CTX_SIGNATURES_MAX 256
+
 typedef struct context {
     int rank;
     int world_size;
@@ -21,6 +29,9 @@ typedef struct context {
     mem_tracker mem;
     uint64_t collective_seq;   /* next collective's sequence number; equal on every rank for the same collective */
     trace_collective_info last_collective; /* what the last finished collective moved and took (unit: NULL) */
+    ctx_signature agreed[CTX_SIGNATURES_MAX]; /* signatures agreed so far (comm.c); when full, every call agrees */
+    int agreed_count;
+    uint64_t agreements;       /* agreement exchanges made (one small MPI_Allgather each), for tests and curiosity */
     int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */
     char outdir[512];          /* where rank<R>.jsonl and trace.json go */

@@ -143,8 +143,9 @@ int fp_unshard(flat_param *fp, const char *hook) {
     }
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
+    /* Unzeroed: the all-gather writes every element (every rank's shard, padding included) before any read. */
     fp->full_param_padded =
-        mem_alloc(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
+        mem_alloc_uninitialized(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
     if (comm_all_gather(fp->ctx, fp->local_shard, fp->full_param_padded, fp->padded_unsharded_numel, fp->unit) != 0) {
         mem_free(&fp->ctx->mem, fp->full_param_padded);
         fp->full_param_padded = NULL;
@@ -198,20 +199,23 @@ int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
     if (fp->full_grad_padded == NULL)
         ctx_fatal(ctx, "unit '%s': reduce-scatter of a gradient that was never allocated", fp->unit);
     char owner[MEM_OWNER_MAX];
-    /* The first gradient lands straight in grad_shard; later ones (accumulation) need a buffer to add from. */
+    /* The first gradient lands straight in grad_shard; later ones (accumulation) need a buffer to add from. Either
+     * starts unzeroed: the reduce-scatter (or, replicated, the copy after the all-reduce) writes all of it. */
     int accumulate = fp->grad_shard != NULL;
     float *target;
+    size_t bytes = fp->sharded_numel * sizeof(float);
     if (accumulate) {
         snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
-        target = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_COMM_BUFFER, owner);
+        target = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_COMM_BUFFER, owner);
     } else {
         snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
-        target = fp->grad_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
+        target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
     }
     int status = fp->replicated
                      ? comm_all_reduce(ctx, fp->full_grad_padded, fp->padded_unsharded_numel, reduce, fp->unit)
                      : comm_reduce_scatter(ctx, fp->full_grad_padded, target, fp->padded_unsharded_numel, reduce, fp->unit);
-    if (fp->replicated && status == 0) memcpy(target, fp->full_grad_padded, fp->sharded_numel * sizeof(float));
+    if (fp->replicated && status == 0) memcpy(target, fp->full_grad_padded, bytes);
+    if (status != 0 && !accumulate) memset(target, 0, bytes); /* a failed collective leaves no garbage gradient */
     if (accumulate) {
         if (status == 0)
             for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += target[i];

@@ -292,10 +292,13 @@ float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int 
         forward_piece(runtime, &acts, piece);
         for (int i = 0, n = units_at(runtime, piece, 0, 1, order); i < n; i++) fsdp_post_forward(runtime, order[i]);
     }
-    /* Each micro-batch contributes 1/ACC of the step's gradient, as `(loss / accumulation_steps).backward()`. */
-    size_t logits = (size_t)B * T * model->config.vocab_size;
-    float scale = 1.0f / (float)runtime->options.accumulation_steps;
-    for (size_t i = 0; i < logits; i++) acts.dlogits[i] *= scale;
+    /* Each micro-batch contributes 1/ACC of the step's gradient, as `(loss / accumulation_steps).backward()`. With
+     * ACC = 1 the factor is 1.0f, and x * 1.0f is x: the pass over the B x T x vocab logits would change nothing. */
+    if (runtime->options.accumulation_steps > 1) {
+        size_t logits = (size_t)B * T * model->config.vocab_size;
+        float scale = 1.0f / (float)runtime->options.accumulation_steps;
+        for (size_t i = 0; i < logits; i++) acts.dlogits[i] *= scale;
+    }
 
     for (int piece = runtime->piece_count - 1; piece >= 0; piece--) {
         for (int i = 0, n = units_at(runtime, piece, 0, 0, order); i < n; i++) fsdp_pre_backward_hook(runtime, order[i]);

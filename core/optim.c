@@ -54,6 +54,35 @@ static inline float lerp_like_torch(float start, float end, float weight) {
     return fabsf(weight) < 0.5f ? fmaf(weight, end - start, start) : fmaf(weight - 1.0f, end - start, end);
 }
 
+/* The element loop: one pass over the shard's four arrays (read param, grad, exp_avg, exp_avg_sq; write three), all
+ * of torch's ops per element in their order. Every op in it is correctly rounded by IEEE 754 (multiply, divide,
+ * sqrtf, fmaf), so any instruction set gives the same bits: where the CPU has AVX2 and FMA (x86-64-v3), GCC builds a
+ * second copy with fmaf as one instruction, eight elements at a time, and picks it at load time; elsewhere fmaf is
+ * libm's (exact by definition too). The Makefile compiles this file with -O3 (the vectoriser), -fno-math-errno (so
+ * sqrtf is an instruction, not a call that may set errno) and -ffp-contract=off (no fused multiply-add the source
+ * does not write: `param * decay + ...` must round twice, as torch's separate mul_ and addcdiv_ do). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ADAMW_TARGETS __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ADAMW_TARGETS
+#endif
+ADAMW_TARGETS
+static void adamw_update(float *restrict param, const float *restrict grad, float *restrict exp_avg,
+                         float *restrict exp_avg_sq, size_t count, float decay, float lerp_weight, float beta2,
+                         float one_minus_beta2, float bias_correction2_sqrt, float eps, float negative_step_size) {
+    for (size_t i = 0; i < count; i++) {
+        /* Every torch op is a separate pass over the tensor; per element they compose in the same order, so one
+         * pass here gives the same numbers. The padding (grad 0, param 0) stays 0: 0 * decay + step * 0 / eps. */
+        float p = param[i] * decay;
+        float m = lerp_like_torch(exp_avg[i], grad[i], lerp_weight);
+        float v = fmaf(one_minus_beta2 * grad[i], grad[i], exp_avg_sq[i] * beta2); /* addcmul, fused */
+        float denom = sqrtf(v) / bias_correction2_sqrt + eps;
+        param[i] = p + negative_step_size * m / denom;
+        exp_avg[i] = m;
+        exp_avg_sq[i] = v;
+    }
+}
+
 double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, double max_norm) {
     if (!(max_norm > 0.0) || isinf(max_norm))
         ctx_fatal(ctx, "clip_grad_norm: max_norm %g, expected a positive finite number", max_norm);
@@ -145,20 +174,8 @@ void adamw_step(adamw_state *state, flat_param *fp, const adamw_config *config) 
     float eps = (float)config->eps;                                   /* .add_(eps) */
     float negative_step_size = (float)-step_size;                     /* addcdiv_(exp_avg, denom, value=-step_size) */
 
-    float *param = fp->local_shard;
-    const float *grad = fp->grad_shard;
-    float *exp_avg = state->exp_avg, *exp_avg_sq = state->exp_avg_sq;
-    for (size_t i = 0; i < fp->sharded_numel; i++) {
-        /* Every torch op is a separate pass over the tensor; per element they compose in the same order, so one
-         * pass here gives the same numbers. The padding (grad 0, param 0) stays 0: 0 * decay + step * 0 / eps. */
-        float p = param[i] * decay;
-        float m = lerp_like_torch(exp_avg[i], grad[i], lerp_weight);
-        float v = fmaf(one_minus_beta2 * grad[i], grad[i], exp_avg_sq[i] * beta2); /* addcmul, fused */
-        float denom = sqrtf(v) / bias_correction2_sqrt_float + eps;
-        param[i] = p + negative_step_size * m / denom;
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
-    }
+    adamw_update(fp->local_shard, fp->grad_shard, state->exp_avg, state->exp_avg_sq, fp->sharded_numel, decay,
+                 lerp_weight, beta2, one_minus_beta2, bias_correction2_sqrt_float, eps, negative_step_size);
 
     char name[96];
     snprintf(name, sizeof name, "%s.adamw", fp->unit);

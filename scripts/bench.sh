@@ -4,13 +4,35 @@
 # memory as the largest process max RSS (the same measure for both), their ratios (fsdplab / torch; targets: time
 # <= 0.8, peak <= 0.9), and fsdplab's tracked-allocator peak beside it.
 #
-#   scripts/bench.sh                 (several minutes: qwen2-0.5b initialises and writes 2 GB checkpoints)
-#   CONFIGS="tiny mid" scripts/bench.sh
+# With qwen2-0.5b among the configs, a closer look follows for each SEQ in SEQS (default 64 and 128; MBS=1, ACC=1,
+# QWEN_STEPS=4 steps, 2 ranks), from the runs' own records:
+#   step time   median after the first step, fsdplab and torch, and the ratio fsdplab / torch (target <= 0.25);
+#   CPU         fsdplab's steady-state system / user CPU seconds per step (the `step` events of rank<R>.jsonl carry
+#               each rank's cumulative cpu_user and cpu_sys: differences between consecutive steps, steps 2..N,
+#               summed over ranks), and the whole run's system / user of both (scripts/train.sh RUSAGE: /usr/bin/time
+#               around mpirun or torchrun, start-up, initialisation and loading included);
+#   GFLOP/s     per rank over the whole step, against each rank's cblas_sgemm peak measured while both ranks multiply
+#               at once (scripts/bench_model probe=1, 1 OpenBLAS thread per rank as the lab runs). FLOPs: the exact
+#               matmul count of the model (qwen2_forward_flops: projections, attention's T x T products, MLP, lm_head;
+#               backward twice forward; element-wise work not counted), not the 6 x params x tokens estimate, which
+#               it also prints for comparison;
+#   time split  compute / comm / optimizer / other: the whole run from summary.txt (trace/fsdptrace summary: compute,
+#               comm, idle over the span), the optimizer's share of compute from the `compute` events of phase
+#               "optimizer"; then the same per steady-state step from the events of steps 2..N; and each
+#               collective's bandwidth (buffer bytes / time, from summary.txt's collective table).
+#
+#   scripts/bench.sh                 (tens of minutes: qwen2-0.5b initialises, writes 2 GB checkpoints, 7 runs)
+#   CONFIGS="tiny mid" scripts/bench.sh                       (a few minutes)
+#   CONFIGS=qwen2-0.5b SEQS=64 QWEN_STEPS=4 scripts/bench.sh
+# Run directories (rank<R>.jsonl, summary.txt) are TRAIN_DIR/fsdplab of each train.sh run: runs/bench/<config>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 configs=${CONFIGS:-tiny mid qwen2-0.5b}
+seqs=${SEQS:-64 128}
+qwen_steps=${QWEN_STEPS:-4}
 work=runs/bench
 mkdir -p "$work"
+make -s lab/05_full_step scripts/bench_model trace/fsdptrace >/dev/null
 
 settings() { # the train.sh settings of a config name
   case "$1" in
@@ -47,3 +69,112 @@ o_t, t_t, o_p, t_p, tr = $ours_time, $torch_time, $ours_peak, $torch_peak, $trac
 print(f'{\"$config\":<11} {o_t:>12.4f} {t_t:>12.4f} {o_t / t_t:>7.2f}x {o_p:>11.1f} MB {t_p:>11.1f} MB {o_p / t_p:>7.2f}x {tr:>13.1f} MB')"
 done
 echo "(2 ranks; time: median step after the first; RSS: largest process max RSS; logs in $work/)"
+
+[[ " $configs " == *" qwen2-0.5b "* ]] || exit 0
+
+mpirun_flags=()
+[ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)
+[ 2 -gt "$(nproc)" ] && mpirun_flags+=(--oversubscribe)
+
+# report SEQ DIR: the closer look at one qwen2-0.5b run pair (see the header).
+report() {
+  python3 - "$@" <<'PY'
+import glob, json, re, statistics, sys
+
+seq, directory = int(sys.argv[1]), sys.argv[2]
+rundir = f"{directory}/fsdplab"
+
+
+def step_times(log):
+    rows = re.findall(r"^\d+/\d+: Loss = [\d.]+, Peak = [\d.]+ MB, Time = ([\d.]+)s$", open(log).read(), re.M)
+    times = [float(t) for t in rows]
+    return statistics.median(times[1:] or times), len(times)
+
+
+def rusage(path):  # "user sys wall" from /usr/bin/time
+    user, system, wall = map(float, open(path).read().split()[-3:])
+    return user, system, wall
+
+
+ours, steps = step_times(f"{directory}.fsdplab.log")
+theirs, _ = step_times(f"{directory}.torch.log")
+probes = [json.loads(line) for line in open(f"{directory}/probe.jsonl") if line.startswith("{")]
+ranks = sorted(glob.glob(f"{rundir}/rank*.jsonl"))
+events = {path: [json.loads(line) for line in open(path)] for path in ranks}
+
+print(f"\nqwen2-0.5b, {len(ranks)} ranks, MBS=1, ACC=1, SEQ={seq}, {steps} steps (steady state: steps 2..{steps})")
+print(f"  step time     fsdplab {ours:.3f} s, torch {theirs:.3f} s: ratio {ours / theirs:.3f} (target <= 0.25)")
+
+# CPU: steady-state per step from the step events' cumulative counters; whole runs from /usr/bin/time.
+user = system = 0.0
+for path in ranks:
+    ends = [e for e in events[path] if e["kind"] == "step" and e["micro"] == -1]
+    for before, after in zip(ends, ends[1:]):
+        user += after["cpu_user"] - before["cpu_user"]
+        system += after["cpu_sys"] - before["cpu_sys"]
+steady_steps = max(steps - 1, 1)
+ours_run, torch_run = rusage(f"{directory}/rusage.fsdplab"), rusage(f"{directory}/rusage.torch")
+print(f"  CPU sys/user  fsdplab steady {system / user:.3f} per step (user {user / steady_steps:.2f} s, sys "
+      f"{system / steady_steps:.2f} s per step, all ranks); whole run: fsdplab {ours_run[1] / ours_run[0]:.3f} "
+      f"(user {ours_run[0]:.1f} s, sys {ours_run[1]:.1f} s), torch {torch_run[1] / torch_run[0]:.3f} "
+      f"(user {torch_run[0]:.1f} s, sys {torch_run[1]:.1f} s)")
+
+# GFLOP/s per rank over the whole step against each rank's concurrent sgemm peak.
+step_flops = probes[0]["step_flops"]
+peak = statistics.mean(p["sgemm_peak_gflops"] for p in probes)
+params = int(re.search(r"^total (\d+)$", open(f"{directory}/params.txt").read(), re.M)[1])
+print(f"  GFLOP/s       fsdplab {step_flops / ours / 1e9:.1f} per rank = {100 * step_flops / ours / 1e9 / peak:.0f}% of "
+      f"the sgemm peak {peak:.1f} per rank (both ranks at once); torch {step_flops / theirs / 1e9:.1f} per rank "
+      f"({step_flops / 1e9:.1f} GFLOP per rank per step, exact matmul count; 6 x params x tokens would say "
+      f"{6 * params * seq / 1e9:.1f})")
+
+# Whole-run split from summary.txt, the optimizer's part of compute from the events.
+text = open(f"{rundir}/summary.txt").read()
+number = lambda name: [float(v) for v in re.findall(rf"^  {name} +([\d.]+)", text, re.M)]
+span, compute, comm, idle = (statistics.mean(number(n)) for n in ("span", "compute", "comm", "idle"))
+optimizer = statistics.mean(sum(e["dur"] for e in events[p] if e["kind"] == "compute" and e["phase"] == "optimizer")
+                            for p in ranks) / 1000
+share = lambda part: 100 * part / span
+print(f"  time, run     compute {share(compute - optimizer):.1f}%, comm {share(comm):.1f}%, optimizer "
+      f"{share(optimizer):.1f}%, other {share(idle):.1f}% of {span / 1000:.1f} s (summary.txt, mean of ranks)")
+
+# The same split per steady-state step, from the events inside each step's window.
+parts = {"compute": 0.0, "comm": 0.0, "optimizer": 0.0, "total": 0.0}
+for path in ranks:
+    ends = [e for e in events[path] if e["kind"] == "step" and e["micro"] == -1][1:]
+    for end in ends:
+        start = end["ts"] - end["time"] * 1e6
+        inside = [e for e in events[path] if e["kind"] in ("compute", "collective") and start <= e["ts"] <= end["ts"]]
+        parts["optimizer"] += sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] == "optimizer")
+        parts["compute"] += sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] != "optimizer")
+        parts["comm"] += sum(e["dur"] for e in inside if e["kind"] == "collective")
+        parts["total"] += end["time"] * 1e6
+count = steady_steps * len(ranks)
+per_step = {k: v / count / 1e6 for k, v in parts.items()}
+other = per_step["total"] - per_step["compute"] - per_step["comm"] - per_step["optimizer"]
+print(f"  time, step    compute {per_step['compute']:.3f} s, comm {per_step['comm']:.3f} s, optimizer "
+      f"{per_step['optimizer']:.3f} s, other {other:.3f} s of {per_step['total']:.3f} s (steps 2..{steps}, mean of ranks)")
+
+# Each collective's bandwidth over the run: buffer bytes / time, from the collective table (mean of ranks).
+table = {}
+for op, calls, size, _, ms in re.findall(r"^  (all_gather|reduce_scatter|all_reduce|broadcast|barrier) +(\d+) +([\d,]+) +"
+                                         r"([\d,]+) +([\d.]+)$", text, re.M):
+    table.setdefault(op, []).append((int(calls), int(size.replace(",", "")), float(ms)))
+print("  collectives   " + ", ".join(
+    f"{op} {rows[0][0]} calls {sum(r[1] for r in rows) / sum(r[2] for r in rows) / 1e6:.2f} GB/s"
+    for op, rows in table.items()) + " (buffer bytes / time, the whole run)")
+PY
+}
+
+for seq in $seqs; do
+  dir="$work/qwen2-0.5b.seq$seq"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  common=(MODEL=qwen2-0.5b MBS=1 ACC=1 STEPS="$qwen_steps" SEQ="$seq" TRAIN_DIR="$dir" RUSAGE="$dir/rusage")
+  env "${common[@]}" FSDP=fsdplab scripts/train.sh > "$dir.fsdplab.log"
+  env "${common[@]}" FSDP=torch scripts/train.sh > "$dir.torch.log"
+  OUT="$dir/probe" mpirun "${mpirun_flags[@]}" -np 2 scripts/bench_model probe=1 model=qwen2-0.5b B=1 T="$seq" \
+    > "$dir/probe.jsonl"
+  OUT="$dir/params" tests/bin/qwen2_tool params qwen2-0.5b > "$dir/params.txt"
+  report "$seq" "$dir"
+done

@@ -7,7 +7,9 @@
 #
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
 # CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
-# EVAL (fsdplab: print a generated story every EVAL steps), CONFIG (model fields by HF name, for both). Both implementations start from the same bytes (fsdplab's
+# EVAL (fsdplab: print a generated story every EVAL steps), CONFIG (model fields by HF name, for both), RUSAGE (a path
+# prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
+# their children, from /usr/bin/time; benchmarks read it). Both implementations start from the same bytes (fsdplab's
 # initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
 # their outputs.
 set -euo pipefail
@@ -20,6 +22,7 @@ export MODEL=${MODEL:-tiny} MBS=${MBS:-4} ACC=${ACC:-2} STEPS=${STEPS:-3} SEQ=${
 export SEED=${SEED:-1234} STRATEGY=${STRATEGY:-FULL_SHARD} CLIP=${CLIP:-0} EVAL=${EVAL:-0} DATA=${DATA:-}
 export CONFIG=${CONFIG:-}
 work=${TRAIN_DIR:-runs/train}
+RUSAGE=${RUSAGE:-}
 
 fail() { echo "train.sh: error: $*" >&2; exit 2; }
 case "$FSDP" in fsdplab | edufsdp | torch | both) ;; *) fail "FSDP='$FSDP' is not allowed; choose one of: fsdplab, edufsdp, torch, both" ;; esac
@@ -41,8 +44,17 @@ mpirun_flags=()
 make -s lab/05_full_step tests/bin/qwen2_tool >/dev/null
 mkdir -p "$work"
 
+# timed IMPL COMMAND...: the command, under /usr/bin/time when RUSAGE asks for its CPU seconds.
+timed() {
+  local impl=$1
+  shift
+  if [ -z "$RUSAGE" ]; then "$@"; return; fi
+  [ -x /usr/bin/time ] || fail "RUSAGE needs /usr/bin/time (Debian/Ubuntu package: time)"
+  /usr/bin/time -f '%U %S %e' -o "$RUSAGE.$impl" "$@"
+}
+
 run_fsdplab() {
-  OUT="$work/fsdplab" mpirun "${mpirun_flags[@]}" -np "$PROCESSES" lab/05_full_step
+  OUT="$work/fsdplab" timed fsdplab mpirun "${mpirun_flags[@]}" -np "$PROCESSES" lab/05_full_step
 }
 
 run_torch() {
@@ -55,7 +67,7 @@ run_torch() {
   OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" ${CONFIG:+"$CONFIG"} >/dev/null
   OUT="$work/torch/tool" tests/bin/qwen2_tool batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" \
     ${DATA:+"$DATA"}
-  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
+  OMP_NUM_THREADS=1 timed torch torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" 2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }

@@ -205,6 +205,76 @@ START_TEST(test_indivisible_shard_sizes_are_refused) {
 }
 END_TEST
 
+/* The agreement exchange runs once per signature: a second identical call skips it, a new count, reduction or unit
+ * makes one again. */
+START_TEST(test_agreement_once_per_signature) {
+    size_t chunk = 5, full_count = chunk * (size_t)ctx.world_size;
+    float *shard = make_input(55, ctx.rank, chunk), *full = make_zeros(full_count);
+    uint64_t before = ctx.agreements;
+    ck_assert_int_eq(comm_all_gather(&ctx, shard, full, full_count, "layers.agree"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 1);
+    ck_assert_int_eq(comm_all_gather(&ctx, shard, full, full_count, "layers.agree"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 1); /* the same signature: no exchange */
+    ck_assert_int_eq(comm_reduce_scatter(&ctx, full, shard, full_count, COMM_AVG, "layers.agree"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 2); /* another op */
+    ck_assert_int_eq(comm_reduce_scatter(&ctx, full, shard, full_count, COMM_SUM, "layers.agree"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 3); /* another reduction */
+    ck_assert_int_eq(comm_reduce_scatter(&ctx, full, shard, full_count, COMM_AVG, "layers.agree"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 3);
+    ck_assert_int_eq(comm_all_gather(&ctx, shard, full, full_count, "layers.agree2"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 4); /* another unit */
+    float *bigger = make_zeros(full_count + (size_t)ctx.world_size);
+    ck_assert_int_eq(comm_all_gather(&ctx, shard, bigger, full_count, "layers.agree"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 4);
+    mem_free(&ctx.mem, bigger);
+    bigger = make_zeros(2 * full_count);
+    float *wider = make_input(56, ctx.rank, 2 * chunk);
+    ck_assert_int_eq(comm_all_gather(&ctx, wider, bigger, 2 * full_count, "layers.agree"), 0);
+    ck_assert_uint_eq(ctx.agreements, before + 5); /* another count */
+    mem_free(&ctx.mem, wider);
+    mem_free(&ctx.mem, bigger);
+    mem_free(&ctx.mem, shard);
+    mem_free(&ctx.mem, full);
+}
+END_TEST
+
+/* A unit agreed on earlier (10 floats per rank) is not a pass for the same unit with other counts: a mismatch is
+ * caught, and a refused signature is not remembered, so repeating the call is checked (and refused) again. */
+START_TEST(test_mismatch_after_an_agreed_signature_is_caught) {
+    if (ctx.world_size < 2) return;
+    float *shard = make_zeros(12), *full = make_zeros(12 * (size_t)ctx.world_size);
+    ck_assert_int_eq(comm_all_gather(&ctx, shard, full, 10 * (size_t)ctx.world_size, "layers.7"), 0);
+    uint64_t before = ctx.agreements;
+    size_t full_count = (ctx.rank == 0 ? 11 : 12) * (size_t)ctx.world_size; /* new on every rank */
+    int status = comm_all_gather(&ctx, shard, full, full_count, "layers.7");
+    CK_ASSERT_ALL(&ctx, status == -1 && strstr(ctx.error, "floats, but rank") != NULL, "status %d: %s", status,
+                  ctx.error);
+    ck_assert_uint_eq(ctx.agreements, before + 1);
+    status = comm_all_gather(&ctx, shard, full, full_count, "layers.7");
+    CK_ASSERT_ALL(&ctx, status == -1, "second mismatched call returned %d", status);
+    ck_assert_uint_eq(ctx.agreements, before + 2);
+    ck_assert_int_eq(comm_barrier(&ctx, "after the error"), 0);
+    mem_free(&ctx.mem, shard);
+    mem_free(&ctx.mem, full);
+}
+END_TEST
+
+/* Ranks gathering different units of the same size: caught, naming both units. */
+START_TEST(test_mismatched_units_fail_on_every_rank) {
+    if (ctx.world_size < 2) return;
+    size_t full_count = 6 * (size_t)ctx.world_size;
+    float *shard = make_zeros(6), *full = make_zeros(full_count);
+    int status = comm_all_gather(&ctx, shard, full, full_count, ctx.rank == 0 ? "layers.3" : "layers.4");
+    CK_ASSERT_ALL(&ctx, status == -1, "all_gather of different units returned %d", status);
+    int named = strstr(ctx.error, "layers.3") != NULL && strstr(ctx.error, "layers.4") != NULL &&
+                strstr(ctx.error, "same unit") != NULL;
+    CK_ASSERT_ALL(&ctx, named, "error does not name both units: %s", ctx.error);
+    ck_assert_int_eq(comm_barrier(&ctx, "after the error"), 0);
+    mem_free(&ctx.mem, shard);
+    mem_free(&ctx.mem, full);
+}
+END_TEST
+
 START_TEST(test_sequence_numbers_agree_across_ranks) {
     uint64_t before = ctx.collective_seq;
     ck_assert_int_eq(comm_barrier(&ctx, "seq"), 0);
@@ -230,6 +300,9 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_mismatched_ops_fail_on_every_rank);
     tcase_add_test(tc, test_indivisible_shard_sizes_are_refused);
     tcase_add_test(tc, test_sequence_numbers_agree_across_ranks);
+    tcase_add_test(tc, test_agreement_once_per_signature);
+    tcase_add_test(tc, test_mismatch_after_an_agreed_signature_is_caught);
+    tcase_add_test(tc, test_mismatched_units_fail_on_every_rank);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }
