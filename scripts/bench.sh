@@ -24,6 +24,7 @@
 #   scripts/bench.sh                 (tens of minutes: qwen2-0.5b initialises, writes 2 GB checkpoints, 7 runs)
 #   CONFIGS="tiny mid" scripts/bench.sh                       (a few minutes)
 #   CONFIGS=qwen2-0.5b SEQS=64 QWEN_STEPS=4 scripts/bench.sh
+#   REPORT_ONLY=1 CONFIGS=qwen2-0.5b scripts/bench.sh          (no runs: the closer look again, from runs/bench/)
 # Run directories (rank<R>.jsonl, summary.txt) are TRAIN_DIR/fsdplab of each train.sh run: runs/bench/<config>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,7 @@ print(statistics.median(times), max(float(p) for p, _ in rows))
 PY
 }
 
+if [ -z "${REPORT_ONLY:-}" ]; then
 printf '%-11s %12s %12s %8s %14s %14s %8s %16s\n' config "fsdplab s" "torch s" ratio "fsdplab RSS" "torch RSS" ratio "fsdplab tracked"
 for config in $configs; do
   # shellcheck disable=SC2046
@@ -69,6 +71,7 @@ o_t, t_t, o_p, t_p, tr = $ours_time, $torch_time, $ours_peak, $torch_peak, $trac
 print(f'{\"$config\":<11} {o_t:>12.4f} {t_t:>12.4f} {o_t / t_t:>7.2f}x {o_p:>11.1f} MB {t_p:>11.1f} MB {o_p / t_p:>7.2f}x {tr:>13.1f} MB')"
 done
 echo "(2 ranks; time: median step after the first; RSS: largest process max RSS; logs in $work/)"
+fi
 
 [[ " $configs " == *" qwen2-0.5b "* ]] || exit 0
 
@@ -105,19 +108,40 @@ events = {path: [json.loads(line) for line in open(path)] for path in ranks}
 print(f"\nqwen2-0.5b, {len(ranks)} ranks, MBS=1, ACC=1, SEQ={seq}, {steps} steps (steady state: steps 2..{steps})")
 print(f"  step time     fsdplab {ours:.3f} s, torch {theirs:.3f} s: ratio {ours / theirs:.3f} (target <= 0.25)")
 
-# CPU: steady-state per step from the step events' cumulative counters; whole runs from /usr/bin/time.
-user = system = 0.0
+# Per steady-state step k >= 2, each rank's difference of the cumulative CPU counters and the split of its window
+# [end - time, end] into compute, comm and optimizer events, summed (CPU) or averaged (time) over ranks. Medians over
+# the steps: step 2 still takes the first touch of the segments the optimizer state displaced in step 1.
+per_step = {}
 for path in ranks:
     ends = [e for e in events[path] if e["kind"] == "step" and e["micro"] == -1]
-    for before, after in zip(ends, ends[1:]):
-        user += after["cpu_user"] - before["cpu_user"]
-        system += after["cpu_sys"] - before["cpu_sys"]
-steady_steps = max(steps - 1, 1)
+    for before, end in zip(ends, ends[1:]):
+        row = per_step.setdefault(end["step"], {"user": 0.0, "sys": 0.0, "compute": 0.0, "comm": 0.0,
+                                                "optimizer": 0.0, "total": 0.0})
+        row["user"] += end["cpu_user"] - before["cpu_user"]
+        row["sys"] += end["cpu_sys"] - before["cpu_sys"]
+        start = end["ts"] - end["time"] * 1e6
+        inside = [e for e in events[path] if e["kind"] in ("compute", "collective") and start <= e["ts"] <= end["ts"]]
+        mean = lambda seconds: seconds / 1e6 / len(ranks)
+        row["optimizer"] += mean(sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] == "optimizer"))
+        row["compute"] += mean(sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] != "optimizer"))
+        row["comm"] += mean(sum(e["dur"] for e in inside if e["kind"] == "collective"))
+        for e in inside:
+            if e["kind"] == "collective":
+                row.setdefault(e["op"], [0, 0.0])
+                row[e["op"]][0] += e["bytes"]
+                row[e["op"]][1] += e["dur"]
+        row["total"] += mean(end["time"] * 1e6)
+for row in per_step.values():
+    row["other"] = row["total"] - row["compute"] - row["comm"] - row["optimizer"]
+median = lambda key: statistics.median(row[key] for row in per_step.values())
 ours_run, torch_run = rusage(f"{directory}/rusage.fsdplab"), rusage(f"{directory}/rusage.torch")
-print(f"  CPU sys/user  fsdplab steady {system / user:.3f} per step (user {user / steady_steps:.2f} s, sys "
-      f"{system / steady_steps:.2f} s per step, all ranks); whole run: fsdplab {ours_run[1] / ours_run[0]:.3f} "
-      f"(user {ours_run[0]:.1f} s, sys {ours_run[1]:.1f} s), torch {torch_run[1] / torch_run[0]:.3f} "
-      f"(user {torch_run[0]:.1f} s, sys {torch_run[1]:.1f} s)")
+print(f"  CPU sys/user  fsdplab per step: " + ", ".join(f"step {k} {row['sys'] / row['user']:.3f}" for k, row in
+                                                          sorted(per_step.items())) +
+      f"; median {statistics.median(row['sys'] / row['user'] for row in per_step.values()):.3f} (user "
+      f"{median('user'):.2f} s, sys {median('sys'):.2f} s per step, all ranks)")
+print(f"                whole run: fsdplab {ours_run[1] / ours_run[0]:.3f} (user {ours_run[0]:.1f} s, sys "
+      f"{ours_run[1]:.1f} s), torch {torch_run[1] / torch_run[0]:.3f} (user {torch_run[0]:.1f} s, sys "
+      f"{torch_run[1]:.1f} s)")
 
 # GFLOP/s per rank over the whole step against each rank's concurrent sgemm peak.
 step_flops = probes[0]["step_flops"]
@@ -136,24 +160,11 @@ optimizer = statistics.mean(sum(e["dur"] for e in events[p] if e["kind"] == "com
                             for p in ranks) / 1000
 share = lambda part: 100 * part / span
 print(f"  time, run     compute {share(compute - optimizer):.1f}%, comm {share(comm):.1f}%, optimizer "
-      f"{share(optimizer):.1f}%, other {share(idle):.1f}% of {span / 1000:.1f} s (summary.txt, mean of ranks)")
-
-# The same split per steady-state step, from the events inside each step's window.
-parts = {"compute": 0.0, "comm": 0.0, "optimizer": 0.0, "total": 0.0}
-for path in ranks:
-    ends = [e for e in events[path] if e["kind"] == "step" and e["micro"] == -1][1:]
-    for end in ends:
-        start = end["ts"] - end["time"] * 1e6
-        inside = [e for e in events[path] if e["kind"] in ("compute", "collective") and start <= e["ts"] <= end["ts"]]
-        parts["optimizer"] += sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] == "optimizer")
-        parts["compute"] += sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] != "optimizer")
-        parts["comm"] += sum(e["dur"] for e in inside if e["kind"] == "collective")
-        parts["total"] += end["time"] * 1e6
-count = steady_steps * len(ranks)
-per_step = {k: v / count / 1e6 for k, v in parts.items()}
-other = per_step["total"] - per_step["compute"] - per_step["comm"] - per_step["optimizer"]
-print(f"  time, step    compute {per_step['compute']:.3f} s, comm {per_step['comm']:.3f} s, optimizer "
-      f"{per_step['optimizer']:.3f} s, other {other:.3f} s of {per_step['total']:.3f} s (steps 2..{steps}, mean of ranks)")
+      f"{share(optimizer):.1f}%, other {share(idle):.1f}% of {span / 1000:.1f} s (summary.txt, mean of ranks; "
+      f"initialisation and step 1's first touch included)")
+print(f"  time, step    compute {median('compute'):.3f} s, comm {median('comm'):.3f} s, optimizer "
+      f"{median('optimizer'):.3f} s, other {median('other'):.3f} s of {median('total'):.3f} s (each the median over "
+      f"steps 2..{steps} of the mean of ranks)")
 
 # Each collective's bandwidth over the run: buffer bytes / time, from the collective table (mean of ranks).
 table = {}
@@ -162,12 +173,16 @@ for op, calls, size, _, ms in re.findall(r"^  (all_gather|reduce_scatter|all_red
     table.setdefault(op, []).append((int(calls), int(size.replace(",", "")), float(ms)))
 print("  collectives   " + ", ".join(
     f"{op} {rows[0][0]} calls {sum(r[1] for r in rows) / sum(r[2] for r in rows) / 1e6:.2f} GB/s"
-    for op, rows in table.items()) + " (buffer bytes / time, the whole run)")
+    for op, rows in table.items()) + " (buffer bytes / time, the whole run, first touches included)")
+print("                " + ", ".join(
+    f"{op} {statistics.median(row[op][0] / row[op][1] / 1e3 for row in per_step.values() if op in row):.2f} GB/s"
+    for op in table) + f" (the median over steps 2..{steps})")
 PY
 }
 
 for seq in $seqs; do
   dir="$work/qwen2-0.5b.seq$seq"
+  if [ -n "${REPORT_ONLY:-}" ]; then report "$seq" "$dir"; continue; fi
   rm -rf "$dir"
   mkdir -p "$dir"
   common=(MODEL=qwen2-0.5b MBS=1 ACC=1 STEPS="$qwen_steps" SEQ="$seq" TRAIN_DIR="$dir" RUSAGE="$dir/rusage")
