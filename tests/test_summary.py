@@ -99,11 +99,11 @@ VOLUME = {"parameters": 10000, "measured": 26000, "per_micro_batch": 2.6, "zero3
           "all_reduce": 20000, "all_reduce_ratio": 1.3}
 
 
-def write_run(rundir, world, events):
+def write_run(rundir, world, events, version=2):
     os.makedirs(rundir, exist_ok=True)
     for rank in range(world):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), "w", encoding="utf-8") as file:
-            lines = [{"kind": "meta", "ts": 0, "rank": rank, "schema": "fsdplab-events", "version": 2,
+            lines = [{"kind": "meta", "ts": 0, "rank": rank, "schema": "fsdplab-events", "version": version,
                       "world": world, "unix_time": 0},
                      {"kind": "mark", "ts": 0, "rank": rank, "text": "t0"}]
             for kind, ts, fields in events:
@@ -264,6 +264,13 @@ def main():
         done = run_tool(args.tool, "summary", broken)
         wanted = "rank0.jsonl line 8: free of id 99"
         report.check("a free of an unknown id is refused, naming file, line and id",
+                     [] if done.returncode == 1 and wanted in done.stderr
+                     else [f"exit {done.returncode}, stderr {done.stderr.strip()!r}, wanted {wanted!r}"])
+        old = os.path.join(scratch, "version1")
+        write_run(old, 1, EVENTS, version=1)
+        done = run_tool(args.tool, "summary", old)
+        wanted = "rank0.jsonl line 1: schema version 1"
+        report.check("a version 1 run (before the caching allocator) is refused, naming the version",
                      [] if done.returncode == 1 and wanted in done.stderr
                      else [f"exit {done.returncode}, stderr {done.stderr.strip()!r}, wanted {wanted!r}"])
     return report.finish()
