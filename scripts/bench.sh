@@ -25,6 +25,7 @@
 #   CONFIGS="tiny mid" scripts/bench.sh                       (a few minutes)
 #   CONFIGS=qwen2-0.5b SEQS=64 QWEN_STEPS=4 scripts/bench.sh
 #   REPORT_ONLY=1 CONFIGS=qwen2-0.5b scripts/bench.sh          (no runs: the closer look again, from runs/bench/)
+#   TABLE=0 CONFIGS=qwen2-0.5b SEQS=128 scripts/bench.sh       (the closer look alone, without the first table)
 # Run directories (rank<R>.jsonl, summary.txt) are TRAIN_DIR/fsdplab of each train.sh run: runs/bench/<config>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +54,7 @@ print(statistics.median(times), max(float(p) for p, _ in rows))
 PY
 }
 
-if [ -z "${REPORT_ONLY:-}" ]; then
+if [ -z "${REPORT_ONLY:-}" ] && [ "${TABLE:-1}" != 0 ]; then
 printf '%-11s %12s %12s %8s %14s %14s %8s %16s\n' config "fsdplab s" "torch s" ratio "fsdplab RSS" "torch RSS" ratio "fsdplab tracked"
 for config in $configs; do
   # shellcheck disable=SC2046
