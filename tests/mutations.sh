@@ -13,7 +13,7 @@ root=$(pwd)
 # name | file | python expression turning the file's text into the mutant's (must change it)
 mutations=(
   "sum-for-mean|core/fsdp.c|s.replace('fp_reduce_scatter_grad(fp, COMM_AVG)', 'fp_reduce_scatter_grad(fp, COMM_SUM)')"
-  "skip-one-reduce-scatter|core/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count) != 0) return -1;', '    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count) != 0) return -1;')"
+  "skip-one-reduce-scatter|core/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;', '    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;')"
   "wrong-shard-offset|core/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', 'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
   "padding-rounds-down|core/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * world;', 'fp->padded_unsharded_numel = offset / world * world;')"
   "post-forward-keeps-layer-0|core/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
