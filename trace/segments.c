@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,29 +19,72 @@ static int line_fail(const run_rank *rank, const run_event *event, char *error, 
     return -1;
 }
 
-/* The first of `count` records (each `stride` bytes, sorted by the uint64_t address each starts with) whose address
- * is >= address; count when none. Serves the segments and each segment's blocks. */
+/* ---- sorted arrays of spans ----
+ *
+ * The live segments, and each segment's live blocks, are arrays sorted by address whose records start with two
+ * uint64_t: the address and the length (a segment's bytes, a block's size). These helpers serve both. */
+
+typedef struct span {
+    uint64_t address, length;
+} span;
+
+_Static_assert(offsetof(segments_segment, address) == 0 && offsetof(segments_segment, bytes) == sizeof(uint64_t) &&
+                   offsetof(segments_block, address) == 0 && offsetof(segments_block, size) == sizeof(uint64_t),
+               "segments and blocks start with their address and length");
+
+static span span_at(const void *records, size_t stride, size_t index) {
+    span at;
+    memcpy(&at, (const char *)records + index * stride, sizeof at);
+    return at;
+}
+
+/* The first record whose address is >= address; count when none. */
 static size_t lower_bound(const void *records, size_t count, size_t stride, uint64_t address) {
     size_t low = 0, high = count;
     while (low < high) {
         size_t middle = low + (high - low) / 2;
-        uint64_t at;
-        memcpy(&at, (const char *)records + middle * stride, sizeof at);
-        if (at < address) low = middle + 1;
+        if (span_at(records, stride, middle).address < address) low = middle + 1;
         else high = middle;
     }
     return low;
 }
 
-_Static_assert(offsetof(segments_segment, address) == 0 && offsetof(segments_block, address) == 0,
-               "lower_bound reads the address each record starts with");
+/* The record that [address, address + length) would overlap if inserted at position `at` (only its neighbours can,
+ * the live ones being disjoint), or SIZE_MAX. */
+static size_t overlapping(const void *records, size_t count, size_t stride, size_t at, uint64_t address,
+                          uint64_t length) {
+    if (at < count && span_at(records, stride, at).address < address + length) return at;
+    if (at > 0) {
+        span previous = span_at(records, stride, at - 1);
+        if (previous.address + previous.length > address) return at - 1;
+    }
+    return SIZE_MAX;
+}
+
+/* Inserts `record` at position `at`, growing the array; -1 when out of memory. */
+static int insert_at(void **records, size_t *count, size_t *capacity, size_t stride, size_t at, const void *record) {
+    if (*count == *capacity) {
+        size_t grown = *capacity ? 2 * *capacity : 16;
+        void *larger = realloc(*records, grown * stride);
+        if (larger == NULL) return -1;
+        *records = larger;
+        *capacity = grown;
+    }
+    char *base = *records;
+    memmove(base + (at + 1) * stride, base + at * stride, (*count - at) * stride);
+    memcpy(base + at * stride, record, stride);
+    (*count)++;
+    return 0;
+}
+
+static void remove_at(void *records, size_t *count, size_t stride, size_t at) {
+    char *base = records;
+    memmove(base + at * stride, base + (at + 1) * stride, (*count - at - 1) * stride);
+    (*count)--;
+}
 
 static size_t segment_lower_bound(const segments_state *state, uint64_t address) {
     return lower_bound(state->segments, state->count, sizeof *state->segments, address);
-}
-
-static size_t block_lower_bound(const segments_segment *segment, uint64_t address) {
-    return lower_bound(segment->blocks, segment->block_count, sizeof *segment->blocks, address);
 }
 
 static int reserved_check(const segments_state *state, const run_rank *rank, const run_event *event, char *error,
@@ -52,31 +96,21 @@ static int reserved_check(const segments_state *state, const run_rank *rank, con
 
 static int segment_add(segments_state *state, const run_rank *rank, size_t index, char *error, size_t error_size) {
     const run_event *event = &rank->events[index];
-    size_t at = segment_lower_bound(state, event->address);
-    const segments_segment *next = at < state->count ? &state->segments[at] : NULL;
-    const segments_segment *previous = at > 0 ? &state->segments[at - 1] : NULL;
     if (event->bytes == 0) return line_fail(rank, event, error, error_size, "segment_alloc id %llu of 0 bytes",
                                             (unsigned long long)event->id);
-    if ((next != NULL && next->address < event->address + event->bytes) ||
-        (previous != NULL && previous->address + previous->bytes > event->address)) {
-        const segments_segment *other = next != NULL && next->address < event->address + event->bytes ? next : previous;
+    size_t stride = sizeof *state->segments, at = segment_lower_bound(state, event->address);
+    size_t other = overlapping(state->segments, state->count, stride, at, event->address, event->bytes);
+    if (other != SIZE_MAX)
         return line_fail(rank, event, error, error_size,
                          "segment_alloc id %llu [%#llx, +%llu) overlaps the live segment [%#llx, +%llu) of line %zu",
                          (unsigned long long)event->id, (unsigned long long)event->address,
-                         (unsigned long long)event->bytes, (unsigned long long)other->address,
-                         (unsigned long long)other->bytes, rank->events[other->event].line);
-    }
-    if (state->count == state->capacity) {
-        size_t capacity = state->capacity ? 2 * state->capacity : 16;
-        segments_segment *segments = realloc(state->segments, capacity * sizeof *segments);
-        if (segments == NULL) return line_fail(rank, event, error, error_size, "out of memory for %zu segments", capacity);
-        state->segments = segments;
-        state->capacity = capacity;
-    }
-    memmove(&state->segments[at + 1], &state->segments[at], (state->count - at) * sizeof *state->segments);
-    state->segments[at] = (segments_segment){.address = event->address, .bytes = event->bytes, .pool = event->pool,
-                                             .stream = event->stream, .event = index};
-    state->count++;
+                         (unsigned long long)event->bytes, (unsigned long long)state->segments[other].address,
+                         (unsigned long long)state->segments[other].bytes,
+                         rank->events[state->segments[other].event].line);
+    segments_segment added = {.address = event->address, .bytes = event->bytes, .pool = event->pool,
+                              .stream = event->stream, .event = index};
+    if (insert_at((void **)&state->segments, &state->count, &state->capacity, stride, at, &added) != 0)
+        return line_fail(rank, event, error, error_size, "out of memory for %zu segments", state->count + 1);
     state->reserved += event->bytes;
     return reserved_check(state, rank, event, error, error_size);
 }
@@ -99,8 +133,7 @@ static int segment_remove(segments_state *state, const run_rank *rank, size_t in
                          rank->events[segment->blocks[0].event].line);
     free(segment->blocks);
     state->reserved -= segment->bytes;
-    memmove(segment, segment + 1, (state->count - at - 1) * sizeof *segment);
-    state->count--;
+    remove_at(state->segments, &state->count, sizeof *state->segments, at);
     return reserved_check(state, rank, event, error, error_size);
 }
 
@@ -125,29 +158,21 @@ static int block_add(segments_state *state, const run_rank *rank, size_t index, 
                          (unsigned long long)event->id, (unsigned long long)event->address,
                          (unsigned long long)event->size, (unsigned long long)segment->address,
                          (unsigned long long)segment->bytes);
-    size_t at = block_lower_bound(segment, event->address);
-    const segments_block *next = at < segment->block_count ? &segment->blocks[at] : NULL;
-    const segments_block *previous = at > 0 ? &segment->blocks[at - 1] : NULL;
-    const segments_block *other = next != NULL && next->address < event->address + event->size ? next
-                                  : previous != NULL && previous->address + previous->size > event->address ? previous
-                                                                                                            : NULL;
-    if (other != NULL)
+    size_t stride = sizeof *segment->blocks;
+    size_t at = lower_bound(segment->blocks, segment->block_count, stride, event->address);
+    size_t other = overlapping(segment->blocks, segment->block_count, stride, at, event->address, event->size);
+    if (other != SIZE_MAX) {
+        const segments_block *live = &segment->blocks[other];
         return line_fail(rank, event, error, error_size,
                          "alloc id %llu: block [%#llx, +%llu) overlaps live block id %llu [%#llx, +%llu) of line %zu",
                          (unsigned long long)event->id, (unsigned long long)event->address,
-                         (unsigned long long)event->size, (unsigned long long)rank->events[other->event].id,
-                         (unsigned long long)other->address, (unsigned long long)other->size,
-                         rank->events[other->event].line);
-    if (segment->block_count == segment->block_capacity) {
-        size_t capacity = segment->block_capacity ? 2 * segment->block_capacity : 8;
-        segments_block *blocks = realloc(segment->blocks, capacity * sizeof *blocks);
-        if (blocks == NULL) return line_fail(rank, event, error, error_size, "out of memory for %zu blocks", capacity);
-        segment->blocks = blocks;
-        segment->block_capacity = capacity;
+                         (unsigned long long)event->size, (unsigned long long)rank->events[live->event].id,
+                         (unsigned long long)live->address, (unsigned long long)live->size,
+                         rank->events[live->event].line);
     }
-    memmove(&segment->blocks[at + 1], &segment->blocks[at], (segment->block_count - at) * sizeof *segment->blocks);
-    segment->blocks[at] = (segments_block){event->address, event->size, index};
-    segment->block_count++;
+    segments_block added = {event->address, event->size, index};
+    if (insert_at((void **)&segment->blocks, &segment->block_count, &segment->block_capacity, stride, at, &added) != 0)
+        return line_fail(rank, event, error, error_size, "out of memory for %zu blocks", segment->block_count + 1);
     segment->allocated += event->size;
     state->allocated += event->size;
     return reserved_check(state, rank, event, error, error_size);
@@ -157,15 +182,13 @@ static int block_remove(segments_state *state, const run_rank *rank, size_t inde
     const run_event *event = &rank->events[index];
     segments_segment *segment = segment_of(state, rank, event, error, error_size);
     if (segment == NULL) return -1;
-    size_t at = block_lower_bound(segment, event->address);
+    size_t at = lower_bound(segment->blocks, segment->block_count, sizeof *segment->blocks, event->address);
     if (at == segment->block_count || segment->blocks[at].address != event->address ||
         segment->blocks[at].size != event->size)
         return line_fail(rank, event, error, error_size, "free id %llu of block [%#llx, +%llu), which is not live",
                          (unsigned long long)event->id, (unsigned long long)event->address,
                          (unsigned long long)event->size);
-    memmove(&segment->blocks[at], &segment->blocks[at + 1],
-            (segment->block_count - at - 1) * sizeof *segment->blocks);
-    segment->block_count--;
+    remove_at(segment->blocks, &segment->block_count, sizeof *segment->blocks, at);
     segment->allocated -= event->size;
     state->allocated -= event->size;
     return reserved_check(state, rank, event, error, error_size);
