@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """check_trace_viewers.py: opens runs' trace.json in the two viewers people use, in headless Chromium, and checks
-that each draws every cross-rank flow arrow.
+that each draws every cross-rank flow arrow and imports the `reserved` counter.
 
     python3 tests/check_trace_viewers.py <rundir>... [--chromium PATH]
 
@@ -14,7 +14,8 @@ The viewers are real ones, offline:
 The arrows expected come from the run's JSONL alone (trace/EVENTS.md "Flows"): for each collective seq, one from
 the rank whose collective starts first (the lower rank on a tie) to each other rank. Each viewer must have exactly
 those, joining slices of that seq, and report no import problem; Perfetto must also name the three threads of each
-rank and take none of them for a "main thread". Exit 0 when every check passes, 1 when one fails, 77 ("skipped:
+rank and take none of them for a "main thread". Both must import the `reserved` counter with one sample per
+segment_alloc / segment_free line, of the value that line reports. Exit 0 when every check passes, 1 when one fails, 77 ("skipped:
 <reason>") when Chromium, websocket-client or a viewer is missing (the viewer that is there is still checked).
 """
 import argparse
@@ -57,6 +58,10 @@ CATAPULT_IMPORT = """(async (url) => {
     warnings: model.importWarnings.map(warning => warning.type + ': ' + warning.message),
     comm_slices: model.getAllThreads().filter(thread => thread.name === 'comm')
                       .reduce((sum, thread) => sum + thread.sliceGroup.slices.length, 0),
+    reserved: model.getAllProcesses().flatMap(process => Object.values(process.counters)
+                      .filter(counter => counter.name === 'reserved')
+                      .flatMap(counter => counter.series.flatMap(series =>
+                          series.samples.map(sample => [process.pid, sample.value])))),
   };
 })(%s)"""
 
@@ -85,10 +90,11 @@ join process receiver_process on receiver_thread.upid = receiver_process.upid"""
 
 
 def read_collectives(rundir):
-    """(world, {seq: {rank: ts}}) from the run's rank<R>.jsonl files."""
+    """(world, {seq: {rank: ts}}, [(pid, reserved bytes) of every segment line]) from the run's rank<R>.jsonl
+    files."""
     with open(os.path.join(rundir, "rank0.jsonl"), encoding="utf-8") as file:
         world = json.loads(file.readline())["world"]
-    starts = defaultdict(dict)
+    starts, reserved = defaultdict(dict), []
     for rank in range(world):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), encoding="utf-8") as file:
             for text in file:
@@ -97,7 +103,20 @@ def read_collectives(rundir):
                 event = json.loads(text)
                 if event["kind"] == "collective":
                     starts[event["seq"]][rank] = event["ts"]
-    return world, starts
+                if event["kind"] in ("segment_alloc", "segment_free"):
+                    reserved.append((rank + 1, event["reserved"]))
+    return world, starts, reserved
+
+
+def reserved_problems(viewer, samples, expected):
+    """The `reserved` counter (EVENTS.md: one sample per segment event, the running sum of segment bytes) as the
+    viewer imported it, against the JSONL's reserved figures, per process."""
+    found = sorted((int(pid), int(value)) for pid, value in samples)
+    if found == sorted(expected):
+        return []
+    return [f"{viewer} imported {len(found)} reserved samples (highest per pid "
+            f"{ {pid: max(v for p, v in found if p == pid) for pid, _ in found} }), the JSONL has {len(expected)} "
+            f"(highest { {pid: max(v for p, v in expected if p == pid) for pid, _ in expected} })"]
 
 
 def expected_arrows(starts):
@@ -162,11 +181,13 @@ def check_catapult(browser, files, runs, report):
             model = browser.evaluate(CATAPULT_IMPORT % json.dumps(f"/{index}/trace.json"))
             problems = arrow_problems("Catapult", model["flows"], run["arrows"])
             problems += [f"import warning: {warning}" for warning in model["warnings"]]
+            problems += reserved_problems("Catapult", model["reserved"], run["reserved"])
             if model["comm_slices"] != run["collectives"]:
                 problems.append(f"{model['comm_slices']} slices on comm threads, the JSONL has {run['collectives']} "
                                 f"collectives")
             report.check(f"Catapult, {run['dir']} ({run['world']} ranks): {len(model['flows'])} flows imported, "
-                         f"{sum(run['arrows'].values())} expected; {len(model['warnings'])} import warnings "
+                         f"{sum(run['arrows'].values())} expected; {len(model['reserved'])} reserved samples, "
+                         f"{len(run['reserved'])} expected; {len(model['warnings'])} import warnings "
                          f"({time.time() - started:.1f} s)", problems)
         report.check(f"Catapult page: no console errors (viewer loaded in {loaded:.1f} s)", [
             error for error in browser.errors() if "favicon.ico" not in error])
@@ -232,6 +253,10 @@ def check_perfetto_run(browser, run, report):
         flows = perfetto_rows(browser, PERFETTO_FLOWS)
         problems = arrow_problems("Perfetto", flows, run["arrows"])
         (comm_slices,), = perfetto_rows(browser, "select count(*) from slice where category = 'comm'")
+        reserved = perfetto_rows(browser, "select process.pid, counter.value from counter join process_counter_track "
+                                          "track on counter.track_id = track.id join process using (upid) "
+                                          "where track.name like 'reserved%'")
+        problems += reserved_problems("Perfetto", reserved, run["reserved"])
         if comm_slices != run["collectives"]:
             problems.append(f"{comm_slices} slices of category comm, the JSONL has {run['collectives']} collectives")
         stats = perfetto_rows(browser, "select name, idx, severity, value from stats where value > 0 and "
@@ -239,7 +264,8 @@ def check_perfetto_run(browser, run, report):
         problems += [f"trace processor stat {name}{'' if idx is None else f'[{idx}]'} = {value} ({severity})"
                      for name, idx, severity, value in stats]
         report.check(f"Perfetto UI, {run['dir']} ({run['world']} ranks): {len(flows)} flows imported, "
-                     f"{sum(run['arrows'].values())} expected; {len(stats)} import problems (loaded in "
+                     f"{sum(run['arrows'].values())} expected; {len(reserved)} reserved samples, "
+                     f"{len(run['reserved'])} expected; {len(stats)} import problems (loaded in "
                      f"{loaded:.1f} s)", problems)
         threads = perfetto_rows(browser, "select process.pid, thread.tid, thread.name, thread.is_main_thread "
                                          "from thread join process using (upid) where thread.name is not null")
@@ -284,9 +310,9 @@ def main():
         return SKIPPED
     runs = []
     for rundir in args.rundirs:
-        world, starts = read_collectives(rundir)
+        world, starts, reserved = read_collectives(rundir)
         runs.append({"dir": rundir, "world": world, "arrows": expected_arrows(starts),
-                     "collectives": sum(len(ranks) for ranks in starts.values())})
+                     "collectives": sum(len(ranks) for ranks in starts.values()), "reserved": reserved})
     report = Report()
     started = time.time()
     browser = Browser(chromium)
