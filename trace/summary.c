@@ -74,8 +74,7 @@ static void moment_describe(const run_rank *rank, size_t index, char *text, size
     snprintf(text, size, "after the last step");
 }
 
-static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank) {
-    memory_peak peak = peak_find(rank);
+static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank, memory_peak peak) {
     char exact[32], readable[32], moment[96];
     if (peak.line == 0) {
         fprintf(stream, "peak memory: no allocation in this rank's events\n");
@@ -116,8 +115,8 @@ static void reserved_peak_print(FILE *stream, const trace_run *run, const run_ra
     size_t peak = rank->event_count;
     for (size_t index = 0; index < rank->event_count; index++) {
         const run_event *event = &rank->events[index];
-        if (event->kind == RUN_SEGMENT_ALLOC && (peak == rank->event_count || event->reserved > rank->events[peak].reserved))
-            peak = index;
+        if (event->kind != RUN_SEGMENT_ALLOC) continue;
+        if (peak == rank->event_count || event->reserved > rank->events[peak].reserved) peak = index;
     }
     char exact[32], readable[32], moment[96];
     if (peak == rank->event_count) {
@@ -135,9 +134,8 @@ enum { SEGMENTS_LISTED = 12 };
 
 /* At the allocated peak: reserved − allocated, split into rounding (block sizes − bytes asked) and free space cached
  * in segments, and the segments that hold it, the emptiest first. */
-static int fragmentation_print(FILE *stream, const trace_run *run, const run_rank *rank, char *error,
-                               size_t error_size) {
-    memory_peak peak = peak_find(rank);
+static int fragmentation_print(FILE *stream, const trace_run *run, const run_rank *rank, memory_peak peak,
+                               char *error, size_t error_size) {
     if (peak.line == 0) return 0;
     segments_state state;
     segments_fragmentation at;
@@ -431,11 +429,12 @@ int summary_print(const trace_run *run, FILE *stream, char *error, size_t error_
     for (int rank = 0; rank < run->world; rank++) {
         const run_rank *each = &run->ranks[rank];
         rank_header_print(stream, each);
-        peak_print(stream, run, each);
+        memory_peak peak = peak_find(each);
+        peak_print(stream, run, each, peak);
         fputc('\n', stream);
         allocator_print(stream, each);
         reserved_peak_print(stream, run, each);
-        if (fragmentation_print(stream, run, each, error, error_size) != 0) return -1;
+        if (fragmentation_print(stream, run, each, peak, error, error_size) != 0) return -1;
         fputc('\n', stream);
         int status = collectives_print(stream, run, each);
         if (status == 0) fputc('\n', stream);
