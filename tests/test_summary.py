@@ -269,7 +269,7 @@ def main():
         old = os.path.join(scratch, "version1")
         write_run(old, 1, EVENTS, version=1)
         done = run_tool(args.tool, "summary", old)
-        wanted = "rank0.jsonl line 1: schema version 1"
+        wanted = "rank0.jsonl line 1: schema version 1, from fsdplab before the caching allocator"
         report.check("a version 1 run (before the caching allocator) is refused, naming the version",
                      [] if done.returncode == 1 and wanted in done.stderr
                      else [f"exit {done.returncode}, stderr {done.stderr.strip()!r}, wanted {wanted!r}"])
