@@ -104,8 +104,8 @@ float *fp_alloc_full_grad(flat_param *fp);
 /* The parameter's gradient inside the full gradient. Aborts when there is none or the name is unknown. */
 float *fp_grad_view(const flat_param *fp, const char *name);
 /* Reduce-scatters the full gradient (sum or mean over ranks) and adds the result into grad_shard (on first use the
- * result is written straight into a new grad_shard, as 0 + x), then frees the full gradient. Replicated: all-reduces instead. Returns -1 with ctx->error if the
- * collective fails. */
+ * result is written straight into a new grad_shard, as 0 + x), then frees the full gradient. Replicated: all-reduces
+ * instead. Returns -1 with ctx->error if the collective fails. */
 int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce);
 /* The sharded gradient all-gathered into the full gradient buffer (fp_alloc_full_grad's; zeros where no gradient
  * has arrived yet), so fp_grad_view reads every parameter's whole gradient: for writing gradients out, never

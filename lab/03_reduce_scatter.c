@@ -130,7 +130,8 @@ static double memcpy_seconds(context *ctx, size_t bytes, int repeat) {
 /* One row per (buffer size, op): median time, bus bandwidth, memcpy bandwidth of the same bytes, and their ratio. */
 static void bandwidth_table(context *ctx, int repeat, long largest_mib) {
     if (ctx->rank == 0)
-        printf("\nbandwidth (rank 0; busbw = bytes sent / median time; memcpy of the same bytes on every rank at once)\n"
+        printf("\nbandwidth (rank 0; busbw = bytes sent / median time; memcpy of the same bytes on every rank at "
+               "once)\n"
                "  %10s %-15s %10s %12s %12s %8s\n", "buffer", "op", "time ms", "busbw GB/s", "memcpy GB/s",
                "ratio");
     for (long mib = 1; mib <= largest_mib; mib *= 4) {

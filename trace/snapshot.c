@@ -156,7 +156,8 @@ static void segment_entry_write(pickle_writer *writer, const trace_run *run, con
     pickle_list_begin(writer);
     char filename[32];
     snprintf(filename, sizeof filename, "rank%d.jsonl", rank->rank);
-    frame_write(writer, filename, (int64_t)event->line, event->label == RUN_NONE ? "empty_cache" : run_string(run, event->label));
+    const char *requester = event->label == RUN_NONE ? "empty_cache" : run_string(run, event->label);
+    frame_write(writer, filename, (int64_t)event->line, requester);
     pickle_list_end(writer);
     pickle_dict_end(writer);
 }
