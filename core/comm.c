@@ -145,6 +145,8 @@ static void finish(context *ctx, const call *c) {
         .bytes_sent = c->bytes_sent,
         .bytes_recv = c->bytes_recv,
         .seq = ctx->collective_seq++,
+        .stream = "compute",
+        .issue_us = c->start_us,
         .start_us = c->start_us,
         .dur_us = trace_now_us(&ctx->trace) - c->start_us,
     };

@@ -99,7 +99,7 @@ VOLUME = {"parameters": 10000, "measured": 26000, "per_micro_batch": 2.6, "zero3
           "all_reduce": 20000, "all_reduce_ratio": 1.3}
 
 
-def write_run(rundir, world, events, version=2):
+def write_run(rundir, world, events, version=3):
     os.makedirs(rundir, exist_ok=True)
     for rank in range(world):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), "w", encoding="utf-8") as file:

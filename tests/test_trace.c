@@ -86,7 +86,7 @@ static void collective_write(trace_sink *sink, const char *op, const char *unit,
     uint64_t count = 1024, bytes = 4 * count;
     trace_collective_info info = {op,    unit,      strcmp(op, "reduce_scatter") == 0 ? "avg" : NULL,
                                   count, bytes,     bytes / 2,
-                                  bytes / 2, seq,   start_us,
+                                  bytes / 2, seq,   "compute", start_us, start_us,
                                   trace_now_us(sink) - start_us};
     trace_collective(sink, &info);
 }
@@ -441,7 +441,7 @@ START_TEST(test_flows_start_at_the_first_rank) {
         trace_reset_t0(&sink);
         for (int seq = 0; seq < 3; seq++) {
             trace_collective_info info = {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, (uint64_t)seq,
-                                          starts[seq][rank], 5};
+                                          "compute", starts[seq][rank], starts[seq][rank], 5};
             trace_collective(&sink, &info);
         }
         trace_close(&sink);

@@ -16,7 +16,7 @@ from collections import defaultdict
 from check_report import Report
 
 SCHEMA_NAME = "fsdplab-events"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
               "activation", "checkpoint_input", "workspace", "comm_buffer", "data"]

@@ -350,8 +350,10 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
         return line_fail(reader, "schema version 1, from fsdplab before the caching allocator (no block addresses or "
                                  "segments); this tool reads version %d: run the lab again to record it",
                          TRACE_SCHEMA_VERSION);
-    if (version != TRACE_SCHEMA_VERSION)
-        return line_fail(reader, "schema version %g, this tool reads version %d", version, TRACE_SCHEMA_VERSION);
+    /* Version 3 added streams (collectives' `stream` and `issue_ts`, `wait` and `fsdp` events); a version-2 run
+     * reads as one whose collectives all blocked on the compute stream. */
+    if (version != TRACE_SCHEMA_VERSION && version != 2)
+        return line_fail(reader, "schema version %g, this tool reads versions 2 and %d", version, TRACE_SCHEMA_VERSION);
     if (world < 1 || world > 1e6 || (double)(int)world != world)
         return line_fail(reader, "meta world %g is not a world size", world);
     if (reader->run->world != 0 && (int)world != reader->run->world)

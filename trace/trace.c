@@ -114,7 +114,37 @@ void trace_collective(trace_sink *sink, const trace_collective_info *info) {
     cJSON_AddNumberToObject(event, "bytes_recv", (double)info->bytes_recv);
     cJSON_AddNumberToObject(event, "world", sink->world_size);
     cJSON_AddNumberToObject(event, "seq", (double)info->seq);
+    cJSON_AddStringToObject(event, "stream", info->stream ? info->stream : "compute");
+    cJSON_AddNumberToObject(event, "issue_ts", (double)(int64_t)(info->issue_us * 1000.0 + 0.5) / 1000.0);
     cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(info->dur_us * 1000.0 + 0.5) / 1000.0);
+    event_write(sink, event);
+}
+
+void trace_wait(trace_sink *sink, const trace_wait_info *info) {
+    cJSON *event = event_begin(sink, "wait", info->start_us);
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "stream", "compute");
+    cJSON_AddStringToObject(event, "on", info->on);
+    add_string_or_null(event, "op", info->op);
+    add_string_or_null(event, "unit", info->unit);
+    cJSON_AddNumberToObject(event, "seq", (double)info->seq);
+    add_string_or_null(event, "hook", info->hook);
+    cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(info->dur_us * 1000.0 + 0.5) / 1000.0);
+    event_write(sink, event);
+}
+
+void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info) {
+    cJSON *event = event_begin(sink, "fsdp", trace_now_us(sink));
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "model", info->model);
+    cJSON_AddStringToObject(event, "sharding_strategy", info->sharding_strategy);
+    add_string_or_null(event, "backward_prefetch", info->backward_prefetch);
+    cJSON_AddBoolToObject(event, "forward_prefetch", info->forward_prefetch);
+    cJSON_AddBoolToObject(event, "limit_all_gathers", info->limit_all_gathers);
+    cJSON_AddBoolToObject(event, "activation_checkpointing", info->activation_checkpointing);
+    cJSON_AddBoolToObject(event, "no_sync", info->no_sync);
+    cJSON_AddNumberToObject(event, "accumulation_steps", info->accumulation_steps);
+    cJSON_AddNumberToObject(event, "unit_count", info->unit_count);
     event_write(sink, event);
 }
 
@@ -177,6 +207,7 @@ void trace_compute(trace_sink *sink, const char *name, const char *unit, const c
     cJSON_AddStringToObject(event, "name", name);
     add_string_or_null(event, "unit", unit);
     add_string_or_null(event, "phase", phase);
+    cJSON_AddStringToObject(event, "stream", "compute");
     cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(dur_us * 1000.0 + 0.5) / 1000.0);
     event_write(sink, event);
 }

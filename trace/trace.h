@@ -15,7 +15,7 @@
 #include <stdio.h>
 
 #define TRACE_SCHEMA_NAME "fsdplab-events"
-#define TRACE_SCHEMA_VERSION 2
+#define TRACE_SCHEMA_VERSION 3
 
 typedef struct trace_sink {
     FILE *file;          /* NULL: tracing disabled, every trace_* call is a no-op */
@@ -39,9 +39,11 @@ void trace_close(trace_sink *sink);
 void trace_state(trace_sink *sink, const char *unit, const char *machine, const char *from, const char *to,
                  const char *hook);
 
-/* A finished collective that started at start_us and took dur_us. `bytes` is the size of the whole (unsharded)
- * buffer the collective covers; bytes_sent / bytes_recv what this rank moves under a ring algorithm. `seq` counts
- * the collectives of this rank from 0, so the same seq on every rank is the same collective. */
+/* A finished collective that its stream started at start_us and completed dur_us later; the host issued it at
+ * issue_us (<= start_us: a stream runs its work in order, so a collective may queue behind another). `bytes` is the
+ * size of the whole (unsharded) buffer the collective covers; bytes_sent / bytes_recv what this rank moves under a
+ * ring algorithm. `seq` counts the collectives of this rank from 0 in issue order, so the same seq on every rank is
+ * the same collective. */
 typedef struct trace_collective_info {
     const char *op;      /* all_gather, reduce_scatter, all_reduce, broadcast, barrier */
     const char *unit;
@@ -51,6 +53,8 @@ typedef struct trace_collective_info {
     uint64_t bytes_sent;
     uint64_t bytes_recv;
     uint64_t seq;
+    const char *stream;  /* the stream it ran on: "compute" (blocking forms), "all_gather", "reduce_scatter" */
+    double issue_us;
     double start_us;
     double dur_us;
 } trace_collective_info;
@@ -99,6 +103,35 @@ typedef struct trace_allocator_info {
     uint64_t max_split_size; /* 0: no limit */
 } trace_allocator_info;
 void trace_allocator(trace_sink *sink, const trace_allocator_info *info);
+
+/* The host (the compute stream) blocked from start_us for dur_us until work on another stream completed: exposed
+ * communication. `on` names the stream waited for ("all_gather", "reduce_scatter"; "compute" for the rate
+ * limiter's free events); op/unit/seq the collective (seq -1 and op NULL when the wait is not for one); hook the
+ * FSDP hook that waited (or NULL). */
+typedef struct trace_wait_info {
+    const char *on;
+    const char *op;
+    const char *unit;
+    int64_t seq;
+    const char *hook;
+    double start_us;
+    double dur_us;
+} trace_wait_info;
+void trace_wait(trace_sink *sink, const trace_wait_info *info);
+
+/* The FSDP runtime's options, once per runtime (torch's names): what a view prints as the run's mode. */
+typedef struct trace_fsdp_info {
+    const char *model;             /* "Qwen2ForCausalLM" */
+    const char *sharding_strategy; /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD */
+    const char *backward_prefetch; /* "BACKWARD_PRE", "BACKWARD_POST" or NULL (None) */
+    int forward_prefetch;
+    int limit_all_gathers;
+    int activation_checkpointing;
+    int no_sync;
+    int accumulation_steps;
+    int unit_count;
+} trace_fsdp_info;
+void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info);
 
 /* A finished compute span (a layer's forward, an optimizer step...) that started at start_us. */
 void trace_compute(trace_sink *sink, const char *name, const char *unit, const char *phase, double start_us,
