@@ -10,16 +10,7 @@
 typedef enum comm_op { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, OP_BARRIER } comm_op;
 static const char *const op_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
 
-/* One collective in flight: what it is, for the agreement check and the event. */
-typedef struct call {
-    comm_op op;
-    const char *unit;
-    const char *reduce; /* "sum" / "avg" / NULL */
-    int64_t detail;     /* what else must agree: the reduction (1 sum, 2 avg) or the broadcast root */
-    uint64_t count;     /* floats in the whole buffer */
-    uint64_t bytes_sent, bytes_recv;
-    double start_us;
-} call;
+typedef comm_handle call;
 
 static int mpi_failed(context *ctx, int rc, const call *c, const char *what) {
     if (rc == MPI_SUCCESS) return 0;
@@ -124,35 +115,15 @@ static int agree(context *ctx, const call *c) {
     return status;
 }
 
-/* Checks that applies before any data moves; the same on every rank, so every rank fails together. */
+/* Checks that apply before any data moves; the same on every rank, so every rank fails together. */
 static int begin(context *ctx, call *c, size_t chunk_count) {
-    c->start_us = trace_now_us(&ctx->trace);
+    c->issue_us = trace_now_us(&ctx->trace);
     if (chunk_count > (size_t)INT_MAX) {
         snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': %zu floats per message exceeds MPI's int "
                  "count limit %d", ctx->rank, op_names[c->op], c->unit, chunk_count, INT_MAX);
         return -1;
     }
     return agree(ctx, c);
-}
-
-static void finish(context *ctx, const call *c) {
-    trace_collective_info info = {
-        .op = op_names[c->op],
-        .unit = c->unit,
-        .reduce = c->reduce,
-        .count = c->count,
-        .bytes = c->count * sizeof(float),
-        .bytes_sent = c->bytes_sent,
-        .bytes_recv = c->bytes_recv,
-        .seq = ctx->collective_seq++,
-        .stream = "compute",
-        .issue_us = c->start_us,
-        .start_us = c->start_us,
-        .dur_us = trace_now_us(&ctx->trace) - c->start_us,
-    };
-    trace_collective(&ctx->trace, &info);
-    ctx->last_collective = info;
-    ctx->last_collective.unit = NULL; /* the caller's string may not outlive the call */
 }
 
 static int not_divisible(context *ctx, const call *c) {
@@ -163,10 +134,6 @@ static int not_divisible(context *ctx, const call *c) {
     return -1;
 }
 
-static void scale(float *buffer, size_t count, float factor) {
-    for (size_t i = 0; i < count; i++) buffer[i] *= factor;
-}
-
 static const char *reduce_name(comm_reduce reduce) { return reduce == COMM_AVG ? "avg" : "sum"; }
 
 /* Ring traffic for an all-gather or reduce-scatter: each rank sends and receives (N-1) chunks of full/N. */
@@ -174,16 +141,17 @@ static uint64_t ring_chunk_bytes(const context *ctx, size_t full_count) {
     return (uint64_t)(full_count / (size_t)ctx->world_size) * sizeof(float) * (uint64_t)(ctx->world_size - 1);
 }
 
-int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_count, const char *unit) {
-    call c = {.op = OP_ALL_GATHER, .unit = unit, .count = full_count};
-    c.bytes_sent = c.bytes_recv = ring_chunk_bytes(ctx, full_count);
-    size_t shard_count = full_count / (size_t)ctx->world_size;
-    if (begin(ctx, &c, shard_count) != 0) return -1;
-    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, &c);
-    int rc = MPI_Allgather(shard, (int)shard_count, MPI_FLOAT, full, (int)shard_count, MPI_FLOAT, ctx->comm);
-    if (mpi_failed(ctx, rc, &c, "MPI_Allgather")) return -1;
-    finish(ctx, &c);
-    return 0;
+/* ---- the work, as it runs on its stream (a worker thread, or the host for the blocking forms) ----
+ * It touches only the handle and its buffers: no trace, no allocator (those are the host's). */
+
+static int work_failed(call *c, int rc, const char *what) {
+    if (rc == MPI_SUCCESS) return 0;
+    char reason[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(rc, reason, &length);
+    snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu, stream %s): %s failed: %s", c->ctx->rank,
+             op_names[c->op], c->unit, (unsigned long long)c->seq, c->stream ? c->stream->name : "host", what, reason);
+    return -1;
 }
 
 /* The ring reduce-scatter, written out because it is the lesson (and because Open MPI's MPI_Reduce_scatter_block
@@ -195,73 +163,200 @@ int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_c
  * Each step adds the chunk it received to this rank's own as soon as it has arrived, in place in the receive buffer,
  * and the last step also multiplies by `factor` (1/N for a mean) in that same pass: one pass over memory per step,
  * with no zeroing and no copies. Per element the arithmetic is: received + mine, then (for a mean) times 1/N, each
- * rounded to float, in that order. (Receiving in cache-sized pieces and adding each at once was measured too: no
- * faster here, as Open MPI's shared-memory copy dominates, so the step stays one message.) */
-static int ring_reduce_scatter(context *ctx, const call *c, const float *full, float *shard, size_t chunk,
-                               float factor) {
-    int world = ctx->world_size, rank = ctx->rank;
+ * rounded to float, in that order, whichever stream runs it. Running sums alternate between two buffers (one is
+ * sent while the other receives); the last step receives straight into the shard. So 2 ranks need no buffer,
+ * 3 ranks one, 4 or more two; the host allocates them at issue. */
+static int ring_reduce_scatter(call *c) {
+    int world = c->ctx->world_size, rank = c->ctx->rank;
     int right = (rank + 1) % world, left = (rank - 1 + world) % world;
+    size_t chunk = c->chunk;
+    const float *full = c->send;
+    float *shard = c->receive;
     if (world == 1) { /* the sum of one rank; a mean divides by 1, which changes nothing */
         memcpy(shard, full, chunk * sizeof(float));
         return 0;
     }
-    /* Running sums alternate between two buffers (one is sent while the other receives); the last step receives
-     * straight into shard. So 2 ranks need no buffer, 3 ranks one, 4 or more two. Every element is received before
-     * it is read: no zeroing. */
-    float *buffers[2] = {NULL, NULL};
-    for (int i = 0; i < 2 && i < world - 2; i++)
-        buffers[i] = mem_alloc_uninitialized(&ctx->mem, chunk * sizeof(float), MEM_COMM_BUFFER,
-                                             "reduce_scatter.ring_buffer");
     const float *sending = full + (size_t)((rank - 1 + world) % world) * chunk; /* step 0: my own chunk r-1 */
-    int status = 0;
-    for (int step = 0; step < world - 1 && status == 0; step++) {
+    for (int step = 0; step < world - 1; step++) {
         int last = step == world - 2;
-        float *sum = last ? shard : buffers[step % 2];
-        int rc = MPI_Sendrecv(sending, (int)chunk, MPI_FLOAT, right, 40, sum, (int)chunk, MPI_FLOAT, left, 40,
-                              ctx->comm, MPI_STATUS_IGNORE);
-        if (mpi_failed(ctx, rc, c, "MPI_Sendrecv (ring step)")) status = -1;
+        float *sum = last ? shard : c->ring_buffers[step % 2];
+        MPI_Request requests[2];
+        int rc = MPI_Irecv(sum, (int)chunk, MPI_FLOAT, left, 40, c->comm, &requests[0]);
+        if (work_failed(c, rc, "MPI_Irecv (ring step)")) return -1;
+        rc = MPI_Isend(sending, (int)chunk, MPI_FLOAT, right, 40, c->comm, &requests[1]);
+        if (work_failed(c, rc, "MPI_Isend (ring step)")) return -1;
+        if (work_failed(c, stream_progress(c->stream, 2, requests), "the ring step's MPI requests")) return -1;
         const float *mine = full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk;
-        if (status != 0) break;
-        if (last && factor != 1.0f)
-            for (size_t i = 0; i < chunk; i++) sum[i] = (sum[i] + mine[i]) * factor;
+        if (last && c->factor != 1.0f)
+            for (size_t i = 0; i < chunk; i++) sum[i] = (sum[i] + mine[i]) * c->factor;
         else
             for (size_t i = 0; i < chunk; i++) sum[i] += mine[i];
         sending = sum;
     }
-    mem_free(&ctx->mem, buffers[0]);
-    mem_free(&ctx->mem, buffers[1]);
-    return status;
+    return 0;
+}
+
+static int run_one(call *c) {
+    MPI_Request request;
+    int rc;
+    switch ((comm_op)c->op) {
+    case OP_ALL_GATHER:
+        rc = MPI_Iallgather(c->send, (int)c->chunk, MPI_FLOAT, c->receive, (int)c->chunk, MPI_FLOAT, c->comm, &request);
+        if (work_failed(c, rc, "MPI_Iallgather")) return -1;
+        return work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Iallgather's completion");
+    case OP_REDUCE_SCATTER: return ring_reduce_scatter(c);
+    case OP_ALL_REDUCE:
+        rc = MPI_Iallreduce(MPI_IN_PLACE, c->receive, (int)c->count, MPI_FLOAT, MPI_SUM, c->comm, &request);
+        if (work_failed(c, rc, "MPI_Iallreduce")) return -1;
+        if (work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Iallreduce's completion")) return -1;
+        if (c->factor != 1.0f)
+            for (size_t i = 0; i < c->count; i++) c->receive[i] *= c->factor;
+        return 0;
+    case OP_BROADCAST:
+        rc = MPI_Ibcast(c->receive, (int)c->count, MPI_FLOAT, (int)c->detail, c->comm, &request);
+        if (work_failed(c, rc, "MPI_Ibcast")) return -1;
+        return work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Ibcast's completion");
+    case OP_BARRIER:
+        rc = MPI_Ibarrier(c->comm, &request);
+        if (work_failed(c, rc, "MPI_Ibarrier")) return -1;
+        return work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Ibarrier's completion");
+    }
+    return 0;
+}
+
+static void run_on_stream(void *arg) {
+    call *c = arg;
+    c->start_us = trace_now_us(&c->ctx->trace);
+    c->status = run_one(c);
+    c->end_us = trace_now_us(&c->ctx->trace);
+}
+
+/* ---- issue and wait (the host) ---- */
+
+/* After begin: the sequence number, the buffers the ring needs, and the work queued on `on` (or run now). */
+static void issue(context *ctx, call *c, stream *on) {
+    c->ctx = ctx;
+    c->stream = on;
+    c->comm = on ? on->comm : ctx->comm;
+    c->seq = ctx->collective_seq++;
+    c->status = 0;
+    c->error[0] = '\0';
+    c->active = 1;
+    c->ring_buffers[0] = c->ring_buffers[1] = NULL;
+    if (c->op == OP_REDUCE_SCATTER) /* every element is received before it is read: no zeroing */
+        for (int i = 0; i < 2 && i < ctx->world_size - 2; i++)
+            c->ring_buffers[i] = mem_alloc_uninitialized(&ctx->mem, c->chunk * sizeof(float), MEM_COMM_BUFFER,
+                                                         "reduce_scatter.ring_buffer");
+    c->done = (stream_event){0};
+    if (on == NULL || on->kind == STREAM_HOST) {
+        run_on_stream(c);
+    } else {
+        stream_launch(on, run_on_stream, c);
+        event_record(&c->done, on);
+    }
+}
+
+int comm_done(const comm_handle *handle) { return !handle->active || event_query(&handle->done); }
+
+int comm_wait(context *ctx, comm_handle *c, const char *hook) {
+    if (!c->active) return 0;
+    if (!event_query(&c->done)) {
+        double start = trace_now_us(&ctx->trace);
+        event_synchronize(&c->done);
+        trace_wait_info wait = {.on = c->stream->name, .op = op_names[c->op], .unit = c->unit, .seq = (int64_t)c->seq,
+                                .hook = hook, .start_us = start, .dur_us = trace_now_us(&ctx->trace) - start};
+        trace_wait(&ctx->trace, &wait);
+    }
+    c->active = 0;
+    mem_free(&ctx->mem, c->ring_buffers[0]);
+    mem_free(&ctx->mem, c->ring_buffers[1]);
+    c->ring_buffers[0] = c->ring_buffers[1] = NULL;
+    if (c->status != 0) {
+        snprintf(ctx->error, sizeof ctx->error, "%s", c->error);
+        return -1;
+    }
+    trace_collective_info info = {
+        .op = op_names[c->op],
+        .unit = c->unit,
+        .reduce = c->reduce,
+        .count = c->count,
+        .bytes = c->count * sizeof(float),
+        .bytes_sent = c->bytes_sent,
+        .bytes_recv = c->bytes_recv,
+        .seq = c->seq,
+        .stream = c->stream && c->stream->kind == STREAM_WORKER ? c->stream->name : "compute",
+        .issue_us = c->issue_us,
+        .start_us = c->start_us,
+        .dur_us = c->end_us - c->start_us,
+    };
+    trace_collective(&ctx->trace, &info);
+    ctx->last_collective = info;
+    ctx->last_collective.unit = NULL; /* the caller's string may not outlive the call */
+    ctx->last_collective.stream = NULL;
+    return 0;
+}
+
+/* ---- the collectives: set up, checked, issued ---- */
+
+static int all_gather_begin(context *ctx, call *c, const float *shard, float *full, size_t full_count,
+                            const char *unit) {
+    *c = (call){.op = OP_ALL_GATHER, .unit = unit, .count = full_count, .send = shard, .receive = full,
+                .chunk = full_count / (size_t)ctx->world_size, .factor = 1.0f};
+    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(ctx, full_count);
+    if (begin(ctx, c, c->chunk) != 0) return -1;
+    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, c);
+    return 0;
+}
+
+static int reduce_scatter_begin(context *ctx, call *c, const float *full, float *shard, size_t full_count,
+                                comm_reduce reduce, const char *unit) {
+    *c = (call){.op = OP_REDUCE_SCATTER, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
+                .count = full_count, .send = full, .receive = shard, .chunk = full_count / (size_t)ctx->world_size,
+                .factor = reduce == COMM_AVG ? 1.0f / (float)ctx->world_size : 1.0f};
+    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(ctx, full_count);
+    if (begin(ctx, c, c->chunk) != 0) return -1;
+    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, c);
+    return 0;
+}
+
+static int all_reduce_begin(context *ctx, call *c, float *buffer, size_t count, comm_reduce reduce,
+                            const char *unit) {
+    *c = (call){.op = OP_ALL_REDUCE, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
+                .count = count, .send = buffer, .receive = buffer, .chunk = count,
+                .factor = reduce == COMM_AVG ? 1.0f / (float)ctx->world_size : 1.0f};
+    c->bytes_sent = c->bytes_recv =
+        (uint64_t)(2.0 * (double)(ctx->world_size - 1) / (double)ctx->world_size * (double)count * sizeof(float));
+    return begin(ctx, c, count);
+}
+
+/* A blocking form: issue on the host, then wait (which writes the event). */
+static int blocking(context *ctx, call *c) {
+    issue(ctx, c, NULL);
+    return comm_wait(ctx, c, NULL);
+}
+
+int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_count, const char *unit) {
+    call c;
+    if (all_gather_begin(ctx, &c, shard, full, full_count, unit) != 0) return -1;
+    return blocking(ctx, &c);
 }
 
 int comm_reduce_scatter(context *ctx, const float *full, float *shard, size_t full_count, comm_reduce reduce,
                         const char *unit) {
-    call c = {.op = OP_REDUCE_SCATTER, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
-              .count = full_count};
-    c.bytes_sent = c.bytes_recv = ring_chunk_bytes(ctx, full_count);
-    size_t shard_count = full_count / (size_t)ctx->world_size;
-    if (begin(ctx, &c, shard_count) != 0) return -1;
-    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, &c);
-    float factor = reduce == COMM_AVG ? 1.0f / (float)ctx->world_size : 1.0f;
-    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;
-    finish(ctx, &c);
-    return 0;
+    call c;
+    if (reduce_scatter_begin(ctx, &c, full, shard, full_count, reduce, unit) != 0) return -1;
+    return blocking(ctx, &c);
 }
 
 int comm_all_reduce(context *ctx, float *buffer, size_t count, comm_reduce reduce, const char *unit) {
-    call c = {.op = OP_ALL_REDUCE, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
-              .count = count};
-    c.bytes_sent = c.bytes_recv =
-        (uint64_t)(2.0 * (double)(ctx->world_size - 1) / (double)ctx->world_size * (double)count * sizeof(float));
-    if (begin(ctx, &c, count) != 0) return -1;
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buffer, (int)count, MPI_FLOAT, MPI_SUM, ctx->comm);
-    if (mpi_failed(ctx, rc, &c, "MPI_Allreduce")) return -1;
-    if (reduce == COMM_AVG) scale(buffer, count, 1.0f / (float)ctx->world_size);
-    finish(ctx, &c);
-    return 0;
+    call c;
+    if (all_reduce_begin(ctx, &c, buffer, count, reduce, unit) != 0) return -1;
+    return blocking(ctx, &c);
 }
 
 int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const char *unit) {
-    call c = {.op = OP_BROADCAST, .unit = unit, .detail = root, .count = count};
+    call c = {.op = OP_BROADCAST, .unit = unit, .detail = root, .count = count, .receive = buffer, .chunk = count,
+              .factor = 1.0f};
     if (ctx->world_size > 1) {
         if (ctx->rank == root) c.bytes_sent = count * sizeof(float);
         else c.bytes_recv = count * sizeof(float);
@@ -272,17 +367,32 @@ int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const ch
                  ctx->rank, unit, root, ctx->world_size - 1);
         return -1;
     }
-    int rc = MPI_Bcast(buffer, (int)count, MPI_FLOAT, root, ctx->comm);
-    if (mpi_failed(ctx, rc, &c, "MPI_Bcast")) return -1;
-    finish(ctx, &c);
-    return 0;
+    return blocking(ctx, &c);
 }
 
 int comm_barrier(context *ctx, const char *unit) {
-    call c = {.op = OP_BARRIER, .unit = unit};
+    call c = {.op = OP_BARRIER, .unit = unit, .factor = 1.0f};
     if (begin(ctx, &c, 0) != 0) return -1;
-    int rc = MPI_Barrier(ctx->comm);
-    if (mpi_failed(ctx, rc, &c, "MPI_Barrier")) return -1;
-    finish(ctx, &c);
+    return blocking(ctx, &c);
+}
+
+int comm_all_gather_start(context *ctx, stream *on, const float *shard, float *full, size_t full_count,
+                          const char *unit, comm_handle *handle) {
+    if (all_gather_begin(ctx, handle, shard, full, full_count, unit) != 0) return -1;
+    issue(ctx, handle, on);
+    return 0;
+}
+
+int comm_reduce_scatter_start(context *ctx, stream *on, const float *full, float *shard, size_t full_count,
+                              comm_reduce reduce, const char *unit, comm_handle *handle) {
+    if (reduce_scatter_begin(ctx, handle, full, shard, full_count, reduce, unit) != 0) return -1;
+    issue(ctx, handle, on);
+    return 0;
+}
+
+int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count, comm_reduce reduce,
+                          const char *unit, comm_handle *handle) {
+    if (all_reduce_begin(ctx, handle, buffer, count, reduce, unit) != 0) return -1;
+    issue(ctx, handle, on);
     return 0;
 }

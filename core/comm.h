@@ -1,17 +1,22 @@
-/* comm.h — the collectives FSDP is made of, on float buffers, over MPI (host memory).
+/* comm.h — the collectives FSDP is made of, on float buffers, over MPI (host memory), blocking or on a stream.
  *
  *   all_gather      every rank has a shard; afterwards every rank has the whole buffer     (unshard)
  *   reduce_scatter  every rank has a whole buffer; afterwards rank r has chunk r of the sum  (gradient sync)
  *   all_reduce      every rank has a whole buffer; afterwards every rank has the sum         (DDP, NO_SHARD)
  *   broadcast       root's buffer is copied to every rank
  *
- * all_gather, all_reduce, broadcast and barrier are Open MPI's own collectives; reduce_scatter is a ring written out
- * over MPI_Sendrecv in comm.c (read it: it is the algorithm the bytes in the trace assume).
+ * all_gather, all_reduce, broadcast and barrier are Open MPI's own (non-blocking) collectives; reduce_scatter is a
+ * ring written out over MPI_Isend/MPI_Irecv in comm.c (read it: it is the algorithm the bytes in the trace assume).
+ *
+ * Two forms. The blocking ones (labs 01-03) return when the data is there. The start/wait ones are FSDP's: `_start`
+ * queues the collective on a stream (core/stream.h) and returns at once with a handle; the host computes meanwhile;
+ * comm_wait blocks until it is done (the blocked time is exposed communication, written as a `wait` event). The
+ * buffers belong to the collective until comm_wait returns.
  *
  * Each call writes one `collective` event (op, unit, bytes, ring traffic, seq, duration). Before moving data, every
  * rank checks that all ranks called the same op with the same count, detail (reduction, root) and unit: a mismatch
  * returns -1 on every rank with a message in ctx->error naming both ranks and values, instead of hanging or
- * producing garbage. The check is made once per signature (op, count, detail, unit): once every rank has agreed on
+ * producing garbage. (A start form agrees on the host at issue, on the context's communicator.) The check is made once per signature (op, count, detail, unit): once every rank has agreed on
  * it, later calls with it skip the exchange (ctx->agreed; ctx->agreements counts the exchanges), so a unit's
  * layout is agreed on its first gather, not on every one. MPI failures also return -1 with MPI's reason. Callers
  * check the result (COMM_CHECK aborts with the message).
@@ -22,8 +27,33 @@
 #include <stddef.h>
 
 #include "context.h"
+#include "stream.h"
 
 typedef enum comm_reduce { COMM_SUM, COMM_AVG } comm_reduce;
+
+/* One collective, from issue to wait. The caller owns it; comm.c fills it. */
+typedef struct comm_handle {
+    context *ctx;
+    stream *stream;               /* NULL: a blocking form, run on the host */
+    MPI_Comm comm;
+    int op;
+    const char *unit;
+    const char *reduce;           /* "sum" / "avg" / NULL */
+    int64_t detail;               /* what else must agree: the reduction (1 sum, 2 avg) or the broadcast root */
+    uint64_t count;               /* floats in the whole buffer */
+    uint64_t bytes_sent, bytes_recv;
+    uint64_t seq;
+    const float *send;
+    float *receive;
+    size_t chunk;                 /* floats per rank (all_gather, reduce_scatter) or the count */
+    float factor;                 /* 1/N for a mean, else 1 */
+    float *ring_buffers[2];       /* reduce_scatter's running sums (3+ ranks), host-allocated */
+    double issue_us, start_us, end_us;
+    int status;                   /* MPI's failure, once done: 0 or -1 with error */
+    char error[512];
+    stream_event done;
+    int active;                   /* issued and not yet waited for */
+} comm_handle;
 
 /* shard (full_count / world floats) from every rank → full (full_count floats) on every rank, rank r's shard at
  * offset r * full_count / world. full_count must be divisible by the world size (pad first: FlatParameter does). */
@@ -36,6 +66,20 @@ int comm_all_reduce(context *ctx, float *buffer, size_t count, comm_reduce reduc
 /* buffer (count floats) ← root's buffer. Any count. */
 int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const char *unit);
 int comm_barrier(context *ctx, const char *unit);
+
+/* The start forms: the same checks and arithmetic as the blocking ones, run on `on` (a worker stream) after the
+ * work launched there before. 0, or -1 with ctx->error (the agreement failed on every rank; nothing was queued). */
+int comm_all_gather_start(context *ctx, stream *on, const float *shard, float *full, size_t full_count,
+                          const char *unit, comm_handle *handle);
+int comm_reduce_scatter_start(context *ctx, stream *on, const float *full, float *shard, size_t full_count,
+                              comm_reduce reduce, const char *unit, comm_handle *handle);
+int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count, comm_reduce reduce,
+                          const char *unit, comm_handle *handle);
+/* Whether the collective has completed (its buffers are ready); never blocks. */
+int comm_done(const comm_handle *handle);
+/* The host waits for the collective (a `wait` event when it had to, naming `hook`), writes its `collective` event
+ * and releases its temporary buffers. 0, or -1 with ctx->error when MPI failed. */
+int comm_wait(context *ctx, comm_handle *handle, const char *hook);
 
 /* Aborts every rank with ctx->error when a comm call returned non-zero. */
 #define COMM_CHECK(ctx, call)                                              \

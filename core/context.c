@@ -95,11 +95,14 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
     snprintf(ctx->program, sizeof ctx->program, "%s", program);
     layers_choose_blas_core(*argv); /* may re-execute this program: must come before MPI starts */
     shared_memory_copies_in_user_space();
-    int rc = MPI_Init(argc, argv);
+    /* MPI_THREAD_MULTIPLE: the comm streams (core/stream.h) are threads that call MPI while the host thread does. */
+    int provided = MPI_THREAD_SINGLE;
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) {
-        fprintf(stderr, "%s: MPI_Init failed (code %d)\n", program, rc);
+        fprintf(stderr, "%s: MPI_Init_thread failed (code %d)\n", program, rc);
         exit(1);
     }
+    ctx->thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     ctx->comm = MPI_COMM_WORLD;
     CTX_MPI(ctx, MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN));
     CTX_MPI(ctx, MPI_Comm_rank(ctx->comm, &ctx->rank));

@@ -32,6 +32,7 @@ typedef struct context {
     ctx_signature agreed[CTX_SIGNATURES_MAX]; /* signatures agreed so far (comm.c); when full, every call agrees */
     int agreed_count;
     uint64_t agreements;       /* agreement exchanges made (one small MPI_Allgather each), for tests and curiosity */
+    int thread_multiple;       /* MPI provides MPI_THREAD_MULTIPLE: comm streams may be threads (core/stream.h) */
     int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */
     char outdir[512];          /* where rank<R>.jsonl and trace.json go */

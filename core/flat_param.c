@@ -133,7 +133,7 @@ static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_stat
     trace_state(&fp->ctx->trace, fp->unit, "ShardState", fp_shard_state_name(from), fp_shard_state_name(to), hook);
 }
 
-int fp_unshard(flat_param *fp, const char *hook) {
+int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     if (fp->shard_state == FP_UNSHARDED) return 0;
     if (fp->replicated) { /* NO_SHARD: the local buffer already is the whole unit */
         fp->full_param_padded = fp->local_shard;
@@ -146,7 +146,11 @@ int fp_unshard(flat_param *fp, const char *hook) {
     /* Unzeroed: the all-gather writes every element (every rank's shard, padding included) before any read. */
     fp->full_param_padded =
         mem_alloc_uninitialized(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
-    if (comm_all_gather(fp->ctx, fp->local_shard, fp->full_param_padded, fp->padded_unsharded_numel, fp->unit) != 0) {
+    int status = on ? comm_all_gather_start(fp->ctx, on, fp->local_shard, fp->full_param_padded,
+                                            fp->padded_unsharded_numel, fp->unit, &fp->unshard_handle)
+                    : comm_all_gather(fp->ctx, fp->local_shard, fp->full_param_padded, fp->padded_unsharded_numel,
+                                      fp->unit);
+    if (status != 0) {
         mem_free(&fp->ctx->mem, fp->full_param_padded);
         fp->full_param_padded = NULL;
         return -1;
@@ -156,8 +160,17 @@ int fp_unshard(flat_param *fp, const char *hook) {
     return 0;
 }
 
+int fp_unshard_wait(flat_param *fp, const char *hook) { return comm_wait(fp->ctx, &fp->unshard_handle, hook); }
+
+int fp_unshard_pending(const flat_param *fp) { return fp->unshard_handle.active; }
+
+int fp_unshard(flat_param *fp, const char *hook) { return fp_unshard_start(fp, NULL, hook); }
+
 void fp_reshard(flat_param *fp, const char *hook) {
     if (fp->shard_state == FP_SHARDED) return;
+    if (fp_unshard_pending(fp)) /* the all-gather still writes into the buffer */
+        ctx_fatal(fp->ctx, "unit '%s': resharded in %s while its all-gather (seq %llu) is in flight; wait first",
+                  fp->unit, hook, (unsigned long long)fp->unshard_handle.seq);
     if (!fp->replicated) mem_free(&fp->ctx->mem, fp->full_param_padded);
     fp->full_param_padded = NULL;
     fp->shard_state = FP_SHARDED;
@@ -175,6 +188,9 @@ float *fp_param_view(const flat_param *fp, const char *name) {
     if (fp->shard_state != FP_UNSHARDED)
         ctx_fatal(fp->ctx, "unit '%s': parameter '%s' used while the unit is SHARDED; unshard it first", fp->unit,
                   name);
+    if (fp_unshard_pending(fp))
+        ctx_fatal(fp->ctx, "unit '%s': parameter '%s' used while its all-gather (seq %llu) is in flight; wait first",
+                  fp->unit, name, (unsigned long long)fp->unshard_handle.seq);
     return fp->full_param_padded + info->offset;
 }
 
@@ -194,35 +210,63 @@ float *fp_grad_view(const flat_param *fp, const char *name) {
     return fp->full_grad_padded + info->offset;
 }
 
-int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
+int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on) {
     context *ctx = fp->ctx;
     if (fp->full_grad_padded == NULL)
         ctx_fatal(ctx, "unit '%s': reduce-scatter of a gradient that was never allocated", fp->unit);
+    if (fp->reduce_handle.active)
+        ctx_fatal(ctx, "unit '%s': a second reduce-scatter issued before the first (seq %llu) was waited for",
+                  fp->unit, (unsigned long long)fp->reduce_handle.seq);
     char owner[MEM_OWNER_MAX];
     /* The first gradient lands straight in grad_shard; later ones (accumulation) need a buffer to add from. Either
      * starts unzeroed: the reduce-scatter (or, replicated, the copy after the all-reduce) writes all of it. */
-    int accumulate = fp->grad_shard != NULL;
-    float *target;
+    fp->reduce_accumulate = fp->grad_shard != NULL;
     size_t bytes = fp->sharded_numel * sizeof(float);
-    if (accumulate) {
+    if (fp->reduce_accumulate) {
         snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
-        target = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_COMM_BUFFER, owner);
+        fp->reduce_target = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_COMM_BUFFER, owner);
     } else {
         snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
-        target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
+        fp->reduce_target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
     }
-    int status = fp->replicated
-                     ? comm_all_reduce(ctx, fp->full_grad_padded, fp->padded_unsharded_numel, reduce, fp->unit)
-                     : comm_reduce_scatter(ctx, fp->full_grad_padded, target, fp->padded_unsharded_numel, reduce, fp->unit);
-    if (fp->replicated && status == 0) memcpy(target, fp->full_grad_padded, bytes);
-    if (status != 0 && !accumulate) memset(target, 0, bytes); /* a failed collective leaves no garbage gradient */
-    if (accumulate) {
+    int status;
+    if (on != NULL)
+        status = fp->replicated ? comm_all_reduce_start(ctx, on, fp->full_grad_padded, fp->padded_unsharded_numel,
+                                                        reduce, fp->unit, &fp->reduce_handle)
+                                : comm_reduce_scatter_start(ctx, on, fp->full_grad_padded, fp->reduce_target,
+                                                            fp->padded_unsharded_numel, reduce, fp->unit,
+                                                            &fp->reduce_handle);
+    else
+        status = fp->replicated ? comm_all_reduce(ctx, fp->full_grad_padded, fp->padded_unsharded_numel, reduce, fp->unit)
+                                : comm_reduce_scatter(ctx, fp->full_grad_padded, fp->reduce_target,
+                                                      fp->padded_unsharded_numel, reduce, fp->unit);
+    fp->reduce_started = 1;
+    fp->reduce_status = status;
+    return status;
+}
+
+int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
+    context *ctx = fp->ctx;
+    if (!fp->reduce_started) return 0;
+    fp->reduce_started = 0;
+    int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
+    size_t bytes = fp->sharded_numel * sizeof(float);
+    if (fp->replicated && status == 0) memcpy(fp->reduce_target, fp->full_grad_padded, bytes);
+    if (status != 0 && !fp->reduce_accumulate) memset(fp->reduce_target, 0, bytes); /* no garbage gradient */
+    if (fp->reduce_accumulate) {
         if (status == 0)
-            for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += target[i];
-        mem_free(&ctx->mem, target);
+            for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += fp->reduce_target[i];
+        mem_free(&ctx->mem, fp->reduce_target);
     }
+    fp->reduce_target = NULL;
     fp_free_full_grad(fp);
     return status;
+}
+
+int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
+    int status = fp_reduce_scatter_grad_start(fp, reduce, NULL);
+    int waited = fp_reduce_scatter_grad_wait(fp, NULL);
+    return status != 0 ? status : waited;
 }
 
 int fp_gather_grad(flat_param *fp) {

@@ -55,6 +55,10 @@ typedef struct flat_param {
     float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
     float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */
     fp_shard_state shard_state;
+    comm_handle unshard_handle;      /* the all-gather in flight, between fp_unshard_start and fp_unshard_wait */
+    comm_handle reduce_handle;       /* the gradient's reduce-scatter (all-reduce when replicated) in flight */
+    float *reduce_target;            /* where it lands: grad_shard, or a buffer added into grad_shard at the wait */
+    int reduce_accumulate, reduce_started, reduce_status;
     int replicated;                  /* NO_SHARD: every rank keeps the whole buffer; unshard is a no-op (a view) and
                                         gradients are all-reduced instead of reduce-scattered */
 } flat_param;
@@ -93,6 +97,12 @@ void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user);
 /* SHARDED -> UNSHARDED: allocate the padded full buffer and all-gather every rank's shard into it. A no-op when
  * already UNSHARDED. Writes a ShardState `state` event with `hook`. Returns -1 with ctx->error if the collective fails. */
 int fp_unshard(flat_param *fp, const char *hook);
+/* The same in two halves: allocate and issue the all-gather on stream `on` (NULL: blocking, as fp_unshard), the
+ * state UNSHARDED at once (as torch's unshard: the views exist, the data comes when the stream is done); then the host
+ * waits for it before any parameter is read (fp_param_view aborts while it is in flight). */
+int fp_unshard_start(flat_param *fp, stream *on, const char *hook);
+int fp_unshard_wait(flat_param *fp, const char *hook);
+int fp_unshard_pending(const flat_param *fp);
 /* UNSHARDED -> SHARDED: free the padded full buffer. A no-op when already SHARDED. */
 void fp_reshard(flat_param *fp, const char *hook);
 /* The parameter's values inside the unsharded buffer. Aborts (naming rank, unit, parameter) while SHARDED or for an
@@ -107,6 +117,10 @@ float *fp_grad_view(const flat_param *fp, const char *name);
  * result is written straight into a new grad_shard, as 0 + x), then frees the full gradient. Replicated: all-reduces
  * instead. Returns -1 with ctx->error if the collective fails. */
 int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce);
+/* The same in two halves: issue on stream `on` (NULL: blocking); then wait, add into grad_shard and free the full
+ * gradient and the temporary (the full gradient stays allocated while the collective reads it). */
+int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on);
+int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook);
 /* The sharded gradient all-gathered into the full gradient buffer (fp_alloc_full_grad's; zeros where no gradient
  * has arrived yet), so fp_grad_view reads every parameter's whole gradient: for writing gradients out, never
  * during a step. Collective. Returns -1 with ctx->error if the collective fails. */

@@ -1,6 +1,8 @@
 /* fsdp.c — FSDP units, states, hooks and the micro-batch step. See fsdp.h. */
 #include "fsdp.h"
 
+#include "config.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +10,7 @@
 static const char *const training_state_names[] = {"IDLE", "FORWARD_BACKWARD"};
 static const char *const handle_state_names[] = {"IDLE", "FORWARD", "BACKWARD_PRE", "BACKWARD_POST"};
 static const char *const strategy_names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"};
+static const char *const backward_prefetch_names[] = {"NONE", "BACKWARD_PRE", "BACKWARD_POST"};
 
 const char *fsdp_training_state_name(fsdp_training_state state) { return training_state_names[state]; }
 const char *fsdp_handle_state_name(fsdp_handle_state state) { return handle_state_names[state]; }
@@ -19,19 +22,43 @@ int fsdp_strategy_from_name(const char *name) {
     return -1;
 }
 
-/* ---------------------------------------------------------------- wrap policy */
+const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch prefetch) { return backward_prefetch_names[prefetch]; }
 
-int fsdp_wrap_decoder_layers(const qwen2_module *module, size_t unwrapped_numel, void *user) {
-    (void)unwrapped_numel, (void)user;
-    return strcmp(module->type, "Qwen2DecoderLayer") == 0;
+int fsdp_backward_prefetch_from_name(const char *name) {
+    if (strcmp(name, "None") == 0) return BACKWARD_PREFETCH_NONE;
+    for (int prefetch = 0; prefetch < 3; prefetch++)
+        if (strcmp(backward_prefetch_names[prefetch], name) == 0) return prefetch;
+    return -1;
 }
 
-int fsdp_wrap_by_size(const qwen2_module *module, size_t unwrapped_numel, void *user) {
+fsdp_options fsdp_default_options(void) {
+    return (fsdp_options){.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1, .backward_prefetch = BACKWARD_PRE,
+                          .comm_streams = 1, .limit_all_gathers = 1};
+}
+
+void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options) {
+    static const char *const prefetches[] = {"NONE", "BACKWARD_PRE", "BACKWARD_POST", "None", NULL};
+    const char *backward = cfg_env_choice(ctx, "BACKWARD_PREFETCH", backward_prefetch_names[options->backward_prefetch],
+                                          prefetches);
+    options->backward_prefetch = (fsdp_backward_prefetch)fsdp_backward_prefetch_from_name(backward);
+    options->forward_prefetch = (int)cfg_env_int(ctx, "FORWARD_PREFETCH", options->forward_prefetch, 0, 1);
+    options->limit_all_gathers = (int)cfg_env_int(ctx, "LIMIT_ALL_GATHERS", options->limit_all_gathers, 0, 1);
+    options->comm_streams = (int)cfg_env_int(ctx, "COMM_STREAMS", options->comm_streams, 0, 1);
+}
+
+/* ---------------------------------------------------------------- wrap policy */
+
+int fsdp_wrap_by_type(const module_node *module, size_t unwrapped_numel, void *user) {
+    (void)unwrapped_numel;
+    return strcmp(module->type, (const char *)user) == 0;
+}
+
+int fsdp_wrap_by_size(const module_node *module, size_t unwrapped_numel, void *user) {
     return strcmp(module->type, "ModuleList") != 0 && unwrapped_numel >= *(const size_t *)user;
 }
 
-int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *unit_of_param) {
-    int modules = tree->module_count;
+int fsdp_auto_wrap(const module_tree *tree, fsdp_wrap_fn wrap, void *user, int *unit_of_param) {
+    int modules = tree->node_count;
     size_t *unwrapped = calloc((size_t)modules, sizeof *unwrapped);
     int *unit_of_module = calloc((size_t)modules, sizeof *unit_of_module); /* 0: not wrapped */
     if (unwrapped == NULL || unit_of_module == NULL) {
@@ -40,8 +67,8 @@ int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *u
     }
     size_t total = 0;
     for (int p = 0; p < tree->param_count; p++) {
-        unwrapped[tree->params[p].module] += qwen2_param_numel(&tree->params[p]);
-        total += qwen2_param_numel(&tree->params[p]);
+        unwrapped[tree->params[p].module] += module_param_numel(&tree->params[p]);
+        total += module_param_numel(&tree->params[p]);
     }
     /* Children come after their parents in the tree, so walking backwards visits children first (post-order). A
      * module that would take every parameter left (Qwen2Model, around everything but the tied lm_head) is the root
@@ -49,11 +76,11 @@ int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *u
     size_t claimed = 0;
     for (int m = modules - 1; m >= 1; m--) {
         int takes_the_rest = claimed + unwrapped[m] == total;
-        if (unwrapped[m] > 0 && !takes_the_rest && wrap(&tree->modules[m], unwrapped[m], user)) {
+        if (unwrapped[m] > 0 && !takes_the_rest && wrap(&tree->nodes[m], unwrapped[m], user)) {
             unit_of_module[m] = 1;
             claimed += unwrapped[m];
         } else {
-            unwrapped[tree->modules[m].parent] += unwrapped[m];
+            unwrapped[tree->nodes[m].parent] += unwrapped[m];
         }
     }
     /* Number the wrapped modules in module (forward) order; the root is unit 0. */
@@ -62,7 +89,7 @@ int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *u
         if (unit_of_module[m]) unit_of_module[m] = units++;
     for (int p = 0; p < tree->param_count; p++) {
         int m = tree->params[p].module;
-        while (m > 0 && unit_of_module[m] == 0) m = tree->modules[m].parent; /* nearest wrapped ancestor */
+        while (m > 0 && unit_of_module[m] == 0) m = tree->nodes[m].parent; /* nearest wrapped ancestor */
         unit_of_param[p] = m > 0 ? unit_of_module[m] : 0;
     }
     free(unwrapped);
@@ -70,23 +97,14 @@ int fsdp_auto_wrap(const qwen2_tree *tree, fsdp_wrap_fn wrap, void *user, int *u
     return units;
 }
 
-int fsdp_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, fsdp_wrap_fn wrap, void *user,
-                    fsdp_strategy strategy, const qwen2_init_spec *init) {
-    qwen2_tree tree;
-    if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
-    if (qwen2_tree_build(&tree, config) != 0) ctx_fatal(ctx, "out of memory building the module tree");
-    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param);
-    if (unit_of_param == NULL) ctx_fatal(ctx, "out of memory");
-    int unit_count = fsdp_auto_wrap(&tree, wrap, user, unit_of_param);
-    int status = qwen2_model_init(model, ctx, config, unit_of_param, unit_count, strategy == FSDP_NO_SHARD, init);
-    free(unit_of_param);
-    qwen2_tree_free(&tree);
-    return status;
-}
-
 /* ---------------------------------------------------------------- states */
 
 static const char *unit_name(const fsdp_runtime *runtime, int unit) { return runtime->model->units[unit].unit; }
+static flat_param *unit_param(fsdp_runtime *runtime, int unit) { return &runtime->model->units[unit]; }
+
+static void check(fsdp_runtime *runtime, int status) {
+    if (status != 0) ctx_fatal(runtime->ctx, "%s", runtime->ctx->error);
+}
 
 int fsdp_check_transition(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
                           const char *hook) {
@@ -101,11 +119,10 @@ int fsdp_check_transition(fsdp_runtime *runtime, int unit, fsdp_handle_state exp
 
 static void set_handle_state(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
                              const char *hook) {
-    fsdp_unit *u = &runtime->units[unit];
-    if (fsdp_check_transition(runtime, unit, expected, to, hook) != 0) ctx_fatal(runtime->ctx, "%s", runtime->ctx->error);
+    check(runtime, fsdp_check_transition(runtime, unit, expected, to, hook));
     trace_state(&runtime->ctx->trace, unit_name(runtime, unit), "HandleTrainingState", handle_state_names[expected],
                 handle_state_names[to], hook);
-    u->handle_state = to;
+    runtime->units[unit].handle_state = to;
 }
 
 static void set_training_state(fsdp_runtime *runtime, int unit, fsdp_training_state to, const char *hook) {
@@ -116,40 +133,163 @@ static void set_training_state(fsdp_runtime *runtime, int unit, fsdp_training_st
     u->training_state = to;
 }
 
+/* ---------------------------------------------------------------- unshard, reshard, prefetch */
+
+/* torch's _FreeEventQueue.dequeue_if_needed + event.synchronize(): before an all-gather, with limit_all_gathers. */
+static void synchronize_oldest(fsdp_runtime *runtime, const char *hook) {
+    fsdp_free_event_queue *queue = &runtime->free_event_queue;
+    stream_event oldest = queue->events[0];
+    memmove(&queue->events[0], &queue->events[1], (size_t)(queue->count - 1) * sizeof queue->events[0]);
+    queue->count--;
+    if (event_query(&oldest)) return;
+    double start = trace_now_us(&runtime->ctx->trace);
+    event_synchronize(&oldest);
+    queue->waits++;
+    trace_wait_info wait = {.on = "compute", .seq = -1, .hook = hook, .start_us = start,
+                            .dur_us = trace_now_us(&runtime->ctx->trace) - start};
+    trace_wait(&runtime->ctx->trace, &wait);
+}
+
+static void rate_limit(fsdp_runtime *runtime, const char *hook) {
+    if (runtime->options.limit_all_gathers && runtime->free_event_queue.count >= FSDP_MAX_INFLIGHT_ALL_GATHERS)
+        synchronize_oldest(runtime, hook);
+}
+
+/* _unshard: the rate limiter, then the all-gather issued on the all-gather stream (a no-op when UNSHARDED). */
 static void unshard(fsdp_runtime *runtime, int unit, const char *hook) {
-    if (fp_unshard(&runtime->model->units[unit], hook) != 0) ctx_fatal(runtime->ctx, "%s", runtime->ctx->error);
+    flat_param *fp = unit_param(runtime, unit);
+    if (fp->shard_state == FP_UNSHARDED) return;
+    rate_limit(runtime, hook);
+    stream *on = runtime->options.comm_streams ? &runtime->all_gather_stream : NULL;
+    check(runtime, fp_unshard_start(fp, on, hook));
+    if (fp_unshard_pending(fp)) runtime->gathers_in_flight[runtime->gathers_in_flight_count++] = unit;
+}
+
+/* current_stream().wait_stream(unshard_stream): the compute stream waits for every all-gather issued so far. */
+static void wait_for_unshard_stream(fsdp_runtime *runtime, const char *hook) {
+    for (int i = 0; i < runtime->gathers_in_flight_count; i++)
+        check(runtime, fp_unshard_wait(unit_param(runtime, runtime->gathers_in_flight[i]), hook));
+    runtime->gathers_in_flight_count = 0;
+}
+
+/* _reshard: free the unsharded buffer (when `free_unsharded`), and with the rate limiter record a free event on the
+ * compute stream. _prefetched goes back to 0 either way. */
+static void reshard(fsdp_runtime *runtime, int unit, int free_unsharded, const char *hook) {
+    if (free_unsharded) {
+        fp_reshard(unit_param(runtime, unit), hook);
+        fsdp_free_event_queue *queue = &runtime->free_event_queue;
+        if (runtime->options.limit_all_gathers) {
+            if (queue->count == FSDP_FREE_EVENTS_MAX) synchronize_oldest(runtime, hook); /* keep the newest */
+            stream_event *event = &queue->events[queue->count++];
+            *event = (stream_event){0};
+            event_record(event, &runtime->compute_stream);
+        }
+    }
+    runtime->units[unit].prefetched = 0;
+}
+
+typedef enum prefetch_mode { PREFETCH_FORWARD, PREFETCH_BACKWARD } prefetch_mode;
+
+/* _get_handle_to_prefetch: in forward (forward_prefetch) the unit after this one in the first forward's
+ * _pre_forward order; in backward (BACKWARD_PRE from _pre_backward_hook, BACKWARD_POST from _post_backward_hook) the
+ * unit before this one in this forward's _post_forward order, i.e. the next one backward meets. Only a unit that
+ * still needs its unshard and is not prefetched already. -1: none. */
+static int unit_to_prefetch(const fsdp_runtime *runtime, int unit, prefetch_mode mode) {
+    const fsdp_unit *u = &runtime->units[unit];
+    if (mode == PREFETCH_FORWARD) {
+        if (!runtime->options.forward_prefetch || !runtime->pre_forward_recorded) return -1;
+        for (int i = 0; i + 1 < runtime->pre_forward_count; i++)
+            if (runtime->pre_forward_order[i] == unit) {
+                int target = runtime->pre_forward_order[i + 1];
+                const fsdp_unit *t = &runtime->units[target];
+                return t->needs_pre_forward_unshard && !t->prefetched ? target : -1;
+            }
+        return -1;
+    }
+    int wanted = (u->handle_state == HANDLE_BACKWARD_PRE && runtime->options.backward_prefetch == BACKWARD_PRE) ||
+                 (u->handle_state == HANDLE_BACKWARD_POST && runtime->options.backward_prefetch == BACKWARD_POST);
+    if (!wanted) return -1;
+    for (int i = 1; i < runtime->post_forward_count; i++)
+        if (runtime->post_forward_order[i] == unit) {
+            int target = runtime->post_forward_order[i - 1];
+            const fsdp_unit *t = &runtime->units[target];
+            return t->needs_pre_backward_unshard && !t->prefetched ? target : -1;
+        }
+    return -1;
+}
+
+/* _prefetch_handle: issue the next unit's all-gather now, so it runs on its stream while this unit computes. */
+static void prefetch(fsdp_runtime *runtime, int unit, prefetch_mode mode) {
+    int target = unit_to_prefetch(runtime, unit, mode);
+    if (target < 0) return;
+    unshard(runtime, target, "_prefetch_handle");
+    runtime->units[target].prefetched = 1;
 }
 
 /* ---------------------------------------------------------------- hooks */
 
 void fsdp_pre_forward(fsdp_runtime *runtime, int unit) {
+    fsdp_unit *u = &runtime->units[unit];
     set_training_state(runtime, unit, TRAINING_STATE_FORWARD_BACKWARD, "_pre_forward");
+    if (!runtime->pre_forward_recorded) runtime->pre_forward_order[runtime->pre_forward_count++] = unit;
     set_handle_state(runtime, unit, HANDLE_IDLE, HANDLE_FORWARD, "_pre_forward");
-    unshard(runtime, unit, "_pre_forward");
+    /* _pre_forward_unshard */
+    if (!u->prefetched) unshard(runtime, unit, "_pre_forward");
+    u->needs_pre_forward_unshard = 0;
+    wait_for_unshard_stream(runtime, "_pre_forward");
+    prefetch(runtime, unit, PREFETCH_FORWARD);
 }
 
 void fsdp_post_forward(fsdp_runtime *runtime, int unit) {
+    runtime->post_forward_order[runtime->post_forward_count++] = unit;
     /* The root keeps its parameters for backward, which starts with it; SHARD_GRAD_OP keeps every unit's. */
-    int keep = unit == 0 || runtime->options.strategy != FSDP_FULL_SHARD;
-    if (!keep) fp_reshard(&runtime->model->units[unit], "_post_forward");
+    int free_unsharded = unit != 0 && runtime->options.strategy == FSDP_FULL_SHARD;
+    reshard(runtime, unit, free_unsharded, "_post_forward");
     set_handle_state(runtime, unit, HANDLE_FORWARD, HANDLE_IDLE, "_post_forward");
 }
 
 void fsdp_pre_backward_hook(fsdp_runtime *runtime, int unit) {
+    fsdp_unit *u = &runtime->units[unit];
     set_handle_state(runtime, unit, HANDLE_IDLE, HANDLE_BACKWARD_PRE, "_pre_backward_hook");
-    unshard(runtime, unit, "_pre_backward_hook");
-    fp_alloc_full_grad(&runtime->model->units[unit]); /* kept from the last micro-batch under no_sync */
+    if (u->needs_pre_backward_unshard) {
+        if (!u->prefetched) unshard(runtime, unit, "_pre_backward_hook");
+        wait_for_unshard_stream(runtime, "_pre_backward_hook");
+    }
+    u->needs_pre_backward_unshard = 0;
+    prefetch(runtime, unit, PREFETCH_BACKWARD);
+    fp_alloc_full_grad(unit_param(runtime, unit)); /* kept from the last micro-batch under no_sync */
+}
+
+/* The previous unit's reduce-scatter, waited for before the next is issued: its result is added into the sharded
+ * gradient and its unsharded gradient freed. So one reduce-scatter at a time runs under the next unit's backward. */
+static void wait_for_reduce_scatter(fsdp_runtime *runtime, const char *hook) {
+    if (runtime->reduce_in_flight < 0) return;
+    check(runtime, fp_reduce_scatter_grad_wait(unit_param(runtime, runtime->reduce_in_flight), hook));
+    runtime->reduce_in_flight = -1;
 }
 
 void fsdp_post_backward_hook(fsdp_runtime *runtime, int unit) {
-    flat_param *fp = &runtime->model->units[unit];
-    if (runtime->sync_gradients && fp_reduce_scatter_grad(fp, COMM_AVG) != 0)
-        ctx_fatal(runtime->ctx, "%s", runtime->ctx->error);
-    fp_reshard(fp, "_post_backward_hook");
+    flat_param *fp = unit_param(runtime, unit);
     set_handle_state(runtime, unit, HANDLE_BACKWARD_PRE, HANDLE_BACKWARD_POST, "_post_backward_hook");
+    /* _post_backward_reshard: then BACKWARD_POST prefetches the next unit, its all-gather beside this reduce-scatter */
+    reshard(runtime, unit, 1, "_post_backward_hook");
+    prefetch(runtime, unit, PREFETCH_BACKWARD);
+    if (!runtime->sync_gradients) return;
+    /* On a GPU the reduce-scatter stream first waits for the compute stream (the gradient must be computed); on CPU
+     * the compute stream is the host, so the gradient is complete here. */
+    wait_for_reduce_scatter(runtime, "_post_backward_hook");
+    stream *on = runtime->options.comm_streams ? &runtime->reduce_scatter_stream : NULL;
+    check(runtime, fp_reduce_scatter_grad_start(fp, COMM_AVG, on));
+    runtime->reduce_in_flight = unit;
+    if (on == NULL) wait_for_reduce_scatter(runtime, "_post_backward_hook"); /* blocking: done already */
 }
 
 void fsdp_post_backward_final_callback(fsdp_runtime *runtime) {
+    /* _wait_for_post_backward: the compute stream waits for the reduce-scatter stream */
+    wait_for_reduce_scatter(runtime, "_post_backward_final_callback");
+    if (runtime->gathers_in_flight_count > 0)
+        ctx_fatal(runtime->ctx, "unit '%s': an all-gather is still in flight after backward (prefetched, never used)",
+                  unit_name(runtime, runtime->gathers_in_flight[0]));
     for (int unit = 0; unit < runtime->model->unit_count; unit++) {
         set_handle_state(runtime, unit, HANDLE_BACKWARD_POST, HANDLE_IDLE, "_post_backward_final_callback");
         set_training_state(runtime, unit, TRAINING_STATE_IDLE, "_post_backward_final_callback");
@@ -158,75 +298,100 @@ void fsdp_post_backward_final_callback(fsdp_runtime *runtime) {
 
 /* ---------------------------------------------------------------- runtime */
 
-/* The pieces a parameter is used in: embed_tokens in the embedding and (tied) the head; norm in the head. */
-static void param_pieces(const qwen2_model *model, int param, int *first, int *last) {
-    int layer = model->tree.params[param].layer, head = model->config.num_hidden_layers + 1;
-    if (layer >= 0) *first = *last = 1 + layer;
-    else if (param == 0) *first = 0, *last = head; /* model.embed_tokens.weight */
-    else *first = *last = head;                    /* model.norm.weight */
-}
-
-int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, qwen2_model *model, const fsdp_options *options) {
+int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const fsdp_options *options) {
     memset(runtime, 0, sizeof *runtime);
     runtime->ctx = ctx;
     runtime->model = model;
     runtime->options = *options;
+    runtime->reduce_in_flight = -1;
     if (options->accumulation_steps < 1) {
         snprintf(ctx->error, sizeof ctx->error, "accumulation steps must be >= 1, got %d", options->accumulation_steps);
         return -1;
     }
-    int L = model->config.num_hidden_layers;
-    runtime->piece_count = L + 2;
-    runtime->sync_gradients = 1;
-    runtime->units = calloc((size_t)model->unit_count, sizeof *runtime->units);
-    runtime->checkpointed_layers = calloc((size_t)(L > 0 ? L : 1), sizeof *runtime->checkpointed_layers);
-    if (runtime->units == NULL || runtime->checkpointed_layers == NULL) ctx_fatal(ctx, "out of memory");
-    for (int unit = 0; unit < model->unit_count; unit++)
-        runtime->units[unit].first_piece = runtime->piece_count, runtime->units[unit].last_piece = -1;
-    for (int p = 0; p < model->tree.param_count; p++) {
+    if ((unsigned)options->backward_prefetch > BACKWARD_POST) {
+        snprintf(ctx->error, sizeof ctx->error, "backward_prefetch %d is not NONE, BACKWARD_PRE or BACKWARD_POST",
+                 (int)options->backward_prefetch);
+        return -1;
+    }
+    int units = model->unit_count, pieces = model->piece_count;
+    runtime->units = calloc((size_t)units, sizeof *runtime->units);
+    runtime->checkpointed = calloc((size_t)pieces, sizeof *runtime->checkpointed);
+    runtime->pre_forward_order = calloc((size_t)units, sizeof(int));
+    runtime->post_forward_order = calloc((size_t)units, sizeof(int));
+    runtime->gathers_in_flight = calloc((size_t)units, sizeof(int));
+    if (runtime->units == NULL || runtime->checkpointed == NULL || runtime->pre_forward_order == NULL ||
+        runtime->post_forward_order == NULL || runtime->gathers_in_flight == NULL)
+        ctx_fatal(ctx, "out of memory");
+    for (int unit = 0; unit < units; unit++)
+        runtime->units[unit].first_piece = pieces, runtime->units[unit].last_piece = -1;
+    for (int p = 0; p < model->tree->param_count; p++) {
         fsdp_unit *u = &runtime->units[model->locations[p].unit];
-        int first, last;
-        param_pieces(model, p, &first, &last);
-        if (first < u->first_piece) u->first_piece = first;
-        if (last > u->last_piece) u->last_piece = last;
+        const module_param *param = &model->tree->params[p];
+        if (param->first_piece < u->first_piece) u->first_piece = param->first_piece;
+        if (param->last_piece > u->last_piece) u->last_piece = param->last_piece;
     }
     runtime->units[0].first_piece = 0; /* the root wraps the whole model, parameters or not */
-    runtime->units[0].last_piece = runtime->piece_count - 1;
-    for (int l = 0; l < L; l++) runtime->checkpointed_layers[l] = options->activation_checkpointing;
+    runtime->units[0].last_piece = pieces - 1;
+    for (int piece = 0; piece < pieces; piece++)
+        runtime->checkpointed[piece] =
+            options->activation_checkpointing && model->ops->piece_checkpointable(model->self, piece);
+    stream_kind comm_kind = options->comm_streams ? STREAM_WORKER : STREAM_HOST;
+    if (stream_init(&runtime->compute_stream, ctx, "compute", STREAM_HOST) != 0 ||
+        stream_init(&runtime->all_gather_stream, ctx, "all_gather", comm_kind) != 0 ||
+        stream_init(&runtime->reduce_scatter_stream, ctx, "reduce_scatter", comm_kind) != 0)
+        return -1;
+    trace_fsdp_info info = {
+        .model = model->name,
+        .sharding_strategy = strategy_names[options->strategy],
+        .backward_prefetch = options->backward_prefetch == BACKWARD_PREFETCH_NONE
+                                 ? NULL : backward_prefetch_names[options->backward_prefetch],
+        .forward_prefetch = options->forward_prefetch,
+        .limit_all_gathers = options->limit_all_gathers,
+        .activation_checkpointing = options->activation_checkpointing,
+        .no_sync = options->no_sync,
+        .accumulation_steps = options->accumulation_steps,
+        .unit_count = units,
+    };
+    trace_fsdp(&ctx->trace, &info);
     return 0;
 }
 
 void fsdp_runtime_free(fsdp_runtime *runtime) {
+    stream_destroy(&runtime->all_gather_stream);
+    stream_destroy(&runtime->reduce_scatter_stream);
+    stream_destroy(&runtime->compute_stream);
     free(runtime->units);
-    free(runtime->checkpointed_layers);
+    free(runtime->checkpointed);
+    free(runtime->pre_forward_order);
+    free(runtime->post_forward_order);
+    free(runtime->gathers_in_flight);
     memset(runtime, 0, sizeof *runtime);
 }
 
-/* Units whose span starts (or ends) at `piece`, outer (wider span) first, or inner first when `inner_first`. */
-static int units_at(const fsdp_runtime *runtime, int piece, int at_start, int inner_first, int *out) {
+/* ---------------------------------------------------------------- the step */
+
+/* Which units' hooks fire at a piece: those whose span starts there (pre-hooks) or ends there (post-hooks). */
+typedef enum span_edge { SPAN_START, SPAN_END } span_edge;
+/* Nesting order among them: pre-hooks outer (wider span) first, post-hooks inner first, as torch's module hooks. */
+typedef enum nesting { OUTER_FIRST, INNER_FIRST } nesting;
+
+static int units_at(const fsdp_runtime *runtime, int piece, span_edge edge, nesting order, int *out) {
     int count = 0;
     for (int unit = 0; unit < runtime->model->unit_count; unit++) {
         const fsdp_unit *u = &runtime->units[unit];
-        if ((at_start ? u->first_piece : u->last_piece) == piece) out[count++] = unit;
+        if ((edge == SPAN_START ? u->first_piece : u->last_piece) == piece) out[count++] = unit;
     }
     for (int i = 1; i < count; i++) /* insertion sort by span width: a handful of units */
         for (int j = i; j > 0; j--) {
             const fsdp_unit *a = &runtime->units[out[j - 1]], *b = &runtime->units[out[j]];
             int width_a = a->last_piece - a->first_piece, width_b = b->last_piece - b->first_piece;
-            if (inner_first ? width_a > width_b : width_a < width_b) {
+            if (order == INNER_FIRST ? width_a > width_b : width_a < width_b) {
                 int swap = out[j];
                 out[j] = out[j - 1];
                 out[j - 1] = swap;
             }
         }
     return count;
-}
-
-static void piece_name(const fsdp_runtime *runtime, int piece, const char *what, char *name, size_t size) {
-    int L = runtime->model->config.num_hidden_layers;
-    if (piece == 0) snprintf(name, size, "embed_tokens.%s", what);
-    else if (piece == L + 1) snprintf(name, size, "norm_lm_head_loss.%s", what);
-    else snprintf(name, size, "layers.%d.%s", piece - 1, what);
 }
 
 /* The unit a piece's compute span is labelled with: the innermost unit covering it. */
@@ -241,73 +406,68 @@ static const char *piece_unit(const fsdp_runtime *runtime, int piece) {
     return unit_name(runtime, best);
 }
 
-static void forward_piece(fsdp_runtime *runtime, qwen2_activations *acts, int piece) {
-    qwen2_model *model = runtime->model;
-    int L = model->config.num_hidden_layers;
-    char name[64];
+typedef enum piece_phase { PHASE_FORWARD, PHASE_RECOMPUTE, PHASE_BACKWARD } piece_phase;
+static const char *const phase_names[] = {"forward", "recompute", "backward"};
+
+/* Runs one piece's forward, recompute or backward on the compute stream, as a `compute` span. */
+static void run_piece(fsdp_runtime *runtime, void *batch, int piece, piece_phase phase) {
+    module *model = runtime->model;
+    char name[96], piece_label[64];
     double start = trace_now_us(&runtime->ctx->trace);
-    if (piece == 0) qwen2_embed_forward(model, acts);
-    else if (piece <= L) {
-        qwen2_layer_forward(model, acts, piece - 1);
-        /* checkpointing keeps only the layer's input (allocated as checkpoint_input by the piece before) */
-        if (runtime->checkpointed_layers[piece - 1]) qwen2_layer_activations_free(model, &acts->layers[piece - 1]);
-    } else qwen2_head_forward(model, acts);
-    piece_name(runtime, piece, "forward", name, sizeof name);
-    trace_compute(&runtime->ctx->trace, name, piece_unit(runtime, piece), "forward", start,
+    if (phase == PHASE_FORWARD) model->ops->forward(model->self, batch, piece, runtime->checkpointed[piece]);
+    else if (phase == PHASE_RECOMPUTE) model->ops->recompute(model->self, batch, piece);
+    else model->ops->backward(model->self, batch, piece);
+    model->ops->piece_name(model->self, piece, piece_label, sizeof piece_label);
+    snprintf(name, sizeof name, "%s.%s", piece_label, phase_names[phase]);
+    trace_compute(&runtime->ctx->trace, name, piece_unit(runtime, piece), phase_names[phase], start,
                   trace_now_us(&runtime->ctx->trace) - start);
 }
 
-static void backward_piece(fsdp_runtime *runtime, qwen2_activations *acts, int piece) {
-    qwen2_model *model = runtime->model;
-    int L = model->config.num_hidden_layers;
-    char name[64];
-    if (piece >= 1 && piece <= L && runtime->checkpointed_layers[piece - 1]) {
-        double start = trace_now_us(&runtime->ctx->trace);
-        qwen2_layer_recompute(model, acts, piece - 1);
-        piece_name(runtime, piece, "recompute", name, sizeof name);
-        trace_compute(&runtime->ctx->trace, name, piece_unit(runtime, piece), "recompute", start,
-                      trace_now_us(&runtime->ctx->trace) - start);
+/* _root_pre_forward's reset: every unit needs its unshards again; this forward's _post_forward order starts anew. */
+static void begin_pass(fsdp_runtime *runtime, fsdp_micro_batch micro_batch) {
+    runtime->sync_gradients = !runtime->options.no_sync || micro_batch == FSDP_MICRO_BATCH_LAST;
+    runtime->post_forward_count = 0;
+    for (int unit = 0; unit < runtime->model->unit_count; unit++) {
+        runtime->units[unit].needs_pre_forward_unshard = 1;
+        runtime->units[unit].needs_pre_backward_unshard = 1;
     }
-    double start = trace_now_us(&runtime->ctx->trace);
-    if (piece == 0) qwen2_embed_backward(model, acts);
-    else if (piece <= L) qwen2_layer_backward(model, acts, piece - 1);
-    else qwen2_head_backward(model, acts);
-    piece_name(runtime, piece, "backward", name, sizeof name);
-    trace_compute(&runtime->ctx->trace, name, piece_unit(runtime, piece), "backward", start,
-                  trace_now_us(&runtime->ctx->trace) - start);
 }
 
 float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int *targets, int B, int T,
-                            int last_micro) {
-    qwen2_model *model = runtime->model;
-    int *order = calloc((size_t)model->unit_count, sizeof *order);
-    if (order == NULL) ctx_fatal(runtime->ctx, "out of memory");
-    qwen2_activations acts;
-    if (qwen2_activations_begin(model, &acts, tokens, targets, B, T) != 0) ctx_fatal(runtime->ctx, "%s", runtime->ctx->error);
-    acts.checkpointed = runtime->checkpointed_layers;
-    runtime->sync_gradients = !runtime->options.no_sync || last_micro;
+                            fsdp_micro_batch micro_batch) {
+    module *model = runtime->model;
+    int *hooked = calloc((size_t)model->unit_count, sizeof *hooked);
+    if (hooked == NULL) ctx_fatal(runtime->ctx, "out of memory");
+    void *batch = NULL;
+    check(runtime, model->ops->batch_begin(model->self, &batch, tokens, targets, B, T, runtime->checkpointed));
+    begin_pass(runtime, micro_batch);
 
-    for (int piece = 0; piece < runtime->piece_count; piece++) {
-        for (int i = 0, n = units_at(runtime, piece, 1, 0, order); i < n; i++) fsdp_pre_forward(runtime, order[i]);
-        forward_piece(runtime, &acts, piece);
-        for (int i = 0, n = units_at(runtime, piece, 0, 1, order); i < n; i++) fsdp_post_forward(runtime, order[i]);
+    /* forward: pre-hooks, the piece, post-hooks */
+    for (int piece = 0; piece < model->piece_count; piece++) {
+        for (int i = 0, n = units_at(runtime, piece, SPAN_START, OUTER_FIRST, hooked); i < n; i++)
+            fsdp_pre_forward(runtime, hooked[i]);
+        run_piece(runtime, batch, piece, PHASE_FORWARD);
+        for (int i = 0, n = units_at(runtime, piece, SPAN_END, INNER_FIRST, hooked); i < n; i++)
+            fsdp_post_forward(runtime, hooked[i]);
     }
+    runtime->pre_forward_recorded = 1;
     /* Each micro-batch contributes 1/ACC of the step's gradient, as `(loss / accumulation_steps).backward()`. With
-     * ACC = 1 the factor is 1.0f, and x * 1.0f is x: the pass over the B x T x vocab logits would change nothing. */
-    if (runtime->options.accumulation_steps > 1) {
-        size_t logits = (size_t)B * T * model->config.vocab_size;
-        float scale = 1.0f / (float)runtime->options.accumulation_steps;
-        for (size_t i = 0; i < logits; i++) acts.dlogits[i] *= scale;
-    }
+     * ACC = 1 the factor is 1.0f, and x * 1.0f is x: the pass over the loss's gradient would change nothing. */
+    if (runtime->options.accumulation_steps > 1)
+        model->ops->scale_loss_gradient(model->self, batch, 1.0f / (float)runtime->options.accumulation_steps);
 
-    for (int piece = runtime->piece_count - 1; piece >= 0; piece--) {
-        for (int i = 0, n = units_at(runtime, piece, 0, 0, order); i < n; i++) fsdp_pre_backward_hook(runtime, order[i]);
-        backward_piece(runtime, &acts, piece);
-        for (int i = 0, n = units_at(runtime, piece, 1, 1, order); i < n; i++) fsdp_post_backward_hook(runtime, order[i]);
+    /* backward, in reverse: pre-backward hooks where a unit's span ends, post-backward hooks where it starts */
+    for (int piece = model->piece_count - 1; piece >= 0; piece--) {
+        for (int i = 0, n = units_at(runtime, piece, SPAN_END, OUTER_FIRST, hooked); i < n; i++)
+            fsdp_pre_backward_hook(runtime, hooked[i]);
+        if (runtime->checkpointed[piece]) run_piece(runtime, batch, piece, PHASE_RECOMPUTE);
+        run_piece(runtime, batch, piece, PHASE_BACKWARD);
+        for (int i = 0, n = units_at(runtime, piece, SPAN_START, INNER_FIRST, hooked); i < n; i++)
+            fsdp_post_backward_hook(runtime, hooked[i]);
     }
     fsdp_post_backward_final_callback(runtime);
-    float loss = acts.loss;
-    qwen2_activations_end(model, &acts);
-    free(order);
+    float loss = model->ops->loss(model->self, batch);
+    model->ops->batch_end(model->self, batch);
+    free(hooked);
     return loss;
 }

@@ -30,30 +30,41 @@ static size_t layer_workspace_floats(const qwen2_config *c, size_t N, size_t T) 
 }
 
 void memory_model_predict(memory_prediction *p, const qwen2_model *model, const fsdp_options *options, int world_size,
-                          int B, int T, size_t data_stream_bytes) {
+                          int B, int T, size_t data_stream_bytes, int forward_passes) {
     memset(p, 0, sizeof *p);
     const qwen2_config *c = &model->config;
     size_t N = (size_t)B * T, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size, L = (size_t)c->num_hidden_layers;
     size_t f = sizeof(float);
 
     size_t shards = 0, root_full = model->units[0].padded_unsharded_numel, all_full = 0, largest_other_full = 0;
-    size_t largest_shard = 0;
+    size_t largest_shard = 0, largest_pair_full = 0;
     for (int unit = 0; unit < model->unit_count; unit++) {
         const flat_param *fp = &model->units[unit];
         shards += fp->sharded_numel;
         all_full += fp->padded_unsharded_numel;
         largest_shard = max_of(largest_shard, fp->sharded_numel);
         if (unit > 0) largest_other_full = max_of(largest_other_full, fp->padded_unsharded_numel);
+        if (unit > 1) /* units are numbered in forward order; backward meets them in reverse */
+            largest_pair_full = max_of(largest_pair_full, fp->padded_unsharded_numel + model->units[unit - 1].padded_unsharded_numel);
     }
+    if (model->unit_count <= 2) largest_pair_full = largest_other_full;
+    /* Two neighbouring units' parameters live at once when the next one's all-gather is issued before this one is
+     * freed: BACKWARD_PRE (issued in the _pre_backward_hook) and forward prefetch (in _pre_forward, from the second
+     * forward on, once the order is known); BACKWARD_POST issues it after this unit resharded. Two neighbouring
+     * unsharded gradients live at once when reduce-scatters run on their stream: unit i's is freed when its
+     * reduce-scatter is waited for, in unit i-1's _post_backward_hook, after i-1's backward filled its own. */
+    int param_pairs = options->backward_prefetch == BACKWARD_PRE || (options->forward_prefetch && forward_passes > 1);
+    size_t param_in_flight = param_pairs ? largest_pair_full : largest_other_full;
+    size_t grad_in_flight = options->comm_streams ? largest_pair_full : largest_other_full;
     p->category_peak[MEM_PARAM_SHARD] = shards * f;
     p->category_peak[MEM_GRAD_SHARD] = shards * f;
     p->category_peak[MEM_OPTIM_STATE] = 2 * shards * f;
     /* Unsharded parameters: NO_SHARD's are views of the local copy; SHARD_GRAD_OP keeps all after forward. */
     if (options->strategy == FSDP_SHARD_GRAD_OP) p->category_peak[MEM_PARAM_UNSHARDED] = all_full * f;
-    else if (options->strategy == FSDP_FULL_SHARD) p->category_peak[MEM_PARAM_UNSHARDED] = (root_full + largest_other_full) * f;
-    /* Unsharded gradients: the root's for the whole backward plus the unit in backward; no_sync keeps them all. */
+    else if (options->strategy == FSDP_FULL_SHARD) p->category_peak[MEM_PARAM_UNSHARDED] = (root_full + param_in_flight) * f;
+    /* Unsharded gradients: the root's for the whole backward plus the unit(s) in backward; no_sync keeps them all. */
     int keeps_all = options->no_sync && options->accumulation_steps > 1;
-    p->category_peak[MEM_GRAD_UNSHARDED] = (keeps_all ? all_full : root_full + largest_other_full) * f;
+    p->category_peak[MEM_GRAD_UNSHARDED] = (keeps_all ? all_full : root_full + grad_in_flight) * f;
     /* Comm buffers: a shard to add the second micro-batch's gradient from; the ring's running sums (3+ ranks). */
     int accumulating = options->accumulation_steps > 1 && !options->no_sync;
     int replicated = model->units[0].replicated;

@@ -26,9 +26,11 @@ typedef struct memory_prediction {
     size_t reserved_bound;                    /* the bound on the caching allocator's reserved peak (see .c) */
 } memory_prediction;
 
-/* B, T: this rank's micro-batch. data_stream_bytes: the loader's token stream (it is data memory too). */
+/* B, T: this rank's micro-batch. data_stream_bytes: the loader's token stream (it is data memory too).
+ * forward_passes: micro-batches in the run (forward prefetch starts with the second). Prefetch and comm streams
+ * (options) add a neighbouring unit's parameters or gradient in flight: see the .c. */
 void memory_model_predict(memory_prediction *prediction, const qwen2_model *model, const fsdp_options *options,
-                          int world_size, int B, int T, size_t data_stream_bytes);
+                          int world_size, int B, int T, size_t data_stream_bytes, int forward_passes);
 /* A table: category, predicted, measured, measured / predicted; then the allocated total and the reserved peak
  * against its bound. */
 void memory_model_report(const memory_prediction *prediction, const size_t *measured_category_peak,

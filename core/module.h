@@ -70,8 +70,11 @@ typedef struct module_ops {
     void (*piece_name)(const void *self, int piece, char *name, size_t size);
     /* Whether activation checkpointing applies to the piece (Qwen2: the decoder layers). */
     int (*piece_checkpointable)(const void *self, int piece);
-    /* Allocates the batch's buffers for B x T tokens (targets may be NULL: no loss). -1 with ctx->error on bad input. */
-    int (*batch_begin)(void *self, void **batch, const int *tokens, const int *targets, int B, int T);
+    /* Allocates the batch's buffers for B x T tokens (targets may be NULL: no loss). checkpointed: per piece, whether
+     * forward will run it with checkpoint = 1 (the model may keep its input apart), or NULL. -1 with ctx->error on
+     * bad input. */
+    int (*batch_begin)(void *self, void **batch, const int *tokens, const int *targets, int B, int T,
+                       const int *checkpointed);
     void (*batch_end)(void *self, void *batch);
     /* Forward of one piece; `checkpoint`: keep only what recompute needs (the piece's input). The last piece computes
      * the loss and the loss's gradient. */

@@ -381,34 +381,37 @@ double qwen2_forward_flops(const qwen2_config *c, int B, int T, int layers_only)
 
 /* ---------------------------------------------------------------- model and units */
 
-/* "root" for unit 0; otherwise the deepest module holding all of the unit's parameters, without "model.":
- * "layers.3" for a decoder layer, "layers.3.mlp" for an MLP wrapped alone; "layers.3-5" when only a list of layers
- * holds them all. */
-static void unit_name(const qwen2_tree *tree, const int *unit_of_param, int unit, char *name, size_t size) {
-    if (unit == 0) {
-        snprintf(name, size, "root");
-        return;
+int qwen2_module_tree(const qwen2_config *config, module_tree *out) {
+    qwen2_tree tree;
+    memset(out, 0, sizeof *out);
+    if (qwen2_tree_build(&tree, config) != 0) return -1;
+    out->nodes = calloc((size_t)tree.module_count, sizeof *out->nodes);
+    out->params = calloc((size_t)tree.param_count, sizeof *out->params);
+    if (out->nodes == NULL || out->params == NULL) {
+        qwen2_tree_free(&tree);
+        module_tree_free(out);
+        return -1;
     }
-    char common[QWEN2_NAME_MAX] = "";
-    int first_layer = -1, last_layer = -1, have = 0;
-    for (int p = 0; p < tree->param_count; p++) {
-        if (unit_of_param[p] != unit) continue;
-        const char *module = tree->modules[tree->params[p].module].name;
-        if (!have) snprintf(common, sizeof common, "%s", module), have = 1;
-        size_t length = 0; /* shrink `common` to the longest shared prefix that ends at a '.' boundary */
-        while (common[length] && common[length] == module[length]) length++;
-        if (common[length] != '\0' || (module[length] != '\0' && module[length] != '.')) {
-            while (length > 0 && common[length] != '.') length--;
-            common[length] = '\0';
-        }
-        int layer = tree->params[p].layer;
-        if (layer >= 0 && first_layer < 0) first_layer = layer;
-        if (layer >= 0) last_layer = layer;
+    out->node_count = tree.module_count, out->param_count = tree.param_count;
+    for (int m = 0; m < tree.module_count; m++) {
+        snprintf(out->nodes[m].name, sizeof out->nodes[m].name, "%s", tree.modules[m].name);
+        out->nodes[m].type = tree.modules[m].type;
+        out->nodes[m].parent = tree.modules[m].parent;
     }
-    const char *shown = strlen(common) > 6 && memcmp(common, "model.", 6) == 0 ? common + 6 : common;
-    if (strcmp(shown, "layers") == 0 && first_layer >= 0)
-        snprintf(name, size, "layers.%d-%d", first_layer, last_layer);
-    else snprintf(name, size, "%s", shown[0] ? shown : "model");
+    int head = config->num_hidden_layers + 1;
+    for (int p = 0; p < tree.param_count; p++) {
+        const qwen2_param *param = &tree.params[p];
+        module_param *to = &out->params[p];
+        snprintf(to->name, sizeof to->name, "%s", param->name);
+        to->ndim = param->ndim;
+        to->shape[0] = param->shape[0], to->shape[1] = param->shape[1];
+        to->module = param->module;
+        if (param->layer >= 0) to->first_piece = to->last_piece = 1 + param->layer;
+        else if (p == 0) to->first_piece = 0, to->last_piece = head; /* model.embed_tokens.weight, tied to lm_head */
+        else to->first_piece = to->last_piece = head;                /* model.norm.weight */
+    }
+    qwen2_tree_free(&tree);
+    return 0;
 }
 
 int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
@@ -418,45 +421,31 @@ int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *confi
     model->config = *config;
     layers_set_threads(ctx->threads);
     if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
-    if (qwen2_tree_build(&model->tree, config) != 0) ctx_fatal(ctx, "out of memory building the module tree");
-    const qwen2_tree *tree = &model->tree;
+    if (qwen2_tree_build(&model->tree, config) != 0 || qwen2_module_tree(config, &model->module_tree) != 0)
+        ctx_fatal(ctx, "out of memory building the module tree");
     model->unit_count = unit_count;
-    model->units = calloc((size_t)unit_count, sizeof *model->units);
-    model->locations = calloc((size_t)tree->param_count, sizeof *model->locations);
-    for (int p = 0; p < tree->param_count; p++) {
-        if (unit_of_param[p] < 0 || unit_of_param[p] >= unit_count) {
-            snprintf(ctx->error, sizeof ctx->error, "rank %d: parameter '%s' assigned to unit %d, but there are %d units",
-                     ctx->rank, tree->params[p].name, unit_of_param[p], unit_count);
-            return -1;
-        }
-    }
-    fp_tensor_spec *specs = calloc((size_t)tree->param_count, sizeof *specs);
-    if (model->units == NULL || model->locations == NULL || specs == NULL)
-        ctx_fatal(ctx, "out of memory for %d units", unit_count);
-    for (int unit = 0; unit < unit_count; unit++) {
-        int count = 0;
-        for (int p = 0; p < tree->param_count; p++) {
-            if (unit_of_param[p] != unit) continue;
-            const qwen2_param *param = &tree->params[p];
-            specs[count] = (fp_tensor_spec){param->name, param->ndim, {param->shape[0], param->shape[1]}};
-            model->locations[p] = (qwen2_location){unit, count++};
-        }
-        char name[64];
-        unit_name(tree, unit_of_param, unit, name, sizeof name);
-        int status = replicated ? fp_init_replicated(&model->units[unit], ctx, name, specs, count)
-                                : fp_init(&model->units[unit], ctx, name, specs, count);
-        if (status != 0) {
-            free(specs);
-            return -1;
-        }
-        if (init != NULL) fp_fill_local_shard(&model->units[unit], qwen2_init_fill, (void *)init);
-    }
-    free(specs);
-    return 0;
+    return module_units_build(ctx, &model->module_tree, unit_of_param, unit_count, replicated, "model.",
+                              init ? qwen2_init_fill : NULL, (void *)init, &model->units, &model->locations);
+}
+
+int qwen2_model_init_wrapped(qwen2_model *model, context *ctx, const qwen2_config *config, fsdp_wrap_fn wrap,
+                             void *user, fsdp_strategy strategy, const qwen2_init_spec *init) {
+    module_tree tree;
+    if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
+    if (qwen2_module_tree(config, &tree) != 0) ctx_fatal(ctx, "out of memory building the module tree");
+    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param);
+    if (unit_of_param == NULL) ctx_fatal(ctx, "out of memory");
+    int unit_count = fsdp_auto_wrap(&tree, wrap, user, unit_of_param);
+    int status = qwen2_model_init(model, ctx, config, unit_of_param, unit_count, strategy == FSDP_NO_SHARD, init);
+    free(unit_of_param);
+    module_tree_free(&tree);
+    return status;
 }
 
 void qwen2_model_free(qwen2_model *model) {
-    for (int unit = 0; unit < model->unit_count; unit++) fp_free(&model->units[unit]);
+    module_units_free(model->units, model->unit_count, model->locations);
+    model->units = NULL, model->locations = NULL;
+    module_tree_free(&model->module_tree);
     mem_free(&model->ctx->mem, model->rope_cos);
     mem_free(&model->ctx->mem, model->rope_sin);
     free(model->units);
@@ -477,6 +466,9 @@ float *qwen2_param_data(const qwen2_model *model, int param) {
     if (unit->shard_state != FP_UNSHARDED)
         ctx_fatal(model->ctx, "unit '%s': parameter '%s' used while SHARDED; unshard the unit first", unit->unit,
                   model->tree.params[param].name);
+    if (fp_unshard_pending(unit))
+        ctx_fatal(model->ctx, "unit '%s': parameter '%s' used while its all-gather is in flight; wait for it first",
+                  unit->unit, model->tree.params[param].name);
     return unit->full_param_padded + unit->params[at.index].offset;
 }
 
@@ -841,4 +833,112 @@ int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int
     }
     mem_free(&model->ctx->mem, sequence);
     return produced;
+}
+
+/* ---------------------------------------------------------------- the model as the runtime sees it */
+
+/* A batch: the activations, and which layers keep only their input (activation checkpointing). */
+typedef struct qwen2_batch {
+    qwen2_activations acts;
+    int *checkpointed_layers;
+} qwen2_batch;
+
+static void qwen2_piece_name(const void *self, int piece, char *name, size_t size) {
+    const qwen2_model *model = self;
+    int L = model->config.num_hidden_layers;
+    if (piece == 0) snprintf(name, size, "embed_tokens");
+    else if (piece == L + 1) snprintf(name, size, "norm_lm_head_loss");
+    else snprintf(name, size, "layers.%d", piece - 1);
+}
+
+static int qwen2_piece_checkpointable(const void *self, int piece) {
+    const qwen2_model *model = self;
+    return piece >= 1 && piece <= model->config.num_hidden_layers;
+}
+
+static int qwen2_batch_begin(void *self, void **out, const int *tokens, const int *targets, int B, int T,
+                             const int *checkpointed) {
+    qwen2_model *model = self;
+    int L = model->config.num_hidden_layers;
+    qwen2_batch *batch = calloc(1, sizeof *batch);
+    if (batch == NULL || (batch->checkpointed_layers = calloc((size_t)(L > 0 ? L : 1), sizeof(int))) == NULL)
+        ctx_fatal(model->ctx, "out of memory");
+    for (int l = 0; l < L && checkpointed; l++) batch->checkpointed_layers[l] = checkpointed[1 + l];
+    if (qwen2_activations_begin(model, &batch->acts, tokens, targets, B, T) != 0) {
+        free(batch->checkpointed_layers);
+        free(batch);
+        return -1;
+    }
+    batch->acts.checkpointed = batch->checkpointed_layers;
+    *out = batch;
+    return 0;
+}
+
+static void qwen2_batch_end(void *self, void *batch_pointer) {
+    qwen2_batch *batch = batch_pointer;
+    qwen2_activations_end(self, &batch->acts);
+    free(batch->checkpointed_layers);
+    free(batch);
+}
+
+static void qwen2_piece_forward(void *self, void *batch_pointer, int piece, int checkpoint) {
+    qwen2_model *model = self;
+    qwen2_activations *acts = &((qwen2_batch *)batch_pointer)->acts;
+    int L = model->config.num_hidden_layers;
+    if (piece == 0) qwen2_embed_forward(model, acts);
+    else if (piece <= L) {
+        qwen2_layer_forward(model, acts, piece - 1);
+        /* checkpointing keeps only the layer's input (allocated as checkpoint_input by the piece before) */
+        if (checkpoint) qwen2_layer_activations_free(model, &acts->layers[piece - 1]);
+    } else qwen2_head_forward(model, acts);
+}
+
+static void qwen2_piece_recompute(void *self, void *batch_pointer, int piece) {
+    qwen2_layer_recompute(self, &((qwen2_batch *)batch_pointer)->acts, piece - 1);
+}
+
+static void qwen2_piece_backward(void *self, void *batch_pointer, int piece) {
+    qwen2_model *model = self;
+    qwen2_activations *acts = &((qwen2_batch *)batch_pointer)->acts;
+    int L = model->config.num_hidden_layers;
+    if (piece == 0) qwen2_embed_backward(model, acts);
+    else if (piece <= L) qwen2_layer_backward(model, acts, piece - 1);
+    else qwen2_head_backward(model, acts);
+}
+
+static float qwen2_batch_loss(const void *self, const void *batch_pointer) {
+    (void)self;
+    return ((const qwen2_batch *)batch_pointer)->acts.loss;
+}
+
+static void qwen2_scale_loss_gradient(void *self, void *batch_pointer, float factor) {
+    qwen2_model *model = self;
+    qwen2_activations *acts = &((qwen2_batch *)batch_pointer)->acts;
+    size_t logits = (size_t)acts->B * (size_t)acts->T * (size_t)model->config.vocab_size;
+    for (size_t i = 0; i < logits; i++) acts->dlogits[i] *= factor;
+}
+
+static const module_ops qwen2_module_ops = {
+    .piece_name = qwen2_piece_name,
+    .piece_checkpointable = qwen2_piece_checkpointable,
+    .batch_begin = qwen2_batch_begin,
+    .batch_end = qwen2_batch_end,
+    .forward = qwen2_piece_forward,
+    .recompute = qwen2_piece_recompute,
+    .backward = qwen2_piece_backward,
+    .loss = qwen2_batch_loss,
+    .scale_loss_gradient = qwen2_scale_loss_gradient,
+};
+
+void qwen2_as_module(qwen2_model *model, module *out) {
+    *out = (module){
+        .name = "Qwen2ForCausalLM",
+        .tree = &model->module_tree,
+        .piece_count = model->config.num_hidden_layers + 2,
+        .unit_count = model->unit_count,
+        .units = model->units,
+        .locations = model->locations,
+        .ops = &qwen2_module_ops,
+        .self = model,
+    };
 }

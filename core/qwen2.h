@@ -18,9 +18,12 @@
 
 #include "context.h"
 #include "flat_param.h"
+#include "fsdp.h"
+#include "module.h"
 
 #define QWEN2_IGNORE_INDEX (-100)
 #define QWEN2_NAME_MAX 128
+#define QWEN2_DECODER_LAYER "Qwen2DecoderLayer" /* the class transformer_auto_wrap_policy wraps */
 
 typedef struct qwen2_config {
     char name[32];                /* preset it came from, or "custom" */
@@ -99,9 +102,11 @@ double qwen2_forward_flops(const qwen2_config *config, int B, int T, int layers_
 /* ---- The model ---- */
 
 /* Where a parameter lives: which unit, which of its FlatParameter's params. */
-typedef struct qwen2_location {
-    int unit, index;
-} qwen2_location;
+typedef module_location qwen2_location;
+
+/* The tree as the runtime sees it (core/module.h): pieces are 0 the embedding, 1 + l decoder layer l, L + 1 the
+ * head (final norm, tied lm_head, loss); embed_tokens.weight spans 0 .. L + 1 (tied), norm.weight the head. */
+int qwen2_module_tree(const qwen2_config *config, module_tree *tree);
 
 typedef struct qwen2_model {
     context *ctx;
@@ -110,6 +115,7 @@ typedef struct qwen2_model {
     int unit_count;
     flat_param *units;            /* units[0] is the root unit */
     qwen2_location *locations;    /* per tree param */
+    module_tree module_tree;      /* the same tree, as the runtime sees it */
     int rope_positions;           /* rows in the RoPE tables (grown on demand) */
     float *rope_cos, *rope_sin;   /* (rope_positions, head_dim), category workspace */
 } qwen2_model;
@@ -123,6 +129,12 @@ typedef struct qwen2_model {
 int qwen2_model_init(qwen2_model *model, context *ctx, const qwen2_config *config, const int *unit_of_param,
                      int unit_count, int replicated, const qwen2_init_spec *init);
 void qwen2_model_free(qwen2_model *model);
+/* The model, wrapped by `wrap` (fsdp_auto_wrap) into units and initialised from `init`; NO_SHARD keeps whole units on
+ * every rank. Returns -1 with ctx->error on a bad config. */
+int qwen2_model_init_wrapped(qwen2_model *model, context *ctx, const qwen2_config *config, fsdp_wrap_fn wrap,
+                             void *user, fsdp_strategy strategy, const qwen2_init_spec *init);
+/* The model as the FSDP runtime sees it (pieces: embed, layers, head). Valid while the model lives. */
+void qwen2_as_module(qwen2_model *model, module *out);
 /* The parameter's values (its unit must be UNSHARDED) or its gradient (the unit's full gradient must exist). */
 float *qwen2_param_data(const qwen2_model *model, int param);
 float *qwen2_param_grad(const qwen2_model *model, int param);

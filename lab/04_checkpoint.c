@@ -42,7 +42,9 @@ static run_result run_once(context *ctx, qwen2_model *model, int checkpointing, 
     fsdp_options options = {.strategy = FSDP_FULL_SHARD, .activation_checkpointing = checkpointing,
                             .accumulation_steps = 1};
     fsdp_runtime runtime;
-    if (fsdp_runtime_init(&runtime, ctx, model, &options) != 0) ctx_fatal(ctx, "%s", ctx->error);
+    module view;
+    qwen2_as_module(model, &view);
+    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) ctx_fatal(ctx, "%s", ctx->error);
     trace_mark(&ctx->trace, checkpointing ? "lab 04: with activation checkpointing" : "lab 04: without checkpointing");
     /* torch.cuda.empty_cache() + reset_peak_memory_stats(): the first run's cached blocks would otherwise count in
      * the second's reserved peak. */
@@ -50,7 +52,7 @@ static run_result run_once(context *ctx, qwen2_model *model, int checkpointing, 
     trace_step(&ctx->trace, checkpointing + 1, 0, 0.0, ctx->mem.live_bytes, ctx->mem.reserved_bytes, 0.0);
     mem_reset_peak(&ctx->mem);
     double start = MPI_Wtime();
-    run_result result = {.loss = fsdp_forward_backward(&runtime, tokens, targets, B, T, 1)};
+    run_result result = {.loss = fsdp_forward_backward(&runtime, tokens, targets, B, T, FSDP_MICRO_BATCH_LAST)};
     result.seconds = MPI_Wtime() - start;
     result.activation_peak = ctx->mem.category_peak_bytes[MEM_ACTIVATION];
     result.checkpoint_input_peak = ctx->mem.category_peak_bytes[MEM_CHECKPOINT_INPUT];
@@ -104,7 +106,7 @@ int main(int argc, char **argv) {
 
     qwen2_model model;
     qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
-    if (fsdp_model_init(&model, &ctx, &config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, &init) != 0)
+    if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
         ctx_exit_all(&ctx, 2, "%s", ctx.error);
     data_loader loader;
     if (data_loader_open(&loader, &ctx, getenv("DATA"), config.vocab_size, B, T, seed, 1) != 0)

@@ -91,17 +91,18 @@ static void build_model(context *ctx, const settings *s, qwen2_model *model) {
     qwen2_config config;
     qwen2_config_from_env(ctx, &config, s->seq_len);
     /* WRAP: "layers" (transformer_auto_wrap_policy, the default) or "size:<min params>" (size_based_auto_wrap_policy) */
-    fsdp_wrap_fn wrap = fsdp_wrap_decoder_layers;
+    fsdp_wrap_fn wrap = fsdp_wrap_by_type;
+    void *wrap_user = (void *)QWEN2_DECODER_LAYER;
     size_t min_params = 0;
     if (s->wrap != NULL && s->wrap[0] != '\0' && strcmp(s->wrap, "layers") != 0) {
         char *end = NULL;
         if (strncmp(s->wrap, "size:", 5) != 0 || (min_params = strtoull(s->wrap + 5, &end, 10)) == 0 || *end != '\0')
             ctx_exit_all(ctx, 2, "WRAP='%s' is not a wrap policy; choose layers or size:<min params>, e.g. size:100000",
                          s->wrap);
-        wrap = fsdp_wrap_by_size;
+        wrap = fsdp_wrap_by_size, wrap_user = &min_params;
     }
     qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    if (fsdp_model_init(model, ctx, &config, wrap, &min_params, (fsdp_strategy)fsdp_strategy_from_name(s->strategy),
+    if (qwen2_model_init_wrapped(model, ctx, &config, wrap, wrap_user, (fsdp_strategy)fsdp_strategy_from_name(s->strategy),
                         &init) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
 }
@@ -132,8 +133,11 @@ int main(int argc, char **argv) {
     fsdp_options options = {.strategy = (fsdp_strategy)fsdp_strategy_from_name(s.strategy),
                             .activation_checkpointing = s.checkpointing, .no_sync = s.no_sync,
                             .accumulation_steps = s.accumulation};
+    fsdp_prefetch_options_from_env(&ctx, &options); /* lab 06's settings; off here by default */
     fsdp_runtime runtime;
-    if (fsdp_runtime_init(&runtime, &ctx, &model, &options) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    module view;
+    qwen2_as_module(&model, &view);
+    if (fsdp_runtime_init(&runtime, &ctx, &view, &options) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
     adamw_config optimizer = adamw_default_config();
     optimizer.lr = s.lr;
     adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
@@ -159,7 +163,8 @@ int main(int argc, char **argv) {
         for (int micro = 0; micro < s.accumulation; micro++) {
             data_next_batch(&loader, tokens, targets);
             float loss = fsdp_forward_backward(&runtime, tokens, targets, s.micro_batch, s.seq_len,
-                                               micro == s.accumulation - 1);
+                                               micro == s.accumulation - 1 ? FSDP_MICRO_BATCH_LAST
+                                                                               : FSDP_MICRO_BATCH_ACCUMULATE);
             trace_step(&ctx.trace, step, micro, loss, ctx.mem.peak_bytes, ctx.mem.peak_reserved_bytes, MPI_Wtime() - start);
             loss_sum += loss;
         }
@@ -197,7 +202,7 @@ int main(int argc, char **argv) {
 
     memory_prediction predicted;
     memory_model_predict(&predicted, &model, &options, ctx.world_size, s.micro_batch, s.seq_len,
-                         loader.token_count * sizeof(uint16_t));
+                         loader.token_count * sizeof(uint16_t), s.steps * s.accumulation);
     char report[4096];
     memory_model_report(&predicted, measured_peak, measured_total_peak, measured_reserved_peak, report, sizeof report);
     if (ctx.rank == 0) printf("\n%s", report);

@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
     }
     qwen2_init_spec init = {.seed = 1, .std = (float)config.initializer_range};
     qwen2_model model;
-    if (fsdp_model_init(&model, &ctx, &config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, &init) != 0)
+    if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
         ctx_exit_all(&ctx, 2, "%s", ctx.error);
     for (int unit = 0; unit < model.unit_count; unit++)
         if (fp_unshard(&model.units[unit], "bench") != 0) ctx_fatal(&ctx, "%s", ctx.error);

@@ -48,7 +48,7 @@ static void load_config(context *ctx, const char *what, qwen2_config *config) {
 
 /* One unit per decoder layer, as lab 05 wraps it. */
 static void make_model(context *ctx, qwen2_model *model, const qwen2_config *config, const qwen2_init_spec *init) {
-    if (fsdp_model_init(model, ctx, config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, init) != 0)
+    if (qwen2_model_init_wrapped(model, ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, init) != 0)
         ctx_fatal(ctx, "%s", ctx->error);
 }
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../core/fsdp.h"
+#include "../core/qwen2.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -16,12 +17,18 @@ static qwen2_config tiny(void) {
 
 START_TEST(test_transformer_policy_makes_one_unit_per_layer) {
     qwen2_config config = tiny();
-    qwen2_tree tree;
-    ck_assert_int_eq(qwen2_tree_build(&tree, &config), 0);
+    module_tree tree;
+    ck_assert_int_eq(qwen2_module_tree(&config, &tree), 0);
     int unit_of_param[64];
-    ck_assert_int_eq(fsdp_auto_wrap(&tree, fsdp_wrap_decoder_layers, NULL, unit_of_param), 1 + config.num_hidden_layers);
-    for (int p = 0; p < tree.param_count; p++) ck_assert_int_eq(unit_of_param[p], tree.params[p].layer + 1);
-    qwen2_tree_free(&tree);
+    ck_assert_int_eq(fsdp_auto_wrap(&tree, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, unit_of_param),
+                     1 + config.num_hidden_layers);
+    for (int p = 0; p < tree.param_count; p++) { /* layer l's parameters are used in piece 1 + l only */
+        const module_param *param = &tree.params[p];
+        int layer_piece = param->first_piece == param->last_piece && param->first_piece >= 1 &&
+                          param->first_piece <= config.num_hidden_layers;
+        ck_assert_int_eq(unit_of_param[p], layer_piece ? param->first_piece : 0);
+    }
+    module_tree_free(&tree);
 }
 END_TEST
 
@@ -30,7 +37,7 @@ START_TEST(test_size_policy_wraps_what_is_big_enough) {
     qwen2_model model;
     size_t min_params = 100000; /* a tiny MLP has 135,168; attention 66,048: only the MLPs are wrapped */
     qwen2_init_spec init = {.seed = 1, .std = 0.02f};
-    ck_assert_msg(fsdp_model_init(&model, &ctx, &config, fsdp_wrap_by_size, &min_params, FSDP_FULL_SHARD, &init) == 0,
+    ck_assert_msg(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_size, &min_params, FSDP_FULL_SHARD, &init) == 0,
                   "%s", ctx.error);
     ck_assert_int_eq(model.unit_count, 1 + config.num_hidden_layers);
     ck_assert_str_eq(model.units[0].unit, "root");
@@ -39,7 +46,9 @@ START_TEST(test_size_policy_wraps_what_is_big_enough) {
     ck_assert_int_eq(model.units[1].param_count, 3); /* gate, up, down */
     fsdp_options options = {.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1};
     fsdp_runtime runtime;
-    ck_assert_int_eq(fsdp_runtime_init(&runtime, &ctx, &model, &options), 0);
+    module view;
+    qwen2_as_module(&model, &view);
+    ck_assert_int_eq(fsdp_runtime_init(&runtime, &ctx, &view, &options), 0);
     ck_assert_int_eq(runtime.units[0].first_piece, 0);                  /* root: the whole model */
     ck_assert_int_eq(runtime.units[0].last_piece, config.num_hidden_layers + 1);
     ck_assert_int_eq(runtime.units[2].first_piece, 2);                  /* layers.1.mlp: layer 1's piece */
@@ -47,13 +56,13 @@ START_TEST(test_size_policy_wraps_what_is_big_enough) {
     fsdp_runtime_free(&runtime);
     qwen2_model_free(&model);
     /* min 1 would wrap every module; whatever would leave the root empty stays in it (here the embedding) */
-    qwen2_tree tree;
-    ck_assert_int_eq(qwen2_tree_build(&tree, &config), 0);
+    module_tree tree;
+    ck_assert_int_eq(qwen2_module_tree(&config, &tree), 0);
     int unit_of_param[64];
     min_params = 1;
     int units = fsdp_auto_wrap(&tree, fsdp_wrap_by_size, &min_params, unit_of_param);
     int modules_with_parameters = 0;
-    for (int m = 0; m < tree.module_count; m++) {
+    for (int m = 0; m < tree.node_count; m++) {
         int owns = 0;
         for (int p = 0; p < tree.param_count; p++) owns |= tree.params[p].module == m;
         modules_with_parameters += owns;
@@ -62,7 +71,7 @@ START_TEST(test_size_policy_wraps_what_is_big_enough) {
     ck_assert_int_eq(units, modules_with_parameters);
     ck_assert_int_eq(unit_of_param[0], 0); /* model.embed_tokens.weight stays with the root */
     for (int p = 1; p < tree.param_count; p++) ck_assert_int_ne(unit_of_param[p], 0);
-    qwen2_tree_free(&tree);
+    module_tree_free(&tree);
 }
 END_TEST
 
@@ -70,10 +79,12 @@ START_TEST(test_illegal_transition_is_refused_with_names) {
     qwen2_config config = tiny();
     qwen2_model model;
     qwen2_init_spec init = {.seed = 1, .std = 0.02f};
-    ck_assert_int_eq(fsdp_model_init(&model, &ctx, &config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, &init), 0);
+    ck_assert_int_eq(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init), 0);
     fsdp_options options = {.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1};
     fsdp_runtime runtime;
-    ck_assert_int_eq(fsdp_runtime_init(&runtime, &ctx, &model, &options), 0);
+    module view;
+    qwen2_as_module(&model, &view);
+    ck_assert_int_eq(fsdp_runtime_init(&runtime, &ctx, &view, &options), 0);
     /* a post-backward hook on a unit that never ran forward */
     ck_assert_int_eq(fsdp_check_transition(&runtime, 3, HANDLE_BACKWARD_PRE, HANDLE_BACKWARD_POST, "_post_backward_hook"), -1);
     ck_assert_msg(strstr(ctx.error, "unit 'layers.2': illegal HandleTrainingState transition IDLE -> BACKWARD_POST in "
@@ -89,13 +100,15 @@ START_TEST(test_a_micro_batch_leaves_everything_sharded_and_idle) {
     qwen2_config config = tiny();
     qwen2_model model;
     qwen2_init_spec init = {.seed = 3, .std = 0.02f};
-    ck_assert_int_eq(fsdp_model_init(&model, &ctx, &config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, &init), 0);
+    ck_assert_int_eq(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init), 0);
     fsdp_options options = {.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1};
     fsdp_runtime runtime;
-    ck_assert_int_eq(fsdp_runtime_init(&runtime, &ctx, &model, &options), 0);
+    module view;
+    qwen2_as_module(&model, &view);
+    ck_assert_int_eq(fsdp_runtime_init(&runtime, &ctx, &view, &options), 0);
     int tokens[2 * 9], targets[2 * 9];
     for (int i = 0; i < 18; i++) tokens[i] = (i * 7 + ctx.rank) % 256, targets[i] = (i * 5 + 1) % 256;
-    float loss = fsdp_forward_backward(&runtime, tokens, targets, 2, 9, 1);
+    float loss = fsdp_forward_backward(&runtime, tokens, targets, 2, 9, FSDP_MICRO_BATCH_LAST);
     CK_ASSERT_ALL(&ctx, loss > 5.0f && loss < 6.0f, "loss %g of an untrained model is not near ln(260) = 5.56", loss);
     for (int unit = 0; unit < model.unit_count; unit++) {
         ck_assert_int_eq(runtime.units[unit].handle_state, HANDLE_IDLE);

@@ -34,7 +34,7 @@ static qwen2_config small_config(void) {
 
 static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t seed) {
     qwen2_init_spec init = {.seed = seed, .std = 0.02f};
-    ck_assert_msg(fsdp_model_init(model, &ctx, config, fsdp_wrap_decoder_layers, NULL, FSDP_FULL_SHARD, &init) == 0,
+    ck_assert_msg(qwen2_model_init_wrapped(model, &ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) == 0,
                   "%s", ctx.error);
     for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
 }

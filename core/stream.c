@@ -1,0 +1,155 @@
+/* stream.c — streams as the host thread or a progress thread each; events as flags. See stream.h. */
+#include "stream.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void event_complete(stream *s, stream_event *event) {
+    pthread_mutex_lock(&s->mutex);
+    event->complete_us = trace_now_us(&s->ctx->trace);
+    atomic_store_explicit(&event->complete, 1, memory_order_release);
+    pthread_cond_broadcast(&s->done);
+    pthread_mutex_unlock(&s->mutex);
+}
+
+int event_query(const stream_event *event) {
+    return event->recorded_on == NULL || atomic_load_explicit(&event->complete, memory_order_acquire);
+}
+
+double event_synchronize(stream_event *event) {
+    if (event_query(event)) return 0.0;
+    stream *s = event->recorded_on;
+    double start = trace_now_us(&s->ctx->trace);
+    pthread_mutex_lock(&s->mutex);
+    while (!atomic_load_explicit(&event->complete, memory_order_acquire)) pthread_cond_wait(&s->done, &s->mutex);
+    pthread_mutex_unlock(&s->mutex);
+    return trace_now_us(&s->ctx->trace) - start;
+}
+
+/* ---- the worker thread ---- */
+
+static void *worker_main(void *arg) {
+    stream *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mutex);
+        while (s->count == 0 && !s->stop) pthread_cond_wait(&s->work, &s->mutex);
+        if (s->count == 0 && s->stop) {
+            pthread_mutex_unlock(&s->mutex);
+            return NULL;
+        }
+        stream_task task = s->tasks[s->head]; /* stays queued while it runs: stream_synchronize sees it */
+        pthread_mutex_unlock(&s->mutex);
+        switch (task.kind) {
+        case TASK_RUN: task.fn(task.arg); break;
+        case TASK_RECORD: event_complete(s, task.event); break;
+        case TASK_WAIT: event_synchronize(task.event); break;
+        }
+        pthread_mutex_lock(&s->mutex);
+        s->head = (s->head + 1) % s->capacity;
+        s->count--;
+        pthread_cond_broadcast(&s->done);
+        pthread_mutex_unlock(&s->mutex);
+    }
+}
+
+static void enqueue(stream *s, stream_task task) {
+    pthread_mutex_lock(&s->mutex);
+    if (s->count == s->capacity) { /* grow the ring, unrolling it */
+        size_t capacity = s->capacity ? 2 * s->capacity : 64;
+        stream_task *tasks = malloc(capacity * sizeof *tasks);
+        if (tasks == NULL) ctx_fatal(s->ctx, "stream '%s': out of memory for %zu tasks", s->name, capacity);
+        for (size_t i = 0; i < s->count; i++) tasks[i] = s->tasks[(s->head + i) % s->capacity];
+        free(s->tasks);
+        s->tasks = tasks, s->capacity = capacity, s->head = 0;
+    }
+    s->tasks[(s->head + s->count) % s->capacity] = task;
+    s->count++;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mutex);
+}
+
+int stream_init(stream *s, context *ctx, const char *name, stream_kind kind) {
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    s->kind = kind;
+    s->comm = ctx->comm;
+    snprintf(s->name, sizeof s->name, "%s", name);
+    pthread_mutex_init(&s->mutex, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->done, NULL);
+    if (kind == STREAM_HOST) return 0;
+    if (!ctx->thread_multiple) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: stream '%s' needs MPI_THREAD_MULTIPLE, which this MPI does "
+                 "not provide: comm streams are threads calling MPI beside the host", ctx->rank, name);
+        return -1;
+    }
+    int rc = MPI_Comm_dup(ctx->comm, &s->comm);
+    if (rc != MPI_SUCCESS) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: stream '%s': MPI_Comm_dup failed (code %d)", ctx->rank, name,
+                 rc);
+        return -1;
+    }
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    rc = pthread_create(&s->thread, NULL, worker_main, s);
+    if (rc != 0) {
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: stream '%s': pthread_create failed: %s", ctx->rank, name,
+                 strerror(rc));
+        return -1;
+    }
+    s->started = 1;
+    return 0;
+}
+
+void stream_destroy(stream *s) {
+    if (s->ctx == NULL) return;
+    if (s->started) {
+        pthread_mutex_lock(&s->mutex);
+        s->stop = 1;
+        pthread_cond_signal(&s->work);
+        pthread_mutex_unlock(&s->mutex);
+        pthread_join(s->thread, NULL);
+    }
+    if (s->kind == STREAM_WORKER && s->comm != MPI_COMM_NULL && s->comm != s->ctx->comm) MPI_Comm_free(&s->comm);
+    pthread_mutex_destroy(&s->mutex);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->done);
+    free(s->tasks);
+    memset(s, 0, sizeof *s);
+}
+
+void stream_launch(stream *s, stream_fn fn, void *arg) {
+    if (s->kind == STREAM_HOST) fn(arg);
+    else enqueue(s, (stream_task){.kind = TASK_RUN, .fn = fn, .arg = arg});
+}
+
+void event_record(stream_event *event, stream *s) {
+    event->recorded_on = s;
+    atomic_store_explicit(&event->complete, 0, memory_order_release);
+    if (s->kind == STREAM_HOST) event_complete(s, event);
+    else enqueue(s, (stream_task){.kind = TASK_RECORD, .event = event});
+}
+
+double stream_wait(stream *s, stream_event *event) {
+    if (s->kind == STREAM_HOST) return event_synchronize(event);
+    if (!event_query(event)) enqueue(s, (stream_task){.kind = TASK_WAIT, .event = event});
+    return 0.0;
+}
+
+void stream_synchronize(stream *s) {
+    if (s->kind == STREAM_HOST) return;
+    pthread_mutex_lock(&s->mutex);
+    while (s->count > 0) pthread_cond_wait(&s->done, &s->mutex);
+    pthread_mutex_unlock(&s->mutex);
+}
+
+int stream_progress(stream *s, int count, MPI_Request *requests) {
+    if (s == NULL || s->kind == STREAM_HOST) return MPI_Waitall(count, requests, MPI_STATUSES_IGNORE);
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS || done) return rc;
+        sched_yield();
+    }
+}

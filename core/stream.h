@@ -1,0 +1,87 @@
+/* stream.h — execution: streams that run work in order, and events that say when work is done.
+ *
+ * The CUDA model, which every backend implements: work launched on a stream runs in launch order; event_record
+ * puts a marker on a stream that completes when the work before it has; stream_wait makes later work on a stream
+ * wait for an event of another; event_synchronize makes the host wait. FSDP runs three streams per rank:
+ *
+ *   compute          the layers' forward and backward
+ *   all_gather       unshards (torch's _unshard_stream)
+ *   reduce_scatter   gradient reduction (torch's _post_backward_stream)
+ *
+ * On CPU the compute stream is the host thread itself (STREAM_HOST: launched work runs at once, a recorded event is
+ * complete when recorded, waiting on another stream's event blocks the host). A comm stream is a progress thread
+ * (STREAM_WORKER) with its own duplicate of the communicator, so its collectives never mix with another stream's;
+ * it runs its queue in order and drives its MPI requests to completion itself, yielding the core between polls.
+ * Why a thread and not MPI non-blocking calls alone: Open MPI moves a large shared-memory message only while some
+ * thread is inside MPI, so a collective started by the host would make no progress while the host computes.
+ *
+ * On a GPU (the CUDA backend) the same functions map to cudaStream_t, cudaEventRecord and cudaStreamWaitEvent.
+ */
+#ifndef FSDPLAB_STREAM_H
+#define FSDPLAB_STREAM_H
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "context.h"
+
+typedef enum stream_kind { STREAM_HOST, STREAM_WORKER } stream_kind;
+
+typedef struct stream stream;
+
+/* A marker on a stream. Not recorded: counts as complete (as cudaEventQuery of a fresh event). */
+typedef struct stream_event {
+    stream *recorded_on;          /* the stream that completes it; NULL when never recorded */
+    atomic_int complete;
+    double complete_us;           /* trace clock, once complete */
+} stream_event;
+
+typedef void (*stream_fn)(void *arg);
+
+typedef struct stream_task {
+    enum { TASK_RUN, TASK_RECORD, TASK_WAIT } kind;
+    stream_fn fn;
+    void *arg;
+    stream_event *event;
+} stream_task;
+
+struct stream {
+    context *ctx;
+    char name[32];                /* "compute", "all_gather", "reduce_scatter": the trace's stream names */
+    stream_kind kind;
+    MPI_Comm comm;                /* the communicator its collectives use: the context's, or a duplicate */
+    pthread_t thread;
+    pthread_mutex_t mutex;
+    pthread_cond_t work;          /* the worker: a task arrived (or stop) */
+    pthread_cond_t done;          /* the host: an event completed */
+    stream_task *tasks;           /* ring buffer */
+    size_t capacity, head, count;
+    int stop, started;
+};
+
+/* A host stream, or a worker stream with its own thread and communicator (collective over ctx->comm: every rank
+ * creates its streams in the same order). A worker needs MPI_THREAD_MULTIPLE; without it, -1 with ctx->error. */
+int stream_init(stream *s, context *ctx, const char *name, stream_kind kind);
+/* Waits for the queued work, stops the thread, frees the communicator. */
+void stream_destroy(stream *s);
+
+/* Runs fn(arg) on the stream after the work launched before it. */
+void stream_launch(stream *s, stream_fn fn, void *arg);
+/* The event completes when the stream reaches this point. */
+void event_record(stream_event *event, stream *s);
+/* Work launched on s after this call starts only once the event has completed. On a host stream, the host waits
+ * here; returns the microseconds it waited (0 when complete already, or on a worker stream). */
+double stream_wait(stream *s, stream_event *event);
+/* The host waits until the event completes; returns the microseconds it waited. */
+double event_synchronize(stream_event *event);
+int event_query(const stream_event *event);
+/* Waits for everything launched on the stream so far. */
+void stream_synchronize(stream *s);
+
+/* On a worker stream: drives the MPI requests to completion, yielding the core between unsuccessful polls so two
+ * ranks and their streams can share two cores. On a host stream (or NULL): MPI_Waitall. Returns MPI's code. */
+int stream_progress(stream *s, int count, MPI_Request *requests);
+
+#endif
