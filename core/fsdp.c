@@ -291,8 +291,8 @@ void fsdp_post_backward_final_callback(fsdp_runtime *runtime) {
         ctx_fatal(runtime->ctx, "unit '%s': an all-gather is still in flight after backward (prefetched, never used)",
                   unit_name(runtime, runtime->gathers_in_flight[0]));
     for (int unit = 0; unit < runtime->model->unit_count; unit++) {
-        set_handle_state(runtime, unit, HANDLE_BACKWARD_POST, HANDLE_IDLE, "_post_backward_final_callback");
         set_training_state(runtime, unit, TRAINING_STATE_IDLE, "_post_backward_final_callback");
+        set_handle_state(runtime, unit, HANDLE_BACKWARD_POST, HANDLE_IDLE, "_post_backward_final_callback");
     }
 }
 

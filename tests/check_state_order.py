@@ -5,8 +5,8 @@ PyTorch's order (torch/distributed/fsdp/_runtime_utils.py), for the root wrappin
 per layer: the root's _pre_forward (TrainingState, HandleTrainingState, unshard); each layer's _pre_forward and
 _post_forward (reshard); the root's _post_forward keeps its parameters; backward starts at the root
 (_pre_backward_hook: already unsharded), then each layer from the last: _pre_backward_hook (unshard),
-_post_backward_hook (reshard, BACKWARD_POST); the root's _post_backward_hook after the embedding's gradient; then
-_post_backward_final_callback sets every handle and unit back to IDLE.
+_post_backward_hook (BACKWARD_POST, then _post_backward_reshard); the root's _post_backward_hook after the embedding's
+gradient; then _post_backward_final_callback sets every unit's TrainingState and then its handle back to IDLE.
 
 usage: python3 tests/check_state_order.py RUNDIR LAYERS
 """
@@ -33,13 +33,13 @@ def expected(layers):
     for unit in reversed(units[1:]):
         seq.append((unit, "HandleTrainingState", "IDLE", "BACKWARD_PRE", "_pre_backward_hook"))
         seq.append((unit, "ShardState", "SHARDED", "UNSHARDED", "_pre_backward_hook"))
-        seq.append((unit, "ShardState", "UNSHARDED", "SHARDED", "_post_backward_hook"))
         seq.append((unit, "HandleTrainingState", "BACKWARD_PRE", "BACKWARD_POST", "_post_backward_hook"))
-    seq.append(("root", "ShardState", "UNSHARDED", "SHARDED", "_post_backward_hook"))
+        seq.append((unit, "ShardState", "UNSHARDED", "SHARDED", "_post_backward_hook"))
     seq.append(("root", "HandleTrainingState", "BACKWARD_PRE", "BACKWARD_POST", "_post_backward_hook"))
+    seq.append(("root", "ShardState", "UNSHARDED", "SHARDED", "_post_backward_hook"))
     for unit in units:
-        seq.append((unit, "HandleTrainingState", "BACKWARD_POST", "IDLE", "_post_backward_final_callback"))
         seq.append((unit, "TrainingState", "FORWARD_BACKWARD", "IDLE", "_post_backward_final_callback"))
+        seq.append((unit, "HandleTrainingState", "BACKWARD_POST", "IDLE", "_post_backward_final_callback"))
     return seq
 
 

@@ -1,0 +1,249 @@
+/* lab 06 — prefetch and overlap: run the next unit's all-gather under this unit's compute, and pay for it in memory.
+ *
+ * What it teaches
+ *   In lab 05 every collective blocks: the host waits for each all-gather before a unit computes and for each
+ *   reduce-scatter after, so communication adds to the step. FSDP hides it with streams (core/stream.h): collectives
+ *   run on an all-gather stream and a reduce-scatter stream while the compute stream works, and the hooks *issue*
+ *   a collective early and *wait* for it late. Which all-gather is issued early is FSDP1's prefetch policy:
+ *     backward_prefetch=None           unit i's all-gather is issued in its own _pre_backward_hook: nothing to hide
+ *                                      it under (the reduce-scatters still overlap: they run on their own stream)
+ *     backward_prefetch=BACKWARD_PRE   in unit i's _pre_backward_hook, before i computes, issue unit i-1's: it runs
+ *                                      under i's backward, so two units are unsharded at once (the memory price)
+ *     backward_prefetch=BACKWARD_POST  in unit i's _post_backward_hook, after i resharded: under i's reduce-scatter
+ *                                      only, and never two units' parameters at once
+ *     forward_prefetch=True            in unit i's _pre_forward, issue unit i+1's (from the second forward on: the
+ *                                      order comes from the first, as torch's _ExecOrderData)
+ *     limit_all_gathers                the rate limiter: at most 2 unsharded buffers issued ahead of the frees the
+ *                                      compute stream has done (torch's _FreeEventQueue). Here the compute stream is
+ *                                      the host itself, so a free is done when recorded and the limiter never waits;
+ *                                      on a GPU the host runs ahead of the compute stream and it binds.
+ *   Prefetch changes *when*, never *what*: every mode computes the same losses and parameters, bit for bit.
+ *
+ * What to run
+ *   mpirun -np 2 lab/06_prefetch                 every mode on the tiny model, 4 steps each, one table
+ *   MODES=none,BACKWARD_PRE mpirun -np 2 ...     some modes (blocking, none, BACKWARD_PRE, BACKWARD_POST, forward,
+ *                                                no_limit)
+ *   CONFIG=hidden_size=512,num_hidden_layers=8 SEQ=256 mpirun -np 2 lab/06_prefetch    a bigger model: more to hide
+ *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT (as lab 05)
+ *
+ * What to look at (runs/06_prefetch/trace.json in Perfetto UI; the modes run one after the other, marked)
+ *   Per rank three tracks: compute, the all_gather stream and the reduce_scatter stream. In "blocking" they take
+ *   turns. From "none" on, each reduce_scatter sits under the next layer's backward. With BACKWARD_PRE the next
+ *   layer's all_gather sits under this layer's backward, and the `wait` slices (exposed communication: the compute
+ *   stream blocked on a collective) shrink; in memory.html param_unsharded steps up to two units during backward.
+ *
+ * The check (`make check-06`): losses and parameters bit-identical across modes; with prefetch, all-gather spans
+ * intersect compute spans and exposed comm < total comm; blocking has no overlap at all and "none" no all-gather
+ * overlap; never more than 2 all-gathers in flight; the measured peak of every category equals the memory model's
+ * prediction for the mode.
+ */
+#define _POSIX_C_SOURCE 200809L /* strtok_r */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/config.h"
+#include "../core/context.h"
+#include "../core/data.h"
+#include "../core/fsdp.h"
+#include "../core/memory_model.h"
+#include "../core/optim.h"
+#include "../core/qwen2.h"
+#include "../trace/run.h"
+
+typedef struct mode {
+    const char *name;
+    int comm_streams, forward_prefetch, limit_all_gathers;
+    fsdp_backward_prefetch backward_prefetch;
+} mode;
+
+static const mode all_modes[] = {
+    {"blocking", 0, 0, 1, BACKWARD_PREFETCH_NONE},
+    {"none", 1, 0, 1, BACKWARD_PREFETCH_NONE},
+    {"BACKWARD_PRE", 1, 0, 1, BACKWARD_PRE},
+    {"BACKWARD_POST", 1, 0, 1, BACKWARD_POST},
+    {"forward", 1, 1, 1, BACKWARD_PRE},
+    {"no_limit", 1, 0, 0, BACKWARD_PRE},
+};
+enum { MODE_COUNT = sizeof all_modes / sizeof all_modes[0] };
+
+typedef struct settings {
+    int micro_batch, steps, seq_len;
+    uint64_t seed;
+    int selected[MODE_COUNT];
+} settings;
+
+static settings read_settings(context *ctx) {
+    settings s = {
+        .micro_batch = (int)cfg_env_int(ctx, "MBS", 4, 1, 4096),
+        .steps = (int)cfg_env_int(ctx, "STEPS", 4, 2, 100000),
+        .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
+        .seed = cfg_env_seed(ctx),
+    };
+    const char *modes = getenv("MODES");
+    if (modes == NULL || modes[0] == '\0') {
+        for (int m = 0; m < MODE_COUNT; m++) s.selected[m] = 1;
+        return s;
+    }
+    char copy[256];
+    snprintf(copy, sizeof copy, "%s", modes);
+    for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int m = 0; m < MODE_COUNT; m++)
+            if (strcmp(all_modes[m].name, name) == 0) found = m;
+        if (found < 0)
+            ctx_exit_all(ctx, 2, "MODES='%s': no mode '%s'; choose from blocking, none, BACKWARD_PRE, BACKWARD_POST, "
+                         "forward, no_limit", modes, name);
+        s.selected[found] = 1;
+    }
+    return s;
+}
+
+/* FNV-1a over this rank's parameter shards: equal in every mode, or prefetch changed the arithmetic. */
+static uint64_t shards_checksum(const qwen2_model *model) {
+    uint64_t hash = 14695981039346656037ull;
+    for (int unit = 0; unit < model->unit_count; unit++) {
+        const unsigned char *bytes = (const unsigned char *)model->units[unit].local_shard;
+        for (size_t i = 0; i < model->units[unit].sharded_numel * sizeof(float); i++)
+            hash = (hash ^ bytes[i]) * 1099511628211ull;
+    }
+    return hash;
+}
+
+typedef struct mode_result {
+    double step_seconds;          /* mean over steps 2..STEPS (the first fills the allocator's cache) */
+    double losses[64];
+    uint64_t checksum;
+    size_t peak_bytes;
+    uint64_t limiter_waits;
+} mode_result;
+
+/* One mode: a fresh model from SEED, the same batches, STEPS AdamW steps. Prints the memory model's table. */
+static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
+    mode_result result = {0};
+    qwen2_config config;
+    qwen2_config_from_env(ctx, &config, s->seq_len);
+    qwen2_model model;
+    qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
+    if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
+                                 FSDP_FULL_SHARD, &init) != 0)
+        ctx_exit_all(ctx, 2, "%s", ctx->error);
+    fsdp_options options = fsdp_default_options();
+    options.comm_streams = m->comm_streams;
+    options.backward_prefetch = m->backward_prefetch;
+    options.forward_prefetch = m->forward_prefetch;
+    options.limit_all_gathers = m->limit_all_gathers;
+    module view;
+    qwen2_as_module(&model, &view);
+    fsdp_runtime runtime;
+    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+    adamw_config optimizer = adamw_default_config();
+    adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
+    if (states == NULL) ctx_fatal(ctx, "out of memory");
+    for (int unit = 0; unit < model.unit_count; unit++) adamw_init(&states[unit]);
+    data_loader loader;
+    if (data_loader_open(&loader, ctx, NULL, config.vocab_size, s->micro_batch, s->seq_len, s->seed, 1) != 0)
+        ctx_exit_all(ctx, 2, "%s", ctx->error);
+    size_t batch = (size_t)s->micro_batch * (size_t)s->seq_len;
+    int *tokens = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
+    int *targets = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
+
+    char text[128];
+    snprintf(text, sizeof text, "lab 06 mode %s", m->name);
+    CTX_MPI(ctx, MPI_Barrier(ctx->comm)); /* the modes' windows on the timeline do not overlap across ranks */
+    trace_mark(&ctx->trace, text);
+    mem_reset_peak(&ctx->mem);
+    size_t measured_peak[MEM_CATEGORY_COUNT] = {0};
+    double timed = 0.0;
+    for (int step = 1; step <= s->steps; step++) {
+        double start = MPI_Wtime();
+        data_next_batch(&loader, tokens, targets);
+        float loss = fsdp_forward_backward(&runtime, tokens, targets, s->micro_batch, s->seq_len,
+                                           FSDP_MICRO_BATCH_LAST);
+        for (int unit = 0; unit < model.unit_count; unit++) {
+            adamw_step(&states[unit], &model.units[unit], &optimizer);
+            fp_zero_grad(&model.units[unit]);
+        }
+        double elapsed = MPI_Wtime() - start;
+        CTX_MPI(ctx, MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, ctx->comm));
+        if (step > 1) timed += elapsed;
+        if (step <= 64) result.losses[step - 1] = loss;
+        trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, elapsed);
+    }
+    for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
+        measured_peak[category] = ctx->mem.category_peak_bytes[category];
+    trace_mark(&ctx->trace, "lab 06 mode end");
+    result.step_seconds = timed / (s->steps - 1);
+    result.checksum = shards_checksum(&model);
+    result.peak_bytes = ctx->mem.peak_bytes;
+    result.limiter_waits = runtime.free_event_queue.waits;
+
+    memory_prediction predicted;
+    memory_model_predict(&predicted, &model, &options, ctx->world_size, s->micro_batch, s->seq_len,
+                         loader.token_count * sizeof(uint16_t), s->steps);
+    char report[4096];
+    memory_model_report(&predicted, measured_peak, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, report,
+                        sizeof report);
+    char block[4400];
+    snprintf(block, sizeof block, "rank %d, mode %s: %s", ctx->rank, m->name, report);
+    ctx_print_ordered(ctx, block);
+
+    mem_free(&ctx->mem, tokens);
+    mem_free(&ctx->mem, targets);
+    data_loader_close(&loader);
+    for (int unit = 0; unit < model.unit_count; unit++) adamw_free(&states[unit]);
+    free(states);
+    fsdp_runtime_free(&runtime);
+    qwen2_model_free(&model);
+    mem_empty_cache(&ctx->mem); /* every mode starts from an empty cache */
+    return result;
+}
+
+/* After the run: each mode's figures (the per-rank overlap figures come from the events once the trace library
+ * reads streams). */
+static int print_table(const char *outdir, const settings *s, const mode_result *results) {
+    (void)outdir;
+    printf("\nper mode (steps 2..%d, slowest rank):\n  %-14s %9s %9s %8s\n", s->steps, "mode", "step ms", "peak MB",
+           "limiter");
+    for (int m = 0; m < MODE_COUNT; m++)
+        if (s->selected[m])
+            printf("  %-14s %9.2f %9.2f %8llu\n", all_modes[m].name, results[m].step_seconds * 1e3,
+                   (double)results[m].peak_bytes / 1e6, (unsigned long long)results[m].limiter_waits);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    context ctx;
+    ctx_init(&ctx, &argc, &argv, "06_prefetch", "runs/06_prefetch");
+    settings s = read_settings(&ctx);
+    if (s.steps > 64) ctx_exit_all(&ctx, 2, "STEPS='%d': lab 06 keeps at most 64 steps' losses per mode", s.steps);
+    mode_result results[MODE_COUNT] = {{0}};
+    if (ctx.rank == 0) {
+        printf("Ranks = %d, lab 06: the same %d steps in each mode; the memory model per mode and rank first\n",
+               ctx.world_size, s.steps);
+        fflush(stdout);
+    }
+    for (int m = 0; m < MODE_COUNT; m++)
+        if (s.selected[m]) results[m] = run_mode(&ctx, &s, &all_modes[m]);
+
+    /* Same arithmetic in every mode: losses and parameter bits, per rank (printed for check-06 to compare). */
+    char lines[8192];
+    size_t used = 0;
+    for (int m = 0; m < MODE_COUNT && used < sizeof lines; m++) {
+        if (!s.selected[m]) continue;
+        used += (size_t)snprintf(lines + used, sizeof lines - used, "rank %d mode %-14s parameters %016llx losses",
+                                 ctx.rank, all_modes[m].name, (unsigned long long)results[m].checksum);
+        for (int step = 0; step < s.steps && step < 64 && used < sizeof lines; step++)
+            used += (size_t)snprintf(lines + used, sizeof lines - used, " %.9g", results[m].losses[step]);
+        if (used < sizeof lines)
+            used += (size_t)snprintf(lines + used, sizeof lines - used, " limiter_waits %llu\n",
+                                     (unsigned long long)results[m].limiter_waits);
+    }
+    ctx_print_ordered(&ctx, lines);
+    int rank = ctx.rank;
+    char outdir[sizeof ctx.outdir];
+    snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
+    int status = ctx_finish(&ctx);
+    if (rank == 0 && status == 0 && print_table(outdir, &s, results) != 0) status = 1;
+    return status;
+}
