@@ -1,4 +1,5 @@
 /* stream.c — streams as the host thread or a progress thread each; events as flags. See stream.h. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "stream.h"
 
 #include <sched.h>
@@ -144,12 +145,27 @@ void stream_synchronize(stream *s) {
     pthread_mutex_unlock(&s->mutex);
 }
 
+/* Polls with a backoff. For STREAM_POLL_SPIN_US after the collective started the thread only yields the core
+ * between polls: Open MPI moves a shared-memory message while some thread polls, so when both ranks are in the
+ * collective it completes in this phase at full speed. A collective still unfinished then is waiting for a peer
+ * that has not issued it yet (a prefetch ran ahead); the thread sleeps between polls, from 1 us doubling to
+ * STREAM_POLL_MAX_US, so waiting costs the core almost nothing, and after a poll that finds the peer there the
+ * next polls are again back to back (a burst of STREAM_POLL_BURST). */
 int stream_progress(stream *s, int count, MPI_Request *requests) {
     if (s == NULL || s->kind == STREAM_HOST) return MPI_Waitall(count, requests, MPI_STATUSES_IGNORE);
+    double spin_until = MPI_Wtime() + STREAM_POLL_SPIN_US * 1e-6;
+    long sleep_ns = 0;
     for (;;) {
-        int done = 0;
-        int rc = MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS || done) return rc;
-        sched_yield();
+        for (int poll = 0; poll < STREAM_POLL_BURST; poll++) {
+            int done = 0;
+            int rc = MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
+            if (rc != MPI_SUCCESS || done) return rc;
+            sched_yield();
+        }
+        if (MPI_Wtime() < spin_until) continue;
+        sleep_ns = sleep_ns == 0 ? 1000 : sleep_ns * 2;
+        if (sleep_ns > STREAM_POLL_MAX_US * 1000L) sleep_ns = STREAM_POLL_MAX_US * 1000L;
+        struct timespec pause = {0, sleep_ns};
+        nanosleep(&pause, NULL);
     }
 }

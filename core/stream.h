@@ -27,6 +27,12 @@
 
 #include "context.h"
 
+/* A worker's polls of its MPI requests (stream_progress): back to back (yielding) for STREAM_POLL_SPIN_US, then in
+ * bursts of STREAM_POLL_BURST with sleeps doubling up to STREAM_POLL_MAX_US between them. */
+#define STREAM_POLL_SPIN_US 2000
+#define STREAM_POLL_BURST 16
+#define STREAM_POLL_MAX_US 64
+
 typedef enum stream_kind { STREAM_HOST, STREAM_WORKER } stream_kind;
 
 typedef struct stream stream;

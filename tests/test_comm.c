@@ -287,6 +287,108 @@ START_TEST(test_sequence_numbers_agree_across_ranks) {
 }
 END_TEST
 
+/* The start forms on worker streams: the same bits as the blocking forms (every element is computed by the same
+ * code in the same order; only the thread differs), several in flight on two streams at once, and the trace's
+ * stream and issue time on each. */
+START_TEST(test_start_wait_on_streams_equals_blocking) {
+    stream gather_stream, reduce_stream;
+    ck_assert_msg(stream_init(&gather_stream, &ctx, "all_gather", STREAM_WORKER) == 0, "%s", ctx.error);
+    ck_assert_msg(stream_init(&reduce_stream, &ctx, "reduce_scatter", STREAM_WORKER) == 0, "%s", ctx.error);
+    enum { IN_FLIGHT = 3 };
+    for (size_t c = 0; c < COUNT_OF(chunk_counts); c++) {
+        size_t chunk = chunk_counts[c], full_count = chunk * (size_t)ctx.world_size;
+        float *shards[IN_FLIGHT], *fulls[IN_FLIGHT], *grads[IN_FLIGHT], *reduced[IN_FLIGHT];
+        comm_handle gathers[IN_FLIGHT], reduces[IN_FLIGHT];
+        for (int k = 0; k < IN_FLIGHT; k++) { /* three of each queued before any wait */
+            shards[k] = make_input(40 + (uint64_t)k, ctx.rank, chunk), fulls[k] = make_zeros(full_count);
+            grads[k] = make_input(50 + (uint64_t)k, ctx.rank, full_count), reduced[k] = make_zeros(chunk);
+            ck_assert_int_eq(comm_all_gather_start(&ctx, &gather_stream, shards[k], fulls[k], full_count, "test", &gathers[k]), 0);
+            ck_assert_int_eq(comm_reduce_scatter_start(&ctx, &reduce_stream, grads[k], reduced[k], full_count, COMM_AVG,
+                                                       "test", &reduces[k]), 0);
+        }
+        for (int k = 0; k < IN_FLIGHT; k++) {
+            ck_assert_int_eq(comm_wait(&ctx, &gathers[k], "test"), 0);
+            ck_assert_int_eq(comm_wait(&ctx, &reduces[k], "test"), 0);
+            CK_ASSERT_ALL(&ctx, comm_done(&gathers[k]) && comm_done(&reduces[k]), "a waited collective is not done");
+            CK_ASSERT_ALL(&ctx, strcmp(ctx.last_collective.op, "reduce_scatter") == 0 &&
+                                    ctx.last_collective.issue_us <= ctx.last_collective.start_us,
+                          "reduce_scatter event: issued at %.3f, started at %.3f", ctx.last_collective.issue_us,
+                          ctx.last_collective.start_us);
+            float *full = make_zeros(full_count), *shard = make_zeros(chunk);
+            ck_assert_int_eq(comm_all_gather(&ctx, shards[k], full, full_count, "test"), 0);
+            ck_assert_int_eq(comm_reduce_scatter(&ctx, grads[k], shard, full_count, COMM_AVG, "test"), 0);
+            CK_ASSERT_ALL(&ctx, memcmp(full, fulls[k], full_count * sizeof(float)) == 0 &&
+                                    memcmp(shard, reduced[k], chunk * sizeof(float)) == 0,
+                          "collective %d of %zu floats on a stream differs from the blocking form", k, full_count);
+            mem_free(&ctx.mem, full);
+            mem_free(&ctx.mem, shard);
+            mem_free(&ctx.mem, shards[k]);
+            mem_free(&ctx.mem, fulls[k]);
+            mem_free(&ctx.mem, grads[k]);
+            mem_free(&ctx.mem, reduced[k]);
+        }
+    }
+    stream_destroy(&gather_stream);
+    stream_destroy(&reduce_stream);
+}
+END_TEST
+
+/* A stream runs its work in launch order, and stream_wait holds later work until another stream's event. */
+static void append_digit(void *arg) {
+    int *log = arg; /* log[0] is the count; then the digits in the order they ran */
+    log[1 + log[0]] = log[0];
+    log[0]++;
+}
+
+static void sleep_a_little(void *arg) {
+    (void)arg;
+    double until = MPI_Wtime() + 0.02;
+    while (MPI_Wtime() < until) {}
+}
+
+static void record_value(void *arg) {
+    int *pair = arg; /* pair[1] = what pair[0] held when this ran */
+    pair[1] = pair[0];
+}
+
+static void set_value(void *arg) { *(int *)arg = 7; }
+
+START_TEST(test_streams_keep_order_and_wait_for_events) {
+    stream first, second;
+    ck_assert_msg(stream_init(&first, &ctx, "first", STREAM_WORKER) == 0, "%s", ctx.error);
+    ck_assert_msg(stream_init(&second, &ctx, "second", STREAM_WORKER) == 0, "%s", ctx.error);
+    int log[1 + 100] = {0};
+    for (int i = 0; i < 100; i++) stream_launch(&first, append_digit, log);
+    stream_synchronize(&first);
+    int ordered = log[0] == 100;
+    for (int i = 0; i < 100; i++) ordered &= log[1 + i] == i;
+    CK_ASSERT_ALL(&ctx, ordered, "a stream ran its 100 tasks out of order (%d ran)", log[0]);
+    /* second waits for an event recorded on first after a slow task that sets the value: it must see 7 */
+    int pair[2] = {0, -1};
+    stream_event done = {0};
+    stream_launch(&first, sleep_a_little, NULL);
+    stream_launch(&first, set_value, &pair[0]);
+    event_record(&done, &first);
+    ck_assert_double_eq(stream_wait(&second, &done), 0.0); /* a worker stream waits, not the host */
+    stream_launch(&second, record_value, pair);
+    stream_synchronize(&second);
+    CK_ASSERT_ALL(&ctx, pair[1] == 7 && event_query(&done), "work after stream_wait ran before the event (saw %d)",
+                  pair[1]);
+    /* the host stream: launched work runs at once; its event is complete when recorded */
+    stream host;
+    ck_assert_int_eq(stream_init(&host, &ctx, "compute", STREAM_HOST), 0);
+    int value = 0;
+    stream_launch(&host, set_value, &value);
+    stream_event recorded = {0};
+    event_record(&recorded, &host);
+    CK_ASSERT_ALL(&ctx, value == 7 && event_query(&recorded), "host stream: value %d, event %d", value,
+                  event_query(&recorded));
+    stream_destroy(&host);
+    stream_destroy(&first);
+    stream_destroy(&second);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "test_comm", "runs/check/test_comm");
     Suite *suite = suite_create("comm");
@@ -303,6 +405,8 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_agreement_once_per_signature);
     tcase_add_test(tc, test_mismatch_after_an_agreed_signature_is_caught);
     tcase_add_test(tc, test_mismatched_units_fail_on_every_rank);
+    tcase_add_test(tc, test_start_wait_on_streams_equals_blocking);
+    tcase_add_test(tc, test_streams_keep_order_and_wait_for_events);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }

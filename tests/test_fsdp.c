@@ -1,6 +1,7 @@
 /* test_fsdp.c — the FSDP runtime's pieces that the lab 05 runs do not isolate: what each wrap policy makes units
  * of, the units' spans over the model's pieces, the refusal of an illegal state transition (with its message), and
  * that one micro-batch leaves every unit SHARDED and IDLE with no unsharded memory left. Runs at any world size. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/fsdp.h"
@@ -124,6 +125,70 @@ START_TEST(test_a_micro_batch_leaves_everything_sharded_and_idle) {
 }
 END_TEST
 
+/* Gradient shards after two accumulated micro-batches under `options`, concatenated (malloc'ed). */
+static float *gradients_after(const fsdp_options *options, size_t *count) {
+    qwen2_config config = tiny();
+    qwen2_model model;
+    qwen2_init_spec init = {.seed = 5, .std = 0.02f};
+    ck_assert_int_eq(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
+                                              options->strategy, &init), 0);
+    module view;
+    qwen2_as_module(&model, &view);
+    fsdp_runtime runtime;
+    ck_assert_msg(fsdp_runtime_init(&runtime, &ctx, &view, options) == 0, "%s", ctx.error);
+    int tokens[2 * 9], targets[2 * 9];
+    for (int micro = 0; micro < 2; micro++) {
+        for (int i = 0; i < 18; i++) tokens[i] = (i * 7 + ctx.rank + micro) % 256, targets[i] = (i * 5 + micro) % 256;
+        fsdp_forward_backward(&runtime, tokens, targets, 2, 9,
+                              micro == 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE);
+    }
+    *count = 0;
+    for (int unit = 0; unit < model.unit_count; unit++) *count += model.units[unit].sharded_numel;
+    float *copy = malloc(*count * sizeof *copy);
+    ck_assert_ptr_nonnull(copy);
+    size_t offset = 0;
+    for (int unit = 0; unit < model.unit_count; unit++) {
+        ck_assert_msg(!fp_unshard_pending(&model.units[unit]) && !model.units[unit].reduce_handle.active,
+                      "unit %d: a collective is still in flight after the micro-batch", unit);
+        memcpy(copy + offset, model.units[unit].grad_shard, model.units[unit].sharded_numel * sizeof(float));
+        offset += model.units[unit].sharded_numel;
+    }
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_PARAM_UNSHARDED], 0);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_GRAD_UNSHARDED], 0);
+    fsdp_runtime_free(&runtime);
+    qwen2_model_free(&model);
+    return copy;
+}
+
+/* Prefetch and streams change when collectives run, never what they compute: every mode's gradients equal the
+ * blocking runtime's bit for bit, for every strategy (NO_SHARD's all-reduce runs on the stream too). */
+START_TEST(test_prefetch_modes_give_the_same_gradients) {
+    for (int strategy = FSDP_FULL_SHARD; strategy <= FSDP_NO_SHARD; strategy++) {
+        fsdp_options blocking = {.strategy = (fsdp_strategy)strategy, .accumulation_steps = 2};
+        size_t expected_count, count;
+        float *expected = gradients_after(&blocking, &expected_count);
+        fsdp_options modes[4];
+        for (int m = 0; m < 4; m++) {
+            modes[m] = fsdp_default_options();
+            modes[m].strategy = (fsdp_strategy)strategy;
+            modes[m].accumulation_steps = 2;
+        }
+        modes[1].backward_prefetch = BACKWARD_PREFETCH_NONE;
+        modes[2].backward_prefetch = BACKWARD_POST;
+        modes[3].forward_prefetch = 1, modes[3].limit_all_gathers = 0;
+        for (int m = 0; m < 4; m++) {
+            float *got = gradients_after(&modes[m], &count);
+            CK_ASSERT_ALL(&ctx, count == expected_count && memcmp(got, expected, count * sizeof(float)) == 0,
+                          "%s, mode %d (backward_prefetch %s, forward_prefetch %d): gradients differ from the "
+                          "blocking runtime's", fsdp_strategy_name((fsdp_strategy)strategy), m,
+                          fsdp_backward_prefetch_name(modes[m].backward_prefetch), modes[m].forward_prefetch);
+            free(got);
+        }
+        free(expected);
+    }
+}
+END_TEST
+
 int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "test_fsdp", "runs/check/test_fsdp");
     Suite *suite = suite_create("fsdp");
@@ -133,6 +198,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_size_policy_wraps_what_is_big_enough);
     tcase_add_test(tc, test_illegal_transition_is_refused_with_names);
     tcase_add_test(tc, test_a_micro_batch_leaves_everything_sharded_and_idle);
+    tcase_add_test(tc, test_prefetch_modes_give_the_same_gradients);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }
