@@ -22,13 +22,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from transformers import Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 STRATEGIES = {"FULL_SHARD": ShardingStrategy.FULL_SHARD, "SHARD_GRAD_OP": ShardingStrategy.SHARD_GRAD_OP,
               "NO_SHARD": ShardingStrategy.NO_SHARD}
+BACKWARD_PREFETCH = {"NONE": None, "None": None, "BACKWARD_PRE": BackwardPrefetch.BACKWARD_PRE,
+                     "BACKWARD_POST": BackwardPrefetch.BACKWARD_POST}
 
 
 def arguments():
@@ -43,6 +45,9 @@ def arguments():
     parser.add_argument("--clip", type=float, default=0.0)
     parser.add_argument("--strategy", default="FULL_SHARD", choices=sorted(STRATEGIES))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backward-prefetch", default="BACKWARD_PRE", choices=sorted(BACKWARD_PREFETCH))
+    parser.add_argument("--forward-prefetch", type=int, default=0, choices=(0, 1))
+    parser.add_argument("--limit-all-gathers", type=int, default=1, choices=(0, 1))
     return parser.parse_args()
 
 
@@ -66,7 +71,9 @@ def main():
     model = Qwen2ForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     model = FullyShardedDataParallel(
         model, sharding_strategy=STRATEGIES[args.strategy], device_id=torch.device("cpu"),  # CPU + gloo, named outright
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}))
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}),
+        backward_prefetch=BACKWARD_PREFETCH[args.backward_prefetch], forward_prefetch=bool(args.forward_prefetch),
+        limit_all_gathers=bool(args.limit_all_gathers))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
     batches = my_batches(args.batches, rank, world, args.mbs, args.seq, args.steps * args.acc)
     if rank == 0:

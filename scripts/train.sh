@@ -7,7 +7,9 @@
 #
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
 # CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
-# EVAL (fsdplab: print a generated story every EVAL steps), CONFIG (model fields by HF name, for both), RUSAGE (a path
+# EVAL (fsdplab: print a generated story every EVAL steps), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
+# BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), COMM_STREAMS (fsdplab only:
+# 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), CONFIG (model fields by HF name, for both), RUSAGE (a path
 # prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
 # their children, from /usr/bin/time; benchmarks read it). Both implementations start from the same bytes (fsdplab's
 # initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
@@ -21,6 +23,9 @@ BACKEND=${BACKEND:-mpi}
 export MODEL=${MODEL:-tiny} MBS=${MBS:-4} ACC=${ACC:-2} STEPS=${STEPS:-3} SEQ=${SEQ:-128} LR=${LR:-1e-3}
 export SEED=${SEED:-1234} STRATEGY=${STRATEGY:-FULL_SHARD} CLIP=${CLIP:-0} EVAL=${EVAL:-0} DATA=${DATA:-}
 export CONFIG=${CONFIG:-}
+# torch's FullyShardedDataParallel defaults, for both sides (lab 05 alone runs blocking; lab 06 teaches these)
+export BACKWARD_PREFETCH=${BACKWARD_PREFETCH:-BACKWARD_PRE} FORWARD_PREFETCH=${FORWARD_PREFETCH:-0}
+export LIMIT_ALL_GATHERS=${LIMIT_ALL_GATHERS:-1} COMM_STREAMS=${COMM_STREAMS:-1}
 work=${TRAIN_DIR:-runs/train}
 RUSAGE=${RUSAGE:-}
 
@@ -69,7 +74,8 @@ run_torch() {
     ${DATA:+"$DATA"}
   OMP_NUM_THREADS=1 timed torch torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
-    --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" 2> "$work/torch/stderr.log" ||
+    --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --backward-prefetch "$BACKWARD_PREFETCH" \
+    --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" 2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }
 
