@@ -6,6 +6,8 @@
  *   fsdptrace snapshot <rundir> [-o out.pickle]   PyTorch memory snapshot (default <rundir>/memory_snapshot.pickle)
  *   fsdptrace summary  <rundir> [-o out.txt]      prints the summary tables and writes them (<rundir>/summary.txt)
  *   fsdptrace all      <rundir>                   all of the above, under their default names
+ *   fsdptrace overlap  <rundir> [-o out.json]     per rank compute / comm / overlap / exposed time and all-gathers
+ *                                                 in flight as JSON (summary.h), on stdout unless -o: for lab checks
  *
  * Each subcommand is one row of the table in main's file; a new view is a new row.
  * Exit status: 0 done, 1 the run directory could not be turned into the view, 2 bad arguments.
@@ -14,6 +16,7 @@
 #include "export.h"
 #include "memory_page.h"
 #include "snapshot.h"
+#include "run.h"
 #include "summary.h"
 
 #include <stdio.h>
@@ -49,6 +52,8 @@ static const subcommand subcommands[] = {
     {"summary", "<rundir> [-o out.txt]", "prints and writes the summary tables (default <rundir>/" SUMMARY_FILE_NAME ")",
      summary_echo_write_run, SUMMARY_FILE_NAME},
     {"all", "<rundir>", "all of the above, under their default names in <rundir>", NULL, NULL},
+    {"overlap", "<rundir> [-o out.json]", "time figures per rank as JSON (stdout unless -o; not part of all)",
+     summary_overlap_write_run, NULL},
 };
 enum { SUBCOMMAND_COUNT = sizeof subcommands / sizeof subcommands[0] };
 
@@ -91,10 +96,29 @@ static int view_failed(const char *subcommand_name, const char *error) {
     return EXIT_FAILED;
 }
 
+static int has_output_option(int argc, char **argv) {
+    for (int index = 1; index < argc; index++)
+        if (strcmp(argv[index], "-o") == 0) return 1;
+    return 0;
+}
+
+/* A view without a default file (overlap) goes to stdout when -o is not given, and alone, so it can be piped. */
+static int stdout_run(int argc, char **argv) {
+    const char *rundir, *out_path;
+    char error[1024];
+    trace_run run;
+    if (arguments_parse(argc, argv, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
+    int status = run_load(&run, rundir, error, sizeof error);
+    if (status == 0) status = summary_overlap_print(&run, stdout, error, sizeof error);
+    run_free(&run);
+    return status == 0 ? EXIT_DONE : view_failed(argv[0], error);
+}
+
 /* One view: prints the path it went to (-o's, or its default name in the run directory). */
 static int view_run(const subcommand *command, int argc, char **argv) {
     const char *rundir, *out_path;
     char error[1024];
+    if (command->default_name == NULL && !(argc > 1 && has_output_option(argc, argv))) return stdout_run(argc, argv);
     if (arguments_parse(argc, argv, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
     if (trace_export_view(rundir, out_path, command->default_name, command->writer, error, sizeof error) != 0)
         return view_failed(argv[0], error);
