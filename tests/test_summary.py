@@ -169,8 +169,13 @@ def write_run(rundir, world, events, version=3):
             lines = [{"kind": "meta", "ts": 0, "rank": rank, "schema": "fsdplab-events", "version": version,
                       "world": world, "unix_time": 0},
                      {"kind": "mark", "ts": 0, "rank": rank, "text": "t0"}]
+            live = {}  # category -> live bytes, so the files also pass tests/validate_trace.py
             for kind, ts, fields in events:
                 line = {"kind": kind, "ts": ts, "rank": rank, **fields}
+                if kind in ("alloc", "free"):
+                    category = fields["category"]
+                    live[category] = live.get(category, 0) + (fields["bytes"] if kind == "alloc" else -fields["bytes"])
+                    line.update({"live": sum(live.values()), "category_live": live[category]})
                 if kind == "collective":
                     line.update({"reduce": fields.get("reduce"), "count": fields["bytes"] // 4, "world": world})
                     if version >= 3:  # the blocking forms, unless the event says otherwise
