@@ -8,6 +8,7 @@ the export must contain from the JSONL lines, and prints one OK / FAIL line per 
 Exit status 1 when any rule fails. Standard library only, so it runs wherever the lab runs.
 """
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -39,6 +40,9 @@ FLOW_PHASES = ("s", "f")  # v1 flow events: the arrows joining a collective acro
 # so two moments of different lines compare true within 2 ns. Our writer rounds ends, not durs, so its spans keep
 # their order exactly; the slack is for any writer that rounds each field, plus the float sum's own error.
 ROUNDING_US = 0.002
+# A flow event sits this far into the slice it binds to (or half the collective's shortest slice, when less): at the
+# slice's very start Catapult would bind it to a slice of the same stream that ends there.
+FLOW_OFFSET_US = 0.001
 
 
 def track_of_line(line):
@@ -385,11 +389,11 @@ def check_memory_counters(events, ranks, report):
 
 def check_flows(events, world, report):
     """EVENTS.md "Flows": for every collective (the comm slices of equal seq), one arrow from the rank whose slice
-    starts first (the lower rank on a tie) to each other rank's slice: an 's' at the start of the sender's slice and
-    an 'f' with bp 'e' at the start of the receiver's, on the comm tracks, sharing an integer id found nowhere else.
+    starts first (the lower rank on a tie) to each other rank's slice: an 's' 1 ns into the sender's slice and
+    an 'f' with bp 'e' 1 ns into the receiver's, on the slices' tracks, sharing an integer id found nowhere else.
     Perfetto drops non-integer ids and Catapult an arrow that ends before it starts, so both are checked here."""
     problems = []
-    slices = {}  # (pid, ts) -> seq of the comm slice starting there
+    slices = {}  # (pid, tid, ts) -> (seq, dur) of the collective slice starting there
     starts_by_seq = defaultdict(dict)  # seq -> pid -> ts
     for index, event in timed(events):
         if any(key in event for key in ("bind_id", "flow_in", "flow_out")):
@@ -399,8 +403,24 @@ def check_flows(events, world, report):
             if event["tid"] not in {tid_of(event["pid"], track) for track in COLLECTIVE_TRACKS}:
                 problems.append(f"{describe(index, event)}: a collective slice on no comm or stream track")
             seq = event.get("args", {}).get("seq")
-            slices[(event["pid"], event["tid"], event["ts"])] = seq
+            slices[(event["pid"], event["tid"], event["ts"])] = (seq, event["dur"])
             starts_by_seq[seq][event["pid"]] = event["ts"]
+    by_track = defaultdict(list)  # (pid, tid) -> sorted slice starts
+
+    def bound_slice(pid, tid, ts):
+        """The (start, seq, dur) of the collective slice a flow event at ts binds to: the last one starting at or
+        before it, provided ts is no more than 1 ns (and half the slice) into it (EVENTS.md "Flows")."""
+        starts = by_track[(pid, tid)]
+        position = bisect.bisect_right(starts, ts + 1e-9) - 1
+        if position < 0:
+            return None
+        start = starts[position]
+        seq, dur = slices[(pid, tid, start)]
+        return (start, seq, dur) if ts - start <= min(FLOW_OFFSET_US, dur / 2) + 1e-9 else None
+    for pid, tid, start in slices:
+        by_track[(pid, tid)].append(start)
+    for starts in by_track.values():
+        starts.sort()
     arrows = defaultdict(lambda: {"s": [], "f": []})  # id -> phase -> [(pid, ts, seq)]
     for index, event in timed(events):
         if event["ph"] not in FLOW_PHASES:
@@ -413,10 +433,12 @@ def check_flows(events, world, report):
             continue
         if event["ph"] == "f" and event.get("bp") != "e":
             problems.append(f"{where}: bp {event.get('bp')!r}, expected 'e' (bind to the enclosing slice)")
-        key = (event["pid"], event["tid"], event["ts"])
-        if key not in slices:
-            problems.append(f"{where}: ts {event['ts']} is not the start of a collective slice on its track")
-        arrows[event["id"]][event["ph"]].append((event["pid"], event["ts"], slices.get(key)))
+        bound = bound_slice(event["pid"], event["tid"], event["ts"])
+        if bound is None:
+            problems.append(f"{where}: ts {event['ts']} is not within 1 ns of the start of a collective slice on "
+                            f"its track")
+            continue
+        arrows[event["id"]][event["ph"]].append((event["pid"], event["ts"], bound[1]))
     found = defaultdict(int)  # (seq, sender pid, receiver pid) -> arrows
     for flow_id, phases in sorted(arrows.items()):
         if len(phases["s"]) != 1 or len(phases["f"]) != 1:

@@ -30,6 +30,9 @@ static const int track_sort_index[] = {0, 1, 2, 5, 3, 4};
 
 static int tid_of(int pid, int track) { return pid * 10 + track; }
 
+/* How far into its slice a flow event sits: 1 ns, the events' resolution (see flow_plan_make). */
+#define FLOW_BIND_OFFSET_US 0.001
+
 /* The track of a collective: its stream's, or comm for the blocking forms. */
 static int collective_track(run_stream stream) {
     switch (stream) {
@@ -55,6 +58,8 @@ typedef struct pending_event {
 typedef struct flow_member {
     int64_t seq;
     double ts;
+    double dur;
+    double bind_ts;       /* where its flow event goes: ts + the collective's binding offset (flow_plan_make) */
     int rank;
     int track;            /* the track of the slice (collective_track) */
     size_t line;
@@ -269,9 +274,9 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
  *
  * Flow v1 events, not v2's bind_id on the slices: Perfetto drops a flow whose id is not a number, and Catapult drops
  * one whose end comes before its start, so an arrow must start at the rank that entered the collective first. Each
- * arrow is an "s" at the start of the sender's slice and an "f" ("bp":"e": bind to the slice it falls in, not the
- * next one) at the start of the receiver's, each on the track of its slice (comm, or the collective's stream); the
- * receiver's slice never starts earlier. */
+ * arrow is an "s" 1 ns into the sender's slice and an "f" ("bp":"e": bind to the slice it falls in, not the next
+ * one) 1 ns into the receiver's, each on the track of its slice (comm, or the collective's stream); the receiver's
+ * slice never starts earlier. */
 
 static int member_compare(const void *left_pointer, const void *right_pointer) {
     const flow_member *left = left_pointer, *right = right_pointer;
@@ -296,16 +301,26 @@ static int flow_plan_make(flow_plan *plan, const trace_run *run, char *error, si
             const run_event *event = &run->ranks[rank].events[index];
             if (event->kind != RUN_COLLECTIVE) continue;
             plan->members[plan->count++] =
-                (flow_member){event->seq, event->ts, rank, collective_track(event->ran_on), event->line,
-                              run_string(run, event->label)};
+                (flow_member){event->seq, event->ts, event->dur, event->ts, rank, collective_track(event->ran_on),
+                              event->line, run_string(run, event->label)};
         }
     if (plan->count > 0) qsort(plan->members, plan->count, sizeof *plan->members, member_compare);
+    /* A flow event binds to the slice that encloses its ts, and Catapult takes the first such slice: at the very
+     * start of a slice that begins where the one before it on the track ends (one stream's collectives, back to
+     * back), that is the earlier one. So flow events sit FLOW_BIND_OFFSET_US into their slices, or half the shortest
+     * slice of the collective when that is less; one offset per collective keeps every arrow pointing forward. */
+    for (size_t first = 0, end; first < plan->count; first = end) {
+        double offset = FLOW_BIND_OFFSET_US;
+        for (end = first; end < plan->count && plan->members[end].seq == plan->members[first].seq; end++)
+            if (plan->members[end].dur / 2 < offset) offset = plan->members[end].dur / 2;
+        for (size_t index = first; index < end; index++) plan->members[index].bind_ts = plan->members[index].ts + offset;
+    }
     return 0;
 }
 
 static cJSON *flow_event(const char *phase, const flow_member *member, size_t id) {
     int pid = member->rank + 1;
-    cJSON *event = chrome_event(phase, "comm", member->op, pid, tid_of(pid, member->track), member->ts);
+    cJSON *event = chrome_event(phase, "comm", member->op, pid, tid_of(pid, member->track), member->bind_ts);
     cJSON_AddNumberToObject(event, "id", (double)id);
     if (phase[0] == 'f') cJSON_AddStringToObject(event, "bp", "e");
     return event;
@@ -314,7 +329,8 @@ static cJSON *flow_event(const char *phase, const flow_member *member, size_t id
 /* Appends the flow events of `rank` to pending (NULL: only counts them) and returns how many; *out_of_memory is set
  * when one could not be built. A collective's first member in the plan sends to each other member; an arrow's id
  * is 1 + the position of its receiving member in the plan, a number unique in the file. Each flow event sorts
- * right after its own slice (same ts and line, a higher part). */
+ * right after its own slice: its ts is at most 1 ns later (and at an equal ts, a zero-length slice's, the same line
+ * with a higher part), and nothing else on the track starts inside a collective's first nanosecond. */
 static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending, int *out_of_memory) {
     size_t added = 0;
     for (size_t first = 0, end; first < plan->count; first = end) {
@@ -325,7 +341,7 @@ static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending
                 if (pending != NULL) {
                     cJSON *start = flow_event("s", sender, end + 1);
                     *out_of_memory |= start == NULL;
-                    pending[added] = (pending_event){sender->ts, sender->line, end - first, start};
+                    pending[added] = (pending_event){sender->bind_ts, sender->line, end - first, start};
                 }
                 added++;
             }
@@ -333,7 +349,7 @@ static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending
                 if (pending != NULL) {
                     cJSON *finish = flow_event("f", receiver, end + 1);
                     *out_of_memory |= finish == NULL;
-                    pending[added] = (pending_event){receiver->ts, receiver->line, 1, finish};
+                    pending[added] = (pending_event){receiver->bind_ts, receiver->line, 1, finish};
                 }
                 added++;
             }
