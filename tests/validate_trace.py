@@ -407,20 +407,23 @@ def check_flows(events, world, report):
             starts_by_seq[seq][event["pid"]] = event["ts"]
     by_track = defaultdict(list)  # (pid, tid) -> sorted slice starts
 
+    offsets = defaultdict(lambda: FLOW_OFFSET_US)  # seq -> its flow events' offset into their slices
+    for (pid, tid, start), (seq, dur) in slices.items():
+        offsets[seq] = min(offsets[seq], dur / 2)
+        by_track[(pid, tid)].append(start)
+    for starts in by_track.values():
+        starts.sort()
+
     def bound_slice(pid, tid, ts):
-        """The (start, seq, dur) of the collective slice a flow event at ts binds to: the last one starting at or
-        before it, provided ts is no more than 1 ns (and half the slice) into it (EVENTS.md "Flows")."""
+        """The (start, seq, dur) of the collective slice a flow event at ts binds to: the last one on its track
+        starting at or before it, provided ts is exactly the collective's offset into it (EVENTS.md "Flows")."""
         starts = by_track[(pid, tid)]
         position = bisect.bisect_right(starts, ts + 1e-9) - 1
         if position < 0:
             return None
         start = starts[position]
         seq, dur = slices[(pid, tid, start)]
-        return (start, seq, dur) if ts - start <= min(FLOW_OFFSET_US, dur / 2) + 1e-9 else None
-    for pid, tid, start in slices:
-        by_track[(pid, tid)].append(start)
-    for starts in by_track.values():
-        starts.sort()
+        return (start, seq, dur) if abs(ts - start - offsets[seq]) <= 1e-6 else None
     arrows = defaultdict(lambda: {"s": [], "f": []})  # id -> phase -> [(pid, ts, seq)]
     for index, event in timed(events):
         if event["ph"] not in FLOW_PHASES:
@@ -435,8 +438,8 @@ def check_flows(events, world, report):
             problems.append(f"{where}: bp {event.get('bp')!r}, expected 'e' (bind to the enclosing slice)")
         bound = bound_slice(event["pid"], event["tid"], event["ts"])
         if bound is None:
-            problems.append(f"{where}: ts {event['ts']} is not within 1 ns of the start of a collective slice on "
-                            f"its track")
+            problems.append(f"{where}: ts {event['ts']} is not 1 ns (or half the shortest slice of its "
+                            f"collective) into a collective slice on its track")
             continue
         arrows[event["id"]][event["ph"]].append((event["pid"], event["ts"], bound[1]))
     found = defaultdict(int)  # (seq, sender pid, receiver pid) -> arrows
@@ -599,6 +602,28 @@ def check_waits(events, ranks, report):
                  f"compute slice ({sum(len(each) for each in waits.values())} waits)", problems)
 
 
+def check_collective_args(events, ranks, report):
+    """Version 3's collective args: the stream and issue_ts of the line, and queued = ts - issue_ts."""
+    problems = []
+    lines = {(rank + 1, line.get("seq")): line for rank, each in ranks.items() for _, line in each
+             if line.get("kind") == "collective"}
+    for index, event in timed(events):
+        if event["ph"] != "X" or event.get("cat") != "comm":
+            continue
+        args = event.get("args", {})
+        line = lines.get((event["pid"], args.get("seq")))
+        if line is None:
+            problems.append(f"{describe(index, event)}: seq {args.get('seq')} is no collective of its rank")
+            continue
+        queued = line["ts"] - line["issue_ts"]
+        if (args.get("stream"), args.get("issue_ts")) != (line["stream"], line["issue_ts"]) or \
+                not is_number(args.get("queued")) or abs(args["queued"] - queued) > 1e-6:
+            problems.append(f"{describe(index, event)}: stream / issue_ts / queued {args.get('stream')} "
+                            f"{args.get('issue_ts')} {args.get('queued')}, the line says {line['stream']} "
+                            f"{line['issue_ts']} {queued}")
+    report.check("collective slices carry the line's stream and issue_ts, and queued = ts - issue_ts", problems)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rundir")
@@ -624,6 +649,7 @@ def main():
             check_reserved_counters(events, ranks, report)
             check_flows(events, world, report)
             check_waits(events, ranks, report)
+            check_collective_args(events, ranks, report)
         else:
             report.skip("trace checks against the JSONL", "the JSONL files are unusable")
     elif events is not None:
