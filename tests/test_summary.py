@@ -345,6 +345,31 @@ def run_tool(tool, *arguments):
     return subprocess.run([tool, *arguments], capture_output=True, text=True, timeout=60)
 
 
+def windows_problems(tool, scratch):
+    """`fsdptrace overlap --windows "mode "`: the streams run cut by marks into window A (up to the blocking
+    all_reduce's line) and B (from it to "mode end"). B: the all_reduce [140,145], the limiter's wait, adamw
+    [148,158): comm 5, compute 10, exposed 5 (blocking), waits 0, span 18, no all_gather. A: the rest: comm [10,50]
+    [70,95] [100,140] = 105, exposed 54 (the waits), all-gathers in flight 2."""
+    rundir = os.path.join(scratch, "windows")
+    cut = next(index for index, (kind, _, fields) in enumerate(STREAM_EVENTS) if fields.get("op") == "all_reduce")
+    events = (STREAM_EVENTS[:4] + [("mark", 5, {"text": "mode A"})] + STREAM_EVENTS[4:cut]
+              + [("mark", 140, {"text": "mode B"})] + STREAM_EVENTS[cut:-2] + [("mark", 158, {"text": "mode end"})]
+              + STREAM_EVENTS[-2:])
+    write_run(rundir, 1, events)
+    done = run_tool(tool, "overlap", rundir, "--windows", "mode ")
+    if done.returncode != 0:
+        return [f"exit {done.returncode}: {done.stderr.strip()}"]
+    windows = {window["name"]: window for window in json.loads(done.stdout)["ranks"][0].get("windows", [])}
+    wanted = {"A": {"comm_ms": 0.105, "exposed_ms": 0.054, "wait_ms": 0.054, "max_all_gathers_in_flight": 2},
+              "B": {"comm_ms": 0.005, "compute_ms": 0.010, "exposed_ms": 0.005, "wait_ms": 0.0, "span_ms": 0.018,
+                    "blocking_comm_ms": 0.005, "max_all_gathers_in_flight": 0}}
+    if sorted(windows) != ["A", "B"]:
+        return [f"windows {sorted(windows)}, expected ['A', 'B']"]
+    return [f"window {name} {key}: {windows[name][key]}, expected {value}"
+            for name, figures in wanted.items() for key, value in figures.items()
+            if not close(windows[name][key], value, 1e-9)]
+
+
 def write_streams_run(tool, rundir):
     """The streams run on 2 ranks, exported (`fsdptrace all`), for validate_trace.py and the viewers."""
     write_run(rundir, 2, STREAM_EVENTS)
@@ -402,6 +427,7 @@ def main():
                      else [f"exit {done.returncode}: {done.stderr.strip()}"])
         report.check("fsdptrace overlap: the streams run's figures as JSON, per rank", overlap_problems(args.tool,
                                                                                                           streams, 2))
+        report.check("fsdptrace overlap --windows: the figures between marks", windows_problems(args.tool, scratch))
         done = run_tool(args.tool, "all", rundir)
         missing = [name for name in ("trace.json", "memory.html", "memory_snapshot.pickle", "summary.txt")
                    if not os.path.exists(os.path.join(rundir, name)) or f"{rundir}/{name}" not in done.stdout]

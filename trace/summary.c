@@ -271,10 +271,10 @@ static double intersection_length(const interval *left, size_t left_count, const
 
 /* The rank's spans of one kind (and, for collectives and waits, one stream: RUN_STREAM_COUNT for any; waits_on
  * picks waits by the stream they waited for) as intervals; widens [first, last] when first is not NULL. */
-static size_t intervals_collect(const run_rank *rank, run_event_kind kind, run_stream stream, interval *intervals,
-                                double *first, double *last) {
+static size_t intervals_collect(const run_rank *rank, size_t begin, size_t end, run_event_kind kind, run_stream stream,
+                                interval *intervals, double *first, double *last) {
     size_t count = 0;
-    for (size_t index = 0; index < rank->event_count; index++) {
+    for (size_t index = begin; index < end; index++) {
         const run_event *event = &rank->events[index];
         if (event->kind != kind) continue;
         if (kind == RUN_COLLECTIVE && stream != RUN_STREAM_COUNT && event->ran_on != stream) continue;
@@ -287,9 +287,9 @@ static size_t intervals_collect(const run_rank *rank, run_event_kind kind, run_s
 }
 
 /* Waits for a comm stream (not the rate limiter's waits on compute). */
-static size_t comm_waits_collect(const run_rank *rank, interval *intervals) {
+static size_t comm_waits_collect(const run_rank *rank, size_t begin, size_t end, interval *intervals) {
     size_t count = 0;
-    for (size_t index = 0; index < rank->event_count; index++) {
+    for (size_t index = begin; index < end; index++) {
         const run_event *event = &rank->events[index];
         if (event->kind == RUN_WAIT && event->waited_on != RUN_STREAM_COMPUTE)
             intervals[count++] = (interval){event->ts, event->ts + event->dur};
@@ -310,9 +310,10 @@ static int flight_compare(const void *left_pointer, const void *right_pointer) {
 }
 
 /* The most all_gathers in flight at once: issued by the host (issue_ts) and not yet complete (ts + dur). */
-static int all_gathers_in_flight(const trace_run *run, const run_rank *rank, flight_point *points) {
+static int all_gathers_in_flight(const trace_run *run, const run_rank *rank, size_t begin, size_t end,
+                                 flight_point *points) {
     size_t count = 0;
-    for (size_t index = 0; index < rank->event_count; index++) {
+    for (size_t index = begin; index < end; index++) {
         const run_event *event = &rank->events[index];
         if (event->kind != RUN_COLLECTIVE || strcmp(run_string(run, event->label), "all_gather") != 0) continue;
         points[count++] = (flight_point){event->issue_ts, +1};
@@ -328,6 +329,12 @@ static int all_gathers_in_flight(const trace_run *run, const run_rank *rank, fli
 }
 
 int summary_time_find(const trace_run *run, const run_rank *rank, summary_time *split) {
+    return summary_time_between(run, rank, 0, rank->event_count, split);
+}
+
+int summary_time_between(const trace_run *run, const run_rank *rank, size_t begin, size_t end, summary_time *split) {
+    if (end > rank->event_count) end = rank->event_count;
+    if (begin > end) begin = end;
     interval *compute = malloc((rank->event_count + 1) * sizeof *compute);
     interval *comm = malloc((rank->event_count + 1) * sizeof *comm);
     interval *exposed = malloc((2 * rank->event_count + 1) * sizeof *exposed);
@@ -335,8 +342,8 @@ int summary_time_find(const trace_run *run, const run_rank *rank, summary_time *
     int status = compute == NULL || comm == NULL || exposed == NULL || points == NULL ? -1 : 0;
     if (status == 0) {
         double first = 1e300, last = -1e300;
-        size_t compute_count = intervals_collect(rank, RUN_COMPUTE, RUN_STREAM_COUNT, compute, &first, &last);
-        size_t comm_count = intervals_collect(rank, RUN_COLLECTIVE, RUN_STREAM_COUNT, comm, &first, &last);
+        size_t compute_count = intervals_collect(rank, begin, end, RUN_COMPUTE, RUN_STREAM_COUNT, compute, &first, &last);
+        size_t comm_count = intervals_collect(rank, begin, end, RUN_COLLECTIVE, RUN_STREAM_COUNT, comm, &first, &last);
         *split = (summary_time){.spans = compute_count + comm_count};
         compute_count = intervals_union(compute, compute_count);
         comm_count = intervals_union(comm, comm_count);
@@ -348,15 +355,15 @@ int summary_time_find(const trace_run *run, const run_rank *rank, summary_time *
             split->idle = split->span - (split->compute + split->comm - split->overlap);
         }
         for (int stream = 0; stream < RUN_STREAM_COUNT; stream++) {
-            size_t count = intervals_collect(rank, RUN_COLLECTIVE, (run_stream)stream, comm, NULL, NULL);
+            size_t count = intervals_collect(rank, begin, end, RUN_COLLECTIVE, (run_stream)stream, comm, NULL, NULL);
             split->stream_comm[stream] = intervals_length(comm, intervals_union(comm, count));
         }
-        size_t waits = comm_waits_collect(rank, exposed);
+        size_t waits = comm_waits_collect(rank, begin, end, exposed);
         split->waited = intervals_length(exposed, intervals_union(exposed, waits));
-        waits = comm_waits_collect(rank, exposed);
-        size_t blocking = intervals_collect(rank, RUN_COLLECTIVE, RUN_STREAM_COMPUTE, exposed + waits, NULL, NULL);
+        waits = comm_waits_collect(rank, begin, end, exposed);
+        size_t blocking = intervals_collect(rank, begin, end, RUN_COLLECTIVE, RUN_STREAM_COMPUTE, exposed + waits, NULL, NULL);
         split->exposed = intervals_length(exposed, intervals_union(exposed, waits + blocking));
-        split->max_all_gathers_in_flight = all_gathers_in_flight(run, rank, points);
+        split->max_all_gathers_in_flight = all_gathers_in_flight(run, rank, begin, end, points);
     }
     free(compute);
     free(comm);
@@ -558,10 +565,8 @@ static cJSON *fsdp_json(const run_rank *rank) {
     return object;
 }
 
-static cJSON *rank_time_json(const run_rank *rank, const summary_time *split) {
-    cJSON *object = cJSON_CreateObject();
-    cJSON_AddNumberToObject(object, "rank", rank->rank);
-    cJSON_AddItemToObject(object, "fsdp", fsdp_json(rank));
+/* The figures into object, in ms. */
+static void time_json_add(cJSON *object, const summary_time *split) {
     const struct { const char *key; double us; } figures[] = {
         {"span_ms", split->span}, {"compute_ms", split->compute}, {"comm_ms", split->comm},
         {"overlap_ms", split->overlap}, {"exposed_ms", split->exposed}, {"wait_ms", split->waited},
@@ -573,22 +578,56 @@ static cJSON *rank_time_json(const run_rank *rank, const summary_time *split) {
     for (int each = 0; each < RUN_STREAM_COUNT; each++)
         cJSON_AddNumberToObject(streams, run_stream_names[each], split->stream_comm[each] / 1000);
     cJSON_AddNumberToObject(object, "max_all_gathers_in_flight", split->max_all_gathers_in_flight);
-    return object;
+}
+
+/* Each window's figures: from a mark starting with prefix to the next such mark ("<prefix>end" opens none). */
+static int windows_json_add(const trace_run *run, const run_rank *rank, const char *prefix, cJSON *object) {
+    cJSON *windows = cJSON_AddArrayToObject(object, "windows");
+    size_t prefix_length = strlen(prefix), begin = 0;
+    const char *name = NULL;
+    for (size_t index = 0; index <= rank->event_count; index++) {
+        const char *text = index < rank->event_count && rank->events[index].kind == RUN_MARK
+                               ? run_string(run, rank->events[index].label) : NULL;
+        int boundary = index == rank->event_count || (text != NULL && strncmp(text, prefix, prefix_length) == 0);
+        if (!boundary) continue;
+        if (name != NULL) {
+            summary_time split;
+            if (summary_time_between(run, rank, begin, index, &split) != 0) return -1;
+            cJSON *window = cJSON_CreateObject();
+            cJSON_AddStringToObject(window, "name", name);
+            time_json_add(window, &split);
+            cJSON_AddItemToArray(windows, window);
+        }
+        name = text != NULL && strcmp(text + prefix_length, "end") != 0 ? text + prefix_length : NULL;
+        begin = index + 1;
+    }
+    return 0;
 }
 
 int summary_overlap_print(const trace_run *run, FILE *stream, char *error, size_t error_size) {
+    return summary_overlap_print_windows(run, NULL, stream, error, error_size);
+}
+
+int summary_overlap_print_windows(const trace_run *run, const char *window_prefix, FILE *stream, char *error,
+                                  size_t error_size) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "rundir", run->rundir);
     cJSON_AddNumberToObject(root, "world", run->world);
     cJSON *ranks = cJSON_AddArrayToObject(root, "ranks");
     for (int rank = 0; rank < run->world; rank++) {
+        const run_rank *each = &run->ranks[rank];
         summary_time split;
-        if (summary_time_find(run, &run->ranks[rank], &split) != 0) {
+        cJSON *object = cJSON_CreateObject();
+        cJSON_AddItemToArray(ranks, object);
+        cJSON_AddNumberToObject(object, "rank", each->rank);
+        cJSON_AddItemToObject(object, "fsdp", fsdp_json(each));
+        if (summary_time_find(run, each, &split) != 0 ||
+            (time_json_add(object, &split), window_prefix != NULL && windows_json_add(run, each, window_prefix,
+                                                                                      object) != 0)) {
             cJSON_Delete(root);
-            snprintf(error, error_size, "out of memory summarizing %s", run->ranks[rank].path);
+            snprintf(error, error_size, "out of memory summarizing %s", each->path);
             return -1;
         }
-        cJSON_AddItemToArray(ranks, rank_time_json(&run->ranks[rank], &split));
     }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);

@@ -41,14 +41,22 @@ typedef struct summary_time {
     size_t spans;         /* compute and collective events seen; 0: every figure is 0 */
 } summary_time;
 
-/* Returns 0, or -1 when out of memory. */
+/* The figures of the whole rank. Returns 0, or -1 when out of memory. */
 int summary_time_find(const trace_run *run, const run_rank *rank, summary_time *time);
+/* The figures of the rank's events [begin, end) in file order (rank->events indices): one window of a run, such as
+ * one mode of lab 06 between two marks. A span counts in the window its line is in. */
+int summary_time_between(const trace_run *run, const run_rank *rank, size_t begin, size_t end, summary_time *time);
 
 /* `fsdptrace overlap`: every rank's summary_time as JSON, {"rundir", "world", "ranks": [{"rank", "fsdp" (the first
  * fsdp event's options, or null), "span_ms", "compute_ms", "comm_ms", "overlap_ms", "exposed_ms", "wait_ms",
  * "blocking_comm_ms", "idle_ms", "stream_comm_ms": {"compute", "all_gather", "reduce_scatter"},
  * "max_all_gathers_in_flight"}]}. Returns 0, or -1 with a message in `error`. */
 int summary_overlap_print(const trace_run *run, FILE *stream, char *error, size_t error_size);
+/* The same, and with window_prefix (not NULL) each rank also gets "windows": [{"name", ...the figures}], one per mark
+ * whose text starts with window_prefix (its name the rest of the text), up to the next such mark; the mark
+ * "<prefix>end" closes a window without opening one. (`fsdptrace overlap --windows "lab 06 mode "`.) */
+int summary_overlap_print_windows(const trace_run *run, const char *window_prefix, FILE *stream, char *error,
+                                  size_t error_size);
 int summary_overlap_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size);
 
 /* Prints the summary of a loaded run. Returns 0, or -1 with a message in `error` (out of memory). */
