@@ -13,8 +13,10 @@ The viewers are real ones, offline:
   flowEvents and importWarnings are read.
 The arrows expected come from the run's JSONL alone (trace/EVENTS.md "Flows"): for each collective seq, one from
 the rank whose collective starts first (the lower rank on a tie) to each other rank. Each viewer must have exactly
-those, joining slices of that seq, and report no import problem; Perfetto must also name the three threads of each
-rank and take none of them for a "main thread". Both must import the `reserved` counter with one sample per
+those, joining slices of that seq, and report no import problem; both must name the threads of each rank (compute,
+comm, memory, and "all_gather stream" / "reduce_scatter stream" where the rank has collectives on those streams) and
+import one slice per `wait` line, on the compute thread, named as EVENTS.md says; Perfetto must take none of the
+threads for a "main thread". Both must import the `reserved` counter with one sample per
 segment_alloc / segment_free line, of the value that line reports. Exit 0 when every check passes, 1 when one fails, 77 ("skipped:
 <reason>") when Chromium, websocket-client or a viewer is missing (the viewer that is there is still checked).
 """
@@ -35,6 +37,9 @@ from browser import SKIPPED, Browser, LocalServer, require_chromium
 from check_report import Report
 
 THREAD_NAMES = {"compute", "comm", "memory"}  # the tracks of every rank (EVENTS.md "Chrome export")
+STREAM_THREADS = {"all_gather": "all_gather stream", "reduce_scatter": "reduce_scatter stream"}  # when used
+COLLECTIVE_THREADS = {"comm", *STREAM_THREADS.values()}
+WAIT_CATEGORIES = ("exposed", "wait")  # a wait for a comm stream, for the compute stream
 LOAD_SECONDS = 60
 
 # Catapult's trace_viewer_full.html relies on HTML imports, which Chromium dropped; Go's trace tool loads it through
@@ -56,14 +61,19 @@ CATAPULT_IMPORT = """(async (url) => {
     flows: model.flowEvents.map(flow => [flow.startSlice.args.seq, pid(flow.startSlice),
                                          flow.endSlice.args.seq, pid(flow.endSlice)]),
     warnings: model.importWarnings.map(warning => warning.type + ': ' + warning.message),
-    comm_slices: model.getAllThreads().filter(thread => thread.name === 'comm')
+    comm_slices: model.getAllThreads().filter(thread => %s.includes(thread.name))
                       .reduce((sum, thread) => sum + thread.sliceGroup.slices.length, 0),
+    threads: model.getAllThreads().map(thread => [thread.parent.pid, thread.name]),
+    waits: model.getAllThreads().flatMap(thread => thread.sliceGroup.slices
+                      .filter(slice => %s.includes(slice.category))
+                      .map(slice => [thread.parent.pid, thread.name, slice.title])),
     reserved: model.getAllProcesses().flatMap(process => Object.values(process.counters)
                       .filter(counter => counter.name === 'reserved')
                       .flatMap(counter => counter.series.flatMap(series =>
                           series.samples.map(sample => [process.pid, sample.value])))),
   };
 })(%s)"""
+CATAPULT_IMPORT = CATAPULT_IMPORT % (json.dumps(sorted(COLLECTIVE_THREADS)), json.dumps(list(WAIT_CATEGORIES)), "%s")
 
 # Runs SQL in the trace processor of the Perfetto UI page; rows as arrays, BigInts as Numbers.
 PERFETTO_QUERY = """(async (sql) => {
@@ -90,11 +100,13 @@ join process receiver_process on receiver_thread.upid = receiver_process.upid"""
 
 
 def read_collectives(rundir):
-    """(world, {seq: {rank: ts}}, [(pid, reserved bytes) of every segment line]) from the run's rank<R>.jsonl
-    files."""
+    """(world, {seq: {rank: ts}}, [(pid, reserved bytes) of every segment line], {pid: thread names},
+    Counter of (pid, wait slice name)) from the run's rank<R>.jsonl files."""
     with open(os.path.join(rundir, "rank0.jsonl"), encoding="utf-8") as file:
         world = json.loads(file.readline())["world"]
     starts, reserved = defaultdict(dict), []
+    threads = {rank + 1: set(THREAD_NAMES) for rank in range(world)}
+    waits = Counter()
     for rank in range(world):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), encoding="utf-8") as file:
             for text in file:
@@ -103,9 +115,40 @@ def read_collectives(rundir):
                 event = json.loads(text)
                 if event["kind"] == "collective":
                     starts[event["seq"]][rank] = event["ts"]
+                    if event.get("stream") in STREAM_THREADS:
+                        threads[rank + 1].add(STREAM_THREADS[event["stream"]])
                 if event["kind"] in ("segment_alloc", "segment_free"):
                     reserved.append((rank + 1, event["reserved"]))
-    return world, starts, reserved
+                if event["kind"] == "wait":  # EVENTS.md: a slice "wait <on>[ <unit>]" on the compute track
+                    unit = f" {event['unit']}" if event.get("unit") is not None else ""
+                    waits[(rank + 1, f"wait {event['on']}{unit}")] += 1
+    return world, starts, reserved, threads, waits
+
+
+def thread_problems(viewer, found, expected, only_with_events=False):
+    """found: [(pid, thread name)]; expected: {pid: names}. Each rank's threads by name, no more, no fewer; the
+    stream threads always. only_with_events: the viewer makes no thread of one that has only counters (memory in
+    Catapult, whose counters belong to the process) or nothing but its name (comm without a blocking collective),
+    so those two may be missing."""
+    names = defaultdict(set)
+    for pid, name in found:
+        names[int(pid)].add(name)
+    optional = {"memory", "comm"} if only_with_events else set()
+    return [f"{viewer}: pid {pid} has threads {sorted(names[pid])}, expected {sorted(wanted)}"
+            for pid, wanted in sorted(expected.items())
+            if not (wanted - optional <= names[pid] <= wanted)]
+
+
+def wait_problems(viewer, found, expected):
+    """found: [(pid, thread name, slice name)] of the slices of the wait categories: all on compute threads, one
+    per JSONL wait, by name."""
+    problems = [f"{viewer}: wait slice {name!r} of pid {pid} on thread {thread!r}, not compute"
+                for pid, thread, name in found if thread != "compute"]
+    counted = Counter((int(pid), name) for pid, _, name in found)
+    if counted != expected:
+        problems.append(f"{viewer} imported {sum(counted.values())} wait slices, the JSONL has "
+                        f"{sum(expected.values())}; differences {dict((counted - expected) + (expected - counted))}")
+    return problems
 
 
 def reserved_problems(viewer, samples, expected):
@@ -183,12 +226,15 @@ def check_catapult(browser, files, runs, report):
             problems += [f"import warning: {warning}" for warning in model["warnings"]]
             problems += reserved_problems("Catapult", model["reserved"], run["reserved"])
             if model["comm_slices"] != run["collectives"]:
-                problems.append(f"{model['comm_slices']} slices on comm threads, the JSONL has {run['collectives']} "
-                                f"collectives")
+                problems.append(f"{model['comm_slices']} slices on comm and stream threads, the JSONL has "
+                                f"{run['collectives']} collectives")
+            problems += thread_problems("Catapult", model["threads"], run["threads"], only_with_events=True)
+            problems += wait_problems("Catapult", model["waits"], run["waits"])
             report.check(f"Catapult, {run['dir']} ({run['world']} ranks): {len(model['flows'])} flows imported, "
                          f"{sum(run['arrows'].values())} expected; {len(model['reserved'])} reserved samples, "
-                         f"{len(run['reserved'])} expected; {len(model['warnings'])} import warnings "
-                         f"({time.time() - started:.1f} s)", problems)
+                         f"{len(run['reserved'])} expected; {len(model['waits'])} wait slices, "
+                         f"{sum(run['waits'].values())} expected; threads by name; {len(model['warnings'])} import "
+                         f"warnings ({time.time() - started:.1f} s)", problems)
         report.check(f"Catapult page: no console errors (viewer loaded in {loaded:.1f} s)", [
             error for error in browser.errors() if "favicon.ico" not in error])
     finally:
@@ -259,28 +305,30 @@ def check_perfetto_run(browser, run, report):
         problems += reserved_problems("Perfetto", reserved, run["reserved"])
         if comm_slices != run["collectives"]:
             problems.append(f"{comm_slices} slices of category comm, the JSONL has {run['collectives']} collectives")
+        waits = perfetto_rows(browser, "select process.pid, thread.name, slice.name from slice join thread_track "
+                                       "on slice.track_id = thread_track.id join thread using (utid) join process "
+                                       "using (upid) where slice.category in ('exposed', 'wait')")
+        problems += wait_problems("Perfetto", waits, run["waits"])
         stats = perfetto_rows(browser, "select name, idx, severity, value from stats where value > 0 and "
                                        "(name like '%flow%' or severity in ('error', 'data_loss'))")
         problems += [f"trace processor stat {name}{'' if idx is None else f'[{idx}]'} = {value} ({severity})"
                      for name, idx, severity, value in stats]
         report.check(f"Perfetto UI, {run['dir']} ({run['world']} ranks): {len(flows)} flows imported, "
                      f"{sum(run['arrows'].values())} expected; {len(reserved)} reserved samples, "
-                     f"{len(run['reserved'])} expected; {len(stats)} import problems (loaded in "
+                     f"{len(run['reserved'])} expected; {len(waits)} wait slices, {sum(run['waits'].values())} "
+                     f"expected; {len(stats)} import problems (loaded in "
                      f"{loaded:.1f} s)", problems)
         threads = perfetto_rows(browser, "select process.pid, thread.tid, thread.name, thread.is_main_thread "
                                          "from thread join process using (upid) where thread.name is not null")
         problems = [f"pid {pid} tid {tid} ({name}): the main thread of its process"
                     for pid, tid, name, is_main in threads if is_main]
-        names = defaultdict(set)
-        for pid, _, name, _ in threads:
-            names[pid].add(name)
-        problems += [f"pid {pid}: threads named {sorted(names[pid])}, expected {sorted(THREAD_NAMES)}"
-                     for pid in range(1, run["world"] + 1) if names[pid] != THREAD_NAMES]
+        problems += thread_problems("Perfetto", [(pid, name) for pid, _, name, _ in threads], run["threads"])
         chips = browser.evaluate("app.trace.tracks.getAllTracks().filter(track => (track.chips || [])"
                                  ".includes('main thread')).map(track => track.uri)")
         problems += [f"track {uri} is labelled 'main thread'" for uri in chips]
-        report.check(f"Perfetto UI, {run['dir']}: threads compute / comm / memory of every rank, none a "
-                     f"'main thread'", problems)
+        report.check(f"Perfetto UI, {run['dir']}: threads compute / comm / memory of every rank and its streams' "
+                     f"({sorted(set().union(*run['threads'].values()) - THREAD_NAMES)}), none a 'main thread'",
+                     problems)
     finally:
         stop(process)
 
@@ -310,9 +358,10 @@ def main():
         return SKIPPED
     runs = []
     for rundir in args.rundirs:
-        world, starts, reserved = read_collectives(rundir)
+        world, starts, reserved, threads, waits = read_collectives(rundir)
         runs.append({"dir": rundir, "world": world, "arrows": expected_arrows(starts),
-                     "collectives": sum(len(ranks) for ranks in starts.values()), "reserved": reserved})
+                     "collectives": sum(len(ranks) for ranks in starts.values()), "reserved": reserved,
+                     "threads": threads, "waits": waits})
     report = Report()
     started = time.time()
     browser = Browser(chromium)

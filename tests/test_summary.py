@@ -91,12 +91,75 @@ COLLECTIVES = {"all_gather": (3, 16000, 8000, 0.054), "reduce_scatter": (2, 1000
 # compute union [40,70) + [100,110) = 40 us; comm union [10,30) [65,95) [96,100) [105,125) [130,150) = 94 us;
 # overlap [65,70) + [105,110) = 10 us ([96,100) only touches [100,110)); span [10,150) = 140 us;
 # idle 140 - (40 + 94 - 10) = 16 us; overlap share of comm 10 / 94.
-TIME_MS = {"span": 0.140, "compute": 0.040, "comm": 0.094, "overlap": 0.010, "idle": 0.016}
-TIME_SHARES = {"compute": 100 * 40 / 140, "comm": 100 * 94 / 140, "overlap": 100 * 10 / 94, "idle": 100 * 16 / 140}
+# Every collective here blocks the host (stream compute): exposed comm is all of comm; the all_gathers [10,30] [65,95]
+# [96,100] are never in flight together.
+TIME_MS = {"span": 0.140, "compute": 0.040, "comm": 0.094, "overlap": 0.010, "idle": 0.016, "exposed comm": 0.094}
+TIME_SHARES = {"compute": 100 * 40 / 140, "comm": 100 * 94 / 140, "overlap": 100 * 10 / 94, "idle": 100 * 16 / 140,
+               "exposed comm": 100.0}
+MAX_IN_FLIGHT = 1
 # P = root 4000 + layers.0 6000 (each unit's largest buffer); the loss all_reduce is no FSDP unit's.
 # measured = 4000 + 6000 + 6000 + 6000 + 4000 = 26000 over 1 micro-batch = 2.6 P; ZeRO-3 3 P = 30000; DDP 2 P.
 VOLUME = {"parameters": 10000, "measured": 26000, "per_micro_batch": 2.6, "zero3": 30000, "zero3_ratio": 26 / 30,
           "all_reduce": 20000, "all_reduce_ratio": 1.3}
+
+
+# A run on three streams (EVENTS.md version 3): all-gathers on the all_gather stream (prefetched: issued before their
+# stream starts them), reduce-scatters on the reduce_scatter stream, one blocking all_reduce on the compute stream,
+# and the host's waits. (kind, ts, fields); line numbers start at 3.
+AG, RS = "all_gather", "reduce_scatter"
+
+
+def collective(op, unit, seq, stream, issue_ts, dur, reduce=None):
+    return {"op": op, "unit": unit, "bytes": 4000, "bytes_sent": 2000, "bytes_recv": 2000, "seq": seq,
+            "stream": stream, "issue_ts": issue_ts, "dur": dur, "reduce": reduce}
+
+
+def wait(on, op, unit, seq, hook, dur):
+    return {"stream": "compute", "on": on, "op": op, "unit": unit, "seq": seq, "hook": hook, "dur": dur}
+
+
+STREAM_EVENTS = [
+    EVENTS[0], EVENTS[1], EVENTS[2],                                              # allocator, segment, alloc id 1
+    ("fsdp", 1, {"model": "Qwen2ForCausalLM", "sharding_strategy": "FULL_SHARD", "backward_prefetch": "BACKWARD_PRE",
+                 "forward_prefetch": False, "limit_all_gathers": True, "activation_checkpointing": False,
+                 "no_sync": False, "accumulation_steps": 1, "unit_count": 2}),
+    ("collective", 10, collective(AG, "root", 0, AG, 10, 20)),                     # [10,30] issued 10
+    ("wait", 12, wait(AG, AG, "root", 0, "_pre_forward", 19)),                    # [12,31)
+    ("compute", 31, {"name": "root.forward", "unit": "root", "phase": "forward", "dur": 14}),       # [31,45)
+    ("collective", 30, collective(AG, "layers.0", 1, AG, 12, 20)),                 # [30,50] issued 12: queued 18
+    ("wait", 45, wait(AG, AG, "layers.0", 1, "_pre_forward", 5)),                 # [45,50)
+    ("compute", 50, {"name": "layers.0.forward", "unit": "layers.0", "phase": "forward", "dur": 20}),  # [50,70)
+    ("collective", 70, collective(AG, "layers.0", 2, AG, 30, 10)),                 # [70,80] issued 30
+    ("wait", 70, wait(AG, AG, "layers.0", 2, "_pre_backward_hook", 10)),          # [70,80)
+    ("collective", 80, collective(AG, "root", 3, AG, 80, 15)),                     # [80,95] BACKWARD_PRE prefetch
+    ("compute", 80, {"name": "layers.0.backward", "unit": "layers.0", "phase": "backward", "dur": 20}),  # [80,100)
+    ("wait", 100, wait(AG, AG, "root", 3, "_pre_backward_hook", 0)),              # [100,100): done already
+    ("collective", 100, collective(RS, "layers.0", 4, RS, 100, 30, "avg")),        # [100,130]
+    ("compute", 100, {"name": "root.backward", "unit": "root", "phase": "backward", "dur": 20}),    # [100,120)
+    ("collective", 130, collective(RS, "root", 5, RS, 120, 10, "avg")),            # [130,140] issued 120
+    ("wait", 120, wait(RS, RS, "root", 5, "_post_backward_final_callback", 20)),  # [120,140)
+    ("collective", 140, collective("all_reduce", "loss", 6, "compute", 140, 5, "sum")),  # [140,145] blocking
+    ("wait", 145, wait("compute", None, None, -1, None, 3)),                      # [145,148): the rate limiter
+    ("compute", 148, {"name": "adamw", "unit": None, "phase": "optimizer", "dur": 10}),  # [148,158)
+    ("step", 159, {"step": 1, "micro": -1, "loss": 2.5, "peak_bytes": 2000, "peak_reserved": 2097152,
+                   "time": 0.00015}),
+    ("free", 160, {"id": 1, "bytes": 2000, "category": "param_shard", "owner": "root._local_shard"}),
+]
+# compute union [31,45) [50,70) [80,120) [148,158) = 14 + 20 + 40 + 10 = 84 us; comm union [10,50] [70,95] [100,145]
+# = 40 + 25 + 45 = 110; span [10,158) = 148; overlap [31,45) + [80,95) + [100,120) = 14 + 15 + 20 = 49 ([50,70)
+# only touches [10,50]); idle 148 - (84 + 110 - 49) = 3 (the rate limiter's wait [145,148)). Per stream: all_gather
+# [10,50] + [70,95] = 65, reduce_scatter [100,140] = 40, compute (the blocking all_reduce) 5. Waits for comm
+# streams: 19 + 5 + 10 + 0 + 20 = 54 (disjoint); exposed = 54 + the blocking all_reduce's 5 = 59 = 53.6% of comm.
+# All-gathers in flight, [issue_ts, ts + dur]: seq 0 [10,30], seq 1 [12,50], seq 2 [30,80], seq 3 [80,95]: two at
+# most (at 30 seq 0 completes as seq 2 is issued: touching intervals are not in flight together; three if they were).
+STREAM_TIME_MS = {"span": 0.148, "compute": 0.084, "comm": 0.110, "overlap": 0.049, "idle": 0.003,
+                  "exposed": 0.059, "wait": 0.054, "blocking_comm": 0.005}
+STREAM_SHARES = {"compute": 100 * 84 / 148, "comm": 100 * 110 / 148, "overlap": 100 * 49 / 110,
+                 "exposed comm": 100 * 59 / 110, "idle": 100 * 3 / 148}
+STREAM_COMM_MS = {"compute": 0.005, "all_gather": 0.065, "reduce_scatter": 0.040}
+STREAM_MAX_IN_FLIGHT = 2
+STREAM_FSDP_LINE = ("fsdp (line 6): Qwen2ForCausalLM FULL_SHARD, backward_prefetch BACKWARD_PRE, forward_prefetch off, "
+                    "limit_all_gathers on, activation_checkpointing off, no_sync off, 1 accumulation steps, 2 units")
 
 
 def write_run(rundir, world, events, version=3):
@@ -106,10 +169,20 @@ def write_run(rundir, world, events, version=3):
             lines = [{"kind": "meta", "ts": 0, "rank": rank, "schema": "fsdplab-events", "version": version,
                       "world": world, "unix_time": 0},
                      {"kind": "mark", "ts": 0, "rank": rank, "text": "t0"}]
+            live = {}  # category -> live bytes, so the files also pass tests/validate_trace.py
             for kind, ts, fields in events:
                 line = {"kind": kind, "ts": ts, "rank": rank, **fields}
+                if kind in ("alloc", "free"):
+                    category = fields["category"]
+                    live[category] = live.get(category, 0) + (fields["bytes"] if kind == "alloc" else -fields["bytes"])
+                    line.update({"live": sum(live.values()), "category_live": live[category]})
                 if kind == "collective":
-                    line.update({"reduce": None, "count": fields["bytes"] // 4, "world": world})
+                    line.update({"reduce": fields.get("reduce"), "count": fields["bytes"] // 4, "world": world})
+                    if version >= 3:  # the blocking forms, unless the event says otherwise
+                        line.setdefault("stream", "compute")
+                        line.setdefault("issue_ts", ts)
+                if kind == "compute" and version >= 3:
+                    line.setdefault("stream", "compute")
                 if kind in ("alloc", "free"):  # the block, and the one segment's bytes as reserved
                     address, size = BLOCKS.get(fields["id"], (SEGMENT + 1048576, 512))
                     line.update({"addr": address, "size": size, "segment": SEGMENT, "stream": 0, "reserved": 2097152})
@@ -188,17 +261,63 @@ def collective_problems(section):
     return problems
 
 
-def time_problems(section):
+def time_problems(section, times=TIME_MS, shares=TIME_SHARES, in_flight=MAX_IN_FLIGHT):
     problems = []
-    for name, wanted in TIME_MS.items():
+    match = re.search(r"^  all-gathers in flight \(max\)\s+(\d+)", section, re.M)
+    if not match or int(match[1]) != in_flight:
+        problems.append(f"all-gathers in flight (max): {match and match[1]}, expected {in_flight}")
+    for name, wanted in times.items():
         match = re.search(rf"^  {name}\s+([\d.]+)(?:\s+([\d.]+)%)?", section, re.M)
         if not match:
             problems.append(f"no '{name}' time row")
             continue
         if not close(float(match[1]), wanted, 0.0005):
             problems.append(f"{name} {match[1]} ms, expected {wanted:.3f}")
-        if name in TIME_SHARES and (match[2] is None or not close(float(match[2]), TIME_SHARES[name], 0.05)):
-            problems.append(f"{name} share {match[2]}%, expected {TIME_SHARES[name]:.1f}%")
+        if name in shares and (match[2] is None or not close(float(match[2]), shares[name], 0.05)):
+            problems.append(f"{name} share {match[2]}%, expected {shares[name]:.1f}%")
+    return problems
+
+
+def stream_problems(section):
+    """The streams run's time section: the rows of time_problems, comm per stream, and the fsdp mode line."""
+    times = {name: STREAM_TIME_MS[name] for name in ("span", "compute", "comm", "overlap", "idle")}
+    times["exposed comm"] = STREAM_TIME_MS["exposed"]
+    problems = time_problems(section, times, STREAM_SHARES, STREAM_MAX_IN_FLIGHT)
+    rows = {stream: (float(ms), float(percent)) for stream, ms, percent in
+            re.findall(r"^    stream (\w+)(?: \(blocking\))?\s+([\d.]+)\s+([\d.]+)% of comm$", section, re.M)}
+    for stream, wanted in STREAM_COMM_MS.items():
+        found = rows.get(stream)
+        if found is None or not close(found[0], wanted, 0.0005) or \
+                not close(found[1], 100 * wanted / STREAM_TIME_MS["comm"], 0.05):
+            problems.append(f"comm on stream {stream}: {found}, expected {wanted} ms")
+    match = re.search(r"waits for comm streams ([\d.]+) and blocking collectives ([\d.]+)", section)
+    if not match or (float(match[1]), float(match[2])) != (STREAM_TIME_MS["wait"], STREAM_TIME_MS["blocking_comm"]):
+        problems.append(f"exposed comm's parts: {match and match.groups()}")
+    if STREAM_FSDP_LINE not in section:
+        problems.append(f"no line {STREAM_FSDP_LINE!r}")
+    return problems
+
+
+def overlap_problems(tool, rundir, world):
+    """`fsdptrace overlap`: the same figures as JSON, in ms, to the float's precision."""
+    done = run_tool(tool, "overlap", rundir)
+    if done.returncode != 0:
+        return [f"exit {done.returncode}: {done.stderr.strip()}"]
+    found = json.loads(done.stdout)
+    problems = [] if found.get("world") == world and len(found.get("ranks", [])) == world else [f"ranks: {found}"]
+    for rank in found.get("ranks", []):
+        wanted = {f"{name}_ms": value for name, value in STREAM_TIME_MS.items()}
+        wanted.update({"max_all_gathers_in_flight": STREAM_MAX_IN_FLIGHT, "stream_comm_ms": STREAM_COMM_MS})
+        for key, value in wanted.items():
+            got = rank.get(key)
+            same = (all(close(got.get(name, -1), each, 1e-9) for name, each in value.items()) and len(got) == 3
+                    if isinstance(value, dict) else got is not None and close(got, value, 1e-9))
+            if not same:
+                problems.append(f"rank {rank.get('rank')}: {key} {got}, expected {value}")
+        fsdp = rank.get("fsdp") or {}
+        if (fsdp.get("sharding_strategy"), fsdp.get("backward_prefetch"), fsdp.get("limit_all_gathers")) != \
+                ("FULL_SHARD", "BACKWARD_PRE", True):
+            problems.append(f"rank {rank.get('rank')}: fsdp {fsdp}")
     return problems
 
 
@@ -226,10 +345,48 @@ def run_tool(tool, *arguments):
     return subprocess.run([tool, *arguments], capture_output=True, text=True, timeout=60)
 
 
+def windows_problems(tool, scratch):
+    """`fsdptrace overlap --windows "mode "`: the streams run cut by marks into window A (up to the blocking
+    all_reduce's line) and B (from it to "mode end"). B: the all_reduce [140,145], the limiter's wait, adamw
+    [148,158): comm 5, compute 10, exposed 5 (blocking), waits 0, span 18, no all_gather. A: the rest: comm [10,50]
+    [70,95] [100,140] = 105, exposed 54 (the waits), all-gathers in flight 2."""
+    rundir = os.path.join(scratch, "windows")
+    cut = next(index for index, (kind, _, fields) in enumerate(STREAM_EVENTS) if fields.get("op") == "all_reduce")
+    events = (STREAM_EVENTS[:4] + [("mark", 5, {"text": "mode A"})] + STREAM_EVENTS[4:cut]
+              + [("mark", 140, {"text": "mode B"})] + STREAM_EVENTS[cut:-2] + [("mark", 158, {"text": "mode end"})]
+              + STREAM_EVENTS[-2:])
+    write_run(rundir, 1, events)
+    done = run_tool(tool, "overlap", rundir, "--windows", "mode ")
+    if done.returncode != 0:
+        return [f"exit {done.returncode}: {done.stderr.strip()}"]
+    windows = {window["name"]: window for window in json.loads(done.stdout)["ranks"][0].get("windows", [])}
+    wanted = {"A": {"comm_ms": 0.105, "exposed_ms": 0.054, "wait_ms": 0.054, "max_all_gathers_in_flight": 2},
+              "B": {"comm_ms": 0.005, "compute_ms": 0.010, "exposed_ms": 0.005, "wait_ms": 0.0, "span_ms": 0.018,
+                    "blocking_comm_ms": 0.005, "max_all_gathers_in_flight": 0}}
+    if sorted(windows) != ["A", "B"]:
+        return [f"windows {sorted(windows)}, expected ['A', 'B']"]
+    return [f"window {name} {key}: {windows[name][key]}, expected {value}"
+            for name, figures in wanted.items() for key, value in figures.items()
+            if not close(windows[name][key], value, 1e-9)]
+
+
+def write_streams_run(tool, rundir):
+    """The streams run on 2 ranks, exported (`fsdptrace all`), for validate_trace.py and the viewers."""
+    write_run(rundir, 2, STREAM_EVENTS)
+    done = run_tool(tool, "all", rundir)
+    if done.returncode != 0:
+        print(f"fsdptrace all {rundir}: exit {done.returncode}: {done.stderr.strip()}", file=sys.stderr)
+    return done.returncode
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool", default=os.environ.get("FSDPTRACE", "trace/fsdptrace"))
+    parser.add_argument("--write-streams-run", metavar="DIR",
+                        help="only write the two-stream synthetic run into DIR and export its views")
     args = parser.parse_args()
+    if args.write_streams_run:
+        return write_streams_run(args.tool, args.write_streams_run)
     report = Report()
     with tempfile.TemporaryDirectory(prefix="fsdplab-summary-") as scratch:
         rundir = os.path.join(scratch, "run")
@@ -253,6 +410,24 @@ def main():
         report.check("collectives by op: count, bytes, bytes sent, time", collective_problems(section))
         report.check("compute / comm / overlap (interval intersection) / idle", time_problems(section))
         report.check("comm volume vs ZeRO-3 and all-reduce", volume_problems(section))
+        old = os.path.join(scratch, "version2")  # no streams: every collective read as a blocking one
+        write_run(old, 2, EVENTS, version=2)
+        done = run_tool(args.tool, "summary", old)
+        text2 = open(os.path.join(old, "summary.txt"), encoding="utf-8").read() if done.returncode == 0 else ""
+        section2 = sections(text2).get(0, "")
+        report.check("a version 2 run reads, its collectives blocking on the compute stream (same time figures)",
+                     time_problems(section2) if done.returncode == 0
+                     else [f"exit {done.returncode}: {done.stderr.strip()}"])
+        streams = os.path.join(scratch, "streams")
+        write_run(streams, 2, STREAM_EVENTS)
+        done = run_tool(args.tool, "summary", streams)
+        text3 = open(os.path.join(streams, "summary.txt"), encoding="utf-8").read() if done.returncode == 0 else ""
+        report.check("streams run: comm per stream, overlap, exposed comm (waits + blocking), all-gathers in flight, "
+                     "the fsdp mode", stream_problems(sections(text3).get(1, "")) if done.returncode == 0
+                     else [f"exit {done.returncode}: {done.stderr.strip()}"])
+        report.check("fsdptrace overlap: the streams run's figures as JSON, per rank", overlap_problems(args.tool,
+                                                                                                          streams, 2))
+        report.check("fsdptrace overlap --windows: the figures between marks", windows_problems(args.tool, scratch))
         done = run_tool(args.tool, "all", rundir)
         missing = [name for name in ("trace.json", "memory.html", "memory_snapshot.pickle", "summary.txt")
                    if not os.path.exists(os.path.join(rundir, name)) or f"{rundir}/{name}" not in done.stdout]

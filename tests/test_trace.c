@@ -6,6 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "../trace/chrome.h"
+#include "../trace/run.h"
 #include "../trace/trace.h"
 #include "check_main.h"
 
@@ -347,7 +348,7 @@ static void flows_read(const cJSON *trace_events, flows_seen *seen) {
     const cJSON *event;
     cJSON_ArrayForEach(event, trace_events) {
         if (is_phase(event, "M")) continue;
-        if (is_phase(event, "X") && track_of(event) == 2) {
+        if (is_phase(event, "X") && strcmp(string_of(event, "cat"), "comm") == 0) {  /* comm or a stream track */
             ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(event, "bind_id"));
             ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(event, "flow_in"));
             ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(event, "flow_out"));
@@ -358,7 +359,8 @@ static void flows_read(const cJSON *trace_events, flows_seen *seen) {
         }
         int start = is_phase(event, "s"), finish = is_phase(event, "f");
         if (!start && !finish) continue;
-        ck_assert_int_eq(track_of(event), 2);
+        int track = track_of(event);
+        ck_assert_msg(track == 2 || track == 4 || track == 5, "flow event on track %d", track);
         int id = (int)number_of(event, "id");
         ck_assert_msg(id >= 1 && id < MAX_FLOW_IDS, "flow id %d", id);
         if (finish) ck_assert_str_eq(string_of(event, "bp"), "e");
@@ -367,12 +369,19 @@ static void flows_read(const cJSON *trace_events, flows_seen *seen) {
     }
 }
 
-/* The slice of `seq` on `pid` that a flow event at ts falls in (at its start). */
+/* A flow event sits 1 ns into its slice (EVENTS.md "Flows"; at the very start Catapult binds it to a slice of the
+ * same track that ends there). */
+static int flow_in_slice(const slice_seen *slice, int pid, double ts) {
+    return slice->pid == pid && ts >= slice->ts && ts - slice->ts <= 0.001 + 1e-9;
+}
+
+/* The slice of `seq` on `pid` that a flow event at ts falls in (1 ns after its start). */
 static void flow_binds(const flows_seen *seen, int pid, double ts, int seq) {
     for (int index = 0; index < seen->slice_count; index++) {
         const slice_seen *slice = &seen->slices[index];
         if (slice->pid == pid && slice->seq == seq) {
-            ck_assert_msg(slice->ts == ts, "pid %d seq %d: flow event at ts %g, slice at %g", pid, seq, ts, slice->ts);
+            ck_assert_msg(flow_in_slice(slice, pid, ts), "pid %d seq %d: flow event at ts %.4f, slice at %.4f", pid,
+                          seq, ts, slice->ts);
             return;
         }
     }
@@ -389,8 +398,7 @@ static int flows_of_seq(const flows_seen *seen, int seq, int sender, int world) 
         if (start->count == 0) continue;
         int start_seq = -1;
         for (int index = 0; index < seen->slice_count; index++)
-            if (seen->slices[index].pid == start->pid && seen->slices[index].ts == start->ts)
-                start_seq = seen->slices[index].seq;
+            if (flow_in_slice(&seen->slices[index], start->pid, start->ts)) start_seq = seen->slices[index].seq;
         if (start_seq != seq) continue;
         ck_assert_int_eq(start->pid, sender);
         flow_binds(seen, start->pid, start->ts, seq);
@@ -492,6 +500,226 @@ START_TEST(test_marks_and_steps_are_process_instants) {
     }
     ck_assert_int_eq(marks, WORLD);
     ck_assert_int_eq(steps, WORLD);
+}
+END_TEST
+
+/* ---- version 3: streams, waits, the fsdp event ---- */
+
+/* Two ranks, hand-timed (us): all_gather seq 0 [10,30] and seq 1 [30,50] back to back on the all_gather stream (seq
+ * 1 issued at 12, so queued 18), the host waiting for seq 0 over [12,31) and computing [31,45); reduce_scatter seq 2
+ * [50,60] on its stream; a blocking all_reduce seq 3 [60,65]; a rate-limiter wait on compute [65,66). */
+static char *streams_run_write(void) {
+    char *dir = run_dir_make();
+    for (int rank = 0; rank < WORLD; rank++) {
+        trace_sink sink;
+        ck_assert_int_eq(trace_open(&sink, dir, rank, WORLD), 0);
+        trace_reset_t0(&sink);
+        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 3};
+        trace_fsdp(&sink, &options);
+        trace_collective_info gathers[2] = {
+            {"all_gather", "root", NULL, 1024, 4096, 2048, 2048, 0, "all_gather", 10, 10, 20},
+            {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 1, "all_gather", 12, 30, 20}};
+        trace_collective(&sink, &gathers[0]);
+        trace_wait_info waited = {"all_gather", "all_gather", "root", 0, "_pre_forward", 12, 19};
+        trace_wait(&sink, &waited);
+        trace_compute(&sink, "root.forward", "root", "forward", 31, 14);
+        trace_collective(&sink, &gathers[1]);
+        trace_collective_info scatter = {"reduce_scatter", "layers.0", "avg", 1024, 4096, 2048, 2048, 2,
+                                         "reduce_scatter", 50, 50, 10};
+        trace_collective(&sink, &scatter);
+        trace_collective_info loss = {"all_reduce", "loss", "sum", 1, 4, 4, 4, 3, "compute", 60, 60, 5};
+        trace_collective(&sink, &loss);
+        trace_wait_info limiter = {"compute", NULL, NULL, -1, NULL, 65, 1};
+        trace_wait(&sink, &limiter);
+        trace_close(&sink);
+    }
+    char error[1024] = "";
+    ck_assert_msg(chrome_export(dir, NULL, error, sizeof error) == 0, "chrome_export: %s", error);
+    return dir;
+}
+
+static const cJSON *event_named(const cJSON *trace_events, int pid, const char *name) {
+    const cJSON *event;
+    cJSON_ArrayForEach(event, trace_events)
+        if (!is_phase(event, "M") && (int)number_of(event, "pid") == pid && strcmp(string_of(event, "name"), name) == 0)
+            return event;
+    ck_abort_msg("pid %d has no event named '%s'", pid, name);
+    return NULL;
+}
+
+START_TEST(test_stream_tracks_waits_and_fsdp) {
+    char *dir = streams_run_write(), path[4096];
+    path_join(path, sizeof path, dir, "trace.json");
+    cJSON *loaded = trace_load(path);
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(loaded, "traceEvents"), *event;
+    /* every rank names its five tracks here (it has work on both streams); sort: compute, comm, streams, memory */
+    static const char *const names[] = {NULL, "compute", "comm", "memory", "all_gather stream",
+                                        "reduce_scatter stream"};
+    static const int sort_index[] = {0, 1, 2, 5, 3, 4};
+    int named = 0;
+    cJSON_ArrayForEach(event, all) {
+        if (!is_phase(event, "M")) continue;
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(event, "args");
+        if (strcmp(string_of(event, "name"), "thread_name") == 0) {
+            ck_assert_str_eq(string_of(args, "name"), names[track_of(event)]);
+            named++;
+        }
+        if (strcmp(string_of(event, "name"), "thread_sort_index") == 0)
+            ck_assert_int_eq((int)number_of(args, "sort_index"), sort_index[track_of(event)]);
+    }
+    ck_assert_int_eq(named, 5 * WORLD);
+    for (int pid = 1; pid <= WORLD; pid++) {
+        const cJSON *gather = NULL, *scatter = event_named(all, pid, "reduce_scatter");
+        cJSON_ArrayForEach(event, all)
+            if (is_phase(event, "X") && (int)number_of(event, "pid") == pid &&
+                strcmp(string_of(event, "name"), "all_gather") == 0 &&
+                number_of(cJSON_GetObjectItemCaseSensitive(event, "args"), "seq") == 1)
+                gather = event;
+        ck_assert_ptr_nonnull(gather);
+        ck_assert_int_eq(track_of(gather), 4);
+        ck_assert_int_eq(track_of(scatter), 5);
+        ck_assert_int_eq(track_of(event_named(all, pid, "all_reduce")), 2);  /* blocking: the comm track */
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(gather, "args");
+        ck_assert_str_eq(string_of(args, "stream"), "all_gather");
+        ck_assert_double_eq(number_of(args, "issue_ts"), 12);
+        ck_assert_double_eq(number_of(args, "queued"), 18);
+        const cJSON *waited = event_named(all, pid, "wait all_gather root");
+        ck_assert(is_phase(waited, "X"));
+        ck_assert_int_eq(track_of(waited), 1);
+        ck_assert_str_eq(string_of(waited, "cat"), "exposed");
+        ck_assert_double_eq(number_of(waited, "ts"), 12);
+        ck_assert_double_eq(number_of(waited, "dur"), 19);
+        args = cJSON_GetObjectItemCaseSensitive(waited, "args");
+        ck_assert_str_eq(string_of(args, "on"), "all_gather");
+        ck_assert_str_eq(string_of(args, "op"), "all_gather");
+        ck_assert_str_eq(string_of(args, "unit"), "root");
+        ck_assert_str_eq(string_of(args, "hook"), "_pre_forward");
+        ck_assert_double_eq(number_of(args, "seq"), 0);
+        const cJSON *limiter = event_named(all, pid, "wait compute");
+        ck_assert_str_eq(string_of(limiter, "cat"), "wait");
+        ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(limiter, "args"),
+                                                                "op")));
+        const cJSON *mode = event_named(all, pid, "fsdp FULL_SHARD backward_prefetch=BACKWARD_PRE forward_prefetch "
+                                                  "limit_all_gathers");
+        ck_assert_str_eq(string_of(mode, "s"), "p");
+        ck_assert_double_eq(number_of(cJSON_GetObjectItemCaseSensitive(mode, "args"), "unit_count"), 3);
+    }
+    /* seq 1 starts on its stream where seq 0 ends: its arrow must still bind to seq 1, 1 ns in */
+    flows_seen seen;
+    flows_read(all, &seen);
+    for (int seq = 0; seq < 4; seq++) ck_assert_int_eq(flows_of_seq(&seen, seq, first_pid(&seen, seq), WORLD), 1);
+    cJSON_Delete(loaded);
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* run.h's view of the same run: kinds, streams, the fsdp options. */
+START_TEST(test_reader_streams) {
+    char *dir = streams_run_write(), error[1024] = "";
+    trace_run run;
+    ck_assert_msg(run_load(&run, dir, error, sizeof error) == 0, "run_load: %s", error);
+    const run_rank *rank = &run.ranks[1];
+    ck_assert_int_eq(rank->version, 3);
+    ck_assert_uint_eq(rank->fsdp_count, 1);
+    ck_assert_str_eq(rank->fsdp[0].backward_prefetch, "BACKWARD_PRE");
+    ck_assert_int_eq(rank->fsdp[0].limit_all_gathers, 1);
+    ck_assert_int_eq(rank->fsdp[0].accumulation_steps, 2);
+    int waits = 0, collectives = 0;
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind == RUN_WAIT) {
+            waits++;
+            ck_assert_int_eq(event->ran_on, RUN_STREAM_COMPUTE);
+            if (event->seq == 0) {
+                ck_assert_int_eq(event->waited_on, RUN_STREAM_ALL_GATHER);
+                ck_assert_str_eq(run_string(&run, event->hook), "_pre_forward");
+            } else {
+                ck_assert_int_eq(event->seq, -1);
+                ck_assert_int_eq(event->waited_on, RUN_STREAM_COMPUTE);
+                ck_assert_int_eq(event->label, RUN_NONE);
+            }
+        }
+        if (event->kind == RUN_COLLECTIVE) {
+            static const run_stream streams[] = {RUN_STREAM_ALL_GATHER, RUN_STREAM_ALL_GATHER,
+                                                 RUN_STREAM_REDUCE_SCATTER, RUN_STREAM_COMPUTE};
+            static const double issued[] = {10, 12, 50, 60};
+            collectives++;
+            ck_assert_int_eq(event->ran_on, streams[event->seq]);
+            ck_assert_double_eq(event->issue_ts, issued[event->seq]);
+        }
+    }
+    ck_assert_int_eq(waits, 2);
+    ck_assert_int_eq(collectives, 4);
+    run_free(&run);
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* Writes rank files for a world of 1 from JSONL text (the meta line made with `version`). */
+static char *jsonl_run_write(int version, const char *lines) {
+    char *dir = run_dir_make(), path[4096];
+    path_join(path, sizeof path, dir, "rank0.jsonl");
+    FILE *file = fopen(path, "w");
+    ck_assert_ptr_nonnull(file);
+    fprintf(file, "{\"kind\":\"meta\",\"ts\":0,\"rank\":0,\"schema\":\"fsdplab-events\",\"version\":%d,\"world\":1}\n%s",
+            version, lines);
+    fclose(file);
+    return dir;
+}
+
+/* A version 2 collective has no stream: it blocked the host, which issued it as it started. */
+START_TEST(test_version2_collective_defaults) {
+    char *dir = jsonl_run_write(2, "{\"kind\":\"collective\",\"ts\":7.5,\"rank\":0,\"op\":\"barrier\",\"unit\":\"x\","
+                                   "\"bytes\":0,\"bytes_sent\":0,\"bytes_recv\":0,\"seq\":0,\"dur\":1}\n"),
+         error[1024] = "";
+    trace_run run;
+    ck_assert_msg(run_load(&run, dir, error, sizeof error) == 0, "run_load: %s", error);
+    ck_assert_int_eq(run.ranks[0].version, 2);
+    ck_assert_int_eq(run.ranks[0].events[0].ran_on, RUN_STREAM_COMPUTE);
+    ck_assert_double_eq(run.ranks[0].events[0].issue_ts, 7.5);
+    run_free(&run);
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* In version 3 the stream is required and must be one EVENTS.md names; issue_ts may not follow ts. */
+START_TEST(test_version3_collective_refusals) {
+    static const struct { const char *line, *wanted; } cases[] = {
+        {"{\"kind\":\"collective\",\"ts\":7.5,\"rank\":0,\"op\":\"barrier\",\"unit\":\"x\",\"bytes\":0,"
+         "\"bytes_sent\":0,\"bytes_recv\":0,\"seq\":0,\"dur\":1,\"issue_ts\":7}\n",
+         "rank0.jsonl line 2: 'collective' event has no string field 'stream'"},
+        {"{\"kind\":\"collective\",\"ts\":7.5,\"rank\":0,\"op\":\"barrier\",\"unit\":\"x\",\"bytes\":0,"
+         "\"bytes_sent\":0,\"bytes_recv\":0,\"seq\":0,\"dur\":1,\"stream\":\"nccl\",\"issue_ts\":7}\n",
+         "rank0.jsonl line 2: 'collective' field 'stream' is 'nccl'"},
+        {"{\"kind\":\"collective\",\"ts\":7.5,\"rank\":0,\"op\":\"barrier\",\"unit\":\"x\",\"bytes\":0,"
+         "\"bytes_sent\":0,\"bytes_recv\":0,\"seq\":4,\"dur\":1,\"stream\":\"all_gather\",\"issue_ts\":8}\n",
+         "rank0.jsonl line 2: collective seq 4 issued at 8.000, after its stream started it at 7.500"},
+        {"{\"kind\":\"wait\",\"ts\":1,\"rank\":0,\"stream\":\"compute\",\"on\":\"all_gather\",\"op\":null,"
+         "\"unit\":null,\"seq\":-2,\"hook\":null,\"dur\":1}\n",
+         "rank0.jsonl line 2: 'wait' field 'seq' is -2"},
+    };
+    for (size_t index = 0; index < sizeof cases / sizeof cases[0]; index++) {
+        char *dir = jsonl_run_write(3, cases[index].line), error[1024] = "";
+        trace_run run;
+        ck_assert_int_eq(run_load(&run, dir, error, sizeof error), -1);
+        ck_assert_msg(strstr(error, cases[index].wanted) != NULL, "case %zu: %s", index, error);
+        run_free(&run);
+        run_dir_remove(dir);
+    }
+}
+END_TEST
+
+/* A kind this reader does not know is skipped (a newer writer may add one), the rest read. */
+START_TEST(test_unknown_kind_skipped) {
+    char *dir = jsonl_run_write(3, "{\"kind\":\"from_the_future\",\"ts\":1,\"rank\":0}\n"
+                                   "{\"kind\":\"mark\",\"ts\":2,\"rank\":0,\"text\":\"still read\"}\n"),
+         error[1024] = "";
+    trace_run run;
+    ck_assert_msg(run_load(&run, dir, error, sizeof error) == 0, "run_load: %s", error);
+    ck_assert_uint_eq(run.ranks[0].event_count, 1);
+    ck_assert_str_eq(run_string(&run, run.ranks[0].events[0].label), "still read");
+    run_free(&run);
+    run_dir_remove(dir);
 }
 END_TEST
 
@@ -639,6 +867,13 @@ static Suite *trace_suite(void) {
     TCase *timed = tcase_create("flows");
     tcase_add_test(timed, test_flows_start_at_the_first_rank);
     suite_add_tcase(suite, timed);
+    TCase *streams = tcase_create("streams");
+    tcase_add_test(streams, test_stream_tracks_waits_and_fsdp);
+    tcase_add_test(streams, test_reader_streams);
+    tcase_add_test(streams, test_version2_collective_defaults);
+    tcase_add_test(streams, test_version3_collective_refusals);
+    tcase_add_test(streams, test_unknown_kind_skipped);
+    suite_add_tcase(suite, streams);
     const char *keep = getenv("KEEP");
     if (keep != NULL && keep[0] != '\0') {
         TCase *kept = tcase_create("keep");

@@ -8,6 +8,7 @@ the export must contain from the JSONL lines, and prints one OK / FAIL line per 
 Exit status 1 when any rule fails. Standard library only, so it runs wherever the lab runs.
 """
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -20,14 +21,34 @@ SCHEMA_VERSION = 3
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
               "activation", "checkpoint_input", "workspace", "comm_buffer", "data"]
-# A rank's tracks; the tid of track T in process pid is pid * 10 + T (tid_of), never the pid itself.
-TRACK_NAMES = {1: "compute", 2: "comm", 3: "memory"}
-COMM_TRACK = 2
-# JSONL kind -> (Chrome phase, track) it becomes; the counts per rank must agree.
-KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", 2), "state": ("i", 1), "mark": ("i", 1),
-                 "step": ("i", 1), "alloc": ("C", 3), "free": ("C", 3),
+# A rank's tracks; the tid of track T in process pid is pid * 10 + T (tid_of), never the pid itself. compute, comm
+# and memory are always named; a stream's track only when the rank has a collective on it.
+TRACK_NAMES = {1: "compute", 2: "comm", 3: "memory", 4: "all_gather stream", 5: "reduce_scatter stream"}
+ALWAYS_NAMED = (1, 2, 3)
+COMPUTE_TRACK, COMM_TRACK = 1, 2
+STREAMS = ("compute", "all_gather", "reduce_scatter")
+# The track of a collective by its stream: the blocking forms (stream "compute") on comm, the others on their own.
+STREAM_TRACK = {"compute": 2, "all_gather": 4, "reduce_scatter": 5}
+COLLECTIVE_TRACKS = set(STREAM_TRACK.values())
+# JSONL kind -> (Chrome phase, track) it becomes; the counts per rank must agree. A collective's track is its
+# stream's (track_of_line).
+KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", None), "wait": ("X", 1), "state": ("i", 1),
+                 "mark": ("i", 1), "step": ("i", 1), "fsdp": ("i", 1), "alloc": ("C", 3), "free": ("C", 3),
                  "segment_alloc": ("C", 3), "segment_free": ("C", 3)}
 FLOW_PHASES = ("s", "f")  # v1 flow events: the arrows joining a collective across ranks
+# ts and dur are written rounded to 1 ns (0.001 us): each is off by at most 0.5 ns, a span's end (ts + dur) by 1 ns,
+# so two moments of different lines compare true within 2 ns. Our writer rounds ends, not durs, so its spans keep
+# their order exactly; the slack is for any writer that rounds each field, plus the float sum's own error.
+ROUNDING_US = 0.002
+# A flow event sits this far into the slice it binds to (or half the collective's shortest slice, when less): at the
+# slice's very start Catapult would bind it to a slice of the same stream that ends there.
+FLOW_OFFSET_US = 0.001
+
+
+def track_of_line(line):
+    """The track a JSONL line's Chrome event goes to."""
+    phase, track = KIND_TO_TRACK[line["kind"]]
+    return STREAM_TRACK.get(line.get("stream"), COMM_TRACK) if track is None else track
 
 
 def tid_of(pid, track):
@@ -204,15 +225,20 @@ def check_names(events, world, report):
     pids = {event["pid"] for event in events}
     if pids != set(range(1, world + 1)):
         problems.append(f"pids {sorted(pids)}, expected 1..{world} (rank + 1)")
+    used = {(event["pid"], event["tid"]) for event in events if event["ph"] != "M"}
     for pid in sorted(pids):
         if process_names.get(pid) != f"rank {pid - 1}":
             problems.append(f"pid {pid}: process_name {process_names.get(pid)!r}, expected 'rank {pid - 1}'")
         for track, name in TRACK_NAMES.items():
             tid = tid_of(pid, track)
-            if thread_names.get((pid, tid)) != name:
-                problems.append(f"pid {pid} tid {tid}: thread_name {thread_names.get((pid, tid))!r}, expected {name!r}")
-    report.check("pids are rank + 1, named 'rank N', threads compute / comm / memory with tid pid * 10 + 1..3",
-                 problems)
+            wanted = name if track in ALWAYS_NAMED or (pid, tid) in used else None
+            if thread_names.get((pid, tid)) != wanted:
+                problems.append(f"pid {pid} tid {tid}: thread_name {thread_names.get((pid, tid))!r}, expected "
+                                f"{wanted!r}")
+    strays = sorted(key for key in thread_names if key[1] not in {tid_of(key[0], track) for track in TRACK_NAMES})
+    problems += [f"pid {pid} tid {tid}: a thread that is no track of EVENTS.md" for pid, tid in strays]
+    report.check("pids are rank + 1, named 'rank N', threads compute / comm / memory with tid pid * 10 + 1..3, "
+                 "'all_gather stream' / 'reduce_scatter stream' (+ 4, 5) when used", problems)
 
 
 def check_counts(events, ranks, report):
@@ -222,8 +248,8 @@ def check_counts(events, ranks, report):
     for rank, lines in ranks.items():
         for _, line in lines[1:]:
             if line.get("kind") in KIND_TO_TRACK:
-                phase, track = KIND_TO_TRACK[line["kind"]]
-                expected[(rank + 1, phase, tid_of(rank + 1, track))] += 1
+                phase = KIND_TO_TRACK[line["kind"]][0]
+                expected[(rank + 1, phase, tid_of(rank + 1, track_of_line(line)))] += 1
     for _, event in timed(events):
         if event["ph"] not in FLOW_PHASES:
             found[(event["pid"], event["ph"], event["tid"])] += 1
@@ -363,20 +389,41 @@ def check_memory_counters(events, ranks, report):
 
 def check_flows(events, world, report):
     """EVENTS.md "Flows": for every collective (the comm slices of equal seq), one arrow from the rank whose slice
-    starts first (the lower rank on a tie) to each other rank's slice: an 's' at the start of the sender's slice and
-    an 'f' with bp 'e' at the start of the receiver's, on the comm tracks, sharing an integer id found nowhere else.
+    starts first (the lower rank on a tie) to each other rank's slice: an 's' 1 ns into the sender's slice and
+    an 'f' with bp 'e' 1 ns into the receiver's, on the slices' tracks, sharing an integer id found nowhere else.
     Perfetto drops non-integer ids and Catapult an arrow that ends before it starts, so both are checked here."""
     problems = []
-    slices = {}  # (pid, ts) -> seq of the comm slice starting there
+    slices = {}  # (pid, tid, ts) -> (seq, dur) of the collective slice starting there
     starts_by_seq = defaultdict(dict)  # seq -> pid -> ts
     for index, event in timed(events):
         if any(key in event for key in ("bind_id", "flow_in", "flow_out")):
             problems.append(f"{describe(index, event)}: v2 flow fields (bind_id, flow_in, flow_out); flows are "
                             f"'s' / 'f' events")
-        if event["ph"] == "X" and event["tid"] == tid_of(event["pid"], COMM_TRACK):
+        if event["ph"] == "X" and event.get("cat") == "comm":
+            if event["tid"] not in {tid_of(event["pid"], track) for track in COLLECTIVE_TRACKS}:
+                problems.append(f"{describe(index, event)}: a collective slice on no comm or stream track")
             seq = event.get("args", {}).get("seq")
-            slices[(event["pid"], event["ts"])] = seq
+            slices[(event["pid"], event["tid"], event["ts"])] = (seq, event["dur"])
             starts_by_seq[seq][event["pid"]] = event["ts"]
+    by_track = defaultdict(list)  # (pid, tid) -> sorted slice starts
+
+    offsets = defaultdict(lambda: FLOW_OFFSET_US)  # seq -> its flow events' offset into their slices
+    for (pid, tid, start), (seq, dur) in slices.items():
+        offsets[seq] = min(offsets[seq], dur / 2)
+        by_track[(pid, tid)].append(start)
+    for starts in by_track.values():
+        starts.sort()
+
+    def bound_slice(pid, tid, ts):
+        """The (start, seq, dur) of the collective slice a flow event at ts binds to: the last one on its track
+        starting at or before it, provided ts is exactly the collective's offset into it (EVENTS.md "Flows")."""
+        starts = by_track[(pid, tid)]
+        position = bisect.bisect_right(starts, ts + 1e-9) - 1
+        if position < 0:
+            return None
+        start = starts[position]
+        seq, dur = slices[(pid, tid, start)]
+        return (start, seq, dur) if abs(ts - start - offsets[seq]) <= 1e-6 else None
     arrows = defaultdict(lambda: {"s": [], "f": []})  # id -> phase -> [(pid, ts, seq)]
     for index, event in timed(events):
         if event["ph"] not in FLOW_PHASES:
@@ -387,13 +434,14 @@ def check_flows(events, world, report):
         if not is_int(event.get("id")):
             problems.append(f"{where}: id {event.get('id')!r} is not an integer (Perfetto drops the flow)")
             continue
-        if event["tid"] != tid_of(event["pid"], COMM_TRACK):
-            problems.append(f"{where}: not on its comm track (tid {tid_of(event['pid'], COMM_TRACK)})")
         if event["ph"] == "f" and event.get("bp") != "e":
             problems.append(f"{where}: bp {event.get('bp')!r}, expected 'e' (bind to the enclosing slice)")
-        if (event["pid"], event["ts"]) not in slices:
-            problems.append(f"{where}: ts {event['ts']} is not the start of a collective slice of its rank")
-        arrows[event["id"]][event["ph"]].append((event["pid"], event["ts"], slices.get((event["pid"], event["ts"]))))
+        bound = bound_slice(event["pid"], event["tid"], event["ts"])
+        if bound is None:
+            problems.append(f"{where}: ts {event['ts']} is not 1 ns (or half the shortest slice of its "
+                            f"collective) into a collective slice on its track")
+            continue
+        arrows[event["id"]][event["ph"]].append((event["pid"], event["ts"], bound[1]))
     found = defaultdict(int)  # (seq, sender pid, receiver pid) -> arrows
     for flow_id, phases in sorted(arrows.items()):
         if len(phases["s"]) != 1 or len(phases["f"]) != 1:
@@ -445,6 +493,137 @@ def check_collectives(ranks, world, report):
                  problems)
 
 
+def spans_overlap(left, right):
+    """Half-open spans (start, end) that share more than the rounding: touching ones do not overlap."""
+    return left[0] < right[1] - ROUNDING_US and right[0] < left[1] - ROUNDING_US
+
+
+def check_streams_jsonl(ranks, report):
+    """EVENTS.md version 3: collectives name a stream and were issued no later than their stream started them; a
+    stream runs its work in order, so one stream's collectives never overlap; the host (stream compute) runs its
+    compute spans, its waits and the blocking collectives one at a time; each wait for a collective (seq >= 0) names
+    a collective of its rank by seq, op and unit, starts no earlier than it was issued, and ends no earlier than it
+    completed."""
+    problems = []
+    for rank, lines in ranks.items():
+        by_seq, host, per_stream = {}, [], defaultdict(list)
+        for number, line in lines:
+            kind, where = line.get("kind"), f"rank {rank} line {number}"
+            if kind not in ("collective", "compute", "wait"):
+                continue
+            stream = line.get("stream")
+            if stream not in STREAMS:
+                problems.append(f"{where}: {kind} on stream {stream!r}, not one of {STREAMS}")
+                continue
+            span = (line["ts"], line["ts"] + line["dur"])
+            if kind == "collective":
+                by_seq[line.get("seq")] = (number, line)
+                if not is_number(line.get("issue_ts")) or line["issue_ts"] > line["ts"]:
+                    problems.append(f"{where}: collective seq {line.get('seq')} issued at {line.get('issue_ts')!r}, "
+                                    f"after its stream started it at {line['ts']}")
+                per_stream[stream].append((span, number, f"{line.get('op')} seq {line.get('seq')}"))
+                if stream == "compute":
+                    host.append((span, number, f"blocking {line.get('op')} seq {line.get('seq')}"))
+            elif stream != "compute":
+                problems.append(f"{where}: {kind} on stream {stream!r}; only the host (compute) runs compute and waits")
+            else:
+                host.append((span, number, f"{kind} {line.get('name') or line.get('on')}"))
+        for stream, spans in list(per_stream.items()) + [("host (compute, waits, blocking collectives)", host)]:
+            spans.sort()
+            for (left, left_line, left_name), (right, right_line, right_name) in zip(spans, spans[1:]):
+                if spans_overlap(left, right):
+                    problems.append(f"rank {rank}: on stream {stream}, line {left_line} ({left_name}, {left}) overlaps "
+                                    f"line {right_line} ({right_name}, {right})")
+        for number, line in lines:
+            if line.get("kind") != "wait":
+                continue
+            where = f"rank {rank} line {number}"
+            if line.get("on") not in STREAMS:
+                problems.append(f"{where}: wait on {line.get('on')!r}, not one of {STREAMS}")
+            seq = line.get("seq")
+            if not is_int(seq) or seq < -1:
+                problems.append(f"{where}: wait seq {seq!r}, expected a collective's seq or -1")
+                continue
+            if seq == -1:
+                continue
+            found = by_seq.get(seq)
+            if found is None:
+                problems.append(f"{where}: wait for seq {seq}, which no collective of rank {rank} has")
+                continue
+            other_line, other = found
+            if (other.get("op"), other.get("unit"), other.get("stream")) != (line.get("op"), line.get("unit"),
+                                                                             line.get("on")):
+                problems.append(f"{where}: wait for {line.get('op')} {line.get('unit')} on {line.get('on')} seq {seq}, "
+                                f"line {other_line} is {other.get('op')} {other.get('unit')} on {other.get('stream')}")
+            if line["ts"] + line["dur"] < other["ts"] + other["dur"] - ROUNDING_US:
+                problems.append(f"{where}: wait for seq {seq} ends at {line['ts'] + line['dur']:.3f}, before the "
+                                f"collective (line {other_line}) completed at {other['ts'] + other['dur']:.3f}")
+            if line["ts"] < other.get("issue_ts", other["ts"]) - ROUNDING_US:
+                problems.append(f"{where}: wait for seq {seq} starts at {line['ts']}, before the collective was "
+                                f"issued at {other.get('issue_ts')}")
+    report.check("streams: issue_ts <= ts, a stream's collectives never overlap, the host's compute, waits and "
+                 "blocking collectives never overlap, each wait matches its collective and ends after it",
+                 problems[:20] + ([f"... {len(problems) - 20} more"] if len(problems) > 20 else []))
+
+
+def check_waits(events, ranks, report):
+    """Wait slices (the JSONL's `wait` lines) lie on their rank's compute track, are named 'wait <on>[ <unit>]',
+    carry on / op / unit / seq / hook, are category 'exposed' when they wait for a comm stream, and intersect no
+    compute slice of their rank."""
+    problems = []
+    computes, waits = defaultdict(list), defaultdict(list)
+    for index, event in timed(events):
+        if event["ph"] == "X" and event.get("cat") == "compute":
+            computes[event["pid"]].append((event["ts"], event["ts"] + event["dur"]))
+        if event["ph"] == "X" and event.get("cat") in ("exposed", "wait"):
+            waits[event["pid"]].append((index, event))
+    for rank, lines in ranks.items():
+        pid = rank + 1
+        wanted = [line for _, line in lines if line.get("kind") == "wait"]
+        found = sorted(waits[pid], key=lambda item: (item[1]["ts"], item[0]))
+        wanted.sort(key=lambda line: line["ts"])
+        if len(found) != len(wanted):
+            problems.append(f"rank {rank}: {len(found)} wait slices, the JSONL has {len(wanted)} waits")
+            continue
+        for (index, event), line in zip(found, wanted):
+            where = describe(index, event)
+            name = f"wait {line['on']}" + (f" {line['unit']}" if line.get("unit") is not None else "")
+            category = "wait" if line["on"] == "compute" else "exposed"
+            args = {key: line.get(key) for key in ("on", "op", "unit", "seq", "hook")}
+            if (event["name"], event["cat"], event["tid"]) != (name, category, tid_of(pid, COMPUTE_TRACK)):
+                problems.append(f"{where}: expected {name!r}, category {category!r} on the compute track")
+            if event.get("args") != args:
+                problems.append(f"{where}: args {event.get('args')}, expected {args}")
+            span = (event["ts"], event["ts"] + event["dur"])
+            for other in computes[pid]:
+                if spans_overlap(span, other):
+                    problems.append(f"{where}: wait {span} intersects compute slice {other}")
+    report.check(f"wait slices on the compute track, named and categorised, with their args, intersecting no "
+                 f"compute slice ({sum(len(each) for each in waits.values())} waits)", problems)
+
+
+def check_collective_args(events, ranks, report):
+    """Version 3's collective args: the stream and issue_ts of the line, and queued = ts - issue_ts."""
+    problems = []
+    lines = {(rank + 1, line.get("seq")): line for rank, each in ranks.items() for _, line in each
+             if line.get("kind") == "collective"}
+    for index, event in timed(events):
+        if event["ph"] != "X" or event.get("cat") != "comm":
+            continue
+        args = event.get("args", {})
+        line = lines.get((event["pid"], args.get("seq")))
+        if line is None:
+            problems.append(f"{describe(index, event)}: seq {args.get('seq')} is no collective of its rank")
+            continue
+        queued = line["ts"] - line["issue_ts"]
+        if (args.get("stream"), args.get("issue_ts")) != (line["stream"], line["issue_ts"]) or \
+                not is_number(args.get("queued")) or abs(args["queued"] - queued) > 1e-6:
+            problems.append(f"{describe(index, event)}: stream / issue_ts / queued {args.get('stream')} "
+                            f"{args.get('issue_ts')} {args.get('queued')}, the line says {line['stream']} "
+                            f"{line['issue_ts']} {queued}")
+    report.check("collective slices carry the line's stream and issue_ts, and queued = ts - issue_ts", problems)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rundir")
@@ -458,6 +637,7 @@ def main():
         check_memory_jsonl(ranks, report)
         check_allocator_jsonl(ranks, report)
         check_collectives(ranks, world, report)
+        check_streams_jsonl(ranks, report)
     events = read_trace(options.trace or os.path.join(options.rundir, "trace.json"), report)
     if events is not None and check_fields(events, report):
         check_order(events, report)
@@ -468,6 +648,8 @@ def main():
             check_memory_counters(events, ranks, report)
             check_reserved_counters(events, ranks, report)
             check_flows(events, world, report)
+            check_waits(events, ranks, report)
+            check_collective_args(events, ranks, report)
         else:
             report.skip("trace checks against the JSONL", "the JSONL files are unusable")
     elif events is not None:

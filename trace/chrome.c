@@ -16,11 +16,33 @@
 #include <stdlib.h>
 
 /* The tracks of a rank. Their thread id is pid * 10 + track, not the track alone: Perfetto takes the thread whose
- * tid equals its pid for the process's main thread and labels its track "main thread", whatever its name. */
-enum { TRACK_COMPUTE = 1, TRACK_COMM = 2, TRACK_MEMORY = 3 };
-static const char *const track_names[] = {NULL, "compute", "comm", "memory"};
+ * tid equals its pid for the process's main thread and labels its track "main thread", whatever its name.
+ * compute is the host thread (the compute stream): compute spans, waits, state instants. comm holds the collectives
+ * the host ran itself (stream "compute", the blocking forms): they are host time too, but on the compute track they
+ * would nest inside or straddle compute spans, and labs 01-05 read best with comm on a row of its own. Each comm
+ * stream gets a track, named only when the rank has work on it, so a blocking run shows the three rows it always
+ * had. The numbers 1-3 are those of version 2's export; the sort index puts the streams between comm and memory. */
+enum { TRACK_COMPUTE = 1, TRACK_COMM = 2, TRACK_MEMORY = 3, TRACK_ALL_GATHER = 4, TRACK_REDUCE_SCATTER = 5,
+       TRACK_LAST = TRACK_REDUCE_SCATTER };
+static const char *const track_names[] = {NULL, "compute", "comm", "memory", "all_gather stream",
+                                          "reduce_scatter stream"};
+static const int track_sort_index[] = {0, 1, 2, 5, 3, 4};
 
 static int tid_of(int pid, int track) { return pid * 10 + track; }
+
+/* How far into its slice a flow event sits: 1 ns, the events' resolution (see flow_plan_make). */
+#define FLOW_BIND_OFFSET_US 0.001
+
+/* The track of a collective: its stream's, or comm for the blocking forms. */
+static int collective_track(run_stream stream) {
+    switch (stream) {
+    case RUN_STREAM_ALL_GATHER: return TRACK_ALL_GATHER;
+    case RUN_STREAM_REDUCE_SCATTER: return TRACK_REDUCE_SCATTER;
+    case RUN_STREAM_COMPUTE:
+    case RUN_STREAM_COUNT: break;
+    }
+    return TRACK_COMM;
+}
 
 /* A Chrome event waiting to be written. `order` is its JSONL line number and `part` 0 for the event of that line,
  * 1, 2, ... for the flow events added after it: qsort is not stable, and events with equal ts must keep file order
@@ -34,9 +56,12 @@ typedef struct pending_event {
 
 /* One rank's slice of one collective, as the flow plan sees it. */
 typedef struct flow_member {
-    uint64_t seq;
+    int64_t seq;
     double ts;
+    double dur;
+    double bind_ts;       /* where its flow event goes: ts + the collective's binding offset (flow_plan_make) */
     int rank;
+    int track;            /* the track of the slice (collective_track) */
     size_t line;
     const char *op;
 } flow_member;
@@ -115,9 +140,11 @@ static cJSON *compute_convert(const trace_run *run, const run_rank *rank, const 
     return chrome;
 }
 
+/* args: the line's fields, and (version 3) its stream, when the host issued it and how long it queued on its
+ * stream behind earlier work (ts - issue_ts). */
 static cJSON *collective_convert(const trace_run *run, const run_rank *rank, const run_event *event) {
-    cJSON *chrome = span_event("comm", run_string(run, event->label), pid_of(rank), tid_of(pid_of(rank), TRACK_COMM),
-                               event->ts, event->dur);
+    cJSON *chrome = span_event("comm", run_string(run, event->label), pid_of(rank),
+                               tid_of(pid_of(rank), collective_track(event->ran_on)), event->ts, event->dur);
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     string_arg(args, run, event, RUN_HAS_UNIT, "unit", event->unit);
     string_arg(args, run, event, RUN_HAS_REDUCE, "reduce", event->reduce);
@@ -126,6 +153,50 @@ static cJSON *collective_convert(const trace_run *run, const run_rank *rank, con
     cJSON_AddNumberToObject(args, "bytes_sent", (double)event->bytes_sent);
     cJSON_AddNumberToObject(args, "bytes_recv", (double)event->bytes_recv);
     cJSON_AddNumberToObject(args, "seq", (double)event->seq);
+    cJSON_AddStringToObject(args, "stream", run_stream_names[event->ran_on]);
+    cJSON_AddNumberToObject(args, "issue_ts", event->issue_ts);
+    cJSON_AddNumberToObject(args, "queued", event->ts - event->issue_ts);
+    return chrome;
+}
+
+/* A wait: the host blocked, so a slice on the compute track, "wait all_gather layers.3". Waits for a comm stream
+ * are exposed communication (category "exposed", what the summary adds up); a wait on the compute stream (the rate
+ * limiter) is category "wait". */
+static cJSON *wait_convert(const trace_run *run, const run_rank *rank, const run_event *event) {
+    char name[512];
+    const char *on = run_stream_names[event->waited_on];
+    if (event->unit != RUN_NONE) snprintf(name, sizeof name, "wait %s %s", on, run_string(run, event->unit));
+    else snprintf(name, sizeof name, "wait %s", on);
+    cJSON *chrome = span_event(event->waited_on == RUN_STREAM_COMPUTE ? "wait" : "exposed", name, pid_of(rank),
+                               tid_of(pid_of(rank), TRACK_COMPUTE), event->ts, event->dur);
+    cJSON *args = cJSON_AddObjectToObject(chrome, "args");
+    cJSON_AddStringToObject(args, "on", on);
+    string_arg(args, run, event, 0, "op", event->label);  /* null when the wait is for no collective */
+    string_arg(args, run, event, RUN_HAS_UNIT, "unit", event->unit);
+    cJSON_AddNumberToObject(args, "seq", (double)event->seq);
+    string_arg(args, run, event, RUN_HAS_HOOK, "hook", event->hook);
+    return chrome;
+}
+
+/* The runtime's options, as a process-wide instant where the runtime started: "fsdp FULL_SHARD BACKWARD_PRE". */
+static cJSON *fsdp_convert(const run_rank *rank, const run_event *event) {
+    const run_fsdp *options = &rank->fsdp[event->id];
+    char name[160];
+    snprintf(name, sizeof name, "fsdp %s backward_prefetch=%s%s%s", options->sharding_strategy,
+             options->backward_prefetch[0] ? options->backward_prefetch : "None",
+             options->forward_prefetch ? " forward_prefetch" : "", options->limit_all_gathers ? " limit_all_gathers" : "");
+    cJSON *chrome = instant_event("fsdp", name, pid_of(rank), "p", event->ts);
+    cJSON *args = cJSON_AddObjectToObject(chrome, "args");
+    cJSON_AddStringToObject(args, "model", options->model);
+    cJSON_AddStringToObject(args, "sharding_strategy", options->sharding_strategy);
+    if (options->backward_prefetch[0]) cJSON_AddStringToObject(args, "backward_prefetch", options->backward_prefetch);
+    else cJSON_AddNullToObject(args, "backward_prefetch");
+    cJSON_AddBoolToObject(args, "forward_prefetch", options->forward_prefetch);
+    cJSON_AddBoolToObject(args, "limit_all_gathers", options->limit_all_gathers);
+    cJSON_AddBoolToObject(args, "activation_checkpointing", options->activation_checkpointing);
+    cJSON_AddBoolToObject(args, "no_sync", options->no_sync);
+    cJSON_AddNumberToObject(args, "accumulation_steps", options->accumulation_steps);
+    cJSON_AddNumberToObject(args, "unit_count", options->unit_count);
     return chrome;
 }
 
@@ -192,6 +263,8 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
     case RUN_FREE: return memory_convert(rank, event, category_live);
     case RUN_SEGMENT_ALLOC:
     case RUN_SEGMENT_FREE: return reserved_convert(rank, event, reserved);
+    case RUN_WAIT: return wait_convert(run, rank, event);
+    case RUN_FSDP: return fsdp_convert(rank, event);
     case RUN_ALLOCATOR: break; /* skipped by the caller */
     }
     return NULL;  /* not reached: run.h has no other kind */
@@ -201,8 +274,9 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
  *
  * Flow v1 events, not v2's bind_id on the slices: Perfetto drops a flow whose id is not a number, and Catapult drops
  * one whose end comes before its start, so an arrow must start at the rank that entered the collective first. Each
- * arrow is an "s" at the start of the sender's slice and an "f" ("bp":"e": bind to the slice it falls in, not the
- * next one) at the start of the receiver's, both on the comm track; the receiver's slice never starts earlier. */
+ * arrow is an "s" 1 ns into the sender's slice and an "f" ("bp":"e": bind to the slice it falls in, not the next
+ * one) 1 ns into the receiver's, each on the track of its slice (comm, or the collective's stream); the receiver's
+ * slice never starts earlier. */
 
 static int member_compare(const void *left_pointer, const void *right_pointer) {
     const flow_member *left = left_pointer, *right = right_pointer;
@@ -227,15 +301,26 @@ static int flow_plan_make(flow_plan *plan, const trace_run *run, char *error, si
             const run_event *event = &run->ranks[rank].events[index];
             if (event->kind != RUN_COLLECTIVE) continue;
             plan->members[plan->count++] =
-                (flow_member){event->seq, event->ts, rank, event->line, run_string(run, event->label)};
+                (flow_member){event->seq, event->ts, event->dur, event->ts, rank, collective_track(event->ran_on),
+                              event->line, run_string(run, event->label)};
         }
     if (plan->count > 0) qsort(plan->members, plan->count, sizeof *plan->members, member_compare);
+    /* A flow event binds to the slice that encloses its ts, and Catapult takes the first such slice: at the very
+     * start of a slice that begins where the one before it on the track ends (one stream's collectives, back to
+     * back), that is the earlier one. So flow events sit FLOW_BIND_OFFSET_US into their slices, or half the shortest
+     * slice of the collective when that is less; one offset per collective keeps every arrow pointing forward. */
+    for (size_t first = 0, end; first < plan->count; first = end) {
+        double offset = FLOW_BIND_OFFSET_US;
+        for (end = first; end < plan->count && plan->members[end].seq == plan->members[first].seq; end++)
+            if (plan->members[end].dur / 2 < offset) offset = plan->members[end].dur / 2;
+        for (size_t index = first; index < end; index++) plan->members[index].bind_ts = plan->members[index].ts + offset;
+    }
     return 0;
 }
 
 static cJSON *flow_event(const char *phase, const flow_member *member, size_t id) {
     int pid = member->rank + 1;
-    cJSON *event = chrome_event(phase, "comm", member->op, pid, tid_of(pid, TRACK_COMM), member->ts);
+    cJSON *event = chrome_event(phase, "comm", member->op, pid, tid_of(pid, member->track), member->bind_ts);
     cJSON_AddNumberToObject(event, "id", (double)id);
     if (phase[0] == 'f') cJSON_AddStringToObject(event, "bp", "e");
     return event;
@@ -244,7 +329,8 @@ static cJSON *flow_event(const char *phase, const flow_member *member, size_t id
 /* Appends the flow events of `rank` to pending (NULL: only counts them) and returns how many; *out_of_memory is set
  * when one could not be built. A collective's first member in the plan sends to each other member; an arrow's id
  * is 1 + the position of its receiving member in the plan, a number unique in the file. Each flow event sorts
- * right after its own slice (same ts and line, a higher part). */
+ * right after its own slice: its ts is at most 1 ns later (and at an equal ts, a zero-length slice's, the same line
+ * with a higher part), and nothing else on the track starts inside a collective's first nanosecond. */
 static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending, int *out_of_memory) {
     size_t added = 0;
     for (size_t first = 0, end; first < plan->count; first = end) {
@@ -255,7 +341,7 @@ static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending
                 if (pending != NULL) {
                     cJSON *start = flow_event("s", sender, end + 1);
                     *out_of_memory |= start == NULL;
-                    pending[added] = (pending_event){sender->ts, sender->line, end - first, start};
+                    pending[added] = (pending_event){sender->bind_ts, sender->line, end - first, start};
                 }
                 added++;
             }
@@ -263,7 +349,7 @@ static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending
                 if (pending != NULL) {
                     cJSON *finish = flow_event("f", receiver, end + 1);
                     *out_of_memory |= finish == NULL;
-                    pending[added] = (pending_event){receiver->ts, receiver->line, 1, finish};
+                    pending[added] = (pending_event){receiver->bind_ts, receiver->line, 1, finish};
                 }
                 added++;
             }
@@ -293,16 +379,21 @@ static void writer_put(trace_writer *writer, cJSON *event) {
     cJSON_free(text);
 }
 
-static void metadata_write(trace_writer *writer, int rank) {
-    int pid = rank + 1;
+/* compute, comm and memory are always named; a stream's track only when the rank ran something on it. */
+static void metadata_write(trace_writer *writer, const run_rank *rank) {
+    int pid = pid_of(rank), used[TRACK_LAST + 1] = {0, 1, 1, 1, 0, 0};
+    for (size_t index = 0; index < rank->event_count; index++)
+        if (rank->events[index].kind == RUN_COLLECTIVE) used[collective_track(rank->events[index].ran_on)] = 1;
     char process_name[32];
-    snprintf(process_name, sizeof process_name, "rank %d", rank);
+    snprintf(process_name, sizeof process_name, "rank %d", rank->rank);
     writer_put(writer, metadata_event("process_name", pid, 0, "name", cJSON_CreateString(process_name)));
-    writer_put(writer, metadata_event("process_sort_index", pid, 0, "sort_index", cJSON_CreateNumber(rank)));
-    for (int track = TRACK_COMPUTE; track <= TRACK_MEMORY; track++) {
+    writer_put(writer, metadata_event("process_sort_index", pid, 0, "sort_index", cJSON_CreateNumber(rank->rank)));
+    for (int track = TRACK_COMPUTE; track <= TRACK_LAST; track++) {
+        if (!used[track]) continue;
         int tid = tid_of(pid, track);
         writer_put(writer, metadata_event("thread_name", pid, tid, "name", cJSON_CreateString(track_names[track])));
-        writer_put(writer, metadata_event("thread_sort_index", pid, tid, "sort_index", cJSON_CreateNumber(track)));
+        writer_put(writer, metadata_event("thread_sort_index", pid, tid, "sort_index",
+                                          cJSON_CreateNumber(track_sort_index[track])));
     }
 }
 
@@ -342,7 +433,7 @@ static int rank_write(const trace_run *run, const run_rank *rank, const flow_pla
     }
     if (status == 0) {
         if (count > 0) qsort(pending, count, sizeof *pending, pending_compare);  /* its array must not be NULL */
-        metadata_write(writer, rank->rank);
+        metadata_write(writer, rank);
         for (size_t index = 0; index < count; index++) writer_put(writer, pending[index].event);
     } else {
         for (size_t index = 0; index < count; index++) cJSON_Delete(pending[index].event);

@@ -6,6 +6,10 @@
  *   fsdptrace snapshot <rundir> [-o out.pickle]   PyTorch memory snapshot (default <rundir>/memory_snapshot.pickle)
  *   fsdptrace summary  <rundir> [-o out.txt]      prints the summary tables and writes them (<rundir>/summary.txt)
  *   fsdptrace all      <rundir>                   all of the above, under their default names
+ *   fsdptrace overlap  <rundir> [-o out.json] [--windows PREFIX]
+ *                      per rank compute / comm / overlap / exposed time and all-gathers in flight as JSON (summary.h),
+ *                      on stdout unless -o, for lab checks; --windows "lab 06 mode " adds them per window between
+ *                      marks that start with the prefix
  *
  * Each subcommand is one row of the table in main's file; a new view is a new row.
  * Exit status: 0 done, 1 the run directory could not be turned into the view, 2 bad arguments.
@@ -14,6 +18,7 @@
 #include "export.h"
 #include "memory_page.h"
 #include "snapshot.h"
+#include "run.h"
 #include "summary.h"
 
 #include <stdio.h>
@@ -49,6 +54,9 @@ static const subcommand subcommands[] = {
     {"summary", "<rundir> [-o out.txt]", "prints and writes the summary tables (default <rundir>/" SUMMARY_FILE_NAME ")",
      summary_echo_write_run, SUMMARY_FILE_NAME},
     {"all", "<rundir>", "all of the above, under their default names in <rundir>", NULL, NULL},
+    {"overlap", "<rundir> [-o out.json] [--windows PREFIX]",
+     "time figures per rank (and per window between marks PREFIX...) as JSON, on stdout unless -o",
+     summary_overlap_write_run, NULL},
 };
 enum { SUBCOMMAND_COUNT = sizeof subcommands / sizeof subcommands[0] };
 
@@ -91,6 +99,36 @@ static int view_failed(const char *subcommand_name, const char *error) {
     return EXIT_FAILED;
 }
 
+/* overlap: JSON on stdout, or into -o's file; --windows PREFIX adds the figures of each window between marks. */
+static int overlap_run(int argc, char **argv) {
+    const char *rundir, *out_path, *prefix = NULL;
+    char error[1024], *kept[8];
+    int kept_count = 0;
+    for (int index = 0; index < argc; index++) {  /* --windows PREFIX out; the rest as every view's arguments */
+        if (index > 0 && strcmp(argv[index], "--windows") == 0) {
+            if (index + 1 >= argc) return usage_fail("--windows needs a mark prefix, e.g. ", "\"lab 06 mode \"");
+            prefix = argv[++index];
+        } else if (kept_count < 8) {
+            kept[kept_count++] = argv[index];
+        } else {
+            return usage_fail("too many arguments for ", argv[0]);
+        }
+    }
+    if (arguments_parse(kept_count, kept, &rundir, &out_path) != EXIT_DONE) return EXIT_USAGE;
+    FILE *stream = out_path != NULL ? fopen(out_path, "w") : stdout;
+    if (stream == NULL) return view_failed(argv[0], out_path);
+    trace_run run;
+    int status = run_load(&run, rundir, error, sizeof error);
+    if (status == 0) status = summary_overlap_print_windows(&run, prefix, stream, error, sizeof error);
+    run_free(&run);
+    if (stream != stdout && fclose(stream) != 0 && status == 0) {
+        snprintf(error, sizeof error, "cannot write %s", out_path);
+        status = -1;
+    }
+    if (status == 0 && out_path != NULL) printf("%s\n", out_path);
+    return status == 0 ? EXIT_DONE : view_failed(argv[0], error);
+}
+
 /* One view: prints the path it went to (-o's, or its default name in the run directory). */
 static int view_run(const subcommand *command, int argc, char **argv) {
     const char *rundir, *out_path;
@@ -120,7 +158,9 @@ int main(int argc, char **argv) {
     }
     for (int index = 0; index < SUBCOMMAND_COUNT; index++)
         if (strcmp(argv[1], subcommands[index].name) == 0)
-            return subcommands[index].writer != NULL ? view_run(&subcommands[index], argc - 1, argv + 1)
-                                                     : all_run(argc - 1, argv + 1);
+            return subcommands[index].default_name == NULL && subcommands[index].writer != NULL
+                       ? overlap_run(argc - 1, argv + 1)
+                   : subcommands[index].writer != NULL ? view_run(&subcommands[index], argc - 1, argv + 1)
+                                                       : all_run(argc - 1, argv + 1);
     return usage_fail("unknown subcommand ", argv[1]);
 }

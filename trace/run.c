@@ -22,6 +22,8 @@ const char *const run_categories[RUN_CATEGORY_COUNT] = {
     "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
 };
 
+const char *const run_stream_names[RUN_STREAM_COUNT] = {"compute", "all_gather", "reduce_scatter"};
+
 /* What one rank's reading needs besides the run: where it is, for messages. */
 typedef struct rank_reader {
     trace_run *run;
@@ -160,6 +162,20 @@ static int optional_string(rank_reader *reader, const cJSON *line, const char *k
     return string_field(reader, line, kind, key, 0, index);
 }
 
+/* A stream name (EVENTS.md version 3): one of run_stream_names, or an error naming the value. */
+static int stream_field(rank_reader *reader, const cJSON *line, const char *kind, const char *key,
+                        run_stream *stream) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(line, key);
+    if (!cJSON_IsString(item)) return line_fail(reader, "'%s' event has no string field '%s'", kind, key);
+    for (int index = 0; index < RUN_STREAM_COUNT; index++)
+        if (strcmp(run_stream_names[index], item->valuestring) == 0) {
+            *stream = (run_stream)index;
+            return 0;
+        }
+    return line_fail(reader, "'%s' field '%s' is '%.40s', not a stream EVENTS.md names (compute, all_gather, "
+                             "reduce_scatter)", kind, key, item->valuestring);
+}
+
 /* ---- one parser per kind ---- */
 
 static int state_parse(rank_reader *reader, const cJSON *line, run_event *event) {
@@ -181,8 +197,21 @@ static int collective_parse(rank_reader *reader, const cJSON *line, run_event *e
     if (count_field(reader, line, "collective", "bytes", &event->bytes) != 0) return -1;
     if (count_field(reader, line, "collective", "bytes_sent", &event->bytes_sent) != 0) return -1;
     if (count_field(reader, line, "collective", "bytes_recv", &event->bytes_recv) != 0) return -1;
-    if (count_field(reader, line, "collective", "seq", &event->seq) != 0) return -1;
-    return number_field(reader, line, "collective", "dur", &event->dur);
+    uint64_t seq;
+    if (count_field(reader, line, "collective", "seq", &seq) != 0) return -1;
+    event->seq = (int64_t)seq;
+    if (number_field(reader, line, "collective", "dur", &event->dur) != 0) return -1;
+    /* Version 2 had no streams: every collective blocked the host, which issued it as it started. */
+    event->ran_on = RUN_STREAM_COMPUTE;
+    event->issue_ts = event->ts;
+    if (reader->rank->version < 3) return 0;
+    if (stream_field(reader, line, "collective", "stream", &event->ran_on) != 0) return -1;
+    if (number_field(reader, line, "collective", "issue_ts", &event->issue_ts) != 0) return -1;
+    if (event->issue_ts < 0) event->issue_ts = 0;
+    if (event->issue_ts > event->ts)
+        return line_fail(reader, "collective seq %lld issued at %.3f, after its stream started it at %.3f",
+                         (long long)event->seq, event->issue_ts, event->ts);
+    return 0;
 }
 
 static int category_index(const char *category) {
@@ -265,7 +294,76 @@ static int compute_parse(rank_reader *reader, const cJSON *line, run_event *even
     if (string_field(reader, line, "compute", "name", 1, &event->label) != 0) return -1;
     if (optional_string(reader, line, "compute", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
     if (optional_string(reader, line, "compute", "phase", RUN_HAS_PHASE, event, &event->phase) != 0) return -1;
+    event->ran_on = RUN_STREAM_COMPUTE;
+    if (reader->rank->version >= 3 && stream_field(reader, line, "compute", "stream", &event->ran_on) != 0) return -1;
+    if (event->ran_on != RUN_STREAM_COMPUTE)
+        return line_fail(reader, "compute span on stream '%s': compute runs on the compute stream",
+                         run_stream_names[event->ran_on]);
     return number_field(reader, line, "compute", "dur", &event->dur);
+}
+
+/* The host blocked for a collective (or, `on` "compute", for the rate limiter's free event). */
+static int wait_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    if (stream_field(reader, line, "wait", "stream", &event->ran_on) != 0) return -1;
+    if (event->ran_on != RUN_STREAM_COMPUTE)
+        return line_fail(reader, "wait on stream '%s': only the host (the compute stream) waits",
+                         run_stream_names[event->ran_on]);
+    if (stream_field(reader, line, "wait", "on", &event->waited_on) != 0) return -1;
+    if (string_field(reader, line, "wait", "op", 0, &event->label) != 0) return -1;
+    if (optional_string(reader, line, "wait", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
+    if (optional_string(reader, line, "wait", "hook", RUN_HAS_HOOK, event, &event->hook) != 0) return -1;
+    double seq;
+    if (number_field(reader, line, "wait", "seq", &seq) != 0) return -1;
+    if (seq < -1 || seq > 9007199254740992.0 || (double)(int64_t)seq != seq)
+        return line_fail(reader, "'wait' field 'seq' is %g, not a collective's seq or -1", seq);
+    event->seq = (int64_t)seq;
+    if (number_field(reader, line, "wait", "dur", &event->dur) != 0) return -1;
+    if (event->dur < 0) return line_fail(reader, "'wait' dur %g < 0", event->dur);
+    return 0;
+}
+
+/* A string field copied into a fixed buffer; null or absent gives "" when not required. */
+static int fsdp_text(rank_reader *reader, const cJSON *line, const char *key, int required, char *text, size_t size) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(line, key);
+    text[0] = '\0';
+    if (!required && (item == NULL || cJSON_IsNull(item))) return 0;
+    if (!cJSON_IsString(item)) return line_fail(reader, "'fsdp' event has no string field '%s'", key);
+    snprintf(text, size, "%s", item->valuestring);
+    return 0;
+}
+
+static int fsdp_flag(rank_reader *reader, const cJSON *line, const char *key, int *value) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(line, key);
+    if (!cJSON_IsBool(item)) return line_fail(reader, "'fsdp' event has no true/false field '%s'", key);
+    *value = cJSON_IsTrue(item);
+    return 0;
+}
+
+/* The options go to run_rank.fsdp (few: one per runtime); the event keeps their index as its id. */
+static int fsdp_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    run_fsdp options = {.line = reader->line_number};
+    if (fsdp_text(reader, line, "model", 1, options.model, sizeof options.model) != 0) return -1;
+    if (fsdp_text(reader, line, "sharding_strategy", 1, options.sharding_strategy,
+                  sizeof options.sharding_strategy) != 0)
+        return -1;
+    if (fsdp_text(reader, line, "backward_prefetch", 0, options.backward_prefetch,
+                  sizeof options.backward_prefetch) != 0)
+        return -1;
+    const struct { const char *key; int *value; } flags[] = {
+        {"forward_prefetch", &options.forward_prefetch}, {"limit_all_gathers", &options.limit_all_gathers},
+        {"activation_checkpointing", &options.activation_checkpointing}, {"no_sync", &options.no_sync},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (fsdp_flag(reader, line, flags[i].key, flags[i].value) != 0) return -1;
+    if (integer_field(reader, line, "fsdp", "accumulation_steps", &options.accumulation_steps) != 0) return -1;
+    if (integer_field(reader, line, "fsdp", "unit_count", &options.unit_count) != 0) return -1;
+    run_rank *rank = reader->rank;
+    run_fsdp *grown = realloc(rank->fsdp, (rank->fsdp_count + 1) * sizeof *grown);
+    if (grown == NULL) return line_fail(reader, "out of memory holding %zu fsdp events", rank->fsdp_count + 1);
+    rank->fsdp = grown;
+    rank->fsdp[rank->fsdp_count] = options;
+    event->id = rank->fsdp_count++;
+    return 0;
 }
 
 static int step_parse(rank_reader *reader, const cJSON *line, run_event *event) {
@@ -296,6 +394,7 @@ static const struct {
     {"mark", RUN_MARK, mark_parse},
     {"segment_alloc", RUN_SEGMENT_ALLOC, segment_parse}, {"segment_free", RUN_SEGMENT_FREE, segment_parse},
     {"allocator", RUN_ALLOCATOR, allocator_parse},
+    {"wait", RUN_WAIT, wait_parse},          {"fsdp", RUN_FSDP, fsdp_parse},
 };
 
 static int rank_push(rank_reader *reader, const run_event *event) {
@@ -363,6 +462,7 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
     const cJSON *unix_time = cJSON_GetObjectItemCaseSensitive(line, "unix_time");
     if (cJSON_IsNumber(unix_time)) reader->rank->unix_time = unix_time->valuedouble;
     if (reader->run->world == 0) reader->run->world = (int)world;
+    reader->rank->version = (int)version;
     reader->meta_seen = 1;
     return 0;
 }
@@ -472,7 +572,10 @@ static int frees_match(rank_reader *reader) {
 /* Lines before the last t0 mark count from an older t0, so their ts would land after the run's start; they happened
  * before t0 and are put at 0, keeping file order. */
 static void early_events_clamp(rank_reader *reader) {
-    for (size_t index = 0; index < reader->t0_event; index++) reader->rank->events[index].ts = 0;
+    for (size_t index = 0; index < reader->t0_event; index++) {
+        reader->rank->events[index].ts = 0;
+        reader->rank->events[index].issue_ts = 0;
+    }
 }
 
 static int rank_load(trace_run *run, int rank_index, char *error, size_t error_size) {
@@ -512,7 +615,10 @@ int run_load(trace_run *run, const char *rundir, char *error, size_t error_size)
 }
 
 void run_free(trace_run *run) {
-    for (int rank = 0; rank < run->rank_count; rank++) free(run->ranks[rank].events);
+    for (int rank = 0; rank < run->rank_count; rank++) {
+        free(run->ranks[rank].events);
+        free(run->ranks[rank].fsdp);
+    }
     free(run->ranks);
     for (size_t index = 0; index < run->strings.count; index++) free(run->strings.texts[index]);
     free(run->strings.texts);

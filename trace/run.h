@@ -27,7 +27,18 @@ typedef enum run_event_kind {
     RUN_SEGMENT_ALLOC,
     RUN_SEGMENT_FREE,
     RUN_ALLOCATOR,
+    RUN_WAIT,             /* version 3: the host (compute stream) blocked until work on a stream completed */
+    RUN_FSDP,             /* version 3: the FSDP runtime's options (in run_rank.fsdp[id]) */
 } run_event_kind;
+
+/* The streams of EVENTS.md version 3, by name. A version-2 file's collectives all ran on the compute stream. */
+typedef enum run_stream {
+    RUN_STREAM_COMPUTE,        /* the host thread: compute spans, waits and the blocking collectives */
+    RUN_STREAM_ALL_GATHER,     /* torch's _unshard_stream */
+    RUN_STREAM_REDUCE_SCATTER, /* torch's _post_backward_stream */
+    RUN_STREAM_COUNT,
+} run_stream;
+extern const char *const run_stream_names[RUN_STREAM_COUNT];
 
 enum { RUN_NONE = -1 };  /* a string field that the line has not, or has as null; a free with no alloc */
 
@@ -38,7 +49,7 @@ enum {
     RUN_HAS_PHASE = 1 << 1,   /* compute */
     RUN_HAS_REDUCE = 1 << 2,  /* collective */
     RUN_HAS_COUNT = 1 << 3,   /* collective */
-    RUN_HAS_HOOK = 1 << 4,    /* state */
+    RUN_HAS_HOOK = 1 << 4,    /* state, wait */
 };
 
 /* One JSONL line. Which fields mean something depends on the kind (EVENTS.md): the rest are 0 or RUN_NONE. */
@@ -46,10 +57,15 @@ typedef struct run_event {
     run_event_kind kind;
     size_t line;          /* line number in rank<R>.jsonl; line 1 is the meta line, so events start at 2 */
     double ts;            /* microseconds since t0; 0 when negative or on a line before the last "t0" mark */
-    double dur;           /* collective, compute */
-    int label;            /* string: alloc/free owner, collective op, compute name, mark text */
-    int unit;             /* string: state, collective, compute */
-    int machine, from, to, hook;  /* strings: state */
+    double dur;           /* collective, compute, wait */
+    double issue_ts;      /* collective: when the host issued it (<= ts; ts itself in a version-2 file) */
+    int label;            /* string: alloc/free owner, collective op, compute name, mark text; wait: the op or
+                             RUN_NONE */
+    int unit;             /* string: state, collective, compute, wait */
+    int machine, from, to; /* strings: state */
+    int hook;             /* string: state, wait */
+    run_stream ran_on;    /* collective, compute: the stream it ran on; wait: the stream that waited (compute) */
+    run_stream waited_on; /* wait: the stream it waited for (`on`) */
     int phase;            /* string: compute */
     int reduce;           /* string: collective */
     int category;         /* alloc/free: index into run_categories; segment events: the request's, or RUN_NONE */
@@ -60,7 +76,8 @@ typedef struct run_event {
     uint64_t segment;     /* alloc/free: the address of the segment holding the block */
     uint64_t reserved;    /* alloc/free/segment events: reserved bytes after the event; step: the reserved peak */
     unsigned present;     /* RUN_HAS_* of the optional fields the line has */
-    uint64_t id, bytes, bytes_sent, bytes_recv, seq, peak_bytes;
+    uint64_t id, bytes, bytes_sent, bytes_recv, peak_bytes;
+    int64_t seq;          /* collective: from 0; wait: the collective waited for, or -1 */
     uint64_t count;       /* collective: floats in the buffer */
     long partner;         /* alloc: index of its free in the rank's events, free: of its alloc; RUN_NONE if none */
     int step, micro;
@@ -75,9 +92,22 @@ typedef struct run_allocator {
     uint64_t round, small_size, small_segment, large_segment, min_large_alloc, round_large, max_split_size;
 } run_allocator;
 
+/* The `fsdp` event: the runtime's options (torch's names), what a view prints as the run's mode. */
+typedef struct run_fsdp {
+    size_t line;
+    char model[64];
+    char sharding_strategy[32];
+    char backward_prefetch[16];   /* "BACKWARD_PRE", "BACKWARD_POST" or "" (null: torch's None) */
+    int forward_prefetch, limit_all_gathers, activation_checkpointing, no_sync;
+    int accumulation_steps, unit_count;
+} run_fsdp;
+
 typedef struct run_rank {
     int rank;
+    int version;          /* the meta line's schema version (2 or 3) */
     run_allocator allocator;
+    run_fsdp *fsdp;       /* the rank's fsdp events (one per runtime) in file order; a RUN_FSDP event's id indexes it */
+    size_t fsdp_count;
     char path[4096];
     double unix_time;     /* the meta line's wall-clock seconds at t0's file open; 0 when absent */
     size_t line_count;    /* lines read, the meta line included */

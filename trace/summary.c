@@ -3,6 +3,8 @@
 #include "segments.h"
 #include "view_file.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,66 +269,153 @@ static double intersection_length(const interval *left, size_t left_count, const
     return length;
 }
 
-typedef struct time_split {
-    double span, compute, comm, overlap, idle;
-    size_t spans;                         /* compute and collective events seen */
-} time_split;
-
-/* Collects the rank's compute (or comm) spans as intervals; also widens [first, last]. */
-static size_t intervals_collect(const run_rank *rank, run_event_kind kind, interval *intervals, double *first,
-                                double *last) {
+/* The rank's spans of one kind (and, for collectives and waits, one stream: RUN_STREAM_COUNT for any; waits_on
+ * picks waits by the stream they waited for) as intervals; widens [first, last] when first is not NULL. */
+static size_t intervals_collect(const run_rank *rank, size_t begin, size_t end, run_event_kind kind, run_stream stream,
+                                interval *intervals, double *first, double *last) {
     size_t count = 0;
-    for (size_t index = 0; index < rank->event_count; index++) {
+    for (size_t index = begin; index < end; index++) {
         const run_event *event = &rank->events[index];
         if (event->kind != kind) continue;
+        if (kind == RUN_COLLECTIVE && stream != RUN_STREAM_COUNT && event->ran_on != stream) continue;
         intervals[count++] = (interval){event->ts, event->ts + event->dur};
+        if (first == NULL) continue;
         if (event->ts < *first) *first = event->ts;
         if (event->ts + event->dur > *last) *last = event->ts + event->dur;
     }
     return count;
 }
 
-static int time_split_find(const run_rank *rank, time_split *split) {
+/* Waits for a comm stream (not the rate limiter's waits on compute). */
+static size_t comm_waits_collect(const run_rank *rank, size_t begin, size_t end, interval *intervals) {
+    size_t count = 0;
+    for (size_t index = begin; index < end; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind == RUN_WAIT && event->waited_on != RUN_STREAM_COMPUTE)
+            intervals[count++] = (interval){event->ts, event->ts + event->dur};
+    }
+    return count;
+}
+
+typedef struct flight_point {
+    double ts;
+    int change;           /* +1 issued, -1 completed */
+} flight_point;
+
+/* Completions sort before issues at the same moment: intervals that only touch are not in flight together. */
+static int flight_compare(const void *left_pointer, const void *right_pointer) {
+    const flight_point *left = left_pointer, *right = right_pointer;
+    if (left->ts != right->ts) return left->ts < right->ts ? -1 : 1;
+    return (left->change > right->change) - (left->change < right->change);
+}
+
+/* The most all_gathers in flight at once: issued by the host (issue_ts) and not yet complete (ts + dur). */
+static int all_gathers_in_flight(const trace_run *run, const run_rank *rank, size_t begin, size_t end,
+                                 flight_point *points) {
+    size_t count = 0;
+    for (size_t index = begin; index < end; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind != RUN_COLLECTIVE || strcmp(run_string(run, event->label), "all_gather") != 0) continue;
+        points[count++] = (flight_point){event->issue_ts, +1};
+        points[count++] = (flight_point){event->ts + event->dur, -1};
+    }
+    if (count > 0) qsort(points, count, sizeof *points, flight_compare);
+    int in_flight = 0, most = 0;
+    for (size_t index = 0; index < count; index++) {
+        in_flight += points[index].change;
+        if (in_flight > most) most = in_flight;
+    }
+    return most;
+}
+
+int summary_time_find(const trace_run *run, const run_rank *rank, summary_time *split) {
+    return summary_time_between(run, rank, 0, rank->event_count, split);
+}
+
+int summary_time_between(const trace_run *run, const run_rank *rank, size_t begin, size_t end, summary_time *split) {
+    if (end > rank->event_count) end = rank->event_count;
+    if (begin > end) begin = end;
     interval *compute = malloc((rank->event_count + 1) * sizeof *compute);
     interval *comm = malloc((rank->event_count + 1) * sizeof *comm);
-    if (compute == NULL || comm == NULL) {
-        free(compute);
-        free(comm);
-        return -1;
-    }
-    double first = 1e300, last = -1e300;
-    size_t compute_count = intervals_collect(rank, RUN_COMPUTE, compute, &first, &last);
-    size_t comm_count = intervals_collect(rank, RUN_COLLECTIVE, comm, &first, &last);
-    *split = (time_split){.spans = compute_count + comm_count};
-    compute_count = intervals_union(compute, compute_count);
-    comm_count = intervals_union(comm, comm_count);
-    if (split->spans > 0) {
-        split->span = last - first;
-        split->compute = intervals_length(compute, compute_count);
-        split->comm = intervals_length(comm, comm_count);
-        split->overlap = intersection_length(compute, compute_count, comm, comm_count);
-        split->idle = split->span - (split->compute + split->comm - split->overlap);
+    interval *exposed = malloc((2 * rank->event_count + 1) * sizeof *exposed);
+    flight_point *points = malloc((2 * rank->event_count + 1) * sizeof *points);
+    int status = compute == NULL || comm == NULL || exposed == NULL || points == NULL ? -1 : 0;
+    if (status == 0) {
+        double first = 1e300, last = -1e300;
+        size_t compute_count = intervals_collect(rank, begin, end, RUN_COMPUTE, RUN_STREAM_COUNT, compute, &first, &last);
+        size_t comm_count = intervals_collect(rank, begin, end, RUN_COLLECTIVE, RUN_STREAM_COUNT, comm, &first, &last);
+        *split = (summary_time){.spans = compute_count + comm_count};
+        compute_count = intervals_union(compute, compute_count);
+        comm_count = intervals_union(comm, comm_count);
+        if (split->spans > 0) {
+            split->span = last - first;
+            split->compute = intervals_length(compute, compute_count);
+            split->comm = intervals_length(comm, comm_count);
+            split->overlap = intersection_length(compute, compute_count, comm, comm_count);
+            split->idle = split->span - (split->compute + split->comm - split->overlap);
+        }
+        for (int stream = 0; stream < RUN_STREAM_COUNT; stream++) {
+            size_t count = intervals_collect(rank, begin, end, RUN_COLLECTIVE, (run_stream)stream, comm, NULL, NULL);
+            split->stream_comm[stream] = intervals_length(comm, intervals_union(comm, count));
+        }
+        size_t waits = comm_waits_collect(rank, begin, end, exposed);
+        split->waited = intervals_length(exposed, intervals_union(exposed, waits));
+        waits = comm_waits_collect(rank, begin, end, exposed);
+        size_t blocking = intervals_collect(rank, begin, end, RUN_COLLECTIVE, RUN_STREAM_COMPUTE, exposed + waits, NULL, NULL);
+        split->exposed = intervals_length(exposed, intervals_union(exposed, waits + blocking));
+        split->max_all_gathers_in_flight = all_gathers_in_flight(run, rank, begin, end, points);
     }
     free(compute);
     free(comm);
-    return 0;
+    free(exposed);
+    free(points);
+    return status;
 }
 
-static int time_print(FILE *stream, const run_rank *rank) {
-    time_split split;
-    if (time_split_find(rank, &split) != 0) return -1;
+static void fsdp_print(FILE *stream, const run_rank *rank) {
+    for (size_t index = 0; index < rank->fsdp_count; index++) {
+        const run_fsdp *options = &rank->fsdp[index];
+        fprintf(stream, "fsdp (line %zu): %s %s, backward_prefetch %s, forward_prefetch %s, limit_all_gathers %s, "
+                        "activation_checkpointing %s, no_sync %s, %d accumulation steps, %d units\n",
+                options->line, options->model, options->sharding_strategy,
+                options->backward_prefetch[0] ? options->backward_prefetch : "None",
+                options->forward_prefetch ? "on" : "off", options->limit_all_gathers ? "on" : "off",
+                options->activation_checkpointing ? "on" : "off", options->no_sync ? "on" : "off",
+                options->accumulation_steps, options->unit_count);
+    }
+    if (rank->fsdp_count > 0) fputc('\n', stream);
+}
+
+static int time_print(FILE *stream, const trace_run *run, const run_rank *rank) {
+    summary_time split;
+    if (summary_time_find(run, rank, &split) != 0) return -1;
     if (split.spans == 0) {
         fprintf(stream, "time: no compute or collective events\n");
         return 0;
     }
     fprintf(stream, "time (ms), from the first compute or collective start to the last end:\n");
-    fprintf(stream, "  %-18s %12.3f\n", "span", split.span / 1000);
-    fprintf(stream, "  %-18s %12.3f %7.1f%% of span\n", "compute", split.compute / 1000, share(split.compute, split.span));
-    fprintf(stream, "  %-18s %12.3f %7.1f%% of span\n", "comm", split.comm / 1000, share(split.comm, split.span));
-    fprintf(stream, "  %-18s %12.3f %7.1f%% of comm   (comm intervals that intersect compute intervals, HTA)\n",
+    fprintf(stream, "  %-28s %12.3f\n", "span", split.span / 1000);
+    fprintf(stream, "  %-28s %12.3f %7.1f%% of span\n", "compute", split.compute / 1000,
+            share(split.compute, split.span));
+    fprintf(stream, "  %-28s %12.3f %7.1f%% of span\n", "comm", split.comm / 1000, share(split.comm, split.span));
+    for (int each = 0; each < RUN_STREAM_COUNT; each++) {
+        if (split.stream_comm[each] == 0) continue;
+        char name[64];
+        snprintf(name, sizeof name, "stream %s%s", run_stream_names[each],
+                 each == RUN_STREAM_COMPUTE ? " (blocking)" : "");
+        fprintf(stream, "    %-26s %12.3f %7.1f%% of comm\n", name, split.stream_comm[each] / 1000,
+                share(split.stream_comm[each], split.comm));
+    }
+    fprintf(stream, "  %-28s %12.3f %7.1f%% of comm   (comm intervals that intersect compute intervals, HTA)\n",
             "overlap", split.overlap / 1000, share(split.overlap, split.comm));
-    fprintf(stream, "  %-18s %12.3f %7.1f%% of span   (neither compute nor comm)\n", "idle", split.idle / 1000,
+    fprintf(stream, "  %-28s %12.3f %7.1f%% of comm   (the host blocked on comm: waits for comm streams %.3f "
+                    "and blocking collectives %.3f, united)\n",
+            "exposed comm", split.exposed / 1000, share(split.exposed, split.comm), split.waited / 1000,
+            split.stream_comm[RUN_STREAM_COMPUTE] / 1000);
+    fprintf(stream, "  %-28s %12.3f %7.1f%% of span   (neither compute nor comm)\n", "idle", split.idle / 1000,
             share(split.idle, split.span));
+    fprintf(stream, "  %-28s %12d   (issued and not yet complete at one moment)\n", "all-gathers in flight (max)",
+            split.max_all_gathers_in_flight);
     return 0;
 }
 
@@ -438,7 +527,8 @@ int summary_print(const trace_run *run, FILE *stream, char *error, size_t error_
         fputc('\n', stream);
         int status = collectives_print(stream, run, each);
         if (status == 0) fputc('\n', stream);
-        if (status == 0) status = time_print(stream, each);
+        if (status == 0) fsdp_print(stream, each);
+        if (status == 0) status = time_print(stream, run, each);
         if (status == 0) fputc('\n', stream);
         if (status == 0) status = volume_print(stream, run, each);
         if (status != 0) {
@@ -453,5 +543,106 @@ int summary_write_run(const trace_run *run, const char *out_path, char *error, s
     view_file view;
     if (view_file_open(&view, out_path, error, error_size) != 0) return -1;
     int status = summary_print(run, view.file, error, error_size);
+    return view_file_close(&view, status, error, error_size);
+}
+
+/* ---- the time figures as JSON, for lab checks (`fsdptrace overlap`) ---- */
+
+static cJSON *fsdp_json(const run_rank *rank) {
+    if (rank->fsdp_count == 0) return cJSON_CreateNull();
+    const run_fsdp *options = &rank->fsdp[0];
+    cJSON *object = cJSON_CreateObject();
+    cJSON_AddStringToObject(object, "model", options->model);
+    cJSON_AddStringToObject(object, "sharding_strategy", options->sharding_strategy);
+    if (options->backward_prefetch[0]) cJSON_AddStringToObject(object, "backward_prefetch", options->backward_prefetch);
+    else cJSON_AddNullToObject(object, "backward_prefetch");
+    cJSON_AddBoolToObject(object, "forward_prefetch", options->forward_prefetch);
+    cJSON_AddBoolToObject(object, "limit_all_gathers", options->limit_all_gathers);
+    cJSON_AddBoolToObject(object, "activation_checkpointing", options->activation_checkpointing);
+    cJSON_AddBoolToObject(object, "no_sync", options->no_sync);
+    cJSON_AddNumberToObject(object, "accumulation_steps", options->accumulation_steps);
+    cJSON_AddNumberToObject(object, "unit_count", options->unit_count);
+    return object;
+}
+
+/* The figures into object, in ms. */
+static void time_json_add(cJSON *object, const summary_time *split) {
+    const struct { const char *key; double us; } figures[] = {
+        {"span_ms", split->span}, {"compute_ms", split->compute}, {"comm_ms", split->comm},
+        {"overlap_ms", split->overlap}, {"exposed_ms", split->exposed}, {"wait_ms", split->waited},
+        {"blocking_comm_ms", split->stream_comm[RUN_STREAM_COMPUTE]}, {"idle_ms", split->idle},
+    };
+    for (size_t index = 0; index < sizeof figures / sizeof figures[0]; index++)
+        cJSON_AddNumberToObject(object, figures[index].key, figures[index].us / 1000);
+    cJSON *streams = cJSON_AddObjectToObject(object, "stream_comm_ms");
+    for (int each = 0; each < RUN_STREAM_COUNT; each++)
+        cJSON_AddNumberToObject(streams, run_stream_names[each], split->stream_comm[each] / 1000);
+    cJSON_AddNumberToObject(object, "max_all_gathers_in_flight", split->max_all_gathers_in_flight);
+}
+
+/* Each window's figures: from a mark starting with prefix to the next such mark ("<prefix>end" opens none). */
+static int windows_json_add(const trace_run *run, const run_rank *rank, const char *prefix, cJSON *object) {
+    cJSON *windows = cJSON_AddArrayToObject(object, "windows");
+    size_t prefix_length = strlen(prefix), begin = 0;
+    const char *name = NULL;
+    for (size_t index = 0; index <= rank->event_count; index++) {
+        const char *text = index < rank->event_count && rank->events[index].kind == RUN_MARK
+                               ? run_string(run, rank->events[index].label) : NULL;
+        int boundary = index == rank->event_count || (text != NULL && strncmp(text, prefix, prefix_length) == 0);
+        if (!boundary) continue;
+        if (name != NULL) {
+            summary_time split;
+            if (summary_time_between(run, rank, begin, index, &split) != 0) return -1;
+            cJSON *window = cJSON_CreateObject();
+            cJSON_AddStringToObject(window, "name", name);
+            time_json_add(window, &split);
+            cJSON_AddItemToArray(windows, window);
+        }
+        name = text != NULL && strcmp(text + prefix_length, "end") != 0 ? text + prefix_length : NULL;
+        begin = index + 1;
+    }
+    return 0;
+}
+
+int summary_overlap_print(const trace_run *run, FILE *stream, char *error, size_t error_size) {
+    return summary_overlap_print_windows(run, NULL, stream, error, error_size);
+}
+
+int summary_overlap_print_windows(const trace_run *run, const char *window_prefix, FILE *stream, char *error,
+                                  size_t error_size) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "rundir", run->rundir);
+    cJSON_AddNumberToObject(root, "world", run->world);
+    cJSON *ranks = cJSON_AddArrayToObject(root, "ranks");
+    for (int rank = 0; rank < run->world; rank++) {
+        const run_rank *each = &run->ranks[rank];
+        summary_time split;
+        cJSON *object = cJSON_CreateObject();
+        cJSON_AddItemToArray(ranks, object);
+        cJSON_AddNumberToObject(object, "rank", each->rank);
+        cJSON_AddItemToObject(object, "fsdp", fsdp_json(each));
+        if (summary_time_find(run, each, &split) != 0 ||
+            (time_json_add(object, &split), window_prefix != NULL && windows_json_add(run, each, window_prefix,
+                                                                                      object) != 0)) {
+            cJSON_Delete(root);
+            snprintf(error, error_size, "out of memory summarizing %s", each->path);
+            return -1;
+        }
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (text == NULL) {
+        snprintf(error, error_size, "out of memory printing the overlap of %s", run->rundir);
+        return -1;
+    }
+    fprintf(stream, "%s\n", text);
+    cJSON_free(text);
+    return 0;
+}
+
+int summary_overlap_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size) {
+    view_file view;
+    if (view_file_open(&view, out_path, error, error_size) != 0) return -1;
+    int status = summary_overlap_print(run, view.file, error, error_size);
     return view_file_close(&view, status, error, error_size);
 }

@@ -16,6 +16,17 @@ static double monotonic_seconds(void) {
 
 double trace_now_us(const trace_sink *sink) { return (monotonic_seconds() - sink->t0_seconds) * 1e6; }
 
+/* Nanosecond resolution is plenty; rounding keeps lines short and diffable. */
+static int64_t nanoseconds(double us) { return (int64_t)(us * 1000.0 + 0.5); }
+static double rounded_us(double us) { return (double)nanoseconds(us) / 1000.0; }
+
+/* A span's dur as the difference of its rounded end and its rounded start, not the rounded dur: rounding is
+ * monotone, so spans that do not overlap (one stream's collectives, the host's waits and compute) still do not once
+ * rounded, and ts + dur is the rounded end to the nanosecond. */
+static double rounded_dur_us(double start_us, double dur_us) {
+    return (double)(nanoseconds(start_us + dur_us) - nanoseconds(start_us)) / 1000.0;
+}
+
 /* A new event object with the fields every event has. NULL when tracing is off. */
 static cJSON *event_begin(const trace_sink *sink, const char *kind, double ts_us) {
     if (sink == NULL || sink->file == NULL) return NULL;
@@ -25,8 +36,7 @@ static cJSON *event_begin(const trace_sink *sink, const char *kind, double ts_us
         return NULL;
     }
     cJSON_AddStringToObject(event, "kind", kind);
-    /* Nanosecond resolution is plenty; rounding keeps lines short and diffable. */
-    cJSON_AddNumberToObject(event, "ts", (double)(int64_t)(ts_us * 1000.0 + 0.5) / 1000.0);
+    cJSON_AddNumberToObject(event, "ts", rounded_us(ts_us));
     cJSON_AddNumberToObject(event, "rank", sink->rank);
     return event;
 }
@@ -115,8 +125,8 @@ void trace_collective(trace_sink *sink, const trace_collective_info *info) {
     cJSON_AddNumberToObject(event, "world", sink->world_size);
     cJSON_AddNumberToObject(event, "seq", (double)info->seq);
     cJSON_AddStringToObject(event, "stream", info->stream ? info->stream : "compute");
-    cJSON_AddNumberToObject(event, "issue_ts", (double)(int64_t)(info->issue_us * 1000.0 + 0.5) / 1000.0);
-    cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(info->dur_us * 1000.0 + 0.5) / 1000.0);
+    cJSON_AddNumberToObject(event, "issue_ts", rounded_us(info->issue_us));
+    cJSON_AddNumberToObject(event, "dur", rounded_dur_us(info->start_us, info->dur_us));
     event_write(sink, event);
 }
 
@@ -129,7 +139,7 @@ void trace_wait(trace_sink *sink, const trace_wait_info *info) {
     add_string_or_null(event, "unit", info->unit);
     cJSON_AddNumberToObject(event, "seq", (double)info->seq);
     add_string_or_null(event, "hook", info->hook);
-    cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(info->dur_us * 1000.0 + 0.5) / 1000.0);
+    cJSON_AddNumberToObject(event, "dur", rounded_dur_us(info->start_us, info->dur_us));
     event_write(sink, event);
 }
 
@@ -208,7 +218,7 @@ void trace_compute(trace_sink *sink, const char *name, const char *unit, const c
     add_string_or_null(event, "unit", unit);
     add_string_or_null(event, "phase", phase);
     cJSON_AddStringToObject(event, "stream", "compute");
-    cJSON_AddNumberToObject(event, "dur", (double)(int64_t)(dur_us * 1000.0 + 0.5) / 1000.0);
+    cJSON_AddNumberToObject(event, "dur", rounded_dur_us(start_us, dur_us));
     event_write(sink, event);
 }
 

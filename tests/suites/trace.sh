@@ -16,5 +16,26 @@ for ranks in 3 4; do
   run_lab "05_full_step -np $ranks STEPS=1 ACC=1: a trace for the viewers" $ranks runs/check/viewers_np$ranks \
     05_full_step STEPS=1 ACC=1
 done
-check "trace.json in Perfetto UI and Catapult (2, 3, 4 ranks): every flow arrow imported, no 'main thread'" \
-  python3 tests/check_trace_viewers.py runs/check/views runs/check/viewers_np3 runs/check/viewers_np4
+# Version 3: a hand-timed run on three streams (tests/test_summary.py's) and a real one with prefetching, validated,
+# summarised as JSON and opened in both viewers with the others.
+check "streams: a synthetic two-stream run exports and validates" bash -c '
+  rm -rf runs/check/streams && python3 tests/test_summary.py --write-streams-run runs/check/streams &&
+  python3 tests/validate_trace.py --expect-ranks 2 runs/check/streams'
+run_lab "05_full_step -np 2 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1 LIMIT_ALL_GATHERS=1" 2 \
+  runs/check/prefetch 05_full_step STEPS=1 ACC=1 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1 \
+  LIMIT_ALL_GATHERS=1
+check "fsdptrace overlap: JSON per rank of the prefetching run, the figures consistent" python3 -c '
+import json, subprocess
+found = json.loads(subprocess.run(["trace/fsdptrace", "overlap", "runs/check/prefetch"], check=True,
+                                  capture_output=True, text=True).stdout)
+assert [rank["rank"] for rank in found["ranks"]] == [0, 1], found
+for rank in found["ranks"]:
+    assert rank["fsdp"]["backward_prefetch"] == "BACKWARD_PRE", rank
+    assert rank["stream_comm_ms"]["all_gather"] > 0 and rank["wait_ms"] > 0, rank
+    assert rank["wait_ms"] <= rank["exposed_ms"] <= rank["span_ms"], rank
+    assert rank["overlap_ms"] <= rank["comm_ms"] + 1e-6 and rank["max_all_gathers_in_flight"] >= 1, rank
+print(json.dumps(found["ranks"][0]))'
+check "trace.json in Perfetto UI and Catapult (2, 3, 4 ranks, streams): every flow arrow, stream thread and wait \
+slice imported, no 'main thread'" \
+  python3 tests/check_trace_viewers.py runs/check/views runs/check/viewers_np3 runs/check/viewers_np4 \
+  runs/check/streams runs/check/prefetch
