@@ -165,11 +165,19 @@ static void unshard(fsdp_runtime *runtime, int unit, const char *hook) {
     if (fp_unshard_pending(fp)) runtime->gathers_in_flight[runtime->gathers_in_flight_count++] = unit;
 }
 
-/* current_stream().wait_stream(unshard_stream): the compute stream waits for every all-gather issued so far. */
-static void wait_for_unshard_stream(fsdp_runtime *runtime, const char *hook) {
-    for (int i = 0; i < runtime->gathers_in_flight_count; i++)
+/* current_stream().wait_stream(unshard_stream) makes the compute stream wait for the all-gathers issued so far, and
+ * not for those issued after it (the prefetch that follows it in torch's hooks). On CPU the host is the compute
+ * stream, so the wait happens where compute begins: the hook notes how many all-gathers it waits for
+ * (gathers_issued), issues the prefetch, then waits for those (wait_for_gathers). The prefetched all-gather is
+ * queued right behind this unit's and starts as soon as it is done. */
+static int gathers_issued(const fsdp_runtime *runtime) { return runtime->gathers_in_flight_count; }
+
+static void wait_for_gathers(fsdp_runtime *runtime, int count, const char *hook) {
+    for (int i = 0; i < count; i++)
         check(runtime, fp_unshard_wait(unit_param(runtime, runtime->gathers_in_flight[i]), hook));
-    runtime->gathers_in_flight_count = 0;
+    runtime->gathers_in_flight_count -= count;
+    memmove(runtime->gathers_in_flight, runtime->gathers_in_flight + count,
+            (size_t)runtime->gathers_in_flight_count * sizeof *runtime->gathers_in_flight);
 }
 
 /* _reshard: free the unsharded buffer (when `free_unsharded`), and with the rate limiter record a free event on the
@@ -236,8 +244,9 @@ void fsdp_pre_forward(fsdp_runtime *runtime, int unit) {
     /* _pre_forward_unshard */
     if (!u->prefetched) unshard(runtime, unit, "_pre_forward");
     u->needs_pre_forward_unshard = 0;
-    wait_for_unshard_stream(runtime, "_pre_forward");
+    int wait_for = gathers_issued(runtime); /* current_stream().wait_stream(unshard_stream) */
     prefetch(runtime, unit, PREFETCH_FORWARD);
+    wait_for_gathers(runtime, wait_for, "_pre_forward");
 }
 
 void fsdp_post_forward(fsdp_runtime *runtime, int unit) {
@@ -251,12 +260,14 @@ void fsdp_post_forward(fsdp_runtime *runtime, int unit) {
 void fsdp_pre_backward_hook(fsdp_runtime *runtime, int unit) {
     fsdp_unit *u = &runtime->units[unit];
     set_handle_state(runtime, unit, HANDLE_IDLE, HANDLE_BACKWARD_PRE, "_pre_backward_hook");
+    int wait_for = 0;
     if (u->needs_pre_backward_unshard) {
         if (!u->prefetched) unshard(runtime, unit, "_pre_backward_hook");
-        wait_for_unshard_stream(runtime, "_pre_backward_hook");
+        wait_for = gathers_issued(runtime); /* current_stream().wait_stream(unshard_stream) */
     }
     u->needs_pre_backward_unshard = 0;
     prefetch(runtime, unit, PREFETCH_BACKWARD);
+    wait_for_gathers(runtime, wait_for, "_pre_backward_hook");
     fp_alloc_full_grad(unit_param(runtime, unit)); /* kept from the last micro-batch under no_sync */
 }
 

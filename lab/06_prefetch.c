@@ -50,6 +50,7 @@
 #include "../core/optim.h"
 #include "../core/qwen2.h"
 #include "../trace/run.h"
+#include "../trace/summary.h"
 
 typedef struct mode {
     const char *name;
@@ -114,7 +115,6 @@ typedef struct mode_result {
     double step_seconds;          /* mean over steps 2..STEPS (the first fills the allocator's cache) */
     double losses[64];
     uint64_t checksum;
-    size_t peak_bytes;
     uint64_t limiter_waits;
 } mode_result;
 
@@ -175,7 +175,6 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     trace_mark(&ctx->trace, "lab 06 mode end");
     result.step_seconds = timed / (s->steps - 1);
     result.checksum = shards_checksum(&model);
-    result.peak_bytes = ctx->mem.peak_bytes;
     result.limiter_waits = runtime.free_event_queue.waits;
 
     memory_prediction predicted;
@@ -199,17 +198,74 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     return result;
 }
 
-/* After the run: each mode's figures (the per-rank overlap figures come from the events once the trace library
- * reads streams). */
+/* The window's allocated peak (the step events carry the peak since the mode began) and the units unsharded at it:
+ * param_unsharded blocks live at the moment live bytes were highest (replayed from the window's alloc/free events;
+ * a mode starts with none unsharded). */
+static uint64_t window_peak(const run_rank *rank, size_t begin, size_t end) {
+    uint64_t peak = 0;
+    for (size_t i = begin; i < end; i++)
+        if (rank->events[i].kind == RUN_STEP && rank->events[i].peak_bytes > peak) peak = rank->events[i].peak_bytes;
+    return peak;
+}
+
+static int units_unsharded_at_peak(const run_rank *rank, size_t begin, size_t end) {
+    int unsharded = -1;
+    for (int c = 0; c < RUN_CATEGORY_COUNT; c++)
+        if (strcmp(run_categories[c], "param_unsharded") == 0) unsharded = c;
+    long long live = 0, peak = 0;
+    int units = 0, units_at_peak = 0;
+    for (size_t i = begin; i < end; i++) {
+        const run_event *event = &rank->events[i];
+        if (event->kind != RUN_ALLOC && event->kind != RUN_FREE) continue;
+        int sign = event->kind == RUN_ALLOC ? 1 : -1;
+        live += sign * (long long)event->bytes;
+        if (event->category == unsharded) units += sign;
+        if (live > peak) peak = live, units_at_peak = units;
+    }
+    return units_at_peak;
+}
+
+/* After the run: each mode's figures per rank, from the events between its marks (trace/summary.h's time figures:
+ * comm = the comm streams' busy time, exposed = the compute stream blocked on them, overlap as HTA). */
 static int print_table(const char *outdir, const settings *s, const mode_result *results) {
-    (void)outdir;
-    printf("\nper mode (steps 2..%d, slowest rank):\n  %-14s %9s %9s %8s\n", s->steps, "mode", "step ms", "peak MB",
-           "limiter");
-    for (int m = 0; m < MODE_COUNT; m++)
-        if (s->selected[m])
-            printf("  %-14s %9.2f %9.2f %8llu\n", all_modes[m].name, results[m].step_seconds * 1e3,
-                   (double)results[m].peak_bytes / 1e6, (unsigned long long)results[m].limiter_waits);
-    return 0;
+    trace_run run;
+    char error[1024];
+    if (run_load(&run, outdir, error, sizeof error) != 0) {
+        fprintf(stderr, "06_prefetch: reading %s: %s\n", outdir, error);
+        return -1;
+    }
+    printf("\nper mode and rank (step: mean of steps 2..%d, slowest rank; comm: time collectives ran; exposed: the "
+           "compute stream blocked on them; overlap: comm under compute):\n", s->steps);
+    printf("  %-14s %4s %8s %9s %9s %8s %9s %6s %8s %7s\n", "mode", "rank", "step ms", "comm ms", "exposed", "overlap",
+           "peak MB", "units", "AG max", "limiter");
+    int status = 0;
+    for (int r = 0; r < run.world; r++) {
+        const run_rank *rank = &run.ranks[r];
+        for (size_t i = 0; i < rank->event_count; i++) {
+            const run_event *mark = &rank->events[i];
+            const char *text = mark->kind == RUN_MARK ? run_string(&run, mark->label) : "";
+            if (strncmp(text, "lab 06 mode ", 12) != 0 || strcmp(text, "lab 06 mode end") == 0) continue;
+            size_t end = i + 1;
+            while (end < rank->event_count && !(rank->events[end].kind == RUN_MARK &&
+                                                strcmp(run_string(&run, rank->events[end].label), "lab 06 mode end") == 0))
+                end++;
+            int m = 0;
+            while (m < MODE_COUNT && strcmp(all_modes[m].name, text + 12) != 0) m++;
+            summary_time time;
+            if (m == MODE_COUNT || summary_time_between(&run, rank, i + 1, end, &time) != 0) {
+                fprintf(stderr, "06_prefetch: rank %d: no figures for '%s'\n", rank->rank, text);
+                status = -1;
+                continue;
+            }
+            printf("  %-14s %4d %8.2f %9.2f %9.2f %7.1f%% %9.2f %6d %8d %7llu\n", all_modes[m].name, rank->rank,
+                   results[m].step_seconds * 1e3, time.comm / 1e3, time.exposed / 1e3,
+                   time.comm > 0 ? 100.0 * time.overlap / time.comm : 0.0, (double)window_peak(rank, i + 1, end) / 1e6,
+                   units_unsharded_at_peak(rank, i + 1, end), time.max_all_gathers_in_flight,
+                   (unsigned long long)results[m].limiter_waits);
+        }
+    }
+    run_free(&run);
+    return status;
 }
 
 int main(int argc, char **argv) {
