@@ -8,14 +8,20 @@ _post_forward (reshard); the root's _post_forward keeps its parameters; backward
 _post_backward_hook (BACKWARD_POST, then _post_backward_reshard); the root's _post_backward_hook after the embedding's
 gradient; then _post_backward_final_callback sets every unit's TrainingState and then its handle back to IDLE.
 
-usage: python3 tests/check_state_order.py RUNDIR LAYERS
+With BACKWARD_PRE (third argument), torch's _pre_backward_hook also prefetches the unit backward meets next: the
+root's prefetches the last layer, each layer's the one before it (layer 0's none), each a ShardState change by
+_prefetch_handle right after the hook's HandleTrainingState change; a prefetched unit's own hook then unshards
+nothing.
+
+usage: python3 tests/check_state_order.py RUNDIR LAYERS [NONE|BACKWARD_PRE]
 """
 import json
 import sys
 
 
-def expected(layers):
+def expected(layers, backward_prefetch="NONE"):
     units = ["root"] + [f"layers.{l}" for l in range(layers)]
+    prefetching = backward_prefetch == "BACKWARD_PRE"
     seq = []
 
     def pre_forward(unit):
@@ -30,9 +36,15 @@ def expected(layers):
         seq.append((unit, "HandleTrainingState", "FORWARD", "IDLE", "_post_forward"))
     seq.append(("root", "HandleTrainingState", "FORWARD", "IDLE", "_post_forward"))
     seq.append(("root", "HandleTrainingState", "IDLE", "BACKWARD_PRE", "_pre_backward_hook"))
-    for unit in reversed(units[1:]):
+    if prefetching:
+        seq.append((units[-1], "ShardState", "SHARDED", "UNSHARDED", "_prefetch_handle"))
+    for index in range(layers, 0, -1):
+        unit = units[index]
         seq.append((unit, "HandleTrainingState", "IDLE", "BACKWARD_PRE", "_pre_backward_hook"))
-        seq.append((unit, "ShardState", "SHARDED", "UNSHARDED", "_pre_backward_hook"))
+        if not prefetching:
+            seq.append((unit, "ShardState", "SHARDED", "UNSHARDED", "_pre_backward_hook"))
+        elif index > 1:
+            seq.append((units[index - 1], "ShardState", "SHARDED", "UNSHARDED", "_prefetch_handle"))
         seq.append((unit, "HandleTrainingState", "BACKWARD_PRE", "BACKWARD_POST", "_post_backward_hook"))
         seq.append((unit, "ShardState", "UNSHARDED", "SHARDED", "_post_backward_hook"))
     seq.append(("root", "HandleTrainingState", "BACKWARD_PRE", "BACKWARD_POST", "_post_backward_hook"))
@@ -43,10 +55,10 @@ def expected(layers):
     return seq
 
 
-def main(rundir, layers):
+def main(rundir, layers, backward_prefetch="NONE"):
     with open(f"{rundir}/rank0.jsonl") as events:
         states = [e for e in map(json.loads, events) if e["kind"] == "state"]
-    want = expected(layers)
+    want = expected(layers, backward_prefetch)
     got = [(e["unit"], e["machine"], e["from"], e["to"], e["hook"]) for e in states[:len(want)]]
     for index, (a, b) in enumerate(zip(got, want)):
         if a != b:
@@ -55,9 +67,10 @@ def main(rundir, layers):
     if len(got) < len(want):
         print(f"FAIL: only {len(got)} transitions, expected {len(want)}")
         return 1
-    print(f"OK: the first micro-batch's {len(want)} transitions are PyTorch FSDP1's order")
+    print(f"OK: the first micro-batch's {len(want)} transitions are PyTorch FSDP1's order (backward_prefetch "
+          f"{backward_prefetch})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4]))

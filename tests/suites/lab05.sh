@@ -81,6 +81,10 @@ equal05 "05_full_step -np 3 FULL_SHARD (padded units)" runs/check/05_FULL_SHARD_
 GLOBAL05=8 REFERENCE05=runs/check/05_reference
 run_lab "05_full_step -np 2 ACC=1 one step: for the state order" 2 runs/check/05_states 05_full_step STEPS=1 ACC=1
 check "05_full_step: state transitions in PyTorch FSDP1's order" python3 tests/check_state_order.py runs/check/05_states 4
+run_lab "05_full_step -np 2 ACC=1 one step, BACKWARD_PRE on comm streams: for the state order" 2 \
+  runs/check/05_states_prefetch 05_full_step STEPS=1 ACC=1 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE
+check "05_full_step BACKWARD_PRE: prefetched units' transitions in PyTorch FSDP1's order" \
+  python3 tests/check_state_order.py runs/check/05_states_prefetch 4 BACKWARD_PRE
 for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "WRAP=size:100000" "ALLOC=malloc" "MAX_SPLIT_SIZE_MB=21" \
   "CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408 MBS=2 SEQ=64"; do
   name="05_full_step memory model exact to the byte, reserved within its bound (${variant:-tiny})"
