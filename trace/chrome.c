@@ -186,17 +186,7 @@ static cJSON *fsdp_convert(const run_rank *rank, const run_event *event) {
              options->backward_prefetch[0] ? options->backward_prefetch : "None",
              options->forward_prefetch ? " forward_prefetch" : "", options->limit_all_gathers ? " limit_all_gathers" : "");
     cJSON *chrome = instant_event("fsdp", name, pid_of(rank), "p", event->ts);
-    cJSON *args = cJSON_AddObjectToObject(chrome, "args");
-    cJSON_AddStringToObject(args, "model", options->model);
-    cJSON_AddStringToObject(args, "sharding_strategy", options->sharding_strategy);
-    if (options->backward_prefetch[0]) cJSON_AddStringToObject(args, "backward_prefetch", options->backward_prefetch);
-    else cJSON_AddNullToObject(args, "backward_prefetch");
-    cJSON_AddBoolToObject(args, "forward_prefetch", options->forward_prefetch);
-    cJSON_AddBoolToObject(args, "limit_all_gathers", options->limit_all_gathers);
-    cJSON_AddBoolToObject(args, "activation_checkpointing", options->activation_checkpointing);
-    cJSON_AddBoolToObject(args, "no_sync", options->no_sync);
-    cJSON_AddNumberToObject(args, "accumulation_steps", options->accumulation_steps);
-    cJSON_AddNumberToObject(args, "unit_count", options->unit_count);
+    cJSON_AddItemToObject(chrome, "args", run_fsdp_json(options));
     return chrome;
 }
 

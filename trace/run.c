@@ -625,3 +625,18 @@ void run_free(trace_run *run) {
     free(run->strings.slots);
     memset(run, 0, sizeof *run);
 }
+
+cJSON *run_fsdp_json(const run_fsdp *options) {
+    cJSON *object = cJSON_CreateObject();
+    cJSON_AddStringToObject(object, "model", options->model);
+    cJSON_AddStringToObject(object, "sharding_strategy", options->sharding_strategy);
+    if (options->backward_prefetch[0]) cJSON_AddStringToObject(object, "backward_prefetch", options->backward_prefetch);
+    else cJSON_AddNullToObject(object, "backward_prefetch");
+    cJSON_AddBoolToObject(object, "forward_prefetch", options->forward_prefetch);
+    cJSON_AddBoolToObject(object, "limit_all_gathers", options->limit_all_gathers);
+    cJSON_AddBoolToObject(object, "activation_checkpointing", options->activation_checkpointing);
+    cJSON_AddBoolToObject(object, "no_sync", options->no_sync);
+    cJSON_AddNumberToObject(object, "accumulation_steps", options->accumulation_steps);
+    cJSON_AddNumberToObject(object, "unit_count", options->unit_count);
+    return object;
+}

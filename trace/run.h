@@ -139,6 +139,9 @@ typedef struct trace_run {
  * naming the file, the line and the values.
  * Returns 0, or -1 with the message in `error`; free the run with run_free either way. */
 int run_load(trace_run *run, const char *rundir, char *error, size_t error_size);
+/* The options of an `fsdp` event as a JSON object, as the line had them (the Chrome export's args, `overlap`'s
+ * "fsdp"). The caller owns it. */
+struct cJSON *run_fsdp_json(const run_fsdp *options);
 void run_free(trace_run *run);
 
 /* The text of a string index; "" for RUN_NONE. */

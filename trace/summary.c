@@ -549,20 +549,7 @@ int summary_write_run(const trace_run *run, const char *out_path, char *error, s
 /* ---- the time figures as JSON, for lab checks (`fsdptrace overlap`) ---- */
 
 static cJSON *fsdp_json(const run_rank *rank) {
-    if (rank->fsdp_count == 0) return cJSON_CreateNull();
-    const run_fsdp *options = &rank->fsdp[0];
-    cJSON *object = cJSON_CreateObject();
-    cJSON_AddStringToObject(object, "model", options->model);
-    cJSON_AddStringToObject(object, "sharding_strategy", options->sharding_strategy);
-    if (options->backward_prefetch[0]) cJSON_AddStringToObject(object, "backward_prefetch", options->backward_prefetch);
-    else cJSON_AddNullToObject(object, "backward_prefetch");
-    cJSON_AddBoolToObject(object, "forward_prefetch", options->forward_prefetch);
-    cJSON_AddBoolToObject(object, "limit_all_gathers", options->limit_all_gathers);
-    cJSON_AddBoolToObject(object, "activation_checkpointing", options->activation_checkpointing);
-    cJSON_AddBoolToObject(object, "no_sync", options->no_sync);
-    cJSON_AddNumberToObject(object, "accumulation_steps", options->accumulation_steps);
-    cJSON_AddNumberToObject(object, "unit_count", options->unit_count);
-    return object;
+    return rank->fsdp_count == 0 ? cJSON_CreateNull() : run_fsdp_json(&rank->fsdp[0]);
 }
 
 /* The figures into object, in ms. */
