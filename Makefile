@@ -48,7 +48,7 @@ export MPIRUN
 
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/checkpoint.c core/fsdp.c core/memory_model.c core/data.c core/optim.c
+CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/fsdp.c core/memory_model.c core/data.c core/optim.c
 TRACE_OBJ := $(TRACE_SRC:.c=.o)
 CORE_OBJ := $(CORE_SRC:.c=.o)
 LABS := $(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c))

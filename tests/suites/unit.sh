@@ -16,3 +16,4 @@ mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_fla
 mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batches" tests/bin/test_data 1 2 4
 mpi_suite "test_optim: AdamW vs reference, state on the shard, padding, clip" tests/bin/test_optim 1 2 3 4
 mpi_suite "test_fsdp: wrap policies, spans, illegal transitions, a clean micro-batch" tests/bin/test_fsdp 1 2 3
+mpi_suite "test_mlp: a second model under the runtime: tree, finite differences, every mode vs the model alone" tests/bin/test_mlp 1 2 3
