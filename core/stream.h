@@ -27,9 +27,10 @@
 
 #include "context.h"
 
-/* A worker's polls of its MPI requests (stream_progress): back to back (yielding) for STREAM_POLL_SPIN_US, then in
- * bursts of STREAM_POLL_BURST with sleeps doubling up to STREAM_POLL_MAX_US between them. */
-#define STREAM_POLL_SPIN_US 2000
+/* A worker's polls of its MPI requests (stream_progress): back to back while the host waits for the stream and for
+ * STREAM_POLL_SPIN_US after the start, otherwise in bursts of STREAM_POLL_BURST with sleeps doubling up to
+ * STREAM_POLL_MAX_US between them. */
+#define STREAM_POLL_SPIN_US 200
 #define STREAM_POLL_BURST 16
 #define STREAM_POLL_MAX_US 64
 
@@ -65,6 +66,7 @@ struct stream {
     stream_task *tasks;           /* ring buffer */
     size_t capacity, head, count;
     int stop, started;
+    atomic_int host_waiting;      /* the host is blocked on an event of this stream (event_synchronize) */
 };
 
 /* A host stream, or a worker stream with its own thread and communicator (collective over ctx->comm: every rank

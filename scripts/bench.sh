@@ -226,7 +226,8 @@ for path in ranks:
         row["user"] += end["cpu_user"] - before["cpu_user"]
         row["sys"] += end["cpu_sys"] - before["cpu_sys"]
         start = end["ts"] - end["time"] * 1e6
-        inside = [e for e in events[path] if e["kind"] in ("compute", "collective") and start <= e["ts"] <= end["ts"]]
+        inside = [e for e in events[path] if e["kind"] in ("compute", "collective", "wait") and
+                  start <= e["ts"] <= end["ts"]]
         mean = lambda seconds: seconds / 1e6 / len(ranks)
         row["optimizer"] += mean(sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] == "optimizer"))
         row["compute"] += mean(sum(e["dur"] for e in inside if e["kind"] == "compute" and e["phase"] != "optimizer"))
