@@ -206,3 +206,11 @@ int ctx_finish(context *ctx) {
     MPI_Finalize();
     return status;
 }
+
+int ctx_error(char *error, size_t error_size, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(error, error_size, format, args);
+    va_end(args);
+    return -1;
+}

@@ -58,6 +58,9 @@ void ctx_print_ordered(context *ctx, const char *text);
 /* True on every rank iff `ok` is true on every rank (an all-reduce of a flag). Collective. */
 int ctx_all_true(context *ctx, int ok);
 
+/* Writes the message into error (error_size bytes) and returns -1: how a function that fails with a message ends. */
+int ctx_error(char *error, size_t error_size, const char *format, ...) __attribute__((format(printf, 3, 4)));
+
 /* Aborts naming rank, file, line, the MPI call and MPI's error string when rc is not MPI_SUCCESS. */
 void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int line);
 #define CTX_MPI(ctx, call) ctx_check_mpi((ctx), (call), #call, __FILE__, __LINE__)

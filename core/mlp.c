@@ -3,7 +3,6 @@
 
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,22 +12,13 @@
 
 /* ---------------------------------------------------------------- config and tree */
 
-static int fail(char *error, size_t error_size, const char *format, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *error, size_t error_size, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(error, error_size, format, args);
-    va_end(args);
-    return -1;
-}
-
 int mlp_config_validate(const mlp_config *c, char *error, size_t error_size) {
-    if (c->vocab_size < 1) return fail(error, error_size, "mlp config: vocab_size %d, need >= 1", c->vocab_size);
-    if (c->hidden_size < 1) return fail(error, error_size, "mlp config: hidden_size %d, need >= 1", c->hidden_size);
-    if (c->mlp_hidden < 1) return fail(error, error_size, "mlp config: mlp_hidden %d, need >= 1", c->mlp_hidden);
-    if (c->num_blocks < 0) return fail(error, error_size, "mlp config: num_blocks %d, need >= 0", c->num_blocks);
+    if (c->vocab_size < 1) return ctx_error(error, error_size, "mlp config: vocab_size %d, need >= 1", c->vocab_size);
+    if (c->hidden_size < 1) return ctx_error(error, error_size, "mlp config: hidden_size %d, need >= 1", c->hidden_size);
+    if (c->mlp_hidden < 1) return ctx_error(error, error_size, "mlp config: mlp_hidden %d, need >= 1", c->mlp_hidden);
+    if (c->num_blocks < 0) return ctx_error(error, error_size, "mlp config: num_blocks %d, need >= 0", c->num_blocks);
     if (!(c->init_std >= 0.0f) || isinf(c->init_std))
-        return fail(error, error_size, "mlp config: init_std %g, need a finite value >= 0", (double)c->init_std);
+        return ctx_error(error, error_size, "mlp config: init_std %g, need a finite value >= 0", (double)c->init_std);
     return 0;
 }
 

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,14 +17,6 @@ enum {
     Q_WEIGHT, Q_BIAS, K_WEIGHT, K_BIAS, V_WEIGHT, V_BIAS, O_WEIGHT, GATE_WEIGHT, UP_WEIGHT, DOWN_WEIGHT,
     INPUT_NORM_WEIGHT, POST_NORM_WEIGHT, LAYER_PARAM_COUNT
 };
-
-static int fail(char *error, size_t error_size, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(error, error_size, format, args);
-    va_end(args);
-    return -1;
-}
 
 /* ---------------------------------------------------------------- config */
 
@@ -107,16 +98,16 @@ int qwen2_config_preset(qwen2_config *config, const char *name, char *error, siz
             snprintf(accepted + used, sizeof accepted - used, " (or %s)", preset_aliases[a].alias);
         }
     }
-    return fail(error, error_size, "MODEL='%s' is not a model; choose one of: %s", name, accepted);
+    return ctx_error(error, error_size, "MODEL='%s' is not a model; choose one of: %s", name, accepted);
 }
 
 int qwen2_config_set(qwen2_config *c, const char *name, const char *value, char *error, size_t error_size) {
     const config_field *field = field_named(name);
-    if (field == NULL) return fail(error, error_size, "'%s' is not a Qwen2 config field", name);
+    if (field == NULL) return ctx_error(error, error_size, "'%s' is not a Qwen2 config field", name);
     char *end = NULL;
     double number = strtod(value, &end);
     if (end == value || *end != '\0' || (field->is_integer && number != (double)(int)number))
-        return fail(error, error_size, "config field %s='%s' is not a%s number", name, value,
+        return ctx_error(error, error_size, "config field %s='%s' is not a%s number", name, value,
                     field->is_integer ? "n integer" : "");
     field_store(c, field, number);
     snprintf(c->name, sizeof c->name, "custom");
@@ -127,10 +118,10 @@ int qwen2_config_set(qwen2_config *c, const char *name, const char *value, char 
 int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error, size_t error_size) {
     char copy[1024];
     if (snprintf(copy, sizeof copy, "%s", overrides) >= (int)sizeof copy)
-        return fail(error, error_size, "config overrides longer than %zu characters", sizeof copy - 1);
+        return ctx_error(error, error_size, "config overrides longer than %zu characters", sizeof copy - 1);
     for (char *item = strtok(copy, ","); item != NULL; item = strtok(NULL, ",")) {
         char *equals = strchr(item, '=');
-        if (equals == NULL) return fail(error, error_size, "config override '%s' is not field=value", item);
+        if (equals == NULL) return ctx_error(error, error_size, "config override '%s' is not field=value", item);
         *equals = '\0';
         if (qwen2_config_set(config, item, equals + 1, error, error_size) != 0) return -1;
     }
@@ -157,21 +148,21 @@ void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len) {
 int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size) {
     if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 0 ||
         c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->max_position_embeddings < 1)
-        return fail(error, error_size, "config '%s': sizes must be positive", c->name);
+        return ctx_error(error, error_size, "config '%s': sizes must be positive", c->name);
     if (c->hidden_size % c->num_attention_heads != 0)
-        return fail(error, error_size, "config '%s': hidden_size %d is not divisible by num_attention_heads %d",
+        return ctx_error(error, error_size, "config '%s': hidden_size %d is not divisible by num_attention_heads %d",
                     c->name, c->hidden_size, c->num_attention_heads);
     if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return fail(error, error_size, "config '%s': num_attention_heads %d is not divisible by num_key_value_heads %d",
+        return ctx_error(error, error_size, "config '%s': num_attention_heads %d is not divisible by num_key_value_heads %d",
                     c->name, c->num_attention_heads, c->num_key_value_heads);
     if (c->head_dim != c->hidden_size / c->num_attention_heads || c->head_dim % 2 != 0)
-        return fail(error, error_size, "config '%s': head_dim %d must be hidden_size / heads = %d and even (RoPE)",
+        return ctx_error(error, error_size, "config '%s': head_dim %d must be hidden_size / heads = %d and even (RoPE)",
                     c->name, c->head_dim, c->hidden_size / c->num_attention_heads);
     if (!c->tie_word_embeddings)
-        return fail(error, error_size, "config '%s': untied lm_head is not supported (tie_word_embeddings must be true)",
+        return ctx_error(error, error_size, "config '%s': untied lm_head is not supported (tie_word_embeddings must be true)",
                     c->name);
     if (!(c->rope_theta > 0.0) || !(c->rms_norm_eps > 0.0))
-        return fail(error, error_size, "config '%s': rope_theta and rms_norm_eps must be positive", c->name);
+        return ctx_error(error, error_size, "config '%s': rope_theta and rms_norm_eps must be positive", c->name);
     return 0;
 }
 
@@ -194,7 +185,7 @@ int qwen2_config_save_json(const qwen2_config *c, const char *path, char *error,
     int ok = file != NULL && text != NULL && fprintf(file, "%s\n", text) > 0;
     if (file != NULL && fclose(file) != 0) ok = 0;
     cJSON_free(text);
-    return ok ? 0 : fail(error, error_size, "writing %s failed: %s", path, strerror(errno));
+    return ok ? 0 : ctx_error(error, error_size, "writing %s failed: %s", path, strerror(errno));
 }
 
 /* A number field; absent or null (HF writes "bos_token_id": null) keeps the default unless required. */
@@ -202,14 +193,14 @@ static int json_number(const cJSON *json, const char *key, double *value, int re
                        size_t error_size) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(json, key);
     if ((item == NULL || cJSON_IsNull(item)) && !required) return 0;
-    if (!cJSON_IsNumber(item)) return fail(error, error_size, "%s: \"%s\" is missing or not a number", path, key);
+    if (!cJSON_IsNumber(item)) return ctx_error(error, error_size, "%s: \"%s\" is missing or not a number", path, key);
     *value = item->valuedouble;
     return 0;
 }
 
 int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_t error_size) {
     FILE *file = fopen(path, "rb");
-    if (file == NULL) return fail(error, error_size, "cannot open %s: %s", path, strerror(errno));
+    if (file == NULL) return ctx_error(error, error_size, "cannot open %s: %s", path, strerror(errno));
     fseek(file, 0, SEEK_END);
     long size = ftell(file);
     fseek(file, 0, SEEK_SET);
@@ -218,14 +209,14 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     fclose(file);
     if (text == NULL || read != (size_t)size) {
         free(text);
-        return fail(error, error_size, "reading %s failed", path);
+        return ctx_error(error, error_size, "reading %s failed", path);
     }
     text[size] = '\0';
     cJSON *json = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(json)) {
         cJSON_Delete(json);
-        return fail(error, error_size, "%s is not a JSON object", path);
+        return ctx_error(error, error_size, "%s is not a JSON object", path);
     }
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "custom");
@@ -242,23 +233,23 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     if (status == 0 && cJSON_IsObject(rope) && cJSON_GetObjectItemCaseSensitive(json, "rope_theta") == NULL) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(rope, "rope_type");
         if (cJSON_IsString(type) && strcmp(type->valuestring, "default") != 0)
-            status = fail(error, error_size, "%s: rope_type \"%s\" is not supported (only default RoPE)", path,
+            status = ctx_error(error, error_size, "%s: rope_type \"%s\" is not supported (only default RoPE)", path,
                           type->valuestring);
         else status = json_number(rope, "rope_theta", &c->rope_theta, 1, path, error, error_size);
     }
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(json, "tie_word_embeddings");
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(json, "hidden_act");
     if (status == 0 && act != NULL && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
-        status = fail(error, error_size, "%s: hidden_act must be \"silu\"", path);
+        status = ctx_error(error, error_size, "%s: hidden_act must be \"silu\"", path);
     cJSON_Delete(json);
     if (status != 0) return -1;
     if (c->num_key_value_heads < 0) c->num_key_value_heads = c->num_attention_heads;
     c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
     if (head_dim >= 0 && (int)head_dim != c->head_dim)
-        return fail(error, error_size, "%s: head_dim %d differs from hidden_size / num_attention_heads = %d", path,
+        return ctx_error(error, error_size, "%s: head_dim %d differs from hidden_size / num_attention_heads = %d", path,
                     (int)head_dim, c->head_dim);
     c->tie_word_embeddings = tie == NULL || cJSON_IsTrue(tie); /* HF's default for Qwen2 is false, but our presets tie */
-    if (tie != NULL && !cJSON_IsBool(tie)) return fail(error, error_size, "%s: tie_word_embeddings is not a bool", path);
+    if (tie != NULL && !cJSON_IsBool(tie)) return ctx_error(error, error_size, "%s: tie_word_embeddings is not a bool", path);
     return qwen2_config_validate(c, error, error_size);
 }
 

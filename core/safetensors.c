@@ -2,23 +2,16 @@
 #define _POSIX_C_SOURCE 200809L
 #include "safetensors.h"
 
+#include "context.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 /* A header larger than this is not a model we make; refuse before allocating it (HF caps it at 100 MB too). */
 #define ST_HEADER_MAX (100u * 1000u * 1000u)
-
-static int fail(char *error, size_t error_size, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(error, error_size, format, args);
-    va_end(args);
-    return -1;
-}
 
 static void put_u64_le(unsigned char *out, uint64_t value) {
     for (int i = 0; i < 8; i++) out[i] = (unsigned char)(value >> (8 * i));
@@ -63,7 +56,7 @@ static char *header_json(const st_tensor_ref *tensors, int count, const char *me
 static int check_little_endian(char *error, size_t error_size) {
     const uint32_t probe = 1;
     if (*(const unsigned char *)&probe != 1)
-        return fail(error, error_size, "safetensors: this build supports little-endian hosts only");
+        return ctx_error(error, error_size, "safetensors: this build supports little-endian hosts only");
     return 0;
 }
 
@@ -72,19 +65,19 @@ int st_write(const char *path, const st_tensor_ref *tensors, int count, const ch
     if (check_little_endian(error, error_size) != 0) return -1;
     for (int i = 0; i < count; i++) {
         if (tensors[i].ndim < 0 || tensors[i].ndim > ST_MAX_DIMS)
-            return fail(error, error_size, "%s: tensor '%s' has %d dims (0..%d allowed)", path, tensors[i].name,
+            return ctx_error(error, error_size, "%s: tensor '%s' has %d dims (0..%d allowed)", path, tensors[i].name,
                         tensors[i].ndim, ST_MAX_DIMS);
         for (int j = 0; j < i; j++)
             if (strcmp(tensors[i].name, tensors[j].name) == 0)
-                return fail(error, error_size, "%s: tensor '%s' given twice", path, tensors[i].name);
+                return ctx_error(error, error_size, "%s: tensor '%s' given twice", path, tensors[i].name);
     }
     char *json = header_json(tensors, count, metadata_format);
-    if (json == NULL) return fail(error, error_size, "%s: out of memory building the header", path);
+    if (json == NULL) return ctx_error(error, error_size, "%s: out of memory building the header", path);
     size_t json_length = strlen(json), padded = (json_length + 7) / 8 * 8; /* HF pads the header with spaces to 8 */
     FILE *file = fopen(path, "wb");
     if (file == NULL) {
         cJSON_free(json);
-        return fail(error, error_size, "cannot create %s: %s", path, strerror(errno));
+        return ctx_error(error, error_size, "cannot create %s: %s", path, strerror(errno));
     }
     unsigned char length_bytes[8];
     put_u64_le(length_bytes, padded);
@@ -96,7 +89,7 @@ int st_write(const char *path, const st_tensor_ref *tensors, int count, const ch
     }
     cJSON_free(json);
     if (fclose(file) != 0) ok = 0;
-    return ok ? 0 : fail(error, error_size, "writing %s failed: %s", path, strerror(errno));
+    return ok ? 0 : ctx_error(error, error_size, "writing %s failed: %s", path, strerror(errno));
 }
 
 static int compare_by_begin(const void *left, const void *right) {
@@ -107,35 +100,35 @@ static int compare_by_begin(const void *left, const void *right) {
 /* One header entry → st_entry, checked on its own (dtype, shape, offsets against its shape). */
 static int parse_entry(const cJSON *item, st_entry *entry, const char *path, char *error, size_t error_size) {
     if (strlen(item->string) >= ST_NAME_MAX)
-        return fail(error, error_size, "%s: tensor name longer than %d bytes", path, ST_NAME_MAX - 1);
+        return ctx_error(error, error_size, "%s: tensor name longer than %d bytes", path, ST_NAME_MAX - 1);
     snprintf(entry->name, sizeof entry->name, "%s", item->string);
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2)
-        return fail(error, error_size, "%s: tensor '%s': header entry needs dtype, shape and two data_offsets", path,
+        return ctx_error(error, error_size, "%s: tensor '%s': header entry needs dtype, shape and two data_offsets", path,
                     entry->name);
     if (strcmp(dtype->valuestring, "F32") != 0)
-        return fail(error, error_size, "%s: tensor '%s' has dtype %s; fsdplab reads F32 only", path, entry->name,
+        return ctx_error(error, error_size, "%s: tensor '%s' has dtype %s; fsdplab reads F32 only", path, entry->name,
                     dtype->valuestring);
     entry->ndim = cJSON_GetArraySize(shape);
     if (entry->ndim > ST_MAX_DIMS)
-        return fail(error, error_size, "%s: tensor '%s' has %d dims (at most %d)", path, entry->name, entry->ndim,
+        return ctx_error(error, error_size, "%s: tensor '%s' has %d dims (at most %d)", path, entry->name, entry->ndim,
                     ST_MAX_DIMS);
     for (int d = 0; d < entry->ndim; d++) {
         const cJSON *dim = cJSON_GetArrayItem(shape, d);
         if (!cJSON_IsNumber(dim) || dim->valuedouble < 0)
-            return fail(error, error_size, "%s: tensor '%s': dimension %d is not a size", path, entry->name, d);
+            return ctx_error(error, error_size, "%s: tensor '%s': dimension %d is not a size", path, entry->name, d);
         entry->shape[d] = (int64_t)dim->valuedouble;
     }
     entry->numel = numel_of(entry->ndim, entry->shape);
     const cJSON *begin = cJSON_GetArrayItem(offsets, 0), *end = cJSON_GetArrayItem(offsets, 1);
     if (!cJSON_IsNumber(begin) || !cJSON_IsNumber(end) || begin->valuedouble < 0 || end->valuedouble < begin->valuedouble)
-        return fail(error, error_size, "%s: tensor '%s': data_offsets are not an increasing pair", path, entry->name);
+        return ctx_error(error, error_size, "%s: tensor '%s': data_offsets are not an increasing pair", path, entry->name);
     entry->begin = (uint64_t)begin->valuedouble;
     entry->end = (uint64_t)end->valuedouble;
     if (entry->end - entry->begin != entry->numel * sizeof(float))
-        return fail(error, error_size,
+        return ctx_error(error, error_size,
                     "%s: tensor '%s': data_offsets [%llu, %llu) hold %llu bytes, but shape needs %zu x 4 = %zu",
                     path, entry->name, (unsigned long long)entry->begin, (unsigned long long)entry->end,
                     (unsigned long long)(entry->end - entry->begin), entry->numel, entry->numel * sizeof(float));
@@ -148,17 +141,17 @@ static int check_layout(const st_file *st, uint64_t data_bytes, char *error, siz
     for (int i = 0; i < st->count; i++) {
         const st_entry *entry = &st->entries[i];
         if (entry->begin != expected)
-            return fail(error, error_size, "%s: tensor '%s' starts at data byte %llu, expected %llu (%s)", st->path,
+            return ctx_error(error, error_size, "%s: tensor '%s' starts at data byte %llu, expected %llu (%s)", st->path,
                         entry->name, (unsigned long long)entry->begin, (unsigned long long)expected,
                         entry->begin < expected ? "overlaps the previous tensor" : "a hole before it");
         if (entry->end > data_bytes)
-            return fail(error, error_size,
+            return ctx_error(error, error_size,
                         "%s: tensor '%s' ends at data byte %llu but the file has only %llu data bytes (truncated?)",
                         st->path, entry->name, (unsigned long long)entry->end, (unsigned long long)data_bytes);
         expected = entry->end;
     }
     if (expected != data_bytes)
-        return fail(error, error_size, "%s: %llu data bytes after the last tensor belong to no tensor", st->path,
+        return ctx_error(error, error_size, "%s: %llu data bytes after the last tensor belong to no tensor", st->path,
                     (unsigned long long)(data_bytes - expected));
     return 0;
 }
@@ -167,11 +160,11 @@ static int parse_header(st_file *st, const char *text, uint64_t data_bytes, char
     cJSON *header = cJSON_Parse(text);
     if (!cJSON_IsObject(header)) {
         cJSON_Delete(header);
-        return fail(error, error_size, "%s: header is not a JSON object", st->path);
+        return ctx_error(error, error_size, "%s: header is not a JSON object", st->path);
     }
     int capacity = cJSON_GetArraySize(header);
     st->entries = calloc((size_t)(capacity > 0 ? capacity : 1), sizeof *st->entries);
-    int status = st->entries ? 0 : fail(error, error_size, "%s: out of memory for %d entries", st->path, capacity);
+    int status = st->entries ? 0 : ctx_error(error, error_size, "%s: out of memory for %d entries", st->path, capacity);
     const cJSON *item = NULL;
     cJSON_ArrayForEach(item, header) {
         if (status != 0) break;
@@ -190,26 +183,26 @@ int st_open(st_file *st, const char *path, char *error, size_t error_size) {
     if (check_little_endian(error, error_size) != 0) return -1;
     snprintf(st->path, sizeof st->path, "%s", path);
     struct stat info;
-    if (stat(path, &info) != 0) return fail(error, error_size, "cannot open %s: %s", path, strerror(errno));
+    if (stat(path, &info) != 0) return ctx_error(error, error_size, "cannot open %s: %s", path, strerror(errno));
     uint64_t file_bytes = (uint64_t)info.st_size;
     st->file = fopen(path, "rb");
-    if (st->file == NULL) return fail(error, error_size, "cannot open %s: %s", path, strerror(errno));
+    if (st->file == NULL) return ctx_error(error, error_size, "cannot open %s: %s", path, strerror(errno));
     unsigned char length_bytes[8];
     char *text = NULL;
     int status = 0;
     if (fread(length_bytes, 1, 8, st->file) != 8) {
-        status = fail(error, error_size, "%s: %llu bytes, too short for the 8-byte header length", path,
+        status = ctx_error(error, error_size, "%s: %llu bytes, too short for the 8-byte header length", path,
                       (unsigned long long)file_bytes);
     } else {
         uint64_t header_bytes = get_u64_le(length_bytes);
         if (header_bytes > ST_HEADER_MAX || 8 + header_bytes > file_bytes) {
-            status = fail(error, error_size, "%s: header length %llu does not fit in the file's %llu bytes", path,
+            status = ctx_error(error, error_size, "%s: header length %llu does not fit in the file's %llu bytes", path,
                           (unsigned long long)header_bytes, (unsigned long long)file_bytes);
         } else if ((text = malloc(header_bytes + 1)) == NULL) {
-            status = fail(error, error_size, "%s: out of memory for a %llu-byte header", path,
+            status = ctx_error(error, error_size, "%s: out of memory for a %llu-byte header", path,
                           (unsigned long long)header_bytes);
         } else if (fread(text, 1, header_bytes, st->file) != header_bytes) {
-            status = fail(error, error_size, "%s: reading the header failed", path);
+            status = ctx_error(error, error_size, "%s: reading the header failed", path);
         } else {
             text[header_bytes] = '\0';
             st->data_start = 8 + header_bytes;
@@ -230,13 +223,13 @@ const st_entry *st_find(const st_file *st, const char *name) {
 int st_read(const st_file *st, const char *name, size_t first, size_t count, float *out, char *error,
             size_t error_size) {
     const st_entry *entry = st_find(st, name);
-    if (entry == NULL) return fail(error, error_size, "%s: no tensor named '%s'", st->path, name);
+    if (entry == NULL) return ctx_error(error, error_size, "%s: no tensor named '%s'", st->path, name);
     if (first > entry->numel || count > entry->numel - first)
-        return fail(error, error_size, "%s: tensor '%s' has %zu elements; cannot read [%zu, %zu)", st->path, name,
+        return ctx_error(error, error_size, "%s: tensor '%s' has %zu elements; cannot read [%zu, %zu)", st->path, name,
                     entry->numel, first, first + count);
     uint64_t offset = st->data_start + entry->begin + first * sizeof(float);
     if (fseeko(st->file, (off_t)offset, SEEK_SET) != 0 || fread(out, sizeof(float), count, st->file) != count)
-        return fail(error, error_size, "%s: reading tensor '%s' elements [%zu, %zu) at byte %llu failed", st->path,
+        return ctx_error(error, error_size, "%s: reading tensor '%s' elements [%zu, %zu) at byte %llu failed", st->path,
                     name, first, first + count, (unsigned long long)offset);
     return 0;
 }
