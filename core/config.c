@@ -2,11 +2,51 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-long cfg_env_int(context *ctx, const char *name, long default_value, long min_value, long max_value) {
+/* FNV-1a of the text: what the ranks compare first (one small all-gather), before any texts are exchanged. */
+static uint64_t text_hash(const char *text) {
+    uint64_t hash = 14695981039346656037ull;
+    for (const char *p = text; *p; p++) hash = (hash ^ (uint64_t)(unsigned char)*p) * 1099511628211ull;
+    return hash;
+}
+
+/* "'value'" or "unset", for messages. */
+static const char *shown(const char *text, char *out, size_t size) {
+    if (text[0] == '\0') snprintf(out, size, "unset");
+    else snprintf(out, size, "'%s'", text);
+    return out;
+}
+
+const char *cfg_env_text(context *ctx, const char *name) {
     const char *text = getenv(name);
+    const char *mine = text ? text : ""; /* unset and empty both mean the default */
+    if (ctx->world_size == 1) return text;
+    uint64_t hash = text_hash(mine);
+    uint64_t *hashes = malloc(sizeof *hashes * (size_t)ctx->world_size);
+    if (hashes == NULL) ctx_fatal(ctx, "out of memory agreeing on %s", name);
+    CTX_MPI(ctx, MPI_Allgather(&hash, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, ctx->comm));
+    int other = -1;
+    for (int rank = 1; rank < ctx->world_size && other < 0; rank++)
+        if (hashes[rank] != hashes[0]) other = rank;
+    free(hashes);
+    if (other < 0) return text;
+    /* They differ: every rank learns rank 0's and the first other rank's text, so every rank says the same. */
+    enum { SHOWN = 120 };
+    char texts[2][SHOWN] = {{0}}, first[SHOWN + 8], second[SHOWN + 8];
+    if (ctx->rank == 0) snprintf(texts[0], SHOWN, "%s", mine);
+    if (ctx->rank == other) snprintf(texts[1], SHOWN, "%s", mine);
+    CTX_MPI(ctx, MPI_Bcast(texts[0], SHOWN, MPI_CHAR, 0, ctx->comm));
+    CTX_MPI(ctx, MPI_Bcast(texts[1], SHOWN, MPI_CHAR, other, ctx->comm));
+    ctx_exit_all(ctx, 2, "%s differs between ranks: rank 0 has %s, rank %d has %s; every rank must be given the same "
+                 "settings", name, shown(texts[0], first, sizeof first), other, shown(texts[1], second, sizeof second));
+}
+
+long cfg_env_int(context *ctx, const char *name, long default_value, long min_value, long max_value) {
+    const char *text = cfg_env_text(ctx, name);
     if (text == NULL || text[0] == '\0') return default_value;
     errno = 0;
     char *end = NULL;
@@ -17,7 +57,7 @@ long cfg_env_int(context *ctx, const char *name, long default_value, long min_va
 }
 
 double cfg_env_real(context *ctx, const char *name, double default_value, double min_value, double max_value) {
-    const char *text = getenv(name);
+    const char *text = cfg_env_text(ctx, name);
     if (text == NULL || text[0] == '\0') return default_value;
     char *end = NULL;
     double value = strtod(text, &end);
@@ -27,7 +67,7 @@ double cfg_env_real(context *ctx, const char *name, double default_value, double
 }
 
 const char *cfg_env_choice(context *ctx, const char *name, const char *default_value, const char *const *choices) {
-    const char *text = getenv(name);
+    const char *text = cfg_env_text(ctx, name);
     if (text == NULL || text[0] == '\0') return default_value;
     for (const char *const *choice = choices; *choice != NULL; choice++)
         if (strcmp(*choice, text) == 0) return *choice;

@@ -108,11 +108,9 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
     CTX_MPI(ctx, MPI_Comm_rank(ctx->comm, &ctx->rank));
     CTX_MPI(ctx, MPI_Comm_size(ctx->comm, &ctx->world_size));
 
-    const char *threads = getenv("THREADS");
-    ctx->threads = threads && atoi(threads) > 0 ? atoi(threads) : 1;
-    if (threads && threads[0] && atoi(threads) <= 0) ctx_exit_all(ctx, 2, "THREADS='%s' is not a positive integer", threads);
+    ctx->threads = (int)cfg_env_int(ctx, "THREADS", 1, 1, 1024);
 
-    const char *outdir = getenv("OUT");
+    const char *outdir = cfg_env_text(ctx, "OUT");
     if (outdir == NULL || outdir[0] == '\0') outdir = default_outdir;
     if (strlen(outdir) >= sizeof ctx->outdir - 32) ctx_exit_all(ctx, 2, "OUT='%s' is too long", outdir);
     snprintf(ctx->outdir, sizeof ctx->outdir, "%s", outdir);

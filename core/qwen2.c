@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "layers.h"
 #include "rng.h"
 
@@ -129,10 +130,10 @@ int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error,
 }
 
 void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len) {
-    const char *model = getenv("MODEL");
+    const char *model = cfg_env_text(ctx, "MODEL");
     if (model == NULL || model[0] == '\0') model = "tiny";
     if (qwen2_config_preset(config, model, ctx->error, sizeof ctx->error) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
-    const char *overrides = getenv("CONFIG");
+    const char *overrides = cfg_env_text(ctx, "CONFIG");
     if (overrides != NULL && overrides[0] != '\0') {
         char preset[sizeof config->name];
         snprintf(preset, sizeof preset, "%s", config->name); /* the preset's own name, not an alias */

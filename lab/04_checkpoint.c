@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
         ctx_exit_all(&ctx, 2, "%s", ctx.error);
     data_loader loader;
-    if (data_loader_open(&loader, &ctx, getenv("DATA"), config.vocab_size, B, T, seed, 1) != 0)
+    if (data_loader_open(&loader, &ctx, cfg_env_text(&ctx, "DATA"), config.vocab_size, B, T, seed, 1) != 0)
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
     int *tokens = mem_alloc(&ctx.mem, (size_t)B * T * sizeof(int), MEM_DATA, "batch.tokens_host");
     int *targets = mem_alloc(&ctx.mem, (size_t)B * T * sizeof(int), MEM_DATA, "batch.targets_host");

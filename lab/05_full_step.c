@@ -80,10 +80,10 @@ static settings read_settings(context *ctx) {
         .lr = cfg_env_real(ctx, "LR", 1e-3, 0.0, 10.0),
         .clip = cfg_env_real(ctx, "CLIP", 0.0, 0.0, 1e9),
         .seed = cfg_env_seed(ctx),
-        .data = getenv("DATA"),
-        .save = getenv("SAVE"),
-        .grads = getenv("GRADS"),
-        .wrap = getenv("WRAP"),
+        .data = cfg_env_text(ctx, "DATA"),
+        .save = cfg_env_text(ctx, "SAVE"),
+        .grads = cfg_env_text(ctx, "GRADS"),
+        .wrap = cfg_env_text(ctx, "WRAP"),
         .peak = cfg_env_choice(ctx, "PEAK", "tracked", (const char *const[]){"tracked", "rss", NULL}),
     };
     return s;

@@ -81,7 +81,7 @@ static settings read_settings(context *ctx) {
         .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
         .seed = cfg_env_seed(ctx),
     };
-    const char *modes = getenv("MODES");
+    const char *modes = cfg_env_text(ctx, "MODES");
     if (modes == NULL || modes[0] == '\0') {
         for (int m = 0; m < MODE_COUNT; m++) s.selected[m] = 1;
         return s;

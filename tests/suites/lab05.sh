@@ -126,3 +126,11 @@ check "make run NP=1 STEPS=1 ACC=1: make's command line reaches lab 05" bash -c 
 check "STEPS=1 ACC=1 make run: 2 ranks by default, settings from the environment" bash -c \
   "OUT=runs/check/05_make_run STEPS=1 ACC=1 make -s --no-print-directory run | tee /dev/stderr |
    grep -c -e '^Ranks = 2, ' -e '^1/1: Loss = ' | grep -qx 2"
+# Settings must agree between ranks (an MPMD launch can hand them different environments): every rank stops, named,
+# instead of one rank failing alone while the others wait in a collective forever.
+check_fails "05_full_step: MBS differing between ranks is refused on every rank, naming both values" \
+  "MBS differs between ranks: rank 0 has '4', rank 1 has 'abc'" \
+  env OUT=runs/check/05_disagree timeout 60 $MPIRUN -np 1 -x MBS=4 lab/05_full_step : -np 1 -x MBS=abc lab/05_full_step
+check_fails "05_full_step: SAVE on one rank only is refused before training" \
+  "SAVE differs between ranks: rank 0 has unset, rank 1 has 'runs/check/05_disagree/ckpt'" \
+  env OUT=runs/check/05_disagree timeout 60 $MPIRUN -np 1 lab/05_full_step : -np 1 -x SAVE=runs/check/05_disagree/ckpt lab/05_full_step
