@@ -83,6 +83,20 @@ static void adamw_update(float *restrict param, const float *restrict grad, floa
     }
 }
 
+int adamw_first_nonfinite_gradient(context *ctx, const flat_param *units, int unit_count) {
+    int first = unit_count; /* none */
+    for (int unit = 0; unit < unit_count && first == unit_count; unit++) {
+        const float *grad = units[unit].grad_shard;
+        for (size_t i = 0; grad != NULL && i < units[unit].sharded_numel; i++)
+            if (!isfinite(grad[i])) {
+                first = unit;
+                break;
+            }
+    }
+    CTX_MPI(ctx, MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, ctx->comm));
+    return first < unit_count ? first : -1;
+}
+
 double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, double max_norm) {
     if (!(max_norm > 0.0) || isinf(max_norm))
         ctx_fatal(ctx, "clip_grad_norm: max_norm %g, expected a positive finite number", max_norm);

@@ -60,6 +60,11 @@ void adamw_init(adamw_state *state);
  * units. Aborts when max_norm is not a positive number. */
 double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, double max_norm);
 
+/* The first unit (in unit order: forward order) whose sharded gradient holds a NaN or an infinity on any rank, or -1
+ * when every gradient is finite: what stops a diverged run before the optimizer writes NaN into the parameters.
+ * Collective (one all-reduce of an int). */
+int adamw_first_nonfinite_gradient(context *ctx, const flat_param *units, int unit_count);
+
 /* One AdamW step of fp->local_shard from fp->grad_shard; allocates the moments at the first step. Does nothing when
  * grad_shard is NULL (torch skips a parameter whose .grad is None: no step counted, no state made). Writes a
  * `compute` event "<unit>.adamw", phase "optimizer". Local: no communication. Aborts, naming rank and unit, on a

@@ -160,6 +160,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     size_t measured_peak[MEM_CATEGORY_COUNT] = {0}, measured_total_peak = 0, measured_reserved_peak = 0;
+    char diverged[512] = "";
     for (int step = 1; step <= s.steps; step++) {
         mem_reset_peak(&ctx.mem);
         double start = MPI_Wtime(), loss_sum = 0.0;
@@ -173,6 +174,19 @@ int main(int argc, char **argv) {
         }
         if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && ckpt_save_gradients(&model, s.grads) != 0)
             ctx_fatal(&ctx, "GRADS='%s': %s", s.grads, ctx.error);
+        /* Divergence stops the run before the optimizer writes NaN into the parameters (and before SAVE). */
+        double step_loss = loss_sum;
+        CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &step_loss, 1, MPI_DOUBLE, MPI_SUM, ctx.comm));
+        int bad_unit = adamw_first_nonfinite_gradient(&ctx, model.units, model.unit_count);
+        if (!isfinite(step_loss) || bad_unit >= 0) {
+            snprintf(diverged, sizeof diverged, "step %d diverged: loss %g, %s%s%s; stopped before its optimizer step, "
+                     "so the parameters are those after step %d%s", step, step_loss / s.accumulation / ctx.world_size,
+                     bad_unit >= 0 ? "first non-finite gradient in unit '" : "every gradient finite",
+                     bad_unit >= 0 ? model.units[bad_unit].unit : "", bad_unit >= 0 ? "'" : "", step - 1,
+                     s.save && s.save[0] ? "; SAVE skipped: nothing was written" : "");
+            trace_mark(&ctx.trace, diverged);
+            break;
+        }
         if (s.clip > 0.0) adamw_clip_grad_norm(&ctx, model.units, model.unit_count, s.clip);
         for (int unit = 0; unit < model.unit_count; unit++) {
             adamw_step(&states[unit], &model.units[unit], &optimizer);
@@ -210,7 +224,9 @@ int main(int argc, char **argv) {
     memory_model_report(&predicted, measured_peak, measured_total_peak, measured_reserved_peak, report, sizeof report);
     if (ctx.rank == 0) printf("\n%s", report);
 
-    if (s.save != NULL && s.save[0] != '\0') {
+    if (diverged[0]) {
+        if (ctx.rank == 0) fprintf(stderr, "05_full_step: error: %s (lower LR, or CLIP)\n", diverged);
+    } else if (s.save != NULL && s.save[0] != '\0') {
         if (ckpt_save_pretrained(&model, s.save) != 0) ctx_fatal(&ctx, "SAVE='%s': %s", s.save, ctx.error);
         if (ctx.rank == 0) printf("checkpoint: %s (config.json, model.safetensors)\n", s.save);
     }
@@ -221,5 +237,6 @@ int main(int argc, char **argv) {
     free(states);
     fsdp_runtime_free(&runtime);
     qwen2_model_free(&model);
-    return ctx_finish(&ctx);
+    int status = ctx_finish(&ctx);
+    return diverged[0] ? 3 : status; /* the views are written either way: they load a diverged run */
 }

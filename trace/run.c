@@ -5,6 +5,7 @@
 #include "segments.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -369,7 +370,10 @@ static int fsdp_parse(rank_reader *reader, const cJSON *line, run_event *event) 
 static int step_parse(rank_reader *reader, const cJSON *line, run_event *event) {
     if (integer_field(reader, line, "step", "step", &event->step) != 0) return -1;
     if (integer_field(reader, line, "step", "micro", &event->micro) != 0) return -1;
-    if (number_field(reader, line, "step", "loss", &event->loss) != 0) return -1;
+    /* A diverged step's loss is NaN or infinite, which JSON writes as null: read back as NaN, so the views still load
+     * the run that stopped on it (lab 05 stops at the first such step). */
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(line, "loss"))) event->loss = NAN;
+    else if (number_field(reader, line, "step", "loss", &event->loss) != 0) return -1;
     if (count_field(reader, line, "step", "peak_bytes", &event->peak_bytes) != 0) return -1;
     if (count_field(reader, line, "step", "peak_reserved", &event->reserved) != 0) return -1;
     return number_field(reader, line, "step", "time", &event->seconds);

@@ -134,3 +134,13 @@ check_fails "05_full_step: MBS differing between ranks is refused on every rank,
 check_fails "05_full_step: SAVE on one rank only is refused before training" \
   "SAVE differs between ranks: rank 0 has unset, rank 1 has 'runs/check/05_disagree/ckpt'" \
   env OUT=runs/check/05_disagree timeout 60 $MPIRUN -np 1 lab/05_full_step : -np 1 -x SAVE=runs/check/05_disagree/ckpt lab/05_full_step
+# Divergence stops the run: LR=10 makes the loss non-finite within a few steps; the lab stops before that step's
+# optimizer update, names the step and the first unit with a non-finite gradient, writes no checkpoint, and still
+# leaves views that load (the step events' loss is null in JSON).
+check_fails "05_full_step LR=10: stops at the first non-finite step, naming it, with no checkpoint written" \
+  "step [0-9]+ diverged: loss (-?nan|-?inf), first non-finite gradient in unit '.*'; stopped before its optimizer step.*SAVE skipped" \
+  bash -c 'rm -rf runs/check/05_diverged && LR=10 STEPS=20 SAVE=runs/check/05_diverged/ckpt OUT=runs/check/05_diverged \
+    $MPIRUN -np 2 lab/05_full_step; status=$?; if [ -e runs/check/05_diverged/ckpt ]; then echo "a checkpoint was written"; exit 0; fi; exit $status'
+check "05_full_step LR=10: the diverged run's trace still validates" \
+  python3 tests/validate_trace.py --expect-ranks 2 runs/check/05_diverged
+check "05_full_step LR=10: the diverged run's summary loads" trace/fsdptrace summary runs/check/05_diverged
