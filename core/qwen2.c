@@ -808,8 +808,14 @@ static int next_token(const float *logits, int V, float temperature, uint64_t se
 
 int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
                    uint64_t seed, int *out) {
-    int capacity = prompt_length + max_new, V = model->config.vocab_size;
-    if (capacity > model->config.max_position_embeddings) capacity = model->config.max_position_embeddings;
+    int positions = model->config.max_position_embeddings, V = model->config.vocab_size;
+    if (max_new < 0 || prompt_length < 1 || prompt_length > positions)
+        return ctx_error(model->ctx->error, sizeof model->ctx->error,
+                         "rank %d: generate: a prompt of %d tokens and %d new ones; the prompt must hold 1..%d tokens "
+                         "(max_position_embeddings) and the new ones be >= 0", model->ctx->rank, prompt_length,
+                         max_new, positions);
+    /* prompt + new tokens stop at max_position_embeddings (computed without adding, so no int overflows) */
+    int capacity = prompt_length + (max_new < positions - prompt_length ? max_new : positions - prompt_length);
     int *sequence = mem_alloc(&model->ctx->mem, (size_t)capacity * sizeof(int), MEM_DATA, "generate.sequence");
     memcpy(sequence, prompt, (size_t)prompt_length * sizeof(int));
     int length = prompt_length, produced = 0;

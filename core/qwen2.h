@@ -194,7 +194,9 @@ void qwen2_layer_recompute(qwen2_model *model, qwen2_activations *acts, int laye
 float qwen2_forward_backward(qwen2_model *model, const int *tokens, const int *targets, int B, int T);
 
 /* Greedy (temperature 0) or sampled continuation of prompt; every unit UNSHARDED. Writes up to max_new tokens into
- * out and returns how many (stops early at eos). Sampling uses the counter RNG keyed by (seed, step). */
+ * out and returns how many (stops early at eos, and at max_position_embeddings positions in all). Sampling uses the
+ * counter RNG keyed by (seed, step). -1 with ctx->error when the prompt is empty or longer than
+ * max_position_embeddings, or max_new < 0. */
 int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
                    uint64_t seed, int *out);
 

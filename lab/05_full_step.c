@@ -118,6 +118,7 @@ static void print_story(context *ctx, qwen2_model *model, uint64_t seed) {
     for (int unit = 0; unit < model->unit_count; unit++)
         if (fp_unshard(&model->units[unit], "eval") != 0) ctx_fatal(ctx, "%s", ctx->error);
     int count = qwen2_generate(model, prompt, prompt_length, 200, 0.8f, seed, generated);
+    if (count < 0) ctx_exit_all(ctx, 2, "EVAL: %s", ctx->error); /* the same on every rank */
     for (int unit = 0; unit < model->unit_count; unit++) fp_reshard(&model->units[unit], "eval");
     if (ctx->rank == 0) {
         char text[2048];

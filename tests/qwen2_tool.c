@@ -193,6 +193,13 @@ static int command_generate(context *ctx, int argc, char **argv) {
     int *prompt = calloc((size_t)prompt_length, sizeof *prompt), *out = calloc((size_t)(max_new > 0 ? max_new : 1), sizeof *out);
     for (int i = 0; i < prompt_length; i++) prompt[i] = atoi(argv[6 + i]);
     int produced = qwen2_generate(&model, prompt, prompt_length, max_new, temperature, seed, out);
+    if (produced < 0) {
+        fprintf(stderr, "qwen2_tool generate: %s\n", ctx->error);
+        free(prompt);
+        free(out);
+        qwen2_model_free(&model);
+        return 2;
+    }
     for (int i = 0; i < produced; i++) printf("%d%c", out[i], i + 1 < produced ? ' ' : '\n');
     free(prompt);
     free(out);

@@ -304,6 +304,31 @@ START_TEST(test_generation_is_deterministic) {
 }
 END_TEST
 
+/* A prompt longer than max_position_embeddings (reachable from lab 05's EVAL with a small CONFIG) once overflowed
+ * the sequence buffer; a negative max_new wrapped to a huge allocation. Both are refused, naming the values; a
+ * prompt that fills the positions but one generates exactly one token. */
+START_TEST(test_generation_refuses_what_does_not_fit) {
+    qwen2_config config = small_config();
+    qwen2_model model;
+    make_model(&model, &config, 8);
+    int positions = config.max_position_embeddings;
+    int *prompt = calloc((size_t)positions + 1, sizeof *prompt), out[4];
+    size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
+    ck_assert_ptr_nonnull(prompt);
+    for (int i = 0; i <= positions; i++) prompt[i] = 1 + i % 5;
+    ck_assert_int_eq(qwen2_generate(&model, prompt, positions + 1, 4, 0.0f, 0, out), -1);
+    ck_assert_msg(strstr(ctx.error, "the prompt must hold 1..") != NULL, "%s", ctx.error);
+    ck_assert_int_eq(qwen2_generate(&model, prompt, 3, -1, 0.0f, 0, out), -1);
+    ck_assert_msg(strstr(ctx.error, "and -1 new ones") != NULL, "%s", ctx.error);
+    ck_assert_int_eq(qwen2_generate(&model, prompt, 0, 4, 0.0f, 0, out), -1);
+    int produced = qwen2_generate(&model, prompt, positions - 1, 4, 0.0f, 0, out);
+    ck_assert_msg(produced == 1, "a prompt one short of the positions made %d tokens, expected 1", produced);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_DATA], data_before);
+    free(prompt);
+    qwen2_model_free(&model);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "test_qwen2", "runs/check/test_qwen2");
     Suite *suite = suite_create("qwen2");
@@ -317,6 +342,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_bad_tokens_are_refused_with_position);
     tcase_add_test(tc, test_checkpoint_round_trip_and_refusals);
     tcase_add_test(tc, test_generation_is_deterministic);
+    tcase_add_test(tc, test_generation_refuses_what_does_not_fit);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }

@@ -144,3 +144,6 @@ check_fails "05_full_step LR=10: stops at the first non-finite step, naming it, 
 check "05_full_step LR=10: the diverged run's trace still validates" \
   python3 tests/validate_trace.py --expect-ranks 2 runs/check/05_diverged
 check "05_full_step LR=10: the diverged run's summary loads" trace/fsdptrace summary runs/check/05_diverged
+check_fails "05_full_step EVAL with a prompt beyond max_position_embeddings is refused, not overflowed" \
+  "EVAL: rank 0: generate: a prompt of 16 tokens and 200 new ones; the prompt must hold 1..8 tokens" \
+  env OUT=runs/check/05_eval_positions CONFIG=max_position_embeddings=8 SEQ=8 EVAL=1 STEPS=1 $MPIRUN -np 2 lab/05_full_step
