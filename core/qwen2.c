@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -42,6 +43,13 @@ static const config_field config_fields[] = {
     INTEGER_FIELD(eos_token_id, 0, 0),
 };
 #define CONFIG_FIELD_COUNT (sizeof config_fields / sizeof config_fields[0])
+
+/* Whether a field can hold the value: finite, and for an integer field a whole number within int's range. Checked
+ * before the value is converted: casting NaN, an infinity or 1e30 to int is undefined behaviour in C. */
+static int field_value_ok(const config_field *field, double value) {
+    if (!isfinite(value)) return 0;
+    return !field->is_integer || (value == floor(value) && value >= (double)INT_MIN && value <= (double)INT_MAX);
+}
 
 static void field_store(qwen2_config *c, const config_field *field, double value) {
     if (field->is_integer) *(int *)((char *)c + field->offset) = (int)value;
@@ -107,9 +115,9 @@ int qwen2_config_set(qwen2_config *c, const char *name, const char *value, char 
     if (field == NULL) return ctx_error(error, error_size, "'%s' is not a Qwen2 config field", name);
     char *end = NULL;
     double number = strtod(value, &end);
-    if (end == value || *end != '\0' || (field->is_integer && number != (double)(int)number))
+    if (end == value || *end != '\0' || !field_value_ok(field, number))
         return ctx_error(error, error_size, "config field %s='%s' is not a%s number", name, value,
-                    field->is_integer ? "n integer" : "");
+                    field->is_integer ? "n integer (in int's range)" : " finite");
     field_store(c, field, number);
     snprintf(c->name, sizeof c->name, "custom");
     if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
@@ -225,7 +233,10 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     for (size_t i = 0; i < CONFIG_FIELD_COUNT && status == 0; i++) {
         double value = config_fields[i].fallback;
         status = json_number(json, config_fields[i].name, &value, config_fields[i].required, path, error, error_size);
-        field_store(c, &config_fields[i], value);
+        if (status == 0 && !field_value_ok(&config_fields[i], value))
+            status = ctx_error(error, error_size, "%s: \"%s\" is %.17g, not a%s number", path, config_fields[i].name,
+                               value, config_fields[i].is_integer ? "n integer (in int's range)" : " finite");
+        if (status == 0) field_store(c, &config_fields[i], value);
     }
     double head_dim = -1;
     if (status == 0) status = json_number(json, "head_dim", &head_dim, 0, path, error, error_size);
@@ -246,9 +257,9 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     if (status != 0) return -1;
     if (c->num_key_value_heads < 0) c->num_key_value_heads = c->num_attention_heads;
     c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
-    if (head_dim >= 0 && (int)head_dim != c->head_dim)
-        return ctx_error(error, error_size, "%s: head_dim %d differs from hidden_size / num_attention_heads = %d", path,
-                    (int)head_dim, c->head_dim);
+    if (head_dim >= 0 && head_dim != (double)c->head_dim) /* compared as doubles: no cast of an unchecked value */
+        return ctx_error(error, error_size, "%s: head_dim %g differs from hidden_size / num_attention_heads = %d", path,
+                    head_dim, c->head_dim);
     c->tie_word_embeddings = tie == NULL || cJSON_IsTrue(tie); /* HF's default for Qwen2 is false, but our presets tie */
     if (tie != NULL && !cJSON_IsBool(tie)) return ctx_error(error, error_size, "%s: tie_word_embeddings is not a bool", path);
     return qwen2_config_validate(c, error, error_size);

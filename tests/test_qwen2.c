@@ -304,6 +304,30 @@ START_TEST(test_generation_is_deterministic) {
 }
 END_TEST
 
+/* Values that parse but cannot be held are refused before any conversion (casting NaN, an infinity or 1e30 to int is
+ * undefined behaviour; 64.5 heads would be truncated silently), from CONFIG overrides and from config.json alike. */
+START_TEST(test_config_refuses_values_it_cannot_hold) {
+    qwen2_config config;
+    ck_assert_int_eq(qwen2_config_preset(&config, "tiny", ctx.error, sizeof ctx.error), 0);
+    const char *bad[][2] = {{"hidden_size", "1e30"}, {"hidden_size", "64.5"}, {"hidden_size", "nan"},
+                            {"num_attention_heads", "-inf"}, {"rope_theta", "inf"}, {"rms_norm_eps", "nan"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(qwen2_config_set(&config, bad[i][0], bad[i][1], ctx.error, sizeof ctx.error), -1);
+        ck_assert_msg(strstr(ctx.error, bad[i][0]) != NULL && strstr(ctx.error, bad[i][1]) != NULL, "%s", ctx.error);
+    }
+    char path[] = "/tmp/fsdplab_config_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *file = fdopen(fd, "w");
+    fputs("{\"vocab_size\": 260, \"hidden_size\": 64.5, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+          "\"num_attention_heads\": 4, \"max_position_embeddings\": 1e300}", file);
+    fclose(file);
+    ck_assert_int_eq(qwen2_config_load_json(&config, path, ctx.error, sizeof ctx.error), -1);
+    ck_assert_msg(strstr(ctx.error, "\"hidden_size\" is 64.5, not an integer") != NULL, "%s", ctx.error);
+    unlink(path);
+}
+END_TEST
+
 /* A prompt longer than max_position_embeddings (reachable from lab 05's EVAL with a small CONFIG) once overflowed
  * the sequence buffer; a negative max_new wrapped to a huge allocation. Both are refused, naming the values; a
  * prompt that fills the positions but one generates exactly one token. */
@@ -343,6 +367,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_checkpoint_round_trip_and_refusals);
     tcase_add_test(tc, test_generation_is_deterministic);
     tcase_add_test(tc, test_generation_refuses_what_does_not_fit);
+    tcase_add_test(tc, test_config_refuses_values_it_cannot_hold);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }
