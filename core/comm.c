@@ -83,7 +83,16 @@ static int agree(context *ctx, const call *c) {
         return -1;
     }
     ctx->agreements++;
-    int rc = MPI_Allgather(&mine, 4, MPI_UINT64_T, everyone, 4, MPI_UINT64_T, ctx->comm);
+    MPI_Request request;
+    int rc = MPI_Iallgather(&mine, 4, MPI_UINT64_T, everyone, 4, MPI_UINT64_T, ctx->comm, &request);
+    if (rc == MPI_SUCCESS) rc = stream_progress(ctx, NULL, 1, &request);
+    if (rc == STREAM_TIMED_OUT) {
+        free(everyone);
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': the size agreement timed out after %g s "
+                 "(TIMEOUT); a rank has stopped, died or fallen behind by more than that", ctx->rank, op_names[c->op],
+                 c->unit, ctx->timeout_seconds);
+        return -1;
+    }
     if (mpi_failed(ctx, rc, c, "size agreement (MPI_Allgather)")) {
         free(everyone);
         return -1;
@@ -146,6 +155,13 @@ static uint64_t ring_chunk_bytes(const context *ctx, size_t full_count) {
 
 static int work_failed(call *c, int rc, const char *what) {
     if (rc == MPI_SUCCESS) return 0;
+    if (rc == STREAM_TIMED_OUT) {
+        snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu, stream %s) timed out: not complete "
+                 "after %g s (TIMEOUT); a rank has stopped, died or fallen behind by more than that", c->ctx->rank,
+                 op_names[c->op], c->unit, (unsigned long long)c->seq, c->stream ? c->stream->name : "compute",
+                 c->ctx->timeout_seconds);
+        return -1;
+    }
     char reason[MPI_MAX_ERROR_STRING];
     int length = 0;
     MPI_Error_string(rc, reason, &length);
@@ -185,7 +201,7 @@ static int ring_reduce_scatter(call *c) {
         if (work_failed(c, rc, "MPI_Irecv (ring step)")) return -1;
         rc = MPI_Isend(sending, (int)chunk, MPI_FLOAT, right, 40, c->comm, &requests[1]);
         if (work_failed(c, rc, "MPI_Isend (ring step)")) return -1;
-        if (work_failed(c, stream_progress(c->stream, 2, requests), "the ring step's MPI requests")) return -1;
+        if (work_failed(c, stream_progress(c->ctx, c->stream, 2, requests), "the ring step's MPI requests")) return -1;
         const float *mine = full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk;
         if (last && c->factor != 1.0f)
             for (size_t i = 0; i < chunk; i++) sum[i] = (sum[i] + mine[i]) * c->factor;
@@ -203,23 +219,23 @@ static int run_one(call *c) {
     case OP_ALL_GATHER:
         rc = MPI_Iallgather(c->send, (int)c->chunk, MPI_FLOAT, c->receive, (int)c->chunk, MPI_FLOAT, c->comm, &request);
         if (work_failed(c, rc, "MPI_Iallgather")) return -1;
-        return work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Iallgather's completion");
+        return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Iallgather's completion");
     case OP_REDUCE_SCATTER: return ring_reduce_scatter(c);
     case OP_ALL_REDUCE:
         rc = MPI_Iallreduce(MPI_IN_PLACE, c->receive, (int)c->count, MPI_FLOAT, MPI_SUM, c->comm, &request);
         if (work_failed(c, rc, "MPI_Iallreduce")) return -1;
-        if (work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Iallreduce's completion")) return -1;
+        if (work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Iallreduce's completion")) return -1;
         if (c->factor != 1.0f)
             for (size_t i = 0; i < c->count; i++) c->receive[i] *= c->factor;
         return 0;
     case OP_BROADCAST:
         rc = MPI_Ibcast(c->receive, (int)c->count, MPI_FLOAT, (int)c->detail, c->comm, &request);
         if (work_failed(c, rc, "MPI_Ibcast")) return -1;
-        return work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Ibcast's completion");
+        return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Ibcast's completion");
     case OP_BARRIER:
         rc = MPI_Ibarrier(c->comm, &request);
         if (work_failed(c, rc, "MPI_Ibarrier")) return -1;
-        return work_failed(c, stream_progress(c->stream, 1, &request), "MPI_Ibarrier's completion");
+        return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Ibarrier's completion");
     }
     return 0;
 }
@@ -273,6 +289,7 @@ int comm_wait(context *ctx, comm_handle *c, const char *hook) {
     c->ring_buffers[0] = c->ring_buffers[1] = NULL;
     if (c->status != 0) {
         snprintf(ctx->error, sizeof ctx->error, "%s", c->error);
+        if (strstr(c->error, "timed out") != NULL) trace_mark(&ctx->trace, c->error); /* the JSONL says so */
         return -1;
     }
     trace_collective_info info = {

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "context.h"
 #include "config.h"
+#include "stream.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -109,6 +110,9 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
     CTX_MPI(ctx, MPI_Comm_size(ctx->comm, &ctx->world_size));
 
     ctx->threads = (int)cfg_env_int(ctx, "THREADS", 1, 1, 1024);
+    /* The watchdog (core/stream.h): NCCL's default is 10 minutes too. A first touch of 5 GB or a slow rank's step
+     * stays well inside it; a stopped rank is named after it. */
+    ctx->timeout_seconds = cfg_env_real(ctx, "TIMEOUT", 600.0, 0.0, 1e9);
 
     const char *outdir = cfg_env_text(ctx, "OUT");
     if (outdir == NULL || outdir[0] == '\0') outdir = default_outdir;
@@ -149,7 +153,8 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
 
 int ctx_all_true(context *ctx, int ok) {
     int local = ok ? 1 : 0, all = 0;
-    CTX_MPI(ctx, MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, ctx->comm));
+    all = local;
+    ctx_allreduce(ctx, &all, 1, MPI_INT, MPI_MIN, "ctx_all_true");
     return all;
 }
 
@@ -211,4 +216,14 @@ int ctx_error(char *error, size_t error_size, const char *format, ...) {
     vsnprintf(error, error_size, format, args);
     va_end(args);
     return -1;
+}
+
+void ctx_allreduce(context *ctx, void *buffer, int count, MPI_Datatype type, MPI_Op op, const char *what) {
+    MPI_Request request;
+    CTX_MPI(ctx, MPI_Iallreduce(MPI_IN_PLACE, buffer, count, type, op, ctx->comm, &request));
+    int rc = stream_progress(ctx, NULL, 1, &request);
+    if (rc == STREAM_TIMED_OUT)
+        ctx_fatal(ctx, "%s (all-reduce) timed out: not complete after %g s (TIMEOUT); a rank has stopped, died or "
+                  "fallen behind by more than that", what, ctx->timeout_seconds);
+    CTX_MPI(ctx, rc);
 }

@@ -33,6 +33,7 @@ typedef struct context {
     int agreed_count;
     uint64_t agreements;       /* agreement exchanges made (one small MPI_Allgather each), for tests and curiosity */
     int thread_multiple;       /* MPI provides MPI_THREAD_MULTIPLE: comm streams may be threads (core/stream.h) */
+    double timeout_seconds;    /* TIMEOUT: a collective not complete after this long aborts the run (0: never) */
     int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */
     char outdir[512];          /* where rank<R>.jsonl and trace.json go */
@@ -55,6 +56,9 @@ void ctx_fatal(context *ctx, const char *format, ...) __attribute__((format(prin
 
 /* Every rank contributes a text; rank 0 prints them in rank order (so tables do not interleave). Collective. */
 void ctx_print_ordered(context *ctx, const char *text);
+/* MPI_Allreduce in place of `count` values, waited for under the watchdog (TIMEOUT, core/stream.h): a rank that
+ * stopped makes the others abort naming `what` instead of waiting forever. Collective. */
+void ctx_allreduce(context *ctx, void *buffer, int count, MPI_Datatype type, MPI_Op op, const char *what);
 /* True on every rank iff `ok` is true on every rank (an all-reduce of a flag). Collective. */
 int ctx_all_true(context *ctx, int ok);
 

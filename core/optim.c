@@ -93,7 +93,7 @@ int adamw_first_nonfinite_gradient(context *ctx, const flat_param *units, int un
                 break;
             }
     }
-    CTX_MPI(ctx, MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, ctx->comm));
+    ctx_allreduce(ctx, &first, 1, MPI_INT, MPI_MIN, "first non-finite gradient");
     return first < unit_count ? first : -1;
 }
 

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "stream.h"
 
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,18 +156,21 @@ void stream_synchronize(stream *s) {
  * qwen2-0.5b, 2 ranks on 2 cores (SEQ=128): polling flat out (yielding between polls) made a step about 30% slower
  * than blocking collectives (progress threads and compute fighting for the cores, a 30 MB all-gather stalling when
  * either rank's thread was descheduled); this policy is as fast as blocking there, within the runs' noise. */
-int stream_progress(stream *s, int count, MPI_Request *requests) {
-    if (s == NULL || s->kind == STREAM_HOST) return MPI_Waitall(count, requests, MPI_STATUSES_IGNORE);
-    double spin_until = MPI_Wtime() + STREAM_POLL_SPIN_US * 1e-6;
+int stream_progress(context *ctx, stream *s, int count, MPI_Request *requests) {
+    double now = MPI_Wtime(), spin_until = now + STREAM_POLL_SPIN_US * 1e-6;
+    double deadline = ctx->timeout_seconds > 0 ? now + ctx->timeout_seconds : INFINITY;
+    int host = s == NULL || s->kind == STREAM_HOST;
     long sleep_ns = 0;
     for (;;) {
         for (int poll = 0; poll < STREAM_POLL_BURST; poll++) {
             int done = 0;
             int rc = MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
             if (rc != MPI_SUCCESS || done) return rc;
-            sched_yield();
+            if (!host) sched_yield();
         }
-        if (MPI_Wtime() < spin_until || atomic_load(&s->host_waiting) > 0) {
+        now = MPI_Wtime();
+        if (now > deadline) return STREAM_TIMED_OUT;
+        if (host || now < spin_until || atomic_load(&s->host_waiting) > 0) {
             sleep_ns = 0;
             continue;
         }

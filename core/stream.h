@@ -88,8 +88,10 @@ int event_query(const stream_event *event);
 /* Waits for everything launched on the stream so far. */
 void stream_synchronize(stream *s);
 
-/* On a worker stream: drives the MPI requests to completion, yielding the core between unsuccessful polls so two
- * ranks and their streams can share two cores. On a host stream (or NULL): MPI_Waitall. Returns MPI's code. */
-int stream_progress(stream *s, int count, MPI_Request *requests);
+/* Drives the MPI requests to completion: on a worker stream with the polling policy above, on a host stream (or NULL)
+ * polling back to back as MPI_Waitall would. Returns MPI's code, or STREAM_TIMED_OUT when they are not complete
+ * after ctx->timeout_seconds (TIMEOUT; 0: never): the watchdog, as NCCL's, for a rank that stopped or died. */
+#define STREAM_TIMED_OUT (-1)
+int stream_progress(context *ctx, stream *s, int count, MPI_Request *requests);
 
 #endif

@@ -177,7 +177,7 @@ int main(int argc, char **argv) {
             ctx_fatal(&ctx, "GRADS='%s': %s", s.grads, ctx.error);
         /* Divergence stops the run before the optimizer writes NaN into the parameters (and before SAVE). */
         double step_loss = loss_sum;
-        CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &step_loss, 1, MPI_DOUBLE, MPI_SUM, ctx.comm));
+        ctx_allreduce(&ctx, &step_loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
         int bad_unit = adamw_first_nonfinite_gradient(&ctx, model.units, model.unit_count);
         if (!isfinite(step_loss) || bad_unit >= 0) {
             snprintf(diverged, sizeof diverged, "step %d diverged: loss %g, %s%s%s; stopped before its optimizer step, "
@@ -201,9 +201,9 @@ int main(int argc, char **argv) {
         getrusage(RUSAGE_SELF, &usage);
         double peak = strcmp(s.peak, "rss") == 0 ? (double)usage.ru_maxrss * 1024.0 : (double)ctx.mem.peak_bytes;
         double loss = loss_sum / s.accumulation, slowest = elapsed;
-        CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, ctx.comm));
-        CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
-        CTX_MPI(&ctx, MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
+        ctx_allreduce(&ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
+        ctx_allreduce(&ctx, &peak, 1, MPI_DOUBLE, MPI_MAX, "the step's peak");
+        ctx_allreduce(&ctx, &slowest, 1, MPI_DOUBLE, MPI_MAX, "the step's time");
         loss /= ctx.world_size;
         trace_step(&ctx.trace, step, -1, loss, ctx.mem.peak_bytes, ctx.mem.peak_reserved_bytes, elapsed);
         for (int category = 0; category < MEM_CATEGORY_COUNT; category++)

@@ -147,3 +147,8 @@ check "05_full_step LR=10: the diverged run's summary loads" trace/fsdptrace sum
 check_fails "05_full_step EVAL with a prompt beyond max_position_embeddings is refused, not overflowed" \
   "EVAL: rank 0: generate: a prompt of 16 tokens and 200 new ones; the prompt must hold 1..8 tokens" \
   env OUT=runs/check/05_eval_positions CONFIG=max_position_embeddings=8 SEQ=8 EVAL=1 STEPS=1 $MPIRUN -np 2 lab/05_full_step
+# The watchdog (TIMEOUT): a rank stopped with SIGSTOP makes the other abort, naming the collective, within seconds.
+check "05_full_step TIMEOUT=3: a stopped rank is named as a timeout (blocking collectives)" \
+  tests/check_watchdog.sh runs/check/05_watchdog
+check "05_full_step TIMEOUT=3: a stopped rank is named as a timeout (comm streams, BACKWARD_PRE)" \
+  tests/check_watchdog.sh runs/check/05_watchdog_streams COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE
