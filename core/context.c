@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "../trace/export.h"
 #include "layers.h"
@@ -91,6 +93,24 @@ static void shared_memory_copies_in_user_space(void) {
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
 }
 
+/* The files an earlier run left in outdir that this run would not overwrite at once: the views (written at the end)
+ * and rank files beyond this world. Returns how many were removed. */
+static int remove_stale_outputs(const char *outdir, int world) {
+    static const char *const views[] = {"trace.json", "memory.html", "memory_snapshot.pickle", "summary.txt"};
+    char path[1100];
+    int removed = 0;
+    for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", outdir, views[i]);
+        removed += unlink(path) == 0;
+    }
+    for (int rank = world; rank < world + 4096; rank++) {
+        snprintf(path, sizeof path, "%s/rank%d.jsonl", outdir, rank);
+        if (unlink(path) != 0) break;
+        removed++;
+    }
+    return removed;
+}
+
 void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const char *default_outdir) {
     memset(ctx, 0, sizeof *ctx);
     snprintf(ctx->program, sizeof ctx->program, "%s", program);
@@ -131,7 +151,19 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
         MPI_Finalize();
         exit(2);
     }
-    if (trace_open(&ctx->trace, ctx->outdir, ctx->rank, ctx->world_size) != 0)
+    /* One id for the run (rank 0's clock and pid), in every rank's meta line: readers refuse files of two runs. And
+     * a fresh OUT: the views and any rank files of an earlier run (a bigger world leaves rank<N>.jsonl beyond
+     * ours) go before this run writes, so nothing in OUT is older than the run. Only fsdplab's own file names. */
+    char run_id[64] = "";
+    if (ctx->rank == 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        snprintf(run_id, sizeof run_id, "%lld.%09ld-%d", (long long)now.tv_sec, now.tv_nsec, (int)getpid());
+        int removed = remove_stale_outputs(ctx->outdir, ctx->world_size);
+        if (removed > 0) printf("(OUT=%s: removed %d files of an earlier run)\n", ctx->outdir, removed);
+    }
+    CTX_MPI(ctx, MPI_Bcast(run_id, sizeof run_id, MPI_CHAR, 0, ctx->comm));
+    if (trace_open_run(&ctx->trace, ctx->outdir, ctx->rank, ctx->world_size, run_id) != 0)
         ctx_fatal(ctx, "cannot open the event file in %s", ctx->outdir);
     /* ALLOC=malloc turns the caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): one segment per request.
      * MAX_SPLIT_SIZE_MB is PyTorch's max_split_size_mb (0 or unset: no limit). Like PyTorch, it must exceed the
@@ -190,6 +222,7 @@ void ctx_print_ordered(context *ctx, const char *text) {
 
 int ctx_finish(context *ctx) {
     size_t leaks = mem_shutdown(&ctx->mem);
+    trace_end(&ctx->trace);
     trace_close(&ctx->trace);
     int clean = ctx_all_true(ctx, leaks == 0);
     int status = clean ? 0 : 1;

@@ -33,7 +33,8 @@ COLLECTIVE_TRACKS = set(STREAM_TRACK.values())
 # JSONL kind -> (Chrome phase, track) it becomes; the counts per rank must agree. A collective's track is its
 # stream's (track_of_line).
 KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", None), "wait": ("X", 1), "state": ("i", 1),
-                 "mark": ("i", 1), "step": ("i", 1), "fsdp": ("i", 1), "alloc": ("C", 3), "free": ("C", 3),
+                 "mark": ("i", 1), "step": ("i", 1), "fsdp": ("i", 1), "end": ("i", 1), "alloc": ("C", 3),
+                 "free": ("C", 3),
                  "segment_alloc": ("C", 3), "segment_free": ("C", 3)}
 FLOW_PHASES = ("s", "f")  # v1 flow events: the arrows joining a collective across ranks
 # ts and dur are written rounded to 1 ns (0.001 us): each is off by at most 0.5 ns, a span's end (ts + dur) by 1 ns,

@@ -255,6 +255,7 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
     case RUN_SEGMENT_FREE: return reserved_convert(rank, event, reserved);
     case RUN_WAIT: return wait_convert(run, rank, event);
     case RUN_FSDP: return fsdp_convert(rank, event);
+    case RUN_END: return instant_event("mark", "end of run", pid_of(rank), "p", event->ts);
     case RUN_ALLOCATOR: break; /* skipped by the caller */
     }
     return NULL;  /* not reached: run.h has no other kind */

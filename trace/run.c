@@ -341,6 +341,12 @@ static int fsdp_flag(rank_reader *reader, const cJSON *line, const char *key, in
 }
 
 /* The options go to run_rank.fsdp (few: one per runtime); the event keeps their index as its id. */
+static int end_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    (void)line, (void)event;
+    reader->rank->ended = 1;
+    return 0;
+}
+
 static int fsdp_parse(rank_reader *reader, const cJSON *line, run_event *event) {
     run_fsdp options = {.line = reader->line_number};
     if (fsdp_text(reader, line, "model", 1, options.model, sizeof options.model) != 0) return -1;
@@ -399,6 +405,7 @@ static const struct {
     {"segment_alloc", RUN_SEGMENT_ALLOC, segment_parse}, {"segment_free", RUN_SEGMENT_FREE, segment_parse},
     {"allocator", RUN_ALLOCATOR, allocator_parse},
     {"wait", RUN_WAIT, wait_parse},          {"fsdp", RUN_FSDP, fsdp_parse},
+    {"end", RUN_END, end_parse},
 };
 
 static int rank_push(rank_reader *reader, const run_event *event) {
@@ -465,6 +472,12 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
         return line_fail(reader, "meta rank is %g but the file name says rank %d", rank, reader->rank->rank);
     const cJSON *unix_time = cJSON_GetObjectItemCaseSensitive(line, "unix_time");
     if (cJSON_IsNumber(unix_time)) reader->rank->unix_time = unix_time->valuedouble;
+    const cJSON *run_id = cJSON_GetObjectItemCaseSensitive(line, "run_id");
+    if (cJSON_IsString(run_id)) snprintf(reader->rank->run_id, sizeof reader->rank->run_id, "%s", run_id->valuestring);
+    /* Rank files of two runs in one directory (a smaller run into a bigger one's OUT, a rank restarted by hand) */
+    if (reader->rank->rank > 0 && strcmp(reader->rank->run_id, reader->run->ranks[0].run_id) != 0)
+        return line_fail(reader, "run id '%s', but rank0.jsonl has '%s': the rank files come from different runs",
+                         reader->rank->run_id, reader->run->ranks[0].run_id);
     if (reader->run->world == 0) reader->run->world = (int)world;
     reader->rank->version = (int)version;
     reader->meta_seen = 1;

@@ -29,6 +29,7 @@ typedef enum run_event_kind {
     RUN_ALLOCATOR,
     RUN_WAIT,             /* version 3: the host (compute stream) blocked until work on a stream completed */
     RUN_FSDP,             /* version 3: the FSDP runtime's options (in run_rank.fsdp[id]) */
+    RUN_END,              /* the program's orderly end (absent: the run was cut short) */
 } run_event_kind;
 
 /* The streams of EVENTS.md version 3, by name. A version-2 file's collectives all ran on the compute stream. */
@@ -110,6 +111,8 @@ typedef struct run_rank {
     size_t fsdp_count;
     char path[4096];
     double unix_time;     /* the meta line's wall-clock seconds at t0's file open; 0 when absent */
+    char run_id[64];      /* the meta line's run id ("" when absent: files from before it) */
+    int ended;            /* an `end` event was read: the program finished in order */
     size_t line_count;    /* lines read, the meta line included */
     run_event *events;    /* in file order, which is the order the allocator and the hooks saw them */
     size_t event_count;

@@ -515,6 +515,12 @@ static void rank_header_print(FILE *stream, const run_rank *rank) {
 int summary_print(const trace_run *run, FILE *stream, char *error, size_t error_size) {
     fprintf(stream, "fsdplab summary of %s: %d rank%s (events: trace/EVENTS.md; \"line\" is a line of rank<R>.jsonl)\n",
             run->rundir, run->world, run->world == 1 ? "" : "s");
+    /* A run's files end with an `end` event when the program finished in order (files from before it have no run
+     * id and say nothing either way). */
+    for (int rank = 0; rank < run->world; rank++)
+        if (run->ranks[rank].run_id[0] && !run->ranks[rank].ended)
+            fprintf(stream, "CUT SHORT: rank %d's events stop at line %zu without the end event (the run crashed, was "
+                    "killed or aborted there); what follows is what it recorded\n", rank, run->ranks[rank].line_count);
     for (int rank = 0; rank < run->world; rank++) {
         const run_rank *each = &run->ranks[rank];
         rank_header_print(stream, each);

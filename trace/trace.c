@@ -65,6 +65,15 @@ static void event_write(trace_sink *sink, cJSON *event) {
 }
 
 int trace_open(trace_sink *sink, const char *outdir, int rank, int world_size) {
+    return trace_open_run(sink, outdir, rank, world_size, NULL);
+}
+
+void trace_end(trace_sink *sink) {
+    cJSON *event = event_begin(sink, "end", trace_now_us(sink));
+    if (event != NULL) event_write(sink, event);
+}
+
+int trace_open_run(trace_sink *sink, const char *outdir, int rank, int world_size, const char *run_id) {
     memset(sink, 0, sizeof *sink);
     sink->rank = rank;
     sink->world_size = world_size;
@@ -83,6 +92,7 @@ int trace_open(trace_sink *sink, const char *outdir, int rank, int world_size) {
     cJSON_AddStringToObject(meta, "schema", TRACE_SCHEMA_NAME);
     cJSON_AddNumberToObject(meta, "version", TRACE_SCHEMA_VERSION);
     cJSON_AddNumberToObject(meta, "world", world_size);
+    if (run_id != NULL) cJSON_AddStringToObject(meta, "run_id", run_id);
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     cJSON_AddNumberToObject(meta, "unix_time", (double)wall.tv_sec + 1e-9 * (double)wall.tv_nsec);

@@ -28,6 +28,11 @@ typedef struct trace_sink {
 /* Opens <outdir>/rank<R>.jsonl for writing (truncating) and writes the `meta` line. t0 is "now"; call
  * trace_reset_t0 right after the start barrier. Returns 0, or -1 with a message on stderr naming the path. */
 int trace_open(trace_sink *sink, const char *outdir, int rank, int world_size);
+/* The same, with the run's id in the meta line (every rank of one run writes the same id, so a reader can refuse
+ * rank files of two runs mixed in one directory). */
+int trace_open_run(trace_sink *sink, const char *outdir, int rank, int world_size, const char *run_id);
+/* The program reached its orderly end: a run whose files lack this event was cut short (crash, kill, abort). */
+void trace_end(trace_sink *sink);
 /* Takes t0 now and writes a `mark` "t0" line; ts of later events count from here. */
 void trace_reset_t0(trace_sink *sink);
 /* Microseconds since t0 (monotonic clock). */

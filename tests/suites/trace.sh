@@ -39,3 +39,19 @@ check "trace.json in Perfetto UI and Catapult (2, 3, 4 ranks, streams): every fl
 slice imported, no 'main thread'" \
   python3 tests/check_trace_viewers.py runs/check/views runs/check/viewers_np3 runs/check/viewers_np4 \
   runs/check/streams runs/check/prefetch
+# One run per directory (issue 15): a run starts by removing an earlier run's views and its rank files beyond this
+# world; rank files of two runs are refused, naming both ids; a run without its end event is reported as cut short.
+check "OUT reused by a smaller run: the bigger run's rank2.jsonl and old views are gone" bash -c '
+  rm -rf runs/check/reuse && OUT=runs/check/reuse $MPIRUN -np 3 lab/01_shard >/dev/null &&
+  OUT=runs/check/reuse $MPIRUN -np 2 lab/01_shard | grep -q "removed 5 files of an earlier run" &&
+  test ! -e runs/check/reuse/rank2.jsonl && python3 tests/validate_trace.py --expect-ranks 2 runs/check/reuse >/dev/null'
+check_fails "fsdptrace: rank files of two runs are refused, naming both run ids" \
+  "run id '[^']+', but rank0.jsonl has '[^']+': the rank files come from different runs" bash -c '
+  rm -rf runs/check/mixed_a runs/check/mixed_b && OUT=runs/check/mixed_a $MPIRUN -np 2 lab/01_shard >/dev/null &&
+  OUT=runs/check/mixed_b $MPIRUN -np 2 lab/01_shard >/dev/null &&
+  cp runs/check/mixed_b/rank1.jsonl runs/check/mixed_a/rank1.jsonl && trace/fsdptrace summary runs/check/mixed_a'
+check "fsdptrace summary: a run whose rank file lacks the end event is reported as cut short" bash -c '
+  rm -rf runs/check/cut && OUT=runs/check/cut $MPIRUN -np 2 lab/01_shard >/dev/null &&
+  grep -q "\"kind\":\"end\"" runs/check/cut/rank1.jsonl && sed -i "/\"kind\":\"end\"/d" runs/check/cut/rank1.jsonl &&
+  trace/fsdptrace summary runs/check/cut | grep -q "CUT SHORT: rank 1" &&
+  ! trace/fsdptrace summary runs/check/cut | grep -q "CUT SHORT: rank 0"'
