@@ -134,12 +134,6 @@ void mlp_model_free(mlp_model *model) {
     memset(model, 0, sizeof *model);
 }
 
-int mlp_find_param(const mlp_model *model, const char *name) {
-    for (int p = 0; p < model->tree.param_count; p++)
-        if (strcmp(model->tree.params[p].name, name) == 0) return p;
-    return -1;
-}
-
 float *mlp_param_data(const mlp_model *model, int param) {
     module_location at = model->locations[param];
     const flat_param *unit = &model->units[at.unit];

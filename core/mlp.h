@@ -77,8 +77,6 @@ void mlp_model_free(mlp_model *model);
 /* The model as the FSDP runtime sees it: n + 2 pieces, the blocks checkpointable. Valid while the model lives. */
 void mlp_as_module(mlp_model *model, module *out);
 
-/* Tree index of the parameter called `name`, or -1. */
-int mlp_find_param(const mlp_model *model, const char *name);
 /* The parameter's values (its unit UNSHARDED, no all-gather in flight) and its gradient (the unit's full gradient
  * allocated); otherwise they stop the run naming rank, unit and parameter. */
 float *mlp_param_data(const mlp_model *model, int param);
