@@ -4,7 +4,7 @@
 #   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
 #                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01 ... 06); check-unit, check-trace, check-model for the other suites
+#   make check-01     one lab's check (01 ... 06); check-unit, check-trace, check-model, check-resume for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
 #   make clean
@@ -48,7 +48,7 @@ export MPIRUN
 
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/fsdp.c core/memory_model.c core/data.c core/optim.c
+CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/data.c core/optim.c
 TRACE_OBJ := $(TRACE_SRC:.c=.o)
 CORE_OBJ := $(CORE_SRC:.c=.o)
 LABS := $(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c))
@@ -57,7 +57,7 @@ TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all run check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05 06)
+.PHONY: all run check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05 06) check-resume
 
 all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
@@ -101,7 +101,7 @@ run: lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 lab06 train notebooks
+	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 resume lab06 train notebooks
 check-unit: all
 	@tests/run_checks.sh unit
 check-trace: all
@@ -122,6 +122,8 @@ check-05: all
 	@tests/run_checks.sh lab05
 check-06: all
 	@tests/run_checks.sh lab06
+check-resume: all
+	@tests/run_checks.sh resume
 
 # The notebooks executed, as HTML with their outputs, for reading.
 notebooks: all

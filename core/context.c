@@ -83,6 +83,23 @@ int ctx_make_directories(const char *path) {
     return 0;
 }
 
+int ctx_check_writable_directory(context *ctx, const char *path) {
+    int ok = 1;
+    if (ctx->rank == 0) {
+        char probe[1200];
+        snprintf(probe, sizeof probe, "%s/.fsdplab_write_test", path);
+        FILE *file = NULL;
+        if (ctx_make_directories(path) != 0) {
+            ok = ctx_error(ctx->error, sizeof ctx->error, "cannot create directory %s: %s", path, strerror(errno)) == 0;
+        } else if ((file = fopen(probe, "w")) == NULL || fputs("probe\n", file) < 0) {
+            ok = ctx_error(ctx->error, sizeof ctx->error, "cannot write in %s: %s", path, strerror(errno)) == 0;
+        }
+        if (file != NULL) fclose(file);
+        unlink(probe);
+    }
+    return ctx_all_true(ctx, ok) ? 0 : -1;
+}
+
 /* How Open MPI moves a large message between two ranks of one machine. By default (CMA) the receiver's kernel copies
  * straight out of the sender's memory (process_vm_readv): one copy, but made in the kernel, so every collective byte
  * is system time — on qwen2-0.5b about 8% of user time in every step. Copy-in/copy-out through the shared-memory
@@ -184,10 +201,16 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
 }
 
 int ctx_all_true(context *ctx, int ok) {
-    int local = ok ? 1 : 0, all = 0;
-    all = local;
-    ctx_allreduce(ctx, &all, 1, MPI_INT, MPI_MIN, "ctx_all_true");
-    return all;
+    int first_failed = ok ? ctx->world_size : ctx->rank;
+    ctx_allreduce(ctx, &first_failed, 1, MPI_INT, MPI_MIN, "ctx_all_true");
+    if (first_failed == ctx->world_size) return 1;
+    /* A rank that did not fail takes the message of the lowest rank that did: rank 0 prints for all (ctx_exit_all),
+     * so it must name the real cause; a rank that failed keeps its own. */
+    char first_error[sizeof ctx->error];
+    if (ctx->rank == first_failed) memcpy(first_error, ctx->error, sizeof first_error);
+    CTX_MPI(ctx, MPI_Bcast(first_error, (int)sizeof first_error, MPI_CHAR, first_failed, ctx->comm));
+    if (ok) memcpy(ctx->error, first_error, sizeof first_error);
+    return 0;
 }
 
 void ctx_print_ordered(context *ctx, const char *text) {

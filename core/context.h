@@ -59,7 +59,9 @@ void ctx_print_ordered(context *ctx, const char *text);
 /* MPI_Allreduce in place of `count` values, waited for under the watchdog (TIMEOUT, core/stream.h): a rank that
  * stopped makes the others abort naming `what` instead of waiting forever. Collective. */
 void ctx_allreduce(context *ctx, void *buffer, int count, MPI_Datatype type, MPI_Op op, const char *what);
-/* True on every rank iff `ok` is true on every rank (an all-reduce of a flag). Collective. */
+/* True on every rank iff `ok` is true on every rank (an all-reduce of a flag). When false, a rank that did not fail
+ * gets the ctx->error of the lowest rank that did (a failing rank keeps its own), so whichever rank prints names the
+ * real cause. Collective. */
 int ctx_all_true(context *ctx, int ok);
 
 /* Writes the message into error (error_size bytes) and returns -1: how a function that fails with a message ends. */
@@ -71,5 +73,8 @@ void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int
 
 /* mkdir -p. Returns 0 or -1 with errno set. */
 int ctx_make_directories(const char *path);
+/* Before a long run writes there: rank 0 creates `path` and writes (then removes) a file in it. Returns 0 on every
+ * rank, or -1 on every rank with ctx->error naming the path and the reason. Collective. */
+int ctx_check_writable_directory(context *ctx, const char *path);
 
 #endif

@@ -156,6 +156,12 @@ static void adamw_make_state(adamw_state *state, flat_param *fp) {
     state->exp_avg_sq = mem_alloc(&ctx->mem, bytes, MEM_OPTIM_STATE, owner);
 }
 
+void adamw_state_prepare(adamw_state *state, flat_param *fp, int64_t step) {
+    if (state->exp_avg != NULL) ctx_fatal(fp->ctx, "unit '%s': restoring an AdamW state that already has moments", fp->unit);
+    adamw_make_state(state, fp);
+    state->step = step;
+}
+
 void adamw_step(adamw_state *state, flat_param *fp, const adamw_config *config) {
     context *ctx = fp->ctx;
     char problem[256];

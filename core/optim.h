@@ -71,6 +71,10 @@ int adamw_first_nonfinite_gradient(context *ctx, const flat_param *units, int un
  * bad config or a state that belongs to another shard size. */
 void adamw_step(adamw_state *state, flat_param *fp, const adamw_config *config);
 
+/* A state as a checkpoint restores it: zeroed moments for fp's shard (category optim_state, as the first step makes
+ * them) and `step` steps already taken; the caller fills the moments. The state must be empty. */
+void adamw_state_prepare(adamw_state *state, flat_param *fp, int64_t step);
+
 /* Frees the moments (a no-op for a state that never stepped); the state is empty again. */
 void adamw_free(adamw_state *state);
 

@@ -67,6 +67,24 @@ static const config_field *field_named(const char *name) {
     return NULL;
 }
 
+int qwen2_config_compare(const qwen2_config *a, const qwen2_config *b, char *out, size_t out_size) {
+    for (size_t i = 0; i < CONFIG_FIELD_COUNT; i++) {
+        const config_field *field = &config_fields[i];
+        /* Neither changes a trained model's arithmetic: RoPE is computed per position, the init is overwritten. */
+        if (strcmp(field->name, "initializer_range") == 0 || strcmp(field->name, "max_position_embeddings") == 0)
+            continue;
+        if (field_load(a, field) != field_load(b, field)) {
+            snprintf(out, out_size, "%s %.10g, not %.10g", field->name, field_load(a, field), field_load(b, field));
+            return 1;
+        }
+    }
+    if (a->tie_word_embeddings != b->tie_word_embeddings) {
+        snprintf(out, out_size, "tie_word_embeddings %d, not %d", a->tie_word_embeddings, b->tie_word_embeddings);
+        return 1;
+    }
+    return 0;
+}
+
 /* The presets: HF's Qwen2-0.5B, and a tiny byte-level model (ids 0..255 are bytes, 256 <|endoftext|>, 257-259
  * reserved specials) with the same shape rules, fast on one core. */
 static const qwen2_config presets[] = {

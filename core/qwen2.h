@@ -57,6 +57,9 @@ void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len);
 /* Checks the shape rules (heads divide hidden, KV heads divide heads, even head_dim, ...). */
 int qwen2_config_validate(const qwen2_config *config, char *error, size_t error_size);
 /* config.json in HF's Qwen2Config format. */
+/* 0 when a model of config a computes as one of config b (initializer_range and max_position_embeddings aside), else
+ * 1 with the first field that differs in out ("num_hidden_layers 4, not 2"). */
+int qwen2_config_compare(const qwen2_config *a, const qwen2_config *b, char *out, size_t out_size);
 int qwen2_config_save_json(const qwen2_config *config, const char *path, char *error, size_t error_size);
 int qwen2_config_load_json(qwen2_config *config, const char *path, char *error, size_t error_size);
 

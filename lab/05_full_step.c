@@ -18,6 +18,9 @@
  *   STRATEGY=SHARD_GRAD_OP CKPT=1 NO_SYNC=1 ...        compare the peaks (and the traces)
  *   ALLOC=malloc mpirun -np 2 lab/05_full_step         no caching: every buffer a fresh segment (PyTorch's
  *                                                      PYTORCH_NO_CUDA_MEMORY_CACHING=1); same numbers, more sys time
+ *   STEPS=200 CHECKPOINT_EVERY=20 mpirun -np 2 lab/05_full_step     sharded checkpoints under OUT/checkpoints;
+ *   STEPS=200 CHECKPOINT_EVERY=20 RESUME=auto mpirun -np 2 ...      after a crash, continue from the newest one:
+ *                                                      the same losses, bit for bit, as if it had never stopped
  *   env: MODEL (tiny, qwen2-0.5b or its seed name qwen2), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
@@ -28,7 +31,11 @@
  *   ALLOC (caching, the default, or malloc), MAX_SPLIT_SIZE_MB (PyTorch's max_split_size_mb; 0: no limit);
  *   lab 06's overlap settings, off here: COMM_STREAMS (1: collectives on an all-gather and a reduce-scatter stream),
  *   BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST), FORWARD_PREFETCH, LIMIT_ALL_GATHERS (scripts/train.sh turns
- *   on torch's defaults: comm streams, BACKWARD_PRE, limit_all_gathers).
+ *   on torch's defaults: comm streams, BACKWARD_PRE, limit_all_gathers);
+ *   checkpoints (core/dcp.h, torch.distributed.checkpoint's layout): CHECKPOINT_EVERY (steps; 0 off, the default),
+ *   CHECKPOINT_DIR (default OUT/checkpoints), CHECKPOINT_KEEP (newest kept, default 2), RESUME (a step_N directory,
+ *   or auto: the newest committed one under CHECKPOINT_DIR, if any); STEPS counts from the start of training, so a
+ *   resumed run ends where the uninterrupted one would; KILL_AT_STEP and KILL_RANK inject a kill -9 (for the check).
  *
  * What to look at (runs/05_full_step/trace.json in Perfetto UI)
  *   Per rank: on the comm track an all_gather before each layer's forward and again before its backward, and a
@@ -45,6 +52,7 @@
  * ALLOC=malloc everything is bit-identical.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/resource.h>
 #include <stdlib.h>
@@ -54,14 +62,16 @@
 #include "../core/config.h"
 #include "../core/context.h"
 #include "../core/data.h"
+#include "../core/dcp.h"
 #include "../core/fsdp.h"
 #include "../core/memory_model.h"
 #include "../core/optim.h"
 #include "../core/qwen2.h"
 
 typedef struct settings {
-    const char *strategy, *data, *save, *grads, *wrap, *peak;
+    const char *strategy, *data, *save, *grads, *wrap, *peak, *checkpoint_dir, *resume;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
+    int checkpoint_every, checkpoint_keep, kill_at_step, kill_rank;
     double lr, clip;
     uint64_t seed;
 } settings;
@@ -85,7 +95,20 @@ static settings read_settings(context *ctx) {
         .grads = cfg_env_text(ctx, "GRADS"),
         .wrap = cfg_env_text(ctx, "WRAP"),
         .peak = cfg_env_choice(ctx, "PEAK", "tracked", (const char *const[]){"tracked", "rss", NULL}),
+        .checkpoint_every = (int)cfg_env_int(ctx, "CHECKPOINT_EVERY", 0, 0, 1000000),
+        .checkpoint_keep = (int)cfg_env_int(ctx, "CHECKPOINT_KEEP", 2, 1, 1000000),
+        .checkpoint_dir = cfg_env_text(ctx, "CHECKPOINT_DIR"),
+        .resume = cfg_env_text(ctx, "RESUME"),
+        /* Fault injection, for the resume check: rank KILL_RANK sends itself SIGKILL (kill -9) right after step
+         * KILL_AT_STEP, its checkpoint included; 0: never. */
+        .kill_at_step = (int)cfg_env_int(ctx, "KILL_AT_STEP", 0, 0, 1000000),
+        .kill_rank = (int)cfg_env_int(ctx, "KILL_RANK", 0, 0, ctx->world_size - 1),
     };
+    static char default_dir[600];
+    if (s.checkpoint_dir == NULL || s.checkpoint_dir[0] == '\0') {
+        snprintf(default_dir, sizeof default_dir, "%s/checkpoints", ctx->outdir);
+        s.checkpoint_dir = default_dir;
+    }
     return s;
 }
 
@@ -128,6 +151,104 @@ static void print_story(context *ctx, qwen2_model *model, uint64_t seed) {
     }
 }
 
+/* ---- Sharded checkpoints (core/dcp.h): CHECKPOINT_EVERY, RESUME ---- */
+
+/* What a checkpoint records of the settings, so a resume can say what it changed. */
+static void record_settings(const settings *s, const qwen2_model *model, const data_loader *loader, dcp_progress *p) {
+    snprintf(p->strategy, sizeof p->strategy, "%s", s->strategy);
+    dcp_progress_set(p, "MODEL", "%s", model->config.name);
+    dcp_progress_set(p, "MBS", "%d", s->micro_batch);
+    dcp_progress_set(p, "ACC", "%d", s->accumulation);
+    dcp_progress_set(p, "SEQ", "%d", s->seq_len);
+    dcp_progress_set(p, "LR", "%.17g", s->lr);
+    dcp_progress_set(p, "CLIP", "%.17g", s->clip);
+    dcp_progress_set(p, "SEED", "%llu", (unsigned long long)s->seed);
+    dcp_progress_set(p, "DATA", "%s", loader->source);
+    dcp_progress_set(p, "NO_SYNC", "%d", s->no_sync);
+}
+
+static int write_config(const char *directory, void *user, char *error, size_t error_size) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", directory);
+    return qwen2_config_save_json(&((const qwen2_model *)user)->config, path, error, error_size);
+}
+
+static void save_checkpoint(context *ctx, const settings *s, qwen2_model *model, const adamw_state *states,
+                            const data_loader *loader, int step) {
+    double start = MPI_Wtime();
+    dcp_progress progress = {.step = step,
+                             .data_windows = loader->next_global_micro * (uint64_t)ctx->world_size * s->micro_batch};
+    record_settings(s, model, loader, &progress);
+    char directory[1200];
+    uint64_t bytes = 0;
+    if (dcp_save(ctx, s->checkpoint_dir, model->units, states, model->unit_count, &progress, s->checkpoint_keep,
+                 write_config, model, directory, sizeof directory, &bytes) != 0)
+        ctx_exit_all(ctx, 2, "CHECKPOINT_DIR='%s': %s (training stopped at step %d; earlier checkpoints are untouched)",
+                     s->checkpoint_dir, ctx->error, step);
+    if (ctx->rank == 0) {
+        printf("    checkpoint: %s (%.1f MB in %d files, %.2f s)\n", directory, (double)bytes / 1e6, ctx->world_size,
+               MPI_Wtime() - start);
+        fflush(stdout);
+    }
+}
+
+/* RESUME: the checkpoint's parameters, optimizer state and data position; returns the first step still to run. */
+static int resume(context *ctx, const settings *s, qwen2_model *model, adamw_state *states, data_loader *loader) {
+    char directory[1200] = "";
+    if (strcmp(s->resume, "auto") == 0) {
+        /* rank 0 looks, everyone takes its answer: the ranks must not start from different steps */
+        int found = ctx->rank == 0 ? dcp_find_latest(s->checkpoint_dir, directory, sizeof directory) : 0;
+        CTX_MPI(ctx, MPI_Bcast(&found, 1, MPI_INT, 0, ctx->comm));
+        CTX_MPI(ctx, MPI_Bcast(directory, (int)sizeof directory, MPI_CHAR, 0, ctx->comm));
+        if (found != 0) {
+            if (ctx->rank == 0) printf("RESUME=auto: no committed checkpoint under %s; starting at step 1\n",
+                                       s->checkpoint_dir);
+            return 1;
+        }
+    } else {
+        snprintf(directory, sizeof directory, "%s", s->resume);
+    }
+    /* Committed and readable first, then the model: config.json says what the checkpoint's model was. */
+    char path[1300], difference[256] = "";
+    qwen2_config saved;
+    dcp_metadata metadata;
+    int ok = dcp_read_metadata(directory, &metadata, ctx->error, sizeof ctx->error) == 0;
+    if (ok) dcp_metadata_free(&metadata);
+    snprintf(path, sizeof path, "%s/config.json", directory);
+    ok = ok && qwen2_config_load_json(&saved, path, ctx->error, sizeof ctx->error) == 0;
+    if (ok && qwen2_config_compare(&saved, &model->config, difference, sizeof difference) != 0) {
+        snprintf(ctx->error, sizeof ctx->error, "%s: the checkpoint's model has %s: set MODEL and CONFIG as when it "
+                 "was saved", path, difference);
+        ok = 0;
+    }
+    if (!ctx_all_true(ctx, ok)) ctx_exit_all(ctx, 2, "RESUME='%s': %s", s->resume, ctx->error);
+    dcp_progress progress = {0};
+    snprintf(progress.strategy, sizeof progress.strategy, "%s", s->strategy);
+    if (dcp_load(ctx, directory, model->units, states, model->unit_count, &progress) != 0)
+        ctx_exit_all(ctx, 2, "RESUME='%s': %s", s->resume, ctx->error);
+    uint64_t per_micro = (uint64_t)ctx->world_size * s->micro_batch;
+    if (progress.data_windows % per_micro != 0)
+        ctx_exit_all(ctx, 2, "RESUME='%s': the checkpoint had read %llu data windows, not a whole number of this run's "
+                     "global micro-batches (%d ranks x MBS %d = %llu windows): choose MBS so that ranks x MBS divides "
+                     "it", s->resume, (unsigned long long)progress.data_windows, ctx->world_size, s->micro_batch,
+                     (unsigned long long)per_micro);
+    loader->next_global_micro = progress.data_windows / per_micro;
+    if (ctx->rank == 0) {
+        printf("resumed from %s: step %lld done, data position %llu windows\n", directory, (long long)progress.step,
+               (unsigned long long)progress.data_windows);
+        dcp_progress now = {0};
+        record_settings(s, model, loader, &now);
+        for (int i = 0; i < now.setting_count; i++) {
+            const char *before = dcp_progress_get(&progress, now.settings[i].name);
+            if (before != NULL && strcmp(before, now.settings[i].value) != 0)
+                printf("    note: %s was %s in the checkpoint, is %s now\n", now.settings[i].name, before,
+                       now.settings[i].value);
+        }
+        fflush(stdout);
+    }
+    return (int)progress.step + 1;
+}
+
 int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "05_full_step", "runs/05_full_step");
@@ -149,6 +270,9 @@ int main(int argc, char **argv) {
     data_loader loader;
     if (data_loader_open(&loader, &ctx, s.data, model.config.vocab_size, s.micro_batch, s.seq_len, s.seed, 1) != 0)
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
+    if (s.checkpoint_every > 0 && ctx_check_writable_directory(&ctx, s.checkpoint_dir) != 0)
+        ctx_exit_all(&ctx, 2, "CHECKPOINT_DIR='%s': %s", s.checkpoint_dir, ctx.error);
+    int first_step = s.resume != NULL && s.resume[0] != '\0' ? resume(&ctx, &s, &model, states, &loader) : 1;
 
     size_t batch = (size_t)s.micro_batch * s.seq_len;
     int *tokens = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
@@ -162,7 +286,10 @@ int main(int argc, char **argv) {
     }
     size_t measured_peak[MEM_CATEGORY_COUNT] = {0}, measured_total_peak = 0, measured_reserved_peak = 0;
     char diverged[512] = "";
-    for (int step = 1; step <= s.steps; step++) {
+    if (first_step > s.steps && ctx.rank == 0)
+        printf("nothing to train: the checkpoint is at step %d and STEPS=%d\n", first_step - 1, s.steps);
+    int last_checkpoint = first_step - 1; /* 0: none */
+    for (int step = first_step; step <= s.steps; step++) {
         mem_reset_peak(&ctx.mem);
         double start = MPI_Wtime(), loss_sum = 0.0;
         for (int micro = 0; micro < s.accumulation; micro++) {
@@ -180,11 +307,15 @@ int main(int argc, char **argv) {
         ctx_allreduce(&ctx, &step_loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
         int bad_unit = adamw_first_nonfinite_gradient(&ctx, model.units, model.unit_count);
         if (!isfinite(step_loss) || bad_unit >= 0) {
+            char kept[700] = "";
+            if (last_checkpoint > 0)
+                snprintf(kept, sizeof kept, "; the last checkpoint (step %d, under %s) is untouched: RESUME from it "
+                         "with a lower LR", last_checkpoint, s.checkpoint_dir);
             snprintf(diverged, sizeof diverged, "step %d diverged: loss %g, %s%s%s; stopped before its optimizer step, "
-                     "so the parameters are those after step %d%s", step, step_loss / s.accumulation / ctx.world_size,
+                     "so the parameters are those after step %d%s%s", step, step_loss / s.accumulation / ctx.world_size,
                      bad_unit >= 0 ? "first non-finite gradient in unit '" : "every gradient finite",
                      bad_unit >= 0 ? model.units[bad_unit].unit : "", bad_unit >= 0 ? "'" : "", step - 1,
-                     s.save && s.save[0] ? "; SAVE skipped: nothing was written" : "");
+                     s.save && s.save[0] ? "; SAVE skipped: nothing was written" : "", kept);
             trace_mark(&ctx.trace, diverged);
             break;
         }
@@ -216,14 +347,24 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
         if (s.eval_every > 0 && step % s.eval_every == 0) print_story(&ctx, &model, s.seed + (uint64_t)step);
+        if (s.checkpoint_every > 0 && (step % s.checkpoint_every == 0 || step == s.steps)) {
+            save_checkpoint(&ctx, &s, &model, states, &loader, step);
+            last_checkpoint = step;
+        }
+        if (step == s.kill_at_step && ctx.rank == s.kill_rank) {
+            fprintf(stderr, "rank %d: KILL_AT_STEP=%d: killing myself with SIGKILL (fault injection)\n", ctx.rank, step);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
     }
 
+    int steps_run = s.steps - first_step + 1;
     memory_prediction predicted;
     memory_model_predict(&predicted, &model, &options, ctx.world_size, s.micro_batch, s.seq_len,
-                         loader.token_count * sizeof(uint16_t), s.steps * s.accumulation);
+                         loader.token_count * sizeof(uint16_t), steps_run * s.accumulation);
     char report[4096];
     memory_model_report(&predicted, measured_peak, measured_total_peak, measured_reserved_peak, report, sizeof report);
-    if (ctx.rank == 0) printf("\n%s", report);
+    if (ctx.rank == 0 && steps_run > 0) printf("\n%s", report);
 
     if (diverged[0]) {
         if (ctx.rank == 0) fprintf(stderr, "05_full_step: error: %s (lower LR, or CLIP)\n", diverged);
