@@ -510,8 +510,8 @@ static int file_read(rank_reader *reader) {
             int open_errno = errno;
             struct stat info;
             if (stat(reader->run->rundir, &info) != 0)
-                return fail(reader->error, reader->error_size, "run directory %s: %s", reader->run->rundir,
-                            strerror(errno));
+                return fail(reader->error, reader->error_size, "cannot open %s: no run directory %s (%s)", rank->path,
+                            reader->run->rundir, strerror(errno));
             if (!S_ISDIR(info.st_mode))
                 return fail(reader->error, reader->error_size, "run directory %s is not a directory",
                             reader->run->rundir);

@@ -146,7 +146,7 @@ rm -rf $BAD/trace_src && env OUT=$BAD/trace_src $MPIRUN -np 2 lab/01_shard >/dev
 rm -rf $BAD/trace_corrupt $BAD/trace_v99 && cp -r $BAD/trace_src $BAD/trace_corrupt && cp -r $BAD/trace_src $BAD/trace_v99
 sed -i '3s/.*/{"kind":"mark","ts":1.0,"rank":0,"text"/' $BAD/trace_corrupt/rank0.jsonl
 sed -i '1s/"version":[0-9]*/"version":99/' $BAD/trace_v99/rank1.jsonl
-check_fails "fsdptrace summary on a missing directory" "run directory $BAD/no_such_run: No such file" trace/fsdptrace summary $BAD/no_such_run
+check_fails "fsdptrace summary on a missing directory" "cannot open $BAD/no_such_run/rank0\.jsonl: no run directory $BAD/no_such_run \(No such file" trace/fsdptrace summary $BAD/no_such_run
 check_fails "fsdptrace all on an empty directory" "$BAD/trace_empty has no rank0\.jsonl: not a run directory" trace/fsdptrace all $BAD/trace_empty
 check_fails "fsdptrace chrome on a corrupt JSONL line" "trace_corrupt/rank0\.jsonl line 3: not a JSON object" trace/fsdptrace chrome $BAD/trace_corrupt
 check_fails "fsdptrace summary on schema version 99" "trace_v99/rank1\.jsonl line 1: schema version 99, this tool reads versions" trace/fsdptrace summary $BAD/trace_v99
