@@ -4,7 +4,8 @@
 #   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
 #                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01 ... 06); check-unit, check-trace, check-model, check-resume for the other suites
+#   make check-01     one lab's check (01 ... 06); check-unit, check-trace, check-model, check-train,
+#                     check-resume, check-badinput for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
 #   make clean
@@ -57,7 +58,7 @@ TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
 
 LIBS := core/libfsdplab.a trace/libfsdptrace.a
 
-.PHONY: all run check clean check-unit check-trace check-model check-train bench-model notebooks $(addprefix check-,01 02 03 04 05 06) check-resume
+.PHONY: all run check clean check-unit check-trace check-model check-train check-badinput check-resume bench-model notebooks $(addprefix check-,01 02 03 04 05 06)
 
 all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
 
@@ -101,7 +102,7 @@ run: lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 resume lab06 train notebooks
+	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 resume lab06 train badinput notebooks
 check-unit: all
 	@tests/run_checks.sh unit
 check-trace: all
@@ -110,6 +111,8 @@ check-model: all
 	@tests/run_checks.sh model
 check-train: all
 	@tests/run_checks.sh train
+check-badinput: all
+	@tests/run_checks.sh badinput
 check-01: all
 	@tests/run_checks.sh lab01
 check-02: all

@@ -1,9 +1,12 @@
 /* checkpoint.c — HF directories in and out. See checkpoint.h. */
 #include "checkpoint.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h"
 
@@ -75,7 +78,23 @@ static void fill_from_file(const char *name, size_t first, size_t count, float *
     if (st_read(source->st, name, first, count, out, source->error, sizeof source->error) != 0) source->failed = 1;
 }
 
-/* Every tensor of the file is one of ours (or the tied lm_head) with our shape, and every one of ours is there. */
+/* Whether the file's entry has the parameter's shape; if not, an error naming the tensor, both shapes and, for the
+ * tied lm_head, the tensor whose shape it must have. */
+static int check_shape(const st_file *st, const st_entry *entry, const qwen2_param *param, const char *tied_to,
+                       char *error, size_t error_size) {
+    int same = entry->ndim == param->ndim && entry->shape[0] == param->shape[0] &&
+               (param->ndim == 1 || entry->shape[1] == param->shape[1]);
+    if (same) return 0;
+    snprintf(error, error_size, "%s: tensor '%s' has shape [%lld%s%lld] (%d dims), the model needs [%lld, %lld]%s%s%s",
+             st->path, entry->name, (long long)entry->shape[0], entry->ndim > 1 ? ", " : " ",
+             entry->ndim > 1 ? (long long)entry->shape[1] : 0LL, entry->ndim, (long long)param->shape[0],
+             param->ndim > 1 ? (long long)param->shape[1] : 1LL, tied_to ? " (tied: the shape of " : "",
+             tied_to ? tied_to : "", tied_to ? ")" : "");
+    return -1;
+}
+
+/* Every tensor of the file is one of ours (or the tied lm_head, with the embedding's shape) with our shape, and every
+ * one of ours is there. */
 static int check_names_and_shapes(const qwen2_model *model, const st_file *st, char *error, size_t error_size) {
     const qwen2_tree *tree = &model->tree;
     for (int p = 0; p < tree->param_count; p++) {
@@ -85,20 +104,16 @@ static int check_names_and_shapes(const qwen2_model *model, const st_file *st, c
             snprintf(error, error_size, "%s: missing tensor '%s'", st->path, param->name);
             return -1;
         }
-        int same = entry->ndim == param->ndim && entry->shape[0] == param->shape[0] &&
-                   (param->ndim == 1 || entry->shape[1] == param->shape[1]);
-        if (!same) {
-            snprintf(error, error_size, "%s: tensor '%s' has shape [%lld%s%lld] (%d dims), the model needs [%lld, %lld]",
-                     st->path, param->name, (long long)entry->shape[0], entry->ndim > 1 ? ", " : " ",
-                     entry->ndim > 1 ? (long long)entry->shape[1] : 0LL, entry->ndim, (long long)param->shape[0],
-                     param->ndim > 1 ? (long long)param->shape[1] : 1LL);
-            return -1;
-        }
+        if (check_shape(st, entry, param, NULL, error, error_size) != 0) return -1;
     }
     for (int i = 0; i < st->count; i++) {
         const char *name = st->entries[i].name;
-        if (strcmp(name, "lm_head.weight") == 0) continue; /* tied: the embedding is the lm_head */
-        if (qwen2_find_param(model, name) < 0) {
+        if (strcmp(name, "lm_head.weight") == 0) { /* tied: the embedding is the lm_head, read from there */
+            int embedding = qwen2_find_param(model, "model.embed_tokens.weight");
+            if (check_shape(st, &st->entries[i], &tree->params[embedding], tree->params[embedding].name, error,
+                            error_size) != 0)
+                return -1;
+        } else if (qwen2_find_param(model, name) < 0) {
             snprintf(error, error_size, "%s: unexpected tensor '%s' (not a parameter of this Qwen2 config)", st->path,
                      name);
             return -1;
@@ -125,4 +140,48 @@ int ckpt_load_pretrained(qwen2_model *model, const char *directory) {
     }
     if (status != 0) snprintf(ctx->error, sizeof ctx->error, "rank %d: %s", ctx->rank, source.error);
     return ctx_all_true(ctx, status == 0) ? 0 : -1;
+}
+
+/* Rank 0's probe of `directory`: made if missing (mkdir -p), a file created, written and removed in it, then every
+ * directory the probe made removed again, so a run that stops early leaves nothing behind. */
+static int probe_writable(const char *directory, char *error, size_t error_size) {
+    char partial[1024];
+    size_t length = strlen(directory);
+    if (length == 0 || length >= sizeof partial - 64)
+        return ctx_error(error, error_size, "the path is empty or longer than %zu characters", sizeof partial - 64);
+    memcpy(partial, directory, length + 1);
+    size_t first_missing = length + 1; /* where the first directory that does not exist yet ends */
+    for (size_t i = 1; i <= length && first_missing > length; i++) {
+        if (partial[i] != '/' && partial[i] != '\0') continue;
+        char saved = partial[i];
+        partial[i] = '\0';
+        struct stat info;
+        if (stat(partial, &info) != 0) first_missing = i;
+        partial[i] = saved;
+    }
+    if (ctx_make_directories(directory) != 0)
+        return ctx_error(error, error_size, "cannot create directory: %s", strerror(errno));
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/.fsdplab-write-probe-%ld", directory, (long)getpid());
+    FILE *file = fopen(probe, "wb");
+    int written = file != NULL && fputc('x', file) != EOF;
+    int saved_errno = errno;
+    if (file != NULL && fclose(file) != 0 && written) written = 0, saved_errno = errno;
+    if (file != NULL) unlink(probe);
+    for (size_t i = length; i >= first_missing && i > 0; i--) { /* the directories made above, deepest first */
+        if (partial[i] != '/' && partial[i] != '\0') continue;
+        partial[i] = '\0';
+        rmdir(partial);
+    }
+    return written ? 0 : ctx_error(error, error_size, "cannot write in the directory: %s", strerror(saved_errno));
+}
+
+int ckpt_check_writable(context *ctx, const char *directory) {
+    char error[sizeof ctx->error] = "";
+    int ok = ctx->rank != 0 || probe_writable(directory, error, sizeof error) == 0;
+    CTX_MPI(ctx, MPI_Bcast(&ok, 1, MPI_INT, 0, ctx->comm));
+    if (ok) return 0;
+    CTX_MPI(ctx, MPI_Bcast(error, (int)sizeof error, MPI_CHAR, 0, ctx->comm));
+    snprintf(ctx->error, sizeof ctx->error, "%s", error);
+    return -1;
 }

@@ -17,7 +17,11 @@ int ckpt_save_gradients(qwen2_model *model, const char *directory);
 /* Fills every unit's local shard from <directory>/model.safetensors. The model must have been made with the config
  * in <directory>/config.json (qwen2_config_load_json). A missing tensor, a wrong shape or an unknown tensor is an
  * error naming it. Collective; returns 0 or -1 on every rank. The tied lm_head.weight, if the file has it, must
- * equal model.embed_tokens.weight's shape and is otherwise ignored. */
+ * have model.embed_tokens.weight's shape (else an error naming both shapes); its values are not read. */
 int ckpt_load_pretrained(qwen2_model *model, const char *directory);
+/* Before a run that will save into `directory` (rank 0 writes): can it be made and written? Rank 0 tries (mkdir -p,
+ * a probe file written and removed, then the directories it made removed), so a bad SAVE fails before training
+ * instead of after it. Collective; returns 0, or -1 on every rank with ctx->error saying what failed. */
+int ckpt_check_writable(context *ctx, const char *directory);
 
 #endif

@@ -83,23 +83,6 @@ int ctx_make_directories(const char *path) {
     return 0;
 }
 
-int ctx_check_writable_directory(context *ctx, const char *path) {
-    int ok = 1;
-    if (ctx->rank == 0) {
-        char probe[1200];
-        snprintf(probe, sizeof probe, "%s/.fsdplab_write_test", path);
-        FILE *file = NULL;
-        if (ctx_make_directories(path) != 0) {
-            ok = ctx_error(ctx->error, sizeof ctx->error, "cannot create directory %s: %s", path, strerror(errno)) == 0;
-        } else if ((file = fopen(probe, "w")) == NULL || fputs("probe\n", file) < 0) {
-            ok = ctx_error(ctx->error, sizeof ctx->error, "cannot write in %s: %s", path, strerror(errno)) == 0;
-        }
-        if (file != NULL) fclose(file);
-        unlink(probe);
-    }
-    return ctx_all_true(ctx, ok) ? 0 : -1;
-}
-
 /* How Open MPI moves a large message between two ranks of one machine. By default (CMA) the receiver's kernel copies
  * straight out of the sender's memory (process_vm_readv): one copy, but made in the kernel, so every collective byte
  * is system time — on qwen2-0.5b about 8% of user time in every step. Copy-in/copy-out through the shared-memory

@@ -73,8 +73,5 @@ void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int
 
 /* mkdir -p. Returns 0 or -1 with errno set. */
 int ctx_make_directories(const char *path);
-/* Before a long run writes there: rank 0 creates `path` and writes (then removes) a file in it. Returns 0 on every
- * rank, or -1 on every rank with ctx->error naming the path and the reason. Collective. */
-int ctx_check_writable_directory(context *ctx, const char *path);
 
 #endif

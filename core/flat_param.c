@@ -58,7 +58,7 @@ static int init_layout(flat_param *fp, context *ctx, const char *unit, const fp_
     }
     size_t world = replicated ? 1 : (size_t)ctx->world_size;
     fp->unpadded_numel = offset;
-    fp->padded_unsharded_numel = (offset + world - 1) / world * world;
+    fp->padded_unsharded_numel = fp_padded_numel(offset, world);
     fp->pad_numel = fp->padded_unsharded_numel - offset;
     fp->sharded_numel = fp->padded_unsharded_numel / world;
 
@@ -68,6 +68,8 @@ static int init_layout(flat_param *fp, context *ctx, const char *unit, const fp_
     fp->shard_state = FP_SHARDED;
     return 0;
 }
+
+size_t fp_padded_numel(size_t numel, size_t world) { return (numel + world - 1) / world * world; }
 
 int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count) {
     return init_layout(fp, ctx, unit, specs, count, 0);

@@ -75,6 +75,8 @@ typedef struct fp_normal_init {
 } fp_normal_init;
 void fp_fill_normal(const char *name, size_t first, size_t count, float *out, void *user);
 
+/* numel rounded up to a multiple of world: a FlatParameter's padded_unsharded_numel (world 1 when replicated). */
+size_t fp_padded_numel(size_t numel, size_t world);
 /* Lays out the parameters and allocates a zeroed local shard. Returns -1 with ctx->error on a bad spec (empty or
  * repeated name, a dimension < 1, more than FP_MAX_DIMS dims). */
 int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count);

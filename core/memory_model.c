@@ -1,15 +1,26 @@
 /* memory_model.c — predicted per-category memory peaks. See memory_model.h. */
 #include "memory_model.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-static size_t max_of(size_t a, size_t b) { return a > b ? a : b; }
+#include "config.h"
+
+/* Counts are doubles here: exact for every integer below 2^53 (8 PiB), so the prediction is exact to the byte for
+ * any run that could exist, and a setting that asks for more (MBS=4096 SEQ=32768 on a wide model: B*H*T*T alone
+ * passes 2^64) gives a huge number instead of wrapping around to a small one; bytes() saturates it into size_t. */
+typedef double count;
+static count max_of(count a, count b) { return a > b ? a : b; }
+static size_t bytes(count value) { return value >= 18446744073709549568.0 ? SIZE_MAX : (size_t)value; }
 
 /* Floats one decoder layer's forward saves for its backward (qwen2_layer_activations), plus its output. */
-static size_t layer_activation_floats(const qwen2_config *c, size_t N, size_t B, size_t T) {
-    size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, H = (size_t)c->num_attention_heads;
-    size_t KVH = (size_t)c->num_key_value_heads, D = (size_t)c->head_dim;
+static count layer_activation_floats(const qwen2_config *c, count N, count B, count T) {
+    count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
+    count KVH = c->num_key_value_heads, D = c->head_dim;
     return N * C + N                        /* input_layernorm output, rstd */
            + N * H * D + 2 * N * KVH * D    /* q, k, v */
            + B * H * T * T                  /* attention probabilities */
@@ -20,76 +31,86 @@ static size_t layer_activation_floats(const qwen2_config *c, size_t N, size_t B,
 }
 
 /* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward). */
-static size_t layer_workspace_floats(const qwen2_config *c, size_t N, size_t T) {
-    size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, H = (size_t)c->num_attention_heads;
-    size_t KVH = (size_t)c->num_key_value_heads, D = (size_t)c->head_dim;
-    size_t mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
-    size_t attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + T * T; /* dmid, dout, dq, dk, dv, dscores */
-    size_t norm = N * C + N * C;                                              /* dmid, dln1 */
+static count layer_workspace_floats(const qwen2_config *c, count N, count T) {
+    count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
+    count KVH = c->num_key_value_heads, D = c->head_dim;
+    count mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
+    count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + T * T; /* dmid, dout, dq, dk, dv, dscores */
+    count norm = N * C + N * C;                                              /* dmid, dln1 */
     return max_of(max_of(mlp, attention), norm);
 }
 
-void memory_model_predict(memory_prediction *p, const qwen2_model *model, const fsdp_options *options, int world_size,
-                          int B, int T, size_t data_stream_bytes, int forward_passes) {
-    memset(p, 0, sizeof *p);
-    const qwen2_config *c = &model->config;
-    size_t N = (size_t)B * T, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size, L = (size_t)c->num_hidden_layers;
-    size_t f = sizeof(float);
+/* One unit's sizes, in floats: what the prediction needs of a FlatParameter. */
+typedef struct unit_sizes {
+    count padded_unsharded_numel, sharded_numel;
+} unit_sizes;
 
-    size_t shards = 0, root_full = model->units[0].padded_unsharded_numel, all_full = 0, largest_other_full = 0;
-    size_t largest_shard = 0, largest_pair_full = 0;
-    for (int unit = 0; unit < model->unit_count; unit++) {
-        const flat_param *fp = &model->units[unit];
-        shards += fp->sharded_numel;
-        all_full += fp->padded_unsharded_numel;
-        largest_shard = max_of(largest_shard, fp->sharded_numel);
-        if (unit > 0) largest_other_full = max_of(largest_other_full, fp->padded_unsharded_numel);
+static void predict(memory_prediction *p, const qwen2_config *c, const unit_sizes *units, int unit_count,
+                    int replicated, const fsdp_options *options, int world_size, int B, int T,
+                    size_t data_stream_bytes, int forward_passes) {
+    memset(p, 0, sizeof *p);
+    count N = (count)B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
+    count f = sizeof(float);
+
+    count shards = 0, root_full = units[0].padded_unsharded_numel, all_full = 0, largest_other_full = 0;
+    count largest_shard = 0, largest_pair_full = 0;
+    for (int unit = 0; unit < unit_count; unit++) {
+        shards += units[unit].sharded_numel;
+        all_full += units[unit].padded_unsharded_numel;
+        largest_shard = max_of(largest_shard, units[unit].sharded_numel);
+        if (unit > 0) largest_other_full = max_of(largest_other_full, units[unit].padded_unsharded_numel);
         if (unit > 1) /* units are numbered in forward order; backward meets them in reverse */
-            largest_pair_full = max_of(largest_pair_full, fp->padded_unsharded_numel + model->units[unit - 1].padded_unsharded_numel);
+            largest_pair_full = max_of(largest_pair_full, units[unit].padded_unsharded_numel +
+                                                              units[unit - 1].padded_unsharded_numel);
     }
-    if (model->unit_count <= 2) largest_pair_full = largest_other_full;
+    if (unit_count <= 2) largest_pair_full = largest_other_full;
     /* Two neighbouring units' parameters live at once when the next one's all-gather is issued before this one is
      * freed: BACKWARD_PRE (issued in the _pre_backward_hook) and forward prefetch (in _pre_forward, from the second
      * forward on, once the order is known); BACKWARD_POST issues it after this unit resharded. Two neighbouring
      * unsharded gradients live at once when reduce-scatters run on their stream: unit i's is freed when its
      * reduce-scatter is waited for, in unit i-1's _post_backward_hook, after i-1's backward filled its own. */
     int param_pairs = options->backward_prefetch == BACKWARD_PRE || (options->forward_prefetch && forward_passes > 1);
-    size_t param_in_flight = param_pairs ? largest_pair_full : largest_other_full;
-    size_t grad_in_flight = options->comm_streams ? largest_pair_full : largest_other_full;
-    p->category_peak[MEM_PARAM_SHARD] = shards * f;
-    p->category_peak[MEM_GRAD_SHARD] = shards * f;
-    p->category_peak[MEM_OPTIM_STATE] = 2 * shards * f;
+    count param_in_flight = param_pairs ? largest_pair_full : largest_other_full;
+    count grad_in_flight = options->comm_streams ? largest_pair_full : largest_other_full;
+    count peak[MEM_CATEGORY_COUNT] = {0};
+    peak[MEM_PARAM_SHARD] = shards * f;
+    peak[MEM_GRAD_SHARD] = shards * f;
+    peak[MEM_OPTIM_STATE] = 2 * shards * f;
     /* Unsharded parameters: NO_SHARD's are views of the local copy; SHARD_GRAD_OP keeps all after forward. */
-    if (options->strategy == FSDP_SHARD_GRAD_OP) p->category_peak[MEM_PARAM_UNSHARDED] = all_full * f;
-    else if (options->strategy == FSDP_FULL_SHARD) p->category_peak[MEM_PARAM_UNSHARDED] = (root_full + param_in_flight) * f;
+    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = all_full * f;
+    else if (options->strategy == FSDP_FULL_SHARD) peak[MEM_PARAM_UNSHARDED] = (root_full + param_in_flight) * f;
     /* Unsharded gradients: the root's for the whole backward plus the unit(s) in backward; no_sync keeps them all. */
     int keeps_all = options->no_sync && options->accumulation_steps > 1;
-    p->category_peak[MEM_GRAD_UNSHARDED] = (keeps_all ? all_full : root_full + grad_in_flight) * f;
+    peak[MEM_GRAD_UNSHARDED] = (keeps_all ? all_full : root_full + grad_in_flight) * f;
     /* Comm buffers: a shard to add the second micro-batch's gradient from; the ring's running sums (3+ ranks). */
     int accumulating = options->accumulation_steps > 1 && !options->no_sync;
-    int replicated = model->units[0].replicated;
-    size_t ring_buffers = replicated || world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
-    p->category_peak[MEM_COMM_BUFFER] = largest_shard * f * ((size_t)accumulating + ring_buffers);
+    count ring_buffers = replicated || world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
+    peak[MEM_COMM_BUFFER] = largest_shard * f * (accumulating + ring_buffers);
 
     /* Activations: without checkpointing, all layers' saved tensors at the end of forward, plus the head's (final
      * norm, logits and their gradient). With it, each layer's input becomes checkpoint_input and only one layer's
      * saved tensors live at a time (in forward, and again when backward recomputes it). */
-    size_t layer = layer_activation_floats(c, N, (size_t)B, (size_t)T);
-    size_t head = N * C + N + 2 * N * V;
-    size_t embedding = N * C;
+    count layer = layer_activation_floats(c, N, B, T);
+    count head = N * C + N + 2 * N * V;
+    count embedding = N * C;
     if (options->activation_checkpointing) {
-        p->category_peak[MEM_CHECKPOINT_INPUT] = L * N * C * f;
-        size_t forward_peak = max_of(layer, head + (L > 0 ? N * C : 0)); /* the head's input is the last output */
-        size_t backward_peak = layer - N * C + 2 * N * C;                /* recomputed layer + two gradient buffers */
-        p->category_peak[MEM_ACTIVATION] = max_of(forward_peak, backward_peak) * f;
-        if (L == 0) p->category_peak[MEM_ACTIVATION] += embedding * f;
+        peak[MEM_CHECKPOINT_INPUT] = L * N * C * f;
+        count forward_peak = max_of(layer, head + (L > 0 ? N * C : 0)); /* the head's input is the last output */
+        count backward_peak = layer - N * C + 2 * N * C;                 /* recomputed layer + two gradient buffers */
+        peak[MEM_ACTIVATION] = max_of(forward_peak, backward_peak) * f;
+        if (L == 0) peak[MEM_ACTIVATION] += embedding * f;
     } else {
-        p->category_peak[MEM_ACTIVATION] = (embedding + L * layer + head) * f;
+        peak[MEM_ACTIVATION] = (embedding + L * layer + head) * f;
     }
-    size_t rope = 2 * (size_t)T * (size_t)c->head_dim;
-    p->category_peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, (size_t)T), N * C)) * f;
-    p->category_peak[MEM_DATA] = 4 * N * sizeof(int) + data_stream_bytes; /* the lab's batch + the model's copy */
-    for (int category = 0; category < MEM_CATEGORY_COUNT; category++) p->sum_of_peaks += p->category_peak[category];
+    count rope = 2 * (count)T * c->head_dim;
+    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T), N * C)) * f;
+    peak[MEM_DATA] = 4 * N * sizeof(int) + (count)data_stream_bytes; /* the lab's batch + the model's copy */
+    count sum = 0;
+    for (int category = 0; category < MEM_CATEGORY_COUNT; category++) {
+        p->category_peak[category] = bytes(peak[category]);
+        sum += peak[category];
+    }
+    p->sum_of_peaks = bytes(sum);
 
     /* Reserved: the caching allocator holds segments, so reserved >= allocated; the excess is rounding, packing and
      * cached free blocks. Packing, the part that follows from the allocator's rules: blocks of s bytes carved from
@@ -101,8 +122,90 @@ void memory_model_predict(memory_prediction *p, const qwen2_model *model, const 
      * freed a step before, and at most one partly used segment per pool (20 MiB + 2 MiB) is left over. Rounding to
      * 512 B is inside that allowance for the few hundred small blocks fsdplab has live. Checked on tiny, mid and
      * every strategy by make check-05, printed for qwen2-0.5b. */
-    p->reserved_bound = p->sum_of_peaks + p->sum_of_peaks / 2 + (size_t)ALLOCATOR_LARGE_SEGMENT +
-                        (size_t)ALLOCATOR_SMALL_SEGMENT;
+    p->reserved_bound = bytes(sum + (count)(bytes(sum) / 2) + ALLOCATOR_LARGE_SEGMENT + ALLOCATOR_SMALL_SEGMENT);
+}
+
+void memory_model_predict(memory_prediction *p, const qwen2_model *model, const fsdp_options *options, int world_size,
+                          int B, int T, size_t data_stream_bytes, int forward_passes) {
+    unit_sizes *units = calloc((size_t)model->unit_count, sizeof *units);
+    if (units == NULL) ctx_fatal(model->ctx, "out of memory for %d unit sizes", model->unit_count);
+    for (int unit = 0; unit < model->unit_count; unit++)
+        units[unit] = (unit_sizes){model->units[unit].padded_unsharded_numel, model->units[unit].sharded_numel};
+    predict(p, &model->config, units, model->unit_count, model->units[0].replicated, options, world_size, B, T,
+            data_stream_bytes, forward_passes);
+    free(units);
+}
+
+int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_config *config, fsdp_wrap_fn wrap,
+                                void *wrap_user, const fsdp_options *options, int B, int T, size_t data_stream_bytes,
+                                int forward_passes) {
+    if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
+    module_tree tree;
+    if (qwen2_module_tree(config, &tree) != 0) ctx_fatal(ctx, "out of memory building the module tree");
+    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param);
+    if (unit_of_param == NULL) ctx_fatal(ctx, "out of memory");
+    int unit_count = fsdp_auto_wrap(&tree, wrap, wrap_user, unit_of_param);
+    unit_sizes *units = calloc((size_t)(unit_count > 0 ? unit_count : 1), sizeof *units);
+    if (units == NULL) ctx_fatal(ctx, "out of memory for %d unit sizes", unit_count);
+    for (int param = 0; param < tree.param_count; param++) {
+        count numel = 1;
+        for (int d = 0; d < tree.params[param].ndim; d++) numel *= (count)tree.params[param].shape[d];
+        if (unit_of_param[param] >= 0 && unit_of_param[param] < unit_count)
+            units[unit_of_param[param]].padded_unsharded_numel += numel;
+    }
+    int replicated = options->strategy == FSDP_NO_SHARD; /* as qwen2_model_init_wrapped makes the units */
+    size_t world = replicated ? 1 : (size_t)ctx->world_size;
+    for (int unit = 0; unit < unit_count; unit++) {
+        units[unit].padded_unsharded_numel = (count)fp_padded_numel(bytes(units[unit].padded_unsharded_numel), world);
+        units[unit].sharded_numel = units[unit].padded_unsharded_numel / (count)world;
+    }
+    if (unit_count > 0)
+        predict(p, config, units, unit_count, replicated, options, ctx->world_size, B, T, data_stream_bytes,
+                forward_passes);
+    free(units);
+    free(unit_of_param);
+    module_tree_free(&tree);
+    return unit_count > 0 ? 0 : ctx_error(ctx->error, sizeof ctx->error, "the wrap policy made no units");
+}
+
+/* The bytes this process may use: MemAvailable from /proc/meminfo (what the kernel can hand out without swapping),
+ * or the free pages when there is no /proc. 0 when neither says. */
+static double available_bytes(void) {
+    FILE *file = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kib = -1.0;
+    while (file != NULL && fgets(line, sizeof line, file) != NULL)
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    if (file != NULL) fclose(file);
+    if (kib >= 0.0) return kib * 1024.0;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page_size > 0 ? (double)pages * (double)page_size : 0.0;
+}
+
+void memory_model_require_fit(context *ctx, const memory_prediction *prediction) {
+    if (cfg_env_int(ctx, "MEMORY_CHECK", 1, 0, 1) == 0) return;
+    /* Ranks on one machine share its memory: each may count on its share. */
+    MPI_Comm node;
+    int local_ranks = 1;
+    CTX_MPI(ctx, MPI_Comm_split_type(ctx->comm, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &node));
+    CTX_MPI(ctx, MPI_Comm_size(node, &local_ranks));
+    CTX_MPI(ctx, MPI_Comm_free(&node));
+    double machine = available_bytes(), available = machine / local_ranks;
+    double predicted = (double)prediction->sum_of_peaks;
+    /* Every rank reaches the same verdict: the rank with the least room (available - predicted) speaks for all. */
+    struct {
+        double room;
+        int rank;
+    } worst = {machine > 0.0 ? available - predicted : 0.0, ctx->rank};
+    ctx_allreduce(ctx, &worst, 1, MPI_DOUBLE_INT, MPI_MINLOC, "the memory check");
+    if (worst.room >= 0.0) return;
+    double figures[3] = {0.0, 0.0, 0.0}; /* the worst rank's predicted, available, machine-wide available */
+    if (ctx->rank == worst.rank) figures[0] = predicted, figures[1] = available, figures[2] = machine;
+    ctx_allreduce(ctx, figures, 3, MPI_DOUBLE, MPI_SUM, "the memory check");
+    ctx_exit_all(ctx, 2, "rank %d: predicted peak %.2f GB per rank (core/memory_model.h: model, MBS, SEQ, strategy) "
+                 "but %.2f GB available (MemAvailable %.2f GB shared by %d ranks on this machine); lower MBS or SEQ, "
+                 "or use more ranks (MEMORY_CHECK=0 skips this check)", worst.rank, figures[0] / 1e9,
+                 figures[1] / 1e9, figures[2] / 1e9, local_ranks);
 }
 
 void memory_model_report(const memory_prediction *p, const size_t *measured, size_t measured_total,

@@ -31,6 +31,17 @@ typedef struct memory_prediction {
  * (options) add a neighbouring unit's parameters or gradient in flight: see the .c. */
 void memory_model_predict(memory_prediction *prediction, const qwen2_model *model, const fsdp_options *options,
                           int world_size, int B, int T, size_t data_stream_bytes, int forward_passes);
+/* The same prediction before the model exists: from the config and the wrap policy alone (the module tree's shapes,
+ * the units fsdp_auto_wrap makes, padded as FlatParameters pad), so a run that cannot fit is refused before anything
+ * is allocated. options->strategy says whether units are replicated (NO_SHARD). Returns -1 with ctx->error on a bad
+ * config. */
+int memory_model_predict_config(memory_prediction *prediction, context *ctx, const qwen2_config *config,
+                                fsdp_wrap_fn wrap, void *wrap_user, const fsdp_options *options, int B, int T,
+                                size_t data_stream_bytes, int forward_passes);
+/* Refuses a run whose predicted peak (sum_of_peaks) is more than this rank's share of the machine's available
+ * memory (MemAvailable, divided among the ranks on the machine), naming both in GB and what to lower; every rank
+ * exits together (status 2). MEMORY_CHECK=0 turns it off. Collective. */
+void memory_model_require_fit(context *ctx, const memory_prediction *prediction);
 /* A table: category, predicted, measured, measured / predicted; then the allocated total and the reserved peak
  * against its bound. */
 void memory_model_report(const memory_prediction *prediction, const size_t *measured_category_peak,

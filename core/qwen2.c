@@ -51,6 +51,11 @@ static int field_value_ok(const config_field *field, double value) {
     return !field->is_integer || (value == floor(value) && value >= (double)INT_MIN && value <= (double)INT_MAX);
 }
 
+/* What a value field_value_ok refused is not: the end of the message "num_hidden_layers=2.5 is not an integer ...". */
+static const char *field_refusal(const config_field *field) {
+    return field->is_integer ? "is not an integer in int's range" : "is not a finite number";
+}
+
 static void field_store(qwen2_config *c, const config_field *field, double value) {
     if (field->is_integer) *(int *)((char *)c + field->offset) = (int)value;
     else *(double *)((char *)c + field->offset) = value;
@@ -134,8 +139,7 @@ int qwen2_config_set(qwen2_config *c, const char *name, const char *value, char 
     char *end = NULL;
     double number = strtod(value, &end);
     if (end == value || *end != '\0' || !field_value_ok(field, number))
-        return ctx_error(error, error_size, "config field %s='%s' is not a%s number", name, value,
-                    field->is_integer ? "n integer (in int's range)" : " finite");
+        return ctx_error(error, error_size, "config field %s=%s %s", name, value, field_refusal(field));
     field_store(c, field, number);
     snprintf(c->name, sizeof c->name, "custom");
     if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
@@ -172,10 +176,48 @@ void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len) {
                      config->max_position_embeddings);
 }
 
+/* The largest tensor and the whole model must stay countable: every size is an int, but their products are not, and
+ * 2^40 parameters (4 TiB of float32) is beyond any machine this runs on, so a product past it is a typo, refused
+ * here naming the factors, before size_t arithmetic could wrap or an allocation be attempted. In doubles: exact to
+ * 2^53, and no product of ints can overflow them. */
+#define QWEN2_MAX_PARAMETERS 1099511627776.0 /* 2^40 */
+static int config_sizes_bounded(const qwen2_config *c, char *error, size_t error_size) {
+    double C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, L = c->num_hidden_layers;
+    double KV = (double)c->num_key_value_heads * c->head_dim;
+    const struct {
+        const char *what;
+        double first, second;
+        const char *first_name, *second_name;
+    } tensors[] = {{"the embedding", V, C, "vocab_size", "hidden_size"},
+                   {"an MLP projection", I, C, "intermediate_size", "hidden_size"},
+                   {"an attention projection", C, C, "hidden_size", "hidden_size"},
+                   {"a key/value projection", KV, C, "num_key_value_heads x head_dim", "hidden_size"}};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
+        if (tensors[i].first * tensors[i].second > QWEN2_MAX_PARAMETERS)
+            return ctx_error(error, error_size, "config '%s': %s %.0f x %s %.0f = %.4g parameters in %s, beyond the "
+                             "limit of 2^40", c->name, tensors[i].first_name, tensors[i].first,
+                             tensors[i].second_name, tensors[i].second, tensors[i].first * tensors[i].second,
+                             tensors[i].what);
+    double layer = 2 * C * C + 2 * KV * C + C + 2 * KV + 3 * I * C + 2 * C, total = V * C + L * layer + C;
+    if (total > QWEN2_MAX_PARAMETERS)
+        return ctx_error(error, error_size, "config '%s': num_hidden_layers %.0f x %.4g parameters per layer = %.4g "
+                         "parameters in all, beyond the limit of 2^40", c->name, L, layer, total);
+    return 0;
+}
+
 int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size) {
-    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 0 ||
-        c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->max_position_embeddings < 1)
-        return ctx_error(error, error_size, "config '%s': sizes must be positive", c->name);
+    const struct {
+        const char *name;
+        int value, least;
+    } sizes[] = {{"vocab_size", c->vocab_size, 1}, {"hidden_size", c->hidden_size, 1},
+                 {"intermediate_size", c->intermediate_size, 1}, {"num_hidden_layers", c->num_hidden_layers, 0},
+                 {"num_attention_heads", c->num_attention_heads, 1},
+                 {"num_key_value_heads", c->num_key_value_heads, 1},
+                 {"max_position_embeddings", c->max_position_embeddings, 1}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].value < sizes[i].least)
+            return ctx_error(error, error_size, "config '%s': %s=%d must be %s", c->name, sizes[i].name, sizes[i].value,
+                             sizes[i].least ? "positive" : "0 or more");
     if (c->hidden_size % c->num_attention_heads != 0)
         return ctx_error(error, error_size, "config '%s': hidden_size %d is not divisible by num_attention_heads %d",
                     c->name, c->hidden_size, c->num_attention_heads);
@@ -188,9 +230,13 @@ int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size)
     if (!c->tie_word_embeddings)
         return ctx_error(error, error_size, "config '%s': untied lm_head is not supported (tie_word_embeddings must be true)",
                     c->name);
-    if (!(c->rope_theta > 0.0) || !(c->rms_norm_eps > 0.0))
-        return ctx_error(error, error_size, "config '%s': rope_theta and rms_norm_eps must be positive", c->name);
-    return 0;
+    if (!(c->rope_theta > 0.0 && isfinite(c->rope_theta)) || !(c->rms_norm_eps > 0.0 && isfinite(c->rms_norm_eps)))
+        return ctx_error(error, error_size, "config '%s': rope_theta=%g and rms_norm_eps=%g must be positive and finite",
+                         c->name, c->rope_theta, c->rms_norm_eps);
+    if (!(c->initializer_range >= 0.0 && isfinite(c->initializer_range))) /* the init's std */
+        return ctx_error(error, error_size, "config '%s': initializer_range=%g must be a finite number >= 0 (the "
+                         "init's standard deviation)", c->name, c->initializer_range);
+    return config_sizes_bounded(c, error, error_size);
 }
 
 int qwen2_config_save_json(const qwen2_config *c, const char *path, char *error, size_t error_size) {
@@ -252,8 +298,8 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
         double value = config_fields[i].fallback;
         status = json_number(json, config_fields[i].name, &value, config_fields[i].required, path, error, error_size);
         if (status == 0 && !field_value_ok(&config_fields[i], value))
-            status = ctx_error(error, error_size, "%s: \"%s\" is %.17g, not a%s number", path, config_fields[i].name,
-                               value, config_fields[i].is_integer ? "n integer (in int's range)" : " finite");
+            status = ctx_error(error, error_size, "%s: %s=%.17g %s", path, config_fields[i].name, value,
+                               field_refusal(&config_fields[i]));
         if (status == 0) field_store(c, &config_fields[i], value);
     }
     double head_dim = -1;

@@ -28,7 +28,8 @@
  *   gradients there, as the optimizer sees them, in checkpoint form: what check-05 compares), THREADS, CONFIG
  *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8), WRAP (layers, or size:<min params>
  *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS),
- *   ALLOC (caching, the default, or malloc), MAX_SPLIT_SIZE_MB (PyTorch's max_split_size_mb; 0: no limit);
+ *   ALLOC (caching, the default, or malloc), MAX_SPLIT_SIZE_MB (PyTorch's max_split_size_mb; 0: no limit),
+ *   MEMORY_CHECK (1, the default: refuse a run whose predicted peak exceeds the memory available; 0: skip);
  *   lab 06's overlap settings, off here: COMM_STREAMS (1: collectives on an all-gather and a reduce-scatter stream),
  *   BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST), FORWARD_PREFETCH, LIMIT_ALL_GATHERS (scripts/train.sh turns
  *   on torch's defaults: comm streams, BACKWARD_PRE, limit_all_gathers);
@@ -51,10 +52,13 @@
  * model equals the measured peak per category to the byte, and reserved lies between allocated and its bound; with
  * ALLOC=malloc everything is bit-identical.
  */
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +116,43 @@ static settings read_settings(context *ctx) {
     return s;
 }
 
+/* The FSDP options the settings ask for (and lab 06's prefetch settings, off by default). Collective. */
+static fsdp_options make_options(context *ctx, const settings *s) {
+    fsdp_options options = {.strategy = (fsdp_strategy)fsdp_strategy_from_name(s->strategy),
+                            .activation_checkpointing = s->checkpointing, .no_sync = s->no_sync,
+                            .accumulation_steps = s->accumulation};
+    fsdp_prefetch_options_from_env(ctx, &options);
+    return options;
+}
+
+/* SAVE and GRADS are written after training: a directory that cannot be made or written is refused now. */
+static void check_save_directories(context *ctx, const settings *s) {
+    const char *names[] = {"SAVE", "GRADS"}, *values[] = {s->save, s->grads};
+    for (int i = 0; i < 2; i++)
+        if (values[i] != NULL && values[i][0] != '\0' && ckpt_check_writable(ctx, values[i]) != 0)
+            ctx_exit_all(ctx, 2, "%s='%s': %s", names[i], values[i], ctx->error);
+}
+
+/* Before the model is allocated: the analytic memory model's peak for these settings, from the config and the wrap
+ * alone, against the memory this rank may use (MEMORY_CHECK=0 skips it). The token stream is estimated from DATA's
+ * size (uint16 per token: a .bin as is, text at most one token per byte); the generated stories are a few MB. */
+static void require_memory_fit(context *ctx, const settings *s, const qwen2_config *config, fsdp_wrap_fn wrap,
+                               void *wrap_user) {
+    fsdp_options options = make_options(ctx, s);
+    struct stat info;
+    size_t data_bytes = 0;
+    if (s->data != NULL && s->data[0] != '\0' && stat(s->data, &info) == 0 && S_ISREG(info.st_mode)) {
+        size_t length = strlen(s->data);
+        int bin = length > 4 && strcmp(s->data + length - 4, ".bin") == 0;
+        data_bytes = bin ? (size_t)info.st_size : 2 * (size_t)info.st_size;
+    }
+    memory_prediction prediction;
+    if (memory_model_predict_config(&prediction, ctx, config, wrap, wrap_user, &options, s->micro_batch, s->seq_len,
+                                    data_bytes, s->steps * s->accumulation) != 0)
+        ctx_exit_all(ctx, 2, "%s", ctx->error);
+    memory_model_require_fit(ctx, &prediction);
+}
+
 /* The model, one unit per decoder layer (transformer_auto_wrap_policy), initialised from SEED. */
 static void build_model(context *ctx, const settings *s, qwen2_model *model) {
     qwen2_config config;
@@ -122,11 +163,14 @@ static void build_model(context *ctx, const settings *s, qwen2_model *model) {
     size_t min_params = 0;
     if (s->wrap != NULL && s->wrap[0] != '\0' && strcmp(s->wrap, "layers") != 0) {
         char *end = NULL;
-        if (strncmp(s->wrap, "size:", 5) != 0 || (min_params = strtoull(s->wrap + 5, &end, 10)) == 0 || *end != '\0')
+        errno = 0; /* digits only: strtoull would take "-5" as 2^64 - 5, and saturate past 2^64 */
+        if (strncmp(s->wrap, "size:", 5) != 0 || !isdigit((unsigned char)s->wrap[5]) ||
+            (min_params = strtoull(s->wrap + 5, &end, 10)) == 0 || errno != 0 || *end != '\0')
             ctx_exit_all(ctx, 2, "WRAP='%s' is not a wrap policy; choose layers or size:<min params>, e.g. size:100000",
                          s->wrap);
         wrap = fsdp_wrap_by_size, wrap_user = &min_params;
     }
+    require_memory_fit(ctx, s, &config, wrap, wrap_user);
     qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
     if (qwen2_model_init_wrapped(model, ctx, &config, wrap, wrap_user, (fsdp_strategy)fsdp_strategy_from_name(s->strategy),
                         &init) != 0)
@@ -253,12 +297,10 @@ int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "05_full_step", "runs/05_full_step");
     settings s = read_settings(&ctx);
+    check_save_directories(&ctx, &s);
     qwen2_model model;
     build_model(&ctx, &s, &model);
-    fsdp_options options = {.strategy = (fsdp_strategy)fsdp_strategy_from_name(s.strategy),
-                            .activation_checkpointing = s.checkpointing, .no_sync = s.no_sync,
-                            .accumulation_steps = s.accumulation};
-    fsdp_prefetch_options_from_env(&ctx, &options); /* lab 06's settings; off here by default */
+    fsdp_options options = make_options(&ctx, &s);
     fsdp_runtime runtime;
     module view;
     qwen2_as_module(&model, &view);
@@ -270,7 +312,7 @@ int main(int argc, char **argv) {
     data_loader loader;
     if (data_loader_open(&loader, &ctx, s.data, model.config.vocab_size, s.micro_batch, s.seq_len, s.seed, 1) != 0)
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
-    if (s.checkpoint_every > 0 && ctx_check_writable_directory(&ctx, s.checkpoint_dir) != 0)
+    if (s.checkpoint_every > 0 && ckpt_check_writable(&ctx, s.checkpoint_dir) != 0)
         ctx_exit_all(&ctx, 2, "CHECKPOINT_DIR='%s': %s", s.checkpoint_dir, ctx.error);
     int first_step = s.resume != NULL && s.resume[0] != '\0' ? resume(&ctx, &s, &model, states, &loader) : 1;
 

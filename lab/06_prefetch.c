@@ -123,16 +123,22 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     mode_result result = {0};
     qwen2_config config;
     qwen2_config_from_env(ctx, &config, s->seq_len);
-    qwen2_model model;
-    qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
-                                 FSDP_FULL_SHARD, &init) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
     fsdp_options options = fsdp_default_options();
     options.comm_streams = m->comm_streams;
     options.backward_prefetch = m->backward_prefetch;
     options.forward_prefetch = m->forward_prefetch;
     options.limit_all_gathers = m->limit_all_gathers;
+    /* A run that cannot fit is refused before the model is allocated (MEMORY_CHECK=0 skips it). */
+    memory_prediction prediction;
+    if (memory_model_predict_config(&prediction, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, &options,
+                                    s->micro_batch, s->seq_len, 0, s->steps) != 0)
+        ctx_exit_all(ctx, 2, "%s", ctx->error);
+    memory_model_require_fit(ctx, &prediction);
+    qwen2_model model;
+    qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
+    if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
+                                 FSDP_FULL_SHARD, &init) != 0)
+        ctx_exit_all(ctx, 2, "%s", ctx->error);
     module view;
     qwen2_as_module(&model, &view);
     fsdp_runtime runtime;

@@ -17,7 +17,9 @@
  *       micro-batch, tokens then targets, each global_batch x seq; rank r of P takes rows r*MBS .. (r+1)*MBS-1.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +39,16 @@ static int usage(void) {
                     "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance> [absolute|relative]\n"
                     "       qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]\n");
     return 2;
+}
+
+/* A whole-number argument in [least, most], or exit naming the argument and its text (no atoi: 'x' is not 0). */
+static long long integer_argument(context *ctx, const char *what, const char *text, long long least, long long most) {
+    char *end = NULL;
+    errno = 0;
+    long long value = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || value < least || value > most)
+        ctx_exit_all(ctx, 2, "%s '%s' is not an integer in %lld..%lld", what, text, least, most);
+    return value;
 }
 
 /* A preset name, or a path to a config.json. */
@@ -90,7 +102,8 @@ static int command_init(context *ctx, const char *what, const char *seed_text, c
     load_config(ctx, what, &config);
     if (overrides != NULL && overrides[0] && qwen2_config_apply(&config, overrides, ctx->error, sizeof ctx->error) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
-    qwen2_init_spec init = {.seed = strtoull(seed_text, NULL, 10), .std = config.initializer_range};
+    uint64_t seed = (uint64_t)integer_argument(ctx, "init: seed", seed_text, 0, INT64_MAX);
+    qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
     qwen2_model model;
     make_model(ctx, &model, &config, &init);
     int status = ckpt_save_pretrained(&model, directory);
@@ -117,9 +130,11 @@ static int *read_matrix(const cJSON *json, const char *key, int *rows, int *colu
     return values;
 }
 
+/* The parsed file, or NULL with errno set when it cannot be read (0 when it is read but is not JSON). */
 static cJSON *read_json(const char *path) {
     FILE *file = fopen(path, "rb");
     if (file == NULL) return NULL;
+    errno = 0;
     fseek(file, 0, SEEK_END);
     long size = ftell(file);
     fseek(file, 0, SEEK_SET);
@@ -187,11 +202,15 @@ static int command_run(context *ctx, const char *directory, const char *batch_pa
 static int command_generate(context *ctx, int argc, char **argv) {
     qwen2_model model;
     load_model(ctx, &model, argv[2]);
-    uint64_t seed = strtoull(argv[3], NULL, 10);
-    float temperature = strtof(argv[4], NULL);
-    int max_new = atoi(argv[5]), prompt_length = argc - 6;
+    uint64_t seed = (uint64_t)integer_argument(ctx, "generate: seed", argv[3], 0, INT64_MAX);
+    char *end = NULL;
+    float temperature = strtof(argv[4], &end);
+    if (end == argv[4] || *end != '\0' || !isfinite(temperature) || temperature < 0.0f)
+        ctx_exit_all(ctx, 2, "generate: temperature '%s' is not a finite number >= 0", argv[4]);
+    int max_new = (int)integer_argument(ctx, "generate: max_new", argv[5], 0, 1 << 20), prompt_length = argc - 6;
     int *prompt = calloc((size_t)prompt_length, sizeof *prompt), *out = calloc((size_t)(max_new > 0 ? max_new : 1), sizeof *out);
-    for (int i = 0; i < prompt_length; i++) prompt[i] = atoi(argv[6 + i]);
+    for (int i = 0; i < prompt_length; i++)
+        prompt[i] = (int)integer_argument(ctx, "generate: token", argv[6 + i], 0, model.config.vocab_size - 1);
     int produced = qwen2_generate(&model, prompt, prompt_length, max_new, temperature, seed, out);
     if (produced < 0) {
         fprintf(stderr, "qwen2_tool generate: %s\n", ctx->error);
@@ -234,7 +253,8 @@ static cJSON *read_config_json(context *ctx, const char *directory) {
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", directory);
     cJSON *json = read_json(path);
-    if (!cJSON_IsObject(json)) ctx_exit_all(ctx, 2, "compare: %s is missing or not a JSON object", path);
+    if (json == NULL && errno != 0) ctx_exit_all(ctx, 2, "compare: cannot read %s: %s", path, strerror(errno));
+    if (!cJSON_IsObject(json)) ctx_exit_all(ctx, 2, "compare: %s is not a JSON object", path);
     return json;
 }
 
@@ -311,10 +331,11 @@ static int command_compare(context *ctx, const char *first, const char *second, 
 /* The same loader lab 05 uses, at world size 1 with the global batch: the loader's batches do not depend on the
  * world size, so these are exactly the windows every rank of a P-rank run reads, side by side. */
 static int command_batches(context *ctx, int argc, char **argv) {
-    uint64_t seed = strtoull(argv[2], NULL, 10);
-    int global_batch = atoi(argv[3]), seq_len = atoi(argv[4]), micro_batches = atoi(argv[5]);
+    uint64_t seed = (uint64_t)integer_argument(ctx, "batches: seed", argv[2], 0, INT64_MAX);
+    int global_batch = (int)integer_argument(ctx, "batches: global_batch", argv[3], 1, 1 << 20);
+    int seq_len = (int)integer_argument(ctx, "batches: seq", argv[4], 2, 1 << 20);
+    int micro_batches = (int)integer_argument(ctx, "batches: micro_batches", argv[5], 1, 1 << 20);
     const char *out_path = argv[6], *data = argc > 7 ? argv[7] : NULL;
-    if (global_batch < 1 || seq_len < 1 || micro_batches < 1) ctx_exit_all(ctx, 2, "batches: sizes must be positive");
     qwen2_config config;
     qwen2_config_preset(&config, "tiny", ctx->error, sizeof ctx->error);
     data_loader loader;

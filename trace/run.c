@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #if defined(__GNUC__)
 #define PRINTF_LIKE(format_index, first_arg) __attribute__((format(printf, format_index, first_arg)))
@@ -505,8 +506,20 @@ static int file_read(rank_reader *reader) {
     run_rank *rank = reader->rank;
     FILE *file = fopen(rank->path, "r");
     if (file == NULL) {
-        if (rank->rank == 0) return fail(reader->error, reader->error_size, "cannot open %s: %s", rank->path,
-                                         strerror(errno));
+        if (rank->rank == 0) { /* say first whether the directory itself is wrong */
+            int open_errno = errno;
+            struct stat info;
+            if (stat(reader->run->rundir, &info) != 0)
+                return fail(reader->error, reader->error_size, "cannot open %s: no run directory %s (%s)", rank->path,
+                            reader->run->rundir, strerror(errno));
+            if (!S_ISDIR(info.st_mode))
+                return fail(reader->error, reader->error_size, "run directory %s is not a directory",
+                            reader->run->rundir);
+            if (open_errno == ENOENT)
+                return fail(reader->error, reader->error_size, "%s has no rank0.jsonl: not a run directory (a lab's OUT)",
+                            reader->run->rundir);
+            return fail(reader->error, reader->error_size, "cannot open %s: %s", rank->path, strerror(open_errno));
+        }
         return fail(reader->error, reader->error_size, "cannot open %s: %s (rank0.jsonl says world %d)", rank->path,
                     strerror(errno), reader->run->world);
     }
