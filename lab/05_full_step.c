@@ -314,7 +314,6 @@ int main(int argc, char **argv) {
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
     if (s.checkpoint_every > 0 && ckpt_check_writable(&ctx, s.checkpoint_dir) != 0)
         ctx_exit_all(&ctx, 2, "CHECKPOINT_DIR='%s': %s", s.checkpoint_dir, ctx.error);
-    int first_step = s.resume != NULL && s.resume[0] != '\0' ? resume(&ctx, &s, &model, states, &loader) : 1;
 
     size_t batch = (size_t)s.micro_batch * s.seq_len;
     int *tokens = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
@@ -326,8 +325,9 @@ int main(int argc, char **argv) {
                s.no_sync ? ", no_sync" : "", s.micro_batch, s.seq_len, loader.source);
         fflush(stdout);
     }
+    int first_step = s.resume != NULL && s.resume[0] != '\0' ? resume(&ctx, &s, &model, states, &loader) : 1;
     size_t measured_peak[MEM_CATEGORY_COUNT] = {0}, measured_total_peak = 0, measured_reserved_peak = 0;
-    char diverged[512] = "";
+    char diverged[1500] = "";
     if (first_step > s.steps && ctx.rank == 0)
         printf("nothing to train: the checkpoint is at step %d and STEPS=%d\n", first_step - 1, s.steps);
     int last_checkpoint = first_step - 1; /* 0: none */
