@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dcp.h"
 #include "safetensors.h"
 
 static void path_in(char *out, size_t size, const char *directory, const char *file) {
@@ -22,9 +23,9 @@ static int write_files(qwen2_model *model, const char *directory, float *(*tenso
         snprintf(ctx->error, sizeof ctx->error, "rank %d: cannot create checkpoint directory %s", ctx->rank, directory);
         return -1;
     }
-    char path[1200];
-    path_in(path, sizeof path, directory, "config.json");
-    if (qwen2_config_save_json(&model->config, path, ctx->error, sizeof ctx->error) != 0) return -1;
+    /* Each file is written to <name>.tmp, flushed and renamed (dcp_commit_file): a full disk or a kill leaves no
+     * truncated model.safetensors that looks whole. The weights first, so a config.json means they are complete. */
+    char path[1200], tmp[1300];
     const qwen2_tree *tree = &model->tree;
     st_tensor_ref *refs = calloc((size_t)tree->param_count, sizeof *refs);
     if (refs == NULL) ctx_fatal(ctx, "out of memory listing %d tensors", tree->param_count);
@@ -34,8 +35,17 @@ static int write_files(qwen2_model *model, const char *directory, float *(*tenso
                                   tensor(model, p)};
     }
     path_in(path, sizeof path, directory, "model.safetensors");
-    int status = st_write(path, refs, tree->param_count, "pt", ctx->error, sizeof ctx->error);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int status = st_write(tmp, refs, tree->param_count, "pt", ctx->error, sizeof ctx->error);
     free(refs);
+    if (status == 0) status = dcp_commit_file(tmp, path, ctx->error, sizeof ctx->error);
+    if (status == 0) {
+        path_in(path, sizeof path, directory, "config.json");
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        status = qwen2_config_save_json(&model->config, tmp, ctx->error, sizeof ctx->error);
+        if (status == 0) status = dcp_commit_file(tmp, path, ctx->error, sizeof ctx->error);
+    }
+    if (status != 0) unlink(tmp);
     return status;
 }
 

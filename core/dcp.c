@@ -87,8 +87,7 @@ static int checksum_file(const char *path, uint64_t *bytes, uint64_t *checksum, 
     return 0;
 }
 
-/* <path>.tmp, synced, renamed to <path>: the file appears whole or not at all. */
-static int commit_file(const char *tmp, const char *path, char *error, size_t error_size) {
+int dcp_commit_file(const char *tmp, const char *path, char *error, size_t error_size) {
     if (sync_path(tmp) != 0) return ctx_error(error, error_size, "cannot flush %s to disk: %s", tmp, strerror(errno));
     if (rename(tmp, path) != 0)
         return ctx_error(error, error_size, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
@@ -320,7 +319,7 @@ static int write_metadata(context *ctx, const char *directory, const flat_param 
     if (file != NULL && fclose(file) != 0) ok = 0;
     cJSON_free(text);
     if (!ok) return ctx_error(ctx->error, sizeof ctx->error, "writing %s failed: %s", tmp, strerror(errno));
-    if (commit_file(tmp, path, ctx->error, sizeof ctx->error) != 0) return -1;
+    if (dcp_commit_file(tmp, path, ctx->error, sizeof ctx->error) != 0) return -1;
     sync_path(directory); /* the rename itself on disk; a filesystem that cannot sync a directory still renamed */
     return 0;
 }
@@ -350,7 +349,7 @@ int dcp_save(context *ctx, const char *root, const flat_param *units, const adam
         if (status == 0 && wrote) {
             info[0] = 1;
             status = checksum_file(tmp, &info[1], &info[2], ctx->error, sizeof ctx->error);
-            if (status == 0) status = commit_file(tmp, path, ctx->error, sizeof ctx->error);
+            if (status == 0) status = dcp_commit_file(tmp, path, ctx->error, sizeof ctx->error);
         }
         if (status != 0) {
             char reason[sizeof ctx->error];

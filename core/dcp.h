@@ -112,6 +112,10 @@ void dcp_metadata_free(dcp_metadata *metadata);
 #define DCP_CHECKSUM_START 0xcbf29ce484222325ULL
 uint64_t dcp_checksum(uint64_t state, const void *data, size_t bytes);
 
+/* Flushes <tmp> to the disk (fsync) and renames it to <path>: the file appears whole or not at all. Returns 0, or -1
+ * with a message naming the file. */
+int dcp_commit_file(const char *tmp, const char *path, char *error, size_t error_size);
+
 /* Records one setting; the last one wins when a name repeats. Aborts past DCP_MAX_SETTINGS (a programming error). */
 void dcp_progress_set(dcp_progress *progress, const char *name, const char *format, ...)
     __attribute__((format(printf, 3, 4)));
