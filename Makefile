@@ -8,6 +8,8 @@
 #                     check-resume, check-badinput for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
+#   make sanitize     the same build with ASan + UBSan (float-cast-overflow too; UB aborts) into build/sanitize/
+#   make check-sanitize   labs 01-05, the unit tests, fsdptrace and the parser fuzzer from that build (tests/suites/sanitize.sh)
 #   make clean
 #   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
 #
@@ -50,48 +52,65 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/export.c
 CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/data.c core/optim.c
-TRACE_OBJ := $(TRACE_SRC:.c=.o)
-CORE_OBJ := $(CORE_SRC:.c=.o)
-LABS := $(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c))
-UNIT_TESTS := $(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c))
-TEST_TOOLS := tests/bin/qwen2_tool tests/bin/adamw_tool
+# BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
+# second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
+O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
+TRACE_OBJ := $(addprefix $(O),$(TRACE_SRC:.c=.o))
+CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o))
+LABS := $(addprefix $(O),$(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c)))
+UNIT_TESTS := $(addprefix $(O),$(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c)))
+TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/bin/fuzz_parsers)
 
-LIBS := core/libfsdplab.a trace/libfsdptrace.a
+LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean check-unit check-trace check-model check-train check-badinput check-resume bench-model notebooks $(addprefix check-,01 02 03 04 05 06)
+.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume bench-model notebooks $(addprefix check-,01 02 03 04 05 06)
 
-all: $(LIBS) trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) scripts/bench_model
+all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model
 
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
 HEADERS := $(wildcard core/*.h trace/*.h)
-%.o: %.c $(HEADERS)
+$(O)%.o: %.c $(HEADERS)
+	@mkdir -p $(@D)
 	$(COMPILE) -c $< -o $@
 
 # The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
 # llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
 # the user's CFLAGS, so `make CFLAGS=-O1` keeps the kernels fast; `make KERNEL_CFLAGS=` builds them with CFLAGS alone.
-core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
+$(O)core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 # AdamW's element loop vectorises at -O3 once sqrtf needs no errno; fused multiply-adds stay exactly where the source
 # writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/optim.c says why).
-core/optim.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
+$(O)core/optim.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 
-trace/libfsdptrace.a: $(TRACE_OBJ)
+$(O)trace/libfsdptrace.a: $(TRACE_OBJ)
 	ar rcs $@ $^
-core/libfsdplab.a: $(CORE_OBJ)
+$(O)core/libfsdplab.a: $(CORE_OBJ)
 	ar rcs $@ $^
 
-trace/fsdptrace: trace/fsdptrace.c trace/libfsdptrace.a
-	$(LINK) $< trace/libfsdptrace.a $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
+$(O)trace/fsdptrace: trace/fsdptrace.c $(O)trace/libfsdptrace.a
+	@mkdir -p $(@D)
+	$(LINK) $< $(O)trace/libfsdptrace.a $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
-lab/%: lab/%.c $(LIBS) $(HEADERS)
+$(O)lab/%: lab/%.c $(LIBS) $(HEADERS)
+	@mkdir -p $(@D)
 	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
-scripts/bench_model: scripts/bench_model.c $(LIBS) $(HEADERS)
+$(O)scripts/bench_model: scripts/bench_model.c $(LIBS) $(HEADERS)
+	@mkdir -p $(@D)
 	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
-tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
-	@mkdir -p tests/bin
+$(O)tests/bin/%: tests/%.c $(LIBS) $(HEADERS)
+	@mkdir -p $(@D)
 	$(LINK) $(CHECK_CFLAGS) $< $(LIBS) $(CHECK_LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
+
+# The sanitizer build: ASan (LeakSanitizer included) and UBSan, float-to-int overflow too (GCC's -fsanitize=undefined
+# leaves it out), every report fatal. A tree of its own, so the normal objects stay as they are. layers.o and
+# optim.o keep their KERNEL_CFLAGS (-O3, fast-math): the sanitizers check the code that runs.
+SANITIZE_DIR := build/sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow \
+  -fno-omit-frame-pointer
+sanitize:
+	@$(MAKE) --no-print-directory BUILD=$(SANITIZE_DIR) CFLAGS='-O1 -g $(SANITIZE_FLAGS)' \
+	  LDFLAGS='$(SANITIZE_FLAGS)' all
 
 # The main job, as root or not: lab 05 on NP ranks into its default run dir (runs/05_full_step, unless OUT says
 # otherwise). The lab reads its settings from the environment, and make passes it on, with any VAR=value given on
@@ -103,6 +122,9 @@ run: lab/05_full_step
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
 	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 resume lab06 train badinput notebooks
+# The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
+check-sanitize: sanitize
+	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
 check-unit: all
 	@tests/run_checks.sh unit
 check-trace: all
@@ -137,4 +159,4 @@ bench-model: all
 
 clean:
 	rm -f core/*.o trace/*.o $(LIBS) trace/fsdptrace $(LABS) scripts/bench_model
-	rm -rf tests/bin runs/check
+	rm -rf tests/bin runs/check build

@@ -239,13 +239,25 @@ int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size)
     return config_sizes_bounded(c, error, error_size);
 }
 
+/* cJSON prints a double with 15 significant digits whenever that reads back within its tolerance, so a real field
+ * could come back from config.json one ulp off (initializer_range 9007199254740993 came back ...990): the shortest
+ * text of 15 to 17 digits that reads back exactly instead. Values are finite here (qwen2_config_validate). */
+static cJSON *exact_number(double value) {
+    char text[40];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, value);
+        if (strtod(text, NULL) == value) break;
+    }
+    return cJSON_CreateRaw(text);
+}
+
 int qwen2_config_save_json(const qwen2_config *c, const char *path, char *error, size_t error_size) {
     cJSON *json = cJSON_CreateObject();
     cJSON *architectures = cJSON_AddArrayToObject(json, "architectures");
     cJSON_AddItemToArray(architectures, cJSON_CreateString("Qwen2ForCausalLM"));
     cJSON_AddStringToObject(json, "model_type", "qwen2");
     for (size_t i = 0; i < CONFIG_FIELD_COUNT; i++)
-        cJSON_AddNumberToObject(json, config_fields[i].name, field_load(c, &config_fields[i]));
+        cJSON_AddItemToObject(json, config_fields[i].name, exact_number(field_load(c, &config_fields[i])));
     cJSON_AddBoolToObject(json, "tie_word_embeddings", c->tie_word_embeddings);
     cJSON_AddStringToObject(json, "hidden_act", "silu");
     cJSON_AddNumberToObject(json, "attention_dropout", 0.0);

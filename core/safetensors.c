@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -97,6 +98,15 @@ static int compare_by_begin(const void *left, const void *right) {
     return (a->begin > b->begin) - (a->begin < b->begin);
 }
 
+/* Element counts whose byte count (x 4) is exact in a double, as the header's numbers are. */
+#define ST_ELEMENTS_MAX (((size_t)1 << 53) / sizeof(float))
+
+/* A JSON number that is a whole count a double holds exactly: 0 ... 2^53. */
+static int is_whole_count(const cJSON *item) {
+    return cJSON_IsNumber(item) && item->valuedouble >= 0 && item->valuedouble <= 9007199254740992.0 &&
+           item->valuedouble == floor(item->valuedouble);
+}
+
 /* One header entry → st_entry, checked on its own (dtype, shape, offsets against its shape). */
 static int parse_entry(const cJSON *item, st_entry *entry, const char *path, char *error, size_t error_size) {
     if (strlen(item->string) >= ST_NAME_MAX)
@@ -115,15 +125,22 @@ static int parse_entry(const cJSON *item, st_entry *entry, const char *path, cha
     if (entry->ndim > ST_MAX_DIMS)
         return ctx_error(error, error_size, "%s: tensor '%s' has %d dims (at most %d)", path, entry->name, entry->ndim,
                     ST_MAX_DIMS);
+    /* Sizes and offsets are checked as doubles before any conversion (a double beyond the integer's range converts
+     * with undefined behaviour), and the element count before it is multiplied (a wrapped product could match the
+     * offsets of a tiny tensor). */
+    size_t numel = 1;
     for (int d = 0; d < entry->ndim; d++) {
         const cJSON *dim = cJSON_GetArrayItem(shape, d);
-        if (!cJSON_IsNumber(dim) || dim->valuedouble < 0)
+        if (!is_whole_count(dim))
             return ctx_error(error, error_size, "%s: tensor '%s': dimension %d is not a size", path, entry->name, d);
         entry->shape[d] = (int64_t)dim->valuedouble;
+        if (entry->shape[d] != 0 && numel > ST_ELEMENTS_MAX / (size_t)entry->shape[d])
+            return ctx_error(error, error_size, "%s: tensor '%s': shape holds more than 2^53 bytes", path, entry->name);
+        numel *= (size_t)entry->shape[d];
     }
-    entry->numel = numel_of(entry->ndim, entry->shape);
+    entry->numel = numel;
     const cJSON *begin = cJSON_GetArrayItem(offsets, 0), *end = cJSON_GetArrayItem(offsets, 1);
-    if (!cJSON_IsNumber(begin) || !cJSON_IsNumber(end) || begin->valuedouble < 0 || end->valuedouble < begin->valuedouble)
+    if (!is_whole_count(begin) || !is_whole_count(end) || end->valuedouble < begin->valuedouble)
         return ctx_error(error, error_size, "%s: tensor '%s': data_offsets are not an increasing pair", path, entry->name);
     entry->begin = (uint64_t)begin->valuedouble;
     entry->end = (uint64_t)end->valuedouble;

@@ -32,8 +32,12 @@ static size_t snapshot_moment(const run_rank *rank) {
 }
 
 /* Microseconds since the epoch: the viewer prints time_us as a date. ts counts from t0, taken right after the meta
- * line's unix_time (the start barrier in between), so this is the wall clock to within that barrier. */
-static int64_t wall_time_us(const run_rank *rank, double ts) { return (int64_t)(rank->unix_time * 1e6 + ts); }
+ * line's unix_time (the start barrier in between), so this is the wall clock to within that barrier. A file may hold
+ * any number there: one beyond int64 (converting it would be undefined behaviour) is written as 0, no date. */
+static int64_t wall_time_us(const run_rank *rank, double ts) {
+    double time_us = rank->unix_time * 1e6 + ts;
+    return time_us > -9e18 && time_us < 9e18 ? (int64_t)time_us : 0;
+}
 
 /* ---- writing the snapshot ---- */
 

@@ -17,3 +17,5 @@ mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batche
 mpi_suite "test_optim: AdamW vs reference, state on the shard, padding, clip" tests/bin/test_optim 1 2 3 4
 mpi_suite "test_fsdp: wrap policies, spans, illegal transitions, a clean micro-batch" tests/bin/test_fsdp 1 2 3
 mpi_suite "test_mlp: a second model under the runtime: tree, finite differences, every mode vs the model alone" tests/bin/test_mlp 1 2 3
+check "fuzz_parsers: safetensors, config.json, token files, rank JSONL survive 100 mutants each; must-refuse refused" \
+  env OUT=runs/check/fuzz_parsers tests/bin/fuzz_parsers 1 100
