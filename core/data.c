@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "dcp.h"
 #include "rng.h"
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -456,15 +458,22 @@ static int ends_with(const char *text, const char *suffix) {
     return text_length >= suffix_length && strcmp(text + text_length - suffix_length, suffix) == 0;
 }
 
-/* The whole file into a tracked buffer of category data. */
-static int read_file(data_loader *loader, const char *path, const char *owner, unsigned char **bytes,
-                     size_t *size) {
+/* A regular file opened for reading, and its size. */
+static int open_regular(data_loader *loader, const char *path, FILE **file, size_t *size) {
     struct stat info;
     if (stat(path, &info) != 0) return fail(loader, "cannot open: %s", strerror(errno));
     if (!S_ISREG(info.st_mode)) return fail(loader, "not a regular file");
-    FILE *file = fopen(path, "rb");
-    if (file == NULL) return fail(loader, "cannot open: %s", strerror(errno));
+    *file = fopen(path, "rb");
+    if (*file == NULL) return fail(loader, "cannot open: %s", strerror(errno));
     *size = (size_t)info.st_size;
+    return 0;
+}
+
+/* The whole file into a tracked buffer of category data. */
+static int read_file(data_loader *loader, const char *path, const char *owner, unsigned char **bytes,
+                     size_t *size) {
+    FILE *file = NULL;
+    if (open_regular(loader, path, &file, size) != 0) return -1;
     *bytes = mem_alloc_uninitialized(&loader->ctx->mem, *size > 0 ? *size : 1, MEM_DATA, owner);
     size_t got = fread(*bytes, 1, *size, file);
     int read_error = ferror(file);
@@ -477,16 +486,27 @@ static int read_file(data_loader *loader, const char *path, const char *owner, u
     return 0;
 }
 
+/* The stream's buffer for `count` ids in the loader's width, tracked as data; the ids are set by set_token. */
+static void allocate_stream(data_loader *loader, size_t count) {
+    loader->token_count = count;
+    loader->token_bytes = count * (size_t)loader->token_width;
+    loader->tokens = mem_alloc_uninitialized(&loader->ctx->mem, loader->token_bytes > 0 ? loader->token_bytes : 1,
+                                             MEM_DATA, "data.tokens");
+}
+
+static void set_token(data_loader *loader, size_t i, uint32_t id) {
+    if (loader->token_width == 2) ((uint16_t *)loader->tokens)[i] = (uint16_t)id;
+    else ((uint32_t *)loader->tokens)[i] = id;
+}
+
 /* Text to the token stream: count first, so the tracked stream is exactly the size it holds. */
 static void tokenize_text(data_loader *loader, const char *text, size_t length) {
     size_t count = 0, span = 0;
     for (size_t position = 0; position < length; position += span, count++) token_at(text, length, position, &span);
-    loader->token_count = count;
-    loader->tokens = mem_alloc_uninitialized(&loader->ctx->mem, (count > 0 ? count : 1) * sizeof(uint16_t), MEM_DATA,
-                                             "data.tokens");
+    allocate_stream(loader, count);
     count = 0;
     for (size_t position = 0; position < length; position += span)
-        loader->tokens[count++] = (uint16_t)token_at(text, length, position, &span);
+        set_token(loader, count++, (uint32_t)token_at(text, length, position, &span));
 }
 
 static int load_text(data_loader *loader, const char *path) {
@@ -507,29 +527,139 @@ static int load_generated(data_loader *loader) {
     return 0;
 }
 
-/* Raw little-endian uint16 ids, read straight into the stream and byte-swapped in place where the host is not
- * little-endian (reading element i's two bytes before writing element i is safe). */
-static int load_bin(data_loader *loader, const char *path) {
-    unsigned char *bytes = NULL;
-    size_t size = 0;
-    if (read_file(loader, path, "data.tokens", &bytes, &size) != 0) return -1;
-    if (size % 2 != 0) {
-        mem_free(&loader->ctx->mem, bytes);
-        return fail(loader, "%zu bytes, not a whole number of uint16 tokens", size);
+/* ---- token files (the format is in data.h) ---- */
+
+static void put_le(unsigned char *out, uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; i++) out[i] = (unsigned char)(value >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *in, int bytes) {
+    uint64_t value = 0;
+    for (int i = bytes - 1; i >= 0; i--) value = value << 8 | in[i];
+    return value;
+}
+
+int data_token_width(int vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+/* Where a token file's ids start, their width and count, from its header; or the old headerless uint16 format when
+ * the file does not start with the magic. */
+typedef struct token_file_layout {
+    size_t ids_offset;
+    int width;
+    size_t count;
+} token_file_layout;
+
+static int token_file_layout_of(data_loader *loader, FILE *file, size_t size, token_file_layout *layout) {
+    unsigned char header[DATA_TOKENS_HEADER_BYTES];
+    size_t magic_bytes = sizeof DATA_TOKENS_MAGIC - 1;
+    size_t got = fread(header, 1, size < sizeof header ? size : sizeof header, file);
+    if (got < magic_bytes || memcmp(header, DATA_TOKENS_MAGIC, magic_bytes) != 0) { /* the old format */
+        if (size % 2 != 0) return fail(loader, "%zu bytes, not a whole number of uint16 tokens", size);
+        *layout = (token_file_layout){0, 2, size / 2};
+        return 0;
     }
-    loader->tokens = (uint16_t *)bytes;
-    loader->token_count = size / 2;
-    for (size_t i = 0; i < loader->token_count; i++)
-        loader->tokens[i] = (uint16_t)(bytes[2 * i] | (unsigned)bytes[2 * i + 1] << 8);
+    if (got < sizeof header)
+        return fail(loader, "%zu bytes: the token file header (magic %s) needs %d", size, DATA_TOKENS_MAGIC,
+                    DATA_TOKENS_HEADER_BYTES);
+    uint64_t version = get_le(header + 8, 4), width = get_le(header + 12, 4), count = get_le(header + 16, 8);
+    if (version != DATA_TOKENS_VERSION)
+        return fail(loader, "token file version %llu; this build reads version %d", (unsigned long long)version,
+                    DATA_TOKENS_VERSION);
+    if (width != 2 && width != 4)
+        return fail(loader, "id width %llu in the header; token files hold 2 or 4 bytes per id",
+                    (unsigned long long)width);
+    size_t id_bytes = size - DATA_TOKENS_HEADER_BYTES;
+    if (id_bytes % width != 0 || id_bytes / width != count) /* by division: count * width may overflow */
+        return fail(loader, "the header says %llu ids of %llu bytes, but %zu bytes follow its %d-byte header",
+                    (unsigned long long)count, (unsigned long long)width, id_bytes, DATA_TOKENS_HEADER_BYTES);
+    *layout = (token_file_layout){DATA_TOKENS_HEADER_BYTES, (int)width, (size_t)count};
+    return 0;
+}
+
+static int refuse_id(data_loader *loader, uint64_t id, size_t position) {
+    return fail(loader, "token id %llu at position %zu is outside the vocabulary (vocab_size %d)%s",
+                (unsigned long long)id, position, loader->vocab_size, id == DATA_EOT ? "; it is <|endoftext|>" : "");
+}
+
+/* A token file, read in chunks straight into the stream in the loader's width (so the only data memory is the
+ * stream itself, whatever the file's width). An id too wide for the stream is outside the vocabulary: refused here,
+ * before it could be narrowed. */
+static int load_bin(data_loader *loader, const char *path) {
+    FILE *file = NULL;
+    size_t size = 0;
+    if (open_regular(loader, path, &file, &size) != 0) return -1;
+    token_file_layout layout = {0, 2, 0};
+    int status = token_file_layout_of(loader, file, size, &layout);
+    if (status == 0 && fseek(file, (long)layout.ids_offset, SEEK_SET) != 0)
+        status = fail(loader, "cannot seek to its ids: %s", strerror(errno));
+    if (status != 0) {
+        fclose(file);
+        return -1;
+    }
+    allocate_stream(loader, layout.count);
+    unsigned char chunk[1 << 16];
+    size_t per_chunk = sizeof chunk / (size_t)layout.width, done = 0;
+    while (status == 0 && done < layout.count) {
+        size_t want = layout.count - done < per_chunk ? layout.count - done : per_chunk;
+        size_t got = fread(chunk, (size_t)layout.width, want, file);
+        for (size_t i = 0; i < got && status == 0; i++) {
+            uint64_t id = get_le(chunk + i * (size_t)layout.width, layout.width);
+            if (id >= (uint64_t)1 << (8 * loader->token_width)) status = refuse_id(loader, id, done + i);
+            else set_token(loader, done + i, (uint32_t)id);
+        }
+        if (status == 0 && got < want)
+            status = fail(loader, "read %zu of %zu bytes%s", layout.ids_offset + (done + got) * (size_t)layout.width,
+                          size, ferror(file) ? " (read error)" : "");
+        done += got;
+    }
+    fclose(file);
+    if (status != 0) {
+        mem_free(&loader->ctx->mem, loader->tokens);
+        loader->tokens = NULL;
+    }
+    return status;
+}
+
+int data_write_tokens(const char *path, const int *ids, size_t count, int width, char *error, size_t error_size) {
+    if (width != 2 && width != 4)
+        return ctx_error(error, error_size, "%s: id width %d; token files hold 2 or 4 bytes per id", path, width);
+    for (size_t i = 0; i < count; i++)
+        if (ids[i] < 0 || (width == 2 && ids[i] > 65535))
+            return ctx_error(error, error_size, "%s: id %d at position %zu does not fit in %d bytes", path, ids[i], i,
+                             width);
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return ctx_error(error, error_size, "%s: the path is too long", path);
+    FILE *file = fopen(tmp, "wb");
+    if (file == NULL) return ctx_error(error, error_size, "cannot create %s: %s", tmp, strerror(errno));
+    unsigned char chunk[1 << 16];
+    memcpy(chunk, DATA_TOKENS_MAGIC, sizeof DATA_TOKENS_MAGIC - 1);
+    put_le(chunk + 8, DATA_TOKENS_VERSION, 4);
+    put_le(chunk + 12, (uint64_t)width, 4);
+    put_le(chunk + 16, count, 8);
+    int ok = fwrite(chunk, 1, DATA_TOKENS_HEADER_BYTES, file) == DATA_TOKENS_HEADER_BYTES;
+    size_t per_chunk = sizeof chunk / (size_t)width;
+    for (size_t done = 0; ok && done < count; done += per_chunk) {
+        size_t n = count - done < per_chunk ? count - done : per_chunk;
+        for (size_t i = 0; i < n; i++) put_le(chunk + i * (size_t)width, (uint64_t)ids[done + i], width);
+        ok = fwrite(chunk, (size_t)width, n, file) == n;
+    }
+    int write_errno = errno;
+    if (fclose(file) != 0 && ok) ok = 0, write_errno = errno;
+    if (!ok) {
+        unlink(tmp);
+        return ctx_error(error, error_size, "cannot write %s: %s", tmp, strerror(write_errno));
+    }
+    if (dcp_commit_file(tmp, path, error, error_size) != 0) {
+        unlink(tmp);
+        return -1;
+    }
     return 0;
 }
 
 static int check_stream(data_loader *loader) {
     for (size_t i = 0; i < loader->token_count; i++)
-        if (loader->tokens[i] >= loader->vocab_size)
-            return fail(loader, "token id %u at position %zu is outside the vocabulary (vocab_size %d)%s",
-                        (unsigned)loader->tokens[i], i, loader->vocab_size,
-                        loader->tokens[i] == DATA_EOT ? "; it is <|endoftext|>" : "");
+        if (data_token(loader, i) >= (uint32_t)loader->vocab_size) return refuse_id(loader, data_token(loader, i), i);
     if (loader->token_count < (size_t)loader->seq_len + 1)
         return fail(loader, "%zu tokens, fewer than seq_len + 1 = %d (one window with its last target)",
                     loader->token_count, loader->seq_len + 1);
@@ -547,6 +677,7 @@ int data_loader_open(data_loader *loader, context *ctx, const char *path, int vo
     loader->world_size = ctx->world_size;
     loader->seed = seed;
     loader->shuffle = shuffle != 0;
+    loader->token_width = data_token_width(vocab_size);
     int generated = path == NULL || path[0] == '\0';
     if (generated)
         snprintf(loader->source, sizeof loader->source, "generated stories (seed %llu, %d stories)",
@@ -612,10 +743,10 @@ void data_next_batch(data_loader *loader, int *tokens, int *targets) {
     uint64_t global_batch = (uint64_t)loader->world_size * (uint64_t)loader->micro_batch;
     uint64_t first_window = loader->next_global_micro * global_batch + (uint64_t)loader->rank * loader->micro_batch;
     for (int b = 0; b < loader->micro_batch; b++) {
-        const uint16_t *window = loader->tokens + data_window_start(loader, first_window + (uint64_t)b);
+        size_t start = data_window_start(loader, first_window + (uint64_t)b);
         for (int t = 0; t < T; t++) {
-            tokens[(size_t)b * T + t] = window[t];
-            targets[(size_t)b * T + t] = window[t + 1];
+            tokens[(size_t)b * T + t] = (int)data_token(loader, start + (size_t)t);
+            targets[(size_t)b * T + t] = (int)data_token(loader, start + (size_t)t + 1);
         }
     }
     loader->next_global_micro++;
@@ -625,4 +756,5 @@ void data_loader_close(data_loader *loader) {
     if (loader->ctx != NULL) mem_free(&loader->ctx->mem, loader->tokens);
     loader->tokens = NULL;
     loader->token_count = 0;
+    loader->token_bytes = 0;
 }

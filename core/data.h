@@ -5,8 +5,22 @@
  *        ──► data_next_batch: window k of global micro-batch g, rank r takes its micro_batch windows
  *
  * The default data is generated here (data_generate_stories), so every lab runs with no download. A path ending in
- * .bin is a flat file of little-endian uint16 token ids; any other path is UTF-8 text in TinyStories' format
- * (stories separated by "<|endoftext|>"), tokenized by bytes.
+ * .bin is a token file (below); any other path is UTF-8 text in TinyStories' format (stories separated by
+ * "<|endoftext|>"), tokenized by bytes.
+ *
+ * Token files (.bin), like llm.c's: a 24-byte header, then the ids little-endian, `width` bytes each:
+ *
+ *   offset 0   8 bytes   magic "FSDPTOKS"
+ *          8   uint32    version, 1
+ *         12   uint32    width: 2 (uint16 ids) or 4 (uint32 ids: Qwen2's ids go to 151,645)
+ *         16   uint64    count: the number of ids; the file is exactly 24 + count * width bytes
+ *         24   ids
+ *
+ * (all little-endian). A file that does not start with the magic is the old headerless format: raw little-endian
+ * uint16 ids (an old file whose first ids spell "FSDPTOKS", 0x5346 0x5044 0x4f54 0x534b, would be read as a header and
+ * refused by its version or size: no vocabulary that old files can hold makes that likely, and none is accepted as
+ * something it is not). In memory the loader keeps ids in the narrowest width that holds the vocabulary
+ * (data_token_width), whatever the file's width, so a tiny run's data costs 2 bytes a token either way.
  *
  * Sampling is PyTorch's DistributedSampler, made world-size independent: a global micro-batch is world_size *
  * micro_batch windows of seq_len + 1 tokens (inputs plus the next token as target), laid back to back with a stride
@@ -47,13 +61,33 @@ size_t data_decode(const int *tokens, size_t count, char *out, size_t out_size);
  * out_size - 1 bytes and a NUL, returns the full length (call with NULL, 0 to size the buffer). */
 size_t data_generate_stories(uint64_t seed, int count, char *out, size_t out_size);
 
+/* ---- Token files ---- */
+
+#define DATA_TOKENS_MAGIC "FSDPTOKS"  /* 8 bytes, no terminator in the file */
+#define DATA_TOKENS_VERSION 1
+#define DATA_TOKENS_HEADER_BYTES 24
+
+/* The width in bytes ids of a vocabulary take in memory: 2 (uint16) when every id < vocab_size fits 16 bits
+ * (vocab_size <= 65536), else 4 (uint32). */
+int data_token_width(int vocab_size);
+
+/* Writes `count` ids as a token file of the given width (2 or 4): header, then the ids little-endian, through
+ * <path>.tmp flushed to disk and renamed (dcp_commit_file), so a full disk or a kill leaves no partial file under
+ * `path`. Returns -1 with `error` naming the path and the values: a width that is not 2 or 4, an id that does not
+ * fit it (negative, or >= 65536 at width 2: "id 70000 at position 3 does not fit in 2 bytes"), a failed write (the
+ * .tmp is removed). Not collective: one rank writes. */
+int data_write_tokens(const char *path, const int *ids, size_t count, int width, char *error, size_t error_size);
+
 /* ---- Loader ---- */
 
 typedef struct data_loader {
     context *ctx;
     char source[600];             /* the path, or "generated stories (seed S)", for messages */
-    uint16_t *tokens;             /* the whole stream, category data, owner "data.tokens" */
+    void *tokens;                 /* the whole stream, category data, owner "data.tokens": uint16_t or uint32_t ids
+                                     (token_width); read them with data_token */
+    int token_width;              /* 2 or 4: data_token_width(vocab_size) */
     size_t token_count;
+    size_t token_bytes;           /* token_count * token_width: the stream's data memory (the memory model's) */
     int vocab_size;
     int micro_batch, seq_len;     /* this rank's batch: micro_batch sequences of seq_len tokens */
     int rank, world_size;
@@ -64,14 +98,21 @@ typedef struct data_loader {
     uint64_t next_global_micro;   /* the global micro-batch the next data_next_batch reads; set it to resume */
 } data_loader;
 
-/* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed`; "*.bin" raw
- * little-endian uint16 ids; anything else text. Every id must be < vocab_size, and the stream must hold at least
- * seq_len + 1 tokens. shuffle != 0 reorders the windows by `seed` (world-size independent all the same).
- * Collective: every rank loads its own copy, and every rank returns -1 if any failed, with ctx->error naming the
- * path and the values ("rank 0: /x/a.bin: 7 bytes, not a whole number of uint16 tokens"). Nothing stays allocated
- * on failure. */
+/* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed`; "*.bin" a token
+ * file (headered, or old headerless uint16); anything else text. Every id must be < vocab_size, and the stream must
+ * hold at least seq_len + 1 tokens. shuffle != 0 reorders the windows by `seed` (world-size independent all the
+ * same). Collective: every rank loads its own copy, and every rank returns -1 if any failed, with ctx->error naming
+ * the path and the values ("rank 0: /x/a.bin: 7 bytes, not a whole number of uint16 tokens"; "... header says 100
+ * ids of 4 bytes (400 bytes) but 396 bytes follow it"; "... token file version 7, this build reads version 1";
+ * "... id width 3 in the header; token files hold 2 or 4"; "... token id 300 at position 2 is outside the
+ * vocabulary (vocab_size 260)"). Nothing stays allocated on failure. */
 int data_loader_open(data_loader *loader, context *ctx, const char *path, int vocab_size, int micro_batch,
                      int seq_len, uint64_t seed, int shuffle);
+
+/* Id i of the stream. */
+static inline uint32_t data_token(const data_loader *loader, size_t i) {
+    return loader->token_width == 2 ? ((const uint16_t *)loader->tokens)[i] : ((const uint32_t *)loader->tokens)[i];
+}
 
 /* Where window `global_window` starts in the stream: window k of global micro-batch g is global window
  * g * world_size * micro_batch + k. Unshuffled it starts at (global_window * seq_len) mod window_starts; shuffled,

@@ -124,41 +124,49 @@ void rope_backward(float *dx, const float *cos_table, const float *sin_table, in
     rope_apply(dx, cos_table, sin_table, B, T, H, D, -1.0f);
 }
 
-/* Row-wise causal softmax of scores (T, T) in place: row t keeps columns 0..t, the rest become 0. */
-static void causal_softmax_rows(float *scores, int T) {
+/* Row-wise causal softmax of scores (T, past + T) in place: row t is query position past + t, keeps columns
+ * 0 .. past + t, the rest become 0. */
+static void causal_softmax_rows(float *scores, int T, int past) {
+    int width = past + T;
     for (int t = 0; t < T; t++) {
-        float *row = scores + (size_t)t * T;
+        float *row = scores + (size_t)t * width;
+        int last = past + t;
         float max_value = row[0];
-        for (int j = 1; j <= t; j++) max_value = max_of(max_value, row[j]);
+        for (int j = 1; j <= last; j++) max_value = max_of(max_value, row[j]);
         double sum = 0.0;
-        for (int j = 0; j <= t; j++) {
+        for (int j = 0; j <= last; j++) {
             row[j] = expf(row[j] - max_value);
             sum += row[j];
         }
         float inverse = (float)(1.0 / sum);
-        for (int j = 0; j <= t; j++) row[j] *= inverse;
-        for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+        for (int j = 0; j <= last; j++) row[j] *= inverse;
+        for (int j = last + 1; j < width; j++) row[j] = 0.0f;
     }
 }
 
 void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T, int H,
                        int KVH, int D) {
-    int group = H / KVH;
+    attention_forward_at(out, probs, q, k, v, B, T, 0, H, KVH, D);
+}
+
+void attention_forward_at(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T,
+                          int past, int H, int KVH, int D) {
+    int group = H / KVH, keys = past + T;
     size_t q_stride = (size_t)H * D, kv_stride = (size_t)KVH * D;
     float scale = 1.0f / sqrtf((float)D);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             const float *q_head = q + (size_t)b * T * q_stride + (size_t)h * D;
-            const float *k_head = k + (size_t)b * T * kv_stride + (size_t)(h / group) * D;
-            const float *v_head = v + (size_t)b * T * kv_stride + (size_t)(h / group) * D;
-            float *p = probs + ((size_t)b * H + h) * T * T;
+            const float *k_head = k + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
+            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
+            float *p = probs + ((size_t)b * H + h) * T * keys;
             float *o = out + (size_t)b * T * q_stride + (size_t)h * D;
-            /* scores (T, T) = scale * q_head (T, D) @ k_head^T; rows strided by the heads between them */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, q_head, (int)q_stride, k_head,
-                        (int)kv_stride, 0.0f, p, T);
-            causal_softmax_rows(p, T);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, p, T, v_head, (int)kv_stride, 0.0f,
-                        o, (int)q_stride);
+            /* scores (T, keys) = scale * q_head (T, D) @ k_head^T; rows strided by the heads between them */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, D, scale, q_head, (int)q_stride, k_head,
+                        (int)kv_stride, 0.0f, p, keys);
+            causal_softmax_rows(p, T, past);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, keys, 1.0f, p, keys, v_head, (int)kv_stride,
+                        0.0f, o, (int)q_stride);
         }
     }
 }

@@ -44,6 +44,11 @@ void rope_backward(float *dx, const float *cos_table, const float *sin_table, in
  * h / (H / KVH) (HF's repeat_kv). out (B, T, H, D) = softmax(q k^T / sqrt(D), causal) v. Saves probs (B, H, T, T). */
 void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T, int H,
                        int KVH, int D);
+/* The same for T new positions after `past` earlier ones (a KV cache): q (B, T, H, D) at positions past .. past+T-1,
+ * k and v (B, past + T, KVH, D) every position so far; query t sees keys 0 .. past + t. probs (B, H, T, past + T).
+ * past = 0 is attention_forward, computed by the same lines. */
+void attention_forward_at(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T,
+                          int past, int H, int KVH, int D);
 /* dq, dk, dv += ...; scratch is (T, T) floats. */
 void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *probs,
                         const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D);

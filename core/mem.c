@@ -8,6 +8,7 @@
 static const char *const category_names[MEM_CATEGORY_COUNT] = {
     "param_shard", "param_unsharded", "grad_unsharded", "grad_shard",  "optim_state",
     "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
+    "kv_cache",
 };
 
 const char *mem_category_name(mem_category category) {

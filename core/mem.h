@@ -33,6 +33,7 @@ typedef enum mem_category {
     MEM_WORKSPACE,
     MEM_COMM_BUFFER,
     MEM_DATA,
+    MEM_KV_CACHE,                 /* generation's keys and values of the positions so far (qwen2_kv_cache) */
     MEM_CATEGORY_COUNT
 } mem_category;
 

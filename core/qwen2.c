@@ -714,11 +714,24 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     linear_forward(a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
     linear_forward(a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
     linear_forward(a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
-    rope_forward(a->q, model->rope_cos, model->rope_sin, B, T, H, D);
-    rope_forward(a->k, model->rope_cos, model->rope_sin, B, T, KVH, D);
-    a->probs = output_buffer(model, (size_t)B * H * T * T, "self_attn.probs", l, MEM_ACTIVATION);
+    /* With a KV cache these T tokens are positions past .. past + T - 1: RoPE from there, and attention over every
+     * cached position (this batch's k, v appended first). */
+    qwen2_kv_cache *cache = acts->cache;
+    int past = cache != NULL ? cache->length : 0;
+    const float *rope_cos = model->rope_cos + (size_t)past * D, *rope_sin = model->rope_sin + (size_t)past * D;
+    rope_forward(a->q, rope_cos, rope_sin, B, T, H, D);
+    rope_forward(a->k, rope_cos, rope_sin, B, T, KVH, D);
+    const float *keys = a->k, *values = a->v;
+    if (cache != NULL) {
+        size_t at = (size_t)past * KVH * D, count = (size_t)T * KVH * D;
+        memcpy(cache->k[l] + at, a->k, count * sizeof(float));
+        memcpy(cache->v[l] + at, a->v, count * sizeof(float));
+        keys = cache->k[l];
+        values = cache->v[l];
+    }
+    a->probs = output_buffer(model, (size_t)B * H * T * (past + T), "self_attn.probs", l, MEM_ACTIVATION);
     a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
-    attention_forward(a->attention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
+    attention_forward_at(a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
     linear_forward(a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
     add_inplace(a->mid, x, (size_t)N * C);
@@ -856,18 +869,27 @@ void qwen2_embed_backward(qwen2_model *model, qwen2_activations *acts) {
 
 /* ---------------------------------------------------------------- whole passes */
 
+/* The whole forward; with a cache (B = 1) the tokens continue the cached positions, and the cache grows by T. */
 static int forward_all(qwen2_model *model, qwen2_activations *acts, const int *tokens, const int *targets, int B,
-                       int T) {
+                       int T, qwen2_kv_cache *cache) {
     if (qwen2_activations_begin(model, acts, tokens, targets, B, T) != 0) return -1;
+    if (cache != NULL) {
+        if (B != 1 || T > cache->capacity - cache->length)
+            ctx_fatal(model->ctx, "KV cache of %d positions holding %d: no room for a batch of %d x %d",
+                      cache->capacity, cache->length, B, T);
+        acts->cache = cache;
+        ensure_rope(model, cache->length + T);
+    }
     qwen2_embed_forward(model, acts);
     for (int l = 0; l < model->config.num_hidden_layers; l++) qwen2_layer_forward(model, acts, l);
     qwen2_head_forward(model, acts);
+    if (cache != NULL) cache->length += T;
     return 0;
 }
 
 float qwen2_forward_backward(qwen2_model *model, const int *tokens, const int *targets, int B, int T) {
     qwen2_activations acts;
-    if (forward_all(model, &acts, tokens, targets, B, T) != 0) ctx_fatal(model->ctx, "%s", model->ctx->error);
+    if (forward_all(model, &acts, tokens, targets, B, T, NULL) != 0) ctx_fatal(model->ctx, "%s", model->ctx->error);
     for (int unit = 0; unit < model->unit_count; unit++) fp_alloc_full_grad(&model->units[unit]);
     qwen2_head_backward(model, &acts);
     for (int l = model->config.num_hidden_layers - 1; l >= 0; l--) qwen2_layer_backward(model, &acts, l);
@@ -893,8 +915,35 @@ static int next_token(const float *logits, int V, float temperature, uint64_t se
     return best;
 }
 
-int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
-                   uint64_t seed, int *out) {
+void qwen2_kv_cache_init(qwen2_model *model, qwen2_kv_cache *cache, int capacity) {
+    const qwen2_config *c = &model->config;
+    int L = c->num_hidden_layers;
+    size_t count = (size_t)capacity * c->num_key_value_heads * c->head_dim;
+    cache->capacity = capacity;
+    cache->length = 0;
+    cache->k = calloc((size_t)(L > 0 ? L : 1), sizeof *cache->k); /* pointer tables: metadata, not tensors */
+    cache->v = calloc((size_t)(L > 0 ? L : 1), sizeof *cache->v);
+    if (cache->k == NULL || cache->v == NULL) ctx_fatal(model->ctx, "out of memory for the KV cache tables");
+    for (int l = 0; l < L; l++) { /* read only where written: no zeroing */
+        cache->k[l] = output_buffer(model, count, "self_attn.k_cache", l, MEM_KV_CACHE);
+        cache->v[l] = output_buffer(model, count, "self_attn.v_cache", l, MEM_KV_CACHE);
+    }
+}
+
+void qwen2_kv_cache_free(qwen2_model *model, qwen2_kv_cache *cache) {
+    for (int l = 0; l < model->config.num_hidden_layers; l++) {
+        if (cache->k) release(model, &cache->k[l]);
+        if (cache->v) release(model, &cache->v[l]);
+    }
+    free(cache->k);
+    free(cache->v);
+    memset(cache, 0, sizeof *cache);
+}
+
+/* Both generations: cached, each forward runs only the positions the cache lacks (the prompt, then one); uncached,
+ * every forward reruns the whole sequence. Either way the next token comes from the last row's logits. */
+static int generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
+                    uint64_t seed, int *out, int cached) {
     int positions = model->config.max_position_embeddings, V = model->config.vocab_size;
     if (max_new < 0 || prompt_length < 1 || prompt_length > positions)
         return ctx_error(model->ctx->error, sizeof model->ctx->error,
@@ -905,19 +954,33 @@ int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int
     int capacity = prompt_length + (max_new < positions - prompt_length ? max_new : positions - prompt_length);
     int *sequence = mem_alloc(&model->ctx->mem, (size_t)capacity * sizeof(int), MEM_DATA, "generate.sequence");
     memcpy(sequence, prompt, (size_t)prompt_length * sizeof(int));
+    qwen2_kv_cache cache = {0};
+    if (cached) qwen2_kv_cache_init(model, &cache, capacity);
     int length = prompt_length, produced = 0;
-    /* No KV cache: each new token reruns the whole prefix. Simple, and fine for the sizes we sample from. */
     while (length < capacity) {
         qwen2_activations acts;
-        if (forward_all(model, &acts, sequence, NULL, 1, length) != 0) ctx_fatal(model->ctx, "%s", model->ctx->error);
-        int token = next_token(acts.logits + (size_t)(length - 1) * V, V, temperature, seed, (uint64_t)produced);
+        int first = cache.length; /* 0 without a cache */
+        if (forward_all(model, &acts, sequence + first, NULL, 1, length - first, cached ? &cache : NULL) != 0)
+            ctx_fatal(model->ctx, "%s", model->ctx->error);
+        int token = next_token(acts.logits + (size_t)(length - first - 1) * V, V, temperature, seed, (uint64_t)produced);
         qwen2_activations_end(model, &acts);
         out[produced++] = token;
         sequence[length++] = token;
         if (token == model->config.eos_token_id) break;
     }
+    if (cached) qwen2_kv_cache_free(model, &cache);
     mem_free(&model->ctx->mem, sequence);
     return produced;
+}
+
+int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
+                   uint64_t seed, int *out) {
+    return generate(model, prompt, prompt_length, max_new, temperature, seed, out, 1);
+}
+
+int qwen2_generate_uncached(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
+                            uint64_t seed, int *out) {
+    return generate(model, prompt, prompt_length, max_new, temperature, seed, out, 0);
 }
 
 /* ---------------------------------------------------------------- the model as the runtime sees it */

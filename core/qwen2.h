@@ -168,6 +168,8 @@ typedef struct qwen2_activations {
     int target_count;
     const int *checkpointed;      /* per layer, or NULL: layer l's input is kept as checkpoint_input memory (the
                                      only thing activation checkpointing keeps of a layer) */
+    struct qwen2_kv_cache *cache; /* generation only (B = 1), or NULL: the tokens are positions cache->length ..
+                                     + T - 1; each layer appends its k, v there and attends over the whole cache */
 } qwen2_activations;
 
 /* Allocates the batch buffers and copies tokens/targets in (targets may be NULL: forward only, no loss). Checks
@@ -196,11 +198,30 @@ void qwen2_layer_recompute(qwen2_model *model, qwen2_activations *acts, int laye
  * when missing). Returns the loss. */
 float qwen2_forward_backward(qwen2_model *model, const int *tokens, const int *targets, int B, int T);
 
+/* ---- Generation ---- */
+
+/* What attention keeps of the positions seen so far, so that generation computes one new position per token: per
+ * layer the keys (after RoPE) and values, (capacity, num_key_value_heads * head_dim) floats each, category kv_cache,
+ * owners "layers.<l>.self_attn.k_cache" / ".v_cache". */
+typedef struct qwen2_kv_cache {
+    int capacity;                 /* positions it can hold */
+    int length;                   /* positions filled: the next forward's first position */
+    float **k, **v;               /* per layer */
+} qwen2_kv_cache;
+
+void qwen2_kv_cache_init(qwen2_model *model, qwen2_kv_cache *cache, int capacity);
+void qwen2_kv_cache_free(qwen2_model *model, qwen2_kv_cache *cache);
+
 /* Greedy (temperature 0) or sampled continuation of prompt; every unit UNSHARDED. Writes up to max_new tokens into
  * out and returns how many (stops early at eos, and at max_position_embeddings positions in all). Sampling uses the
- * counter RNG keyed by (seed, step). -1 with ctx->error when the prompt is empty or longer than
+ * counter RNG keyed by (seed, step). With a KV cache: one forward over the prompt (prefill), then one position per
+ * new token attending over the cache. -1 with ctx->error when the prompt is empty or longer than
  * max_position_embeddings, or max_new < 0. */
 int qwen2_generate(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
                    uint64_t seed, int *out);
+/* The same without a cache: every new token reruns the whole prefix. The reference the cached path is tested
+ * against (the same tokens, token for token). */
+int qwen2_generate_uncached(qwen2_model *model, const int *prompt, int prompt_length, int max_new, float temperature,
+                            uint64_t seed, int *out);
 
 #endif

@@ -134,8 +134,9 @@ static void check_save_directories(context *ctx, const settings *s) {
 }
 
 /* Before the model is allocated: the analytic memory model's peak for these settings, from the config and the wrap
- * alone, against the memory this rank may use (MEMORY_CHECK=0 skips it). The token stream is estimated from DATA's
- * size (uint16 per token: a .bin as is, text at most one token per byte); the generated stories are a few MB. */
+ * alone, against the memory this rank may use (MEMORY_CHECK=0 skips it). The token stream is bounded from DATA's
+ * size (a .bin at most one id per 2 bytes, text at most one per byte; each id 2 or 4 bytes in memory by the
+ * vocabulary); the generated stories are a few MB. */
 static void require_memory_fit(context *ctx, const settings *s, const qwen2_config *config, fsdp_wrap_fn wrap,
                                void *wrap_user) {
     fsdp_options options = make_options(ctx, s);
@@ -144,7 +145,8 @@ static void require_memory_fit(context *ctx, const settings *s, const qwen2_conf
     if (s->data != NULL && s->data[0] != '\0' && stat(s->data, &info) == 0 && S_ISREG(info.st_mode)) {
         size_t length = strlen(s->data);
         int bin = length > 4 && strcmp(s->data + length - 4, ".bin") == 0;
-        data_bytes = bin ? (size_t)info.st_size : 2 * (size_t)info.st_size;
+        size_t width = (size_t)data_token_width(config->vocab_size); /* the in-memory id: 2 or 4 bytes */
+        data_bytes = bin ? width * ((size_t)info.st_size / 2) : width * (size_t)info.st_size;
     }
     memory_prediction prediction;
     if (memory_model_predict_config(&prediction, ctx, config, wrap, wrap_user, &options, s->micro_batch, s->seq_len,
@@ -403,7 +405,7 @@ int main(int argc, char **argv) {
     int steps_run = s.steps - first_step + 1;
     memory_prediction predicted;
     memory_model_predict(&predicted, &model, &options, ctx.world_size, s.micro_batch, s.seq_len,
-                         loader.token_count * sizeof(uint16_t), steps_run * s.accumulation);
+                         loader.token_bytes, steps_run * s.accumulation);
     char report[4096];
     memory_model_report(&predicted, measured_peak, measured_total_peak, measured_reserved_peak, report, sizeof report);
     if (ctx.rank == 0 && steps_run > 0) printf("\n%s", report);

@@ -185,7 +185,7 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
 
     memory_prediction predicted;
     memory_model_predict(&predicted, &model, &options, ctx->world_size, s->micro_batch, s->seq_len,
-                         loader.token_count * sizeof(uint16_t), s->steps);
+                         loader.token_bytes, s->steps);
     char report[4096];
     memory_model_report(&predicted, measured_peak, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, report,
                         sizeof report);

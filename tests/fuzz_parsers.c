@@ -346,8 +346,8 @@ static void config_refusal(const buffer *seed, uint64_t *rng, buffer *out, char 
     snprintf(what, what_size, "%s%s", field, value);
 }
 
-/* Token files: the loader's own checks, so each mutant's verdict is known exactly: accepted iff a whole number of
- * uint16 ids, at least seq_len + 1 of them, each < vocab_size. */
+/* Token files: the loader's own checks, so each mutant's verdict is known exactly (tokens_valid). Two seeds: the old
+ * headerless uint16 file, and the headered one from data_write_tokens at 4 bytes an id (narrowed to 2 in memory). */
 static int tokens_bin_seed(fuzz_state *state) {
     buffer b = {0};
     for (int i = 0; i < 3 * TOKENS_SEQ_LEN; i++) {
@@ -359,10 +359,31 @@ static int tokens_bin_seed(fuzz_state *state) {
     return status;
 }
 
+/* What the loader must accept: a headered file (data.h) whose header agrees with its size, or, without the magic,
+ * the old headerless uint16 ids; either way at least seq_len + 1 ids, each < vocab_size. */
+static uint64_t little_endian(const unsigned char *bytes, int count) {
+    uint64_t value = 0;
+    for (int i = count - 1; i >= 0; i--) value = value << 8 | bytes[i];
+    return value;
+}
+
 static int tokens_valid(const buffer *b) {
-    if (b->size % 2 != 0 || b->size / 2 < TOKENS_SEQ_LEN + 1) return 0;
-    for (size_t i = 0; i < b->size; i += 2)
-        if ((b->bytes[i] | b->bytes[i + 1] << 8) >= TOKENS_VOCAB) return 0;
+    size_t offset = 0, width = 2, count = b->size / 2;
+    if (b->size >= 8 && memcmp(b->bytes, DATA_TOKENS_MAGIC, 8) == 0) {
+        if (b->size < DATA_TOKENS_HEADER_BYTES) return 0;
+        uint64_t version = little_endian(b->bytes + 8, 4), header_width = little_endian(b->bytes + 12, 4);
+        uint64_t header_count = little_endian(b->bytes + 16, 8);
+        size_t id_bytes = b->size - DATA_TOKENS_HEADER_BYTES;
+        if (version != DATA_TOKENS_VERSION || (header_width != 2 && header_width != 4) || id_bytes % header_width != 0 ||
+            id_bytes / header_width != header_count)
+            return 0;
+        offset = DATA_TOKENS_HEADER_BYTES, width = (size_t)header_width, count = (size_t)header_count;
+    } else if (b->size % 2 != 0) {
+        return 0;
+    }
+    if (count < TOKENS_SEQ_LEN + 1) return 0;
+    for (size_t i = 0; i < count; i++)
+        if (little_endian(b->bytes + offset + i * width, (int)width) >= TOKENS_VOCAB) return 0;
     return 1;
 }
 
@@ -416,6 +437,44 @@ static void tokens_bin_refusal(const buffer *seed, uint64_t *rng, buffer *out, c
         out->bytes[at] = (unsigned char)id;
         out->bytes[at + 1] = (unsigned char)(id >> 8);
         snprintf(what, what_size, "id %zu at token %zu", id, at / 2);
+    }
+}
+
+static int tokens_header_seed(fuzz_state *state) {
+    int ids[3 * TOKENS_SEQ_LEN];
+    for (int i = 0; i < 3 * TOKENS_SEQ_LEN; i++) ids[i] = i * 37 % TOKENS_VOCAB;
+    return data_write_tokens(state->path, ids, 3 * TOKENS_SEQ_LEN, 4, state->ctx->error, sizeof state->ctx->error);
+}
+
+/* A header that disagrees with its file, or a file cut short, or an id past the vocabulary. */
+static void tokens_header_refusal(const buffer *seed, uint64_t *rng, buffer *out, char *what, size_t what_size) {
+    static const uint64_t odd_fields[] = {0, 1, 3, 5, 8, 65535, 0xffffffffu};
+    buffer_set(out, seed->bytes, seed->size);
+    size_t ids = (seed->size - DATA_TOKENS_HEADER_BYTES) / 4;
+    uint64_t odd = odd_fields[below(rng, sizeof odd_fields / sizeof odd_fields[0])];
+    size_t kind = below(rng, 6);
+    if (kind == 0) {
+        size_t at = below(rng, 8);
+        out->bytes[at] ^= (unsigned char)(1 + below(rng, 255));
+        snprintf(what, what_size, "magic byte %zu changed (the old format then, ids outside the vocabulary)", at);
+    } else if (kind == 1) {
+        for (int i = 0; i < 4; i++) out->bytes[8 + i] = (unsigned char)(odd >> (8 * i));
+        snprintf(what, what_size, "version %llu", (unsigned long long)odd);
+    } else if (kind == 2) {
+        for (int i = 0; i < 4; i++) out->bytes[12 + i] = (unsigned char)(odd >> (8 * i));
+        snprintf(what, what_size, "width %llu", (unsigned long long)odd);
+    } else if (kind == 3) {
+        uint64_t count = below(rng, 2) ? ids + 1 + below(rng, 1000) : (uint64_t)1 << (62 + below(rng, 2));
+        for (int i = 0; i < 8; i++) out->bytes[16 + i] = (unsigned char)(count >> (8 * i));
+        snprintf(what, what_size, "count %llu, larger than the %zu ids", (unsigned long long)count, ids);
+    } else if (kind == 4) {
+        out->size = below(rng, seed->size);
+        snprintf(what, what_size, "truncated to %zu of %zu bytes", out->size, seed->size);
+    } else {
+        size_t at = below(rng, ids);
+        uint64_t id = TOKENS_VOCAB + below(rng, 0xffffffffu - TOKENS_VOCAB);
+        for (int i = 0; i < 4; i++) out->bytes[DATA_TOKENS_HEADER_BYTES + 4 * at + i] = (unsigned char)(id >> (8 * i));
+        snprintf(what, what_size, "id %llu at token %zu", (unsigned long long)id, at);
     }
 }
 
@@ -626,6 +685,7 @@ static const fuzz_parser parsers[] = {
     {"safetensors", "model.safetensors", 1, safetensors_seed, safetensors_parse, safetensors_refusal},
     {"config.json", "config.json", 1, config_seed, config_parse, config_refusal},
     {"tokens.bin", "tokens.bin", 0, tokens_bin_seed, tokens_bin_parse, tokens_bin_refusal},
+    {"tokens-header.bin", "tokens.bin", 0, tokens_header_seed, tokens_bin_parse, tokens_header_refusal},
     {"tokens.txt", "tokens.txt", 0, tokens_text_seed, tokens_open, NULL},
     {"rank0.jsonl", "rank0.jsonl", 1, jsonl_seed, jsonl_parse, jsonl_refusal},
     {"rank1.jsonl", "rank1.jsonl", 1, jsonl_seed, jsonl_parse, jsonl_refusal},

@@ -1,5 +1,6 @@
 /* test_data.c — the data side: byte tokenizer round trip, the built-in stories (deterministic, printable, separated),
- * the text and .bin loaders agreeing, targets one token ahead, the global batch independent of the world size
+ * the text and .bin loaders agreeing, token files with a header at 2 and 4 bytes an id and the old headerless ones,
+ * their writer and their refusals, targets one token ahead, the global batch independent of the world size
  * (gathered from every rank and compared with a hand-computed table), shuffling that keeps it, and refusals that
  * name the path and the values. Runs at any world size; the hand-computed tables need it to divide 4. */
 #define _POSIX_C_SOURCE 200809L
@@ -125,6 +126,23 @@ START_TEST(test_stories_are_deterministic_printable_and_separated) {
 }
 END_TEST
 
+/* Two loaders of the same stream and settings hand out the same `batches` batches. */
+static void expect_same_batches(data_loader *a, data_loader *b, int batches) {
+    size_t count = (size_t)a->micro_batch * a->seq_len;
+    int *tokens_a = token_buffer(count, "test.batch"), *targets_a = token_buffer(count, "test.batch");
+    int *tokens_b = token_buffer(count, "test.batch"), *targets_b = token_buffer(count, "test.batch");
+    for (int batch = 0; batch < batches; batch++) {
+        data_next_batch(a, tokens_a, targets_a);
+        data_next_batch(b, tokens_b, targets_b);
+        ck_assert_msg(memcmp(tokens_a, tokens_b, count * sizeof(int)) == 0, "batch %d tokens differ", batch);
+        ck_assert_msg(memcmp(targets_a, targets_b, count * sizeof(int)) == 0, "batch %d targets differ", batch);
+    }
+    mem_free(&ctx.mem, tokens_a);
+    mem_free(&ctx.mem, targets_a);
+    mem_free(&ctx.mem, tokens_b);
+    mem_free(&ctx.mem, targets_b);
+}
+
 START_TEST(test_text_and_bin_loaders_agree) {
     size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
     size_t length = 0;
@@ -144,8 +162,8 @@ START_TEST(test_text_and_bin_loaders_agree) {
         ck_assert_uint_eq(from_text.token_count, count);
         ck_assert_uint_eq(from_bin.token_count, count);
         for (size_t i = 0; i < count; i++) {
-            ck_assert_int_eq(from_text.tokens[i], stream[i]);
-            ck_assert_int_eq(from_bin.tokens[i], stream[i]);
+            ck_assert_int_eq((int)data_token(&from_text, i), stream[i]);
+            ck_assert_int_eq((int)data_token(&from_bin, i), stream[i]);
         }
         /* the stream is held once, as uint16, under its owner */
         const mem_block *block = mem_find(&ctx.mem, from_bin.tokens);
@@ -154,18 +172,7 @@ START_TEST(test_text_and_bin_loaders_agree) {
         ck_assert_int_eq(block->category, MEM_DATA);
         ck_assert_uint_eq(block->bytes, count * sizeof(uint16_t));
 
-        int *tokens_a = token_buffer(64, "test.batch"), *targets_a = token_buffer(64, "test.batch");
-        int *tokens_b = token_buffer(64, "test.batch"), *targets_b = token_buffer(64, "test.batch");
-        for (int batch = 0; batch < 40; batch++) {
-            data_next_batch(&from_text, tokens_a, targets_a);
-            data_next_batch(&from_bin, tokens_b, targets_b);
-            ck_assert_msg(memcmp(tokens_a, tokens_b, 64 * sizeof(int)) == 0, "batch %d tokens differ", batch);
-            ck_assert_msg(memcmp(targets_a, targets_b, 64 * sizeof(int)) == 0, "batch %d targets differ", batch);
-        }
-        mem_free(&ctx.mem, tokens_a);
-        mem_free(&ctx.mem, targets_a);
-        mem_free(&ctx.mem, tokens_b);
-        mem_free(&ctx.mem, targets_b);
+        expect_same_batches(&from_text, &from_bin, 40);
         data_loader_close(&from_text);
         data_loader_close(&from_bin);
     }
@@ -189,7 +196,7 @@ START_TEST(test_default_stories_and_targets_one_ahead) {
     ck_assert_uint_lt(loader.token_count, 2500000);
     ck_assert_uint_eq(loader.window_starts, loader.token_count - T);
     size_t eot_count = 0;
-    for (size_t i = 0; i < loader.token_count; i++) eot_count += loader.tokens[i] == DATA_EOT;
+    for (size_t i = 0; i < loader.token_count; i++) eot_count += data_token(&loader, i) == DATA_EOT;
     ck_assert_uint_eq(eot_count, DATA_DEFAULT_STORIES);
 
     int *tokens = token_buffer((size_t)micro_batch * T, "test.batch");
@@ -202,8 +209,8 @@ START_TEST(test_default_stories_and_targets_one_ahead) {
             size_t start = ((g * global_batch + k) * T) % (loader.token_count - T);
             ck_assert_uint_eq(data_window_start(&loader, g * global_batch + k), start);
             for (int t = 0; t < T; t++) {
-                ck_assert_int_eq(tokens[b * T + t], loader.tokens[start + t]);
-                ck_assert_int_eq(targets[b * T + t], loader.tokens[start + t + 1]);
+                ck_assert_int_eq(tokens[b * T + t], (int)data_token(&loader, start + t));
+                ck_assert_int_eq(targets[b * T + t], (int)data_token(&loader, start + t + 1));
                 if (t + 1 < T) ck_assert_int_eq(targets[b * T + t], tokens[b * T + t + 1]);
             }
         }
@@ -384,6 +391,153 @@ START_TEST(test_refusals_name_path_and_values) {
 }
 END_TEST
 
+/* Bytes at `offset` of a file overwritten in place: a header field changed after data_write_tokens wrote it. */
+static void patch_file(const char *path, long offset, const void *bytes, size_t size) {
+    FILE *file = fopen(path, "r+b");
+    ck_assert_msg(file != NULL, "rank %d: cannot open %s", ctx.rank, path);
+    ck_assert_int_eq(fseek(file, offset, SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(bytes, 1, size, file), size);
+    ck_assert_int_eq(fclose(file), 0);
+}
+
+static void write_tokens(const char *path, const int *ids, size_t count, int width) {
+    ck_assert_msg(data_write_tokens(path, ids, count, width, ctx.error, sizeof ctx.error) == 0, "%s", ctx.error);
+}
+
+/* The loader's stream against the ids, held once in the narrowest width of the vocabulary. */
+static void expect_stream(const char *path, int vocab_size, const int *ids, size_t count) {
+    data_loader loader;
+    ck_assert_msg(data_loader_open(&loader, &ctx, path, vocab_size, 1, 4, 1, 0) == 0, "%s", ctx.error);
+    int width = vocab_size <= 65536 ? 2 : 4;
+    ck_assert_int_eq(loader.token_width, width);
+    ck_assert_uint_eq(loader.token_count, count);
+    ck_assert_uint_eq(loader.token_bytes, count * (size_t)width);
+    ck_assert_uint_eq(mem_find(&ctx.mem, loader.tokens)->bytes, count * (size_t)width);
+    for (size_t i = 0; i < count; i++)
+        ck_assert_msg(data_token(&loader, i) == (uint32_t)ids[i], "%s: id %zu is %u, expected %d", path, i,
+                      data_token(&loader, i), ids[i]);
+    data_loader_close(&loader);
+}
+
+/* Headered files at both widths read back exactly, into 2-byte ids when the vocabulary fits 16 bits (whatever the
+ * file's width) and 4-byte ids past it; the file is the header then the ids little-endian; no .tmp stays; the old
+ * headerless file of the same ids gives the same batches as the headered one. */
+START_TEST(test_token_files_round_trip_at_both_widths) {
+    size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
+    enum { count = 300 };
+    int small[count], large[count];
+    for (int i = 0; i < count; i++) {
+        small[i] = (i * 37) % 260;
+        large[i] = i == 7 ? 151645 : (int)((uint32_t)i * 2654435761u % 151936u);
+    }
+    char path[256], old_path[256], tmp[300];
+    temp_path(path, sizeof path, "tokens.bin");
+    temp_path(old_path, sizeof old_path, "old.bin");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    for (int width = 2; width <= 4; width += 2) {
+        write_tokens(path, small, count, width);
+        ck_assert_int_eq(access(tmp, F_OK), -1); /* renamed away */
+        FILE *file = fopen(path, "rb");
+        unsigned char bytes[DATA_TOKENS_HEADER_BYTES + 8];
+        ck_assert_uint_eq(fread(bytes, 1, sizeof bytes, file), sizeof bytes);
+        ck_assert_int_eq(fseek(file, 0, SEEK_END), 0);
+        ck_assert_int_eq(ftell(file), DATA_TOKENS_HEADER_BYTES + count * width);
+        fclose(file);
+        ck_assert_mem_eq(bytes, "FSDPTOKS\x01\0\0\0", 12);
+        ck_assert_int_eq(bytes[12], width);
+        ck_assert_int_eq(bytes[16] | bytes[17] << 8, count);
+        ck_assert_int_eq(bytes[DATA_TOKENS_HEADER_BYTES + width], small[1]); /* id 1, little-endian */
+        expect_stream(path, 260, small, count);     /* 2 bytes a token in memory, from either width */
+        expect_stream(path, 151936, small, count);  /* 4 bytes a token: Qwen2's vocabulary */
+    }
+    write_tokens(path, large, count, 4);
+    expect_stream(path, 151936, large, count);
+
+    /* the old format and the headered one: the same batches */
+    write_tokens(path, small, count, 2);
+    write_bin(old_path, small, count);
+    expect_stream(old_path, 260, small, count);
+    data_loader headered, old;
+    ck_assert_msg(data_loader_open(&headered, &ctx, path, 260, 2, 16, 3, 1) == 0, "%s", ctx.error);
+    ck_assert_msg(data_loader_open(&old, &ctx, old_path, 260, 2, 16, 3, 1) == 0, "%s", ctx.error);
+    expect_same_batches(&headered, &old, 10);
+    data_loader_close(&headered);
+    data_loader_close(&old);
+    remove(path);
+    remove(old_path);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_DATA], data_before);
+}
+END_TEST
+
+/* The writer refuses what it cannot write, naming the path and the value; a failed write leaves no file. */
+START_TEST(test_token_writer_refusals) {
+    char path[256], tmp[300];
+    temp_path(path, sizeof path, "refused.bin");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int ids[] = {1, 2, 70000, -5};
+    struct { const int *ids; size_t count; int width; const char *needle; } cases[] = {
+        {ids, 2, 3, "id width 3"},
+        {ids, 3, 2, "id 70000 at position 2 does not fit in 2 bytes"},
+        {ids, 4, 4, "id -5 at position 3 does not fit in 4 bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ck_assert_int_eq(data_write_tokens(path, cases[i].ids, cases[i].count, cases[i].width, ctx.error,
+                                           sizeof ctx.error), -1);
+        ck_assert_msg(strstr(ctx.error, path) && strstr(ctx.error, cases[i].needle), "%s", ctx.error);
+        ck_assert_int_eq(access(path, F_OK), -1);
+        ck_assert_int_eq(access(tmp, F_OK), -1);
+    }
+    const char *unwritable = "/nonexistent_fsdplab_dir/tokens.bin";
+    ck_assert_int_eq(data_write_tokens(unwritable, ids, 2, 2, ctx.error, sizeof ctx.error), -1);
+    ck_assert_msg(strstr(ctx.error, "cannot create /nonexistent_fsdplab_dir/tokens.bin.tmp"), "%s", ctx.error);
+}
+END_TEST
+
+/* A headered file that lies is refused with the file and the values: version, width, count against the size (too
+ * many ids, a cut file, a header cut short), an id past the vocabulary at either width (position named, and at
+ * width 4 before it could be narrowed into 16 bits). A wrong magic is no header at all: the old format, whose first
+ * "ids" are the magic's bytes, outside a small vocabulary. */
+START_TEST(test_token_file_refusals) {
+    char path[256];
+    temp_path(path, sizeof path, "lying.bin");
+    int ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = i + 1;
+    unsigned char version[4] = {7, 0, 0, 0}, width[4] = {3, 0, 0, 0}, count[8] = {21, 0, 0, 0, 0, 0, 0, 0};
+    write_tokens(path, ids, 20, 2);
+    patch_file(path, 8, version, 4);
+    expect_refusal(path, 260, 1, 8, (const char *const[]){"token file version 7", "reads version 1", NULL});
+    write_tokens(path, ids, 20, 2);
+    patch_file(path, 12, width, 4);
+    expect_refusal(path, 260, 1, 8, (const char *const[]){"id width 3 in the header", "2 or 4", NULL});
+    write_tokens(path, ids, 20, 4);
+    patch_file(path, 16, count, 8);
+    expect_refusal(path, 260, 1, 8,
+                   (const char *const[]){"the header says 21 ids of 4 bytes", "80 bytes follow", NULL});
+    write_tokens(path, ids, 20, 2);
+    ck_assert_int_eq(truncate(path, DATA_TOKENS_HEADER_BYTES + 39), 0);
+    expect_refusal(path, 260, 1, 8,
+                   (const char *const[]){"the header says 20 ids of 2 bytes", "39 bytes follow", NULL});
+    ck_assert_int_eq(truncate(path, 12), 0);
+    expect_refusal(path, 260, 1, 8, (const char *const[]){"12 bytes", "needs 24", NULL});
+    write_tokens(path, ids, 20, 2);
+    patch_file(path, 7, "X", 1);
+    expect_refusal(path, 260, 1, 8, (const char *const[]){"token id 21318 at position 0", NULL}); /* "FS" */
+
+    ids[5] = 151646;
+    write_tokens(path, ids, 20, 4);
+    expect_refusal(path, 151646, 1, 8,
+                   (const char *const[]){"token id 151646 at position 5", "vocab_size 151646", NULL});
+    ids[5] = 6;
+    ids[3] = 70000; /* past 16 bits: refused, not narrowed to 4464 */
+    write_tokens(path, ids, 20, 4);
+    expect_refusal(path, 260, 1, 8, (const char *const[]){"token id 70000 at position 3", "vocab_size 260", NULL});
+    ids[3] = 300;
+    write_tokens(path, ids, 20, 2);
+    expect_refusal(path, 260, 1, 8, (const char *const[]){"token id 300 at position 3", NULL});
+    remove(path);
+}
+END_TEST
+
 /* A file only some ranks can read: every rank refuses, or the others would wait in the step's first collective. */
 START_TEST(test_one_rank_failing_stops_every_rank) {
     if (ctx.world_size < 2) return;
@@ -408,6 +562,9 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_global_batch_is_independent_of_world_size);
     tcase_add_test(tc, test_shuffle_keeps_the_windows_and_the_world_size_independence);
     tcase_add_test(tc, test_refusals_name_path_and_values);
+    tcase_add_test(tc, test_token_files_round_trip_at_both_widths);
+    tcase_add_test(tc, test_token_writer_refusals);
+    tcase_add_test(tc, test_token_file_refusals);
     tcase_add_test(tc, test_one_rank_failing_stops_every_rank);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);

@@ -1,6 +1,7 @@
 /* test_qwen2.c — the model in C alone (HF parity is tests/test_hf_parity.py): presets and config.json, the module
  * tree, init statistics, the whole model's gradient against finite differences of its loss, activation memory
- * returning to zero, checkpoint round trip and refusals, token checks, generation. One rank. */
+ * returning to zero, checkpoint round trip and refusals, token checks, generation (the KV cache's tokens equal the
+ * uncached reference's). One rank. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -32,11 +33,15 @@ static qwen2_config small_config(void) {
     return config;
 }
 
-static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t seed) {
-    qwen2_init_spec init = {.seed = seed, .std = 0.02f};
+static void make_model_with_std(qwen2_model *model, const qwen2_config *config, uint64_t seed, float std) {
+    qwen2_init_spec init = {.seed = seed, .std = std};
     ck_assert_msg(qwen2_model_init_wrapped(model, &ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) == 0,
                   "%s", ctx.error);
     for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
+}
+
+static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t seed) {
+    make_model_with_std(model, config, seed, 0.02f);
 }
 
 static void make_batch(int *tokens, int *targets, int B, int T, int V) {
@@ -304,6 +309,59 @@ START_TEST(test_generation_is_deterministic) {
 }
 END_TEST
 
+/* Generation with the KV cache gives the tokens of the uncached reference, token for token: the cache holds the same
+ * k (after RoPE at the same positions) and v rows that the full forward recomputes, and the new position's row goes
+ * through the same kernels (attention_forward_at is attention_forward's code), so the last row's logits come out
+ * bit-identical on this machine and so do the samples. Greedy and sampled, several seeds and prompt lengths, on the
+ * small model (up to its 32 positions) and the tiny preset. The cache is kv_cache memory while it lives: 2 (k, v) x
+ * layers x positions x KV heads x head_dim floats, freed after. */
+static void expect_cached_equals_uncached(qwen2_model *model, const int *prompt, int prompt_length, int max_new,
+                                          float temperature, uint64_t seed) {
+    int cached[256], uncached[256];
+    ck_assert_int_le(max_new, 256);
+    mem_reset_peak(&ctx.mem);
+    int n_cached = qwen2_generate(model, prompt, prompt_length, max_new, temperature, seed, cached);
+    size_t cache_peak = ctx.mem.category_peak_bytes[MEM_KV_CACHE];
+    int n_uncached = qwen2_generate_uncached(model, prompt, prompt_length, max_new, temperature, seed, uncached);
+    ck_assert_msg(n_cached == n_uncached, "%s prompt %d, T %.1f, seed %llu: %d tokens cached, %d uncached",
+                  model->config.name, prompt_length, temperature, (unsigned long long)seed, n_cached, n_uncached);
+    for (int i = 0; i < n_cached; i++)
+        ck_assert_msg(cached[i] == uncached[i], "%s prompt %d, T %.1f, seed %llu: token %d is %d cached, %d uncached",
+                      model->config.name, prompt_length, temperature, (unsigned long long)seed, i, cached[i],
+                      uncached[i]);
+    const qwen2_config *c = &model->config;
+    int capacity = prompt_length + (max_new < c->max_position_embeddings - prompt_length
+                                        ? max_new : c->max_position_embeddings - prompt_length);
+    ck_assert_uint_eq(cache_peak, 2 * sizeof(float) * (size_t)c->num_hidden_layers * (size_t)capacity *
+                                      (size_t)c->num_key_value_heads * (size_t)c->head_dim);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_KV_CACHE], 0);
+    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_ACTIVATION], 0);
+}
+
+START_TEST(test_cached_generation_equals_uncached) {
+    qwen2_config small = small_config(), tiny;
+    ck_assert_int_eq(qwen2_config_preset(&tiny, "tiny", ctx.error, sizeof ctx.error), 0);
+    int prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = (int)(rng_bits(5, 6, (uint64_t)i) % 37);
+    const float temperatures[] = {0.0f, 0.5f, 1.0f, 2.0f};
+    qwen2_model model;
+    /* weights of std 0.3, not HF's 0.02: attention then shapes the logits enough that a wrong cache changes tokens */
+    make_model_with_std(&model, &small, 11, 0.3f);
+    const int small_prompts[] = {1, 3, 10, 31};
+    for (size_t p = 0; p < sizeof small_prompts / sizeof small_prompts[0]; p++)
+        for (size_t t = 0; t < sizeof temperatures / sizeof temperatures[0]; t++)
+            for (uint64_t seed = 0; seed < 3; seed++)
+                expect_cached_equals_uncached(&model, prompt, small_prompts[p], 40, temperatures[t], seed);
+    qwen2_model_free(&model);
+    make_model_with_std(&model, &tiny, 12, 0.3f);
+    const int tiny_prompts[] = {1, 17};
+    for (size_t p = 0; p < sizeof tiny_prompts / sizeof tiny_prompts[0]; p++)
+        for (size_t t = 0; t < sizeof temperatures / sizeof temperatures[0]; t++)
+            expect_cached_equals_uncached(&model, prompt, tiny_prompts[p], 48, temperatures[t], 100 + t);
+    qwen2_model_free(&model);
+}
+END_TEST
+
 /* Values that parse but cannot be held are refused before any conversion (casting NaN, an infinity or 1e30 to int is
  * undefined behaviour; 64.5 heads would be truncated silently), from CONFIG overrides and from config.json alike. */
 START_TEST(test_config_refuses_values_it_cannot_hold) {
@@ -366,6 +424,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_bad_tokens_are_refused_with_position);
     tcase_add_test(tc, test_checkpoint_round_trip_and_refusals);
     tcase_add_test(tc, test_generation_is_deterministic);
+    tcase_add_test(tc, test_cached_generation_equals_uncached);
     tcase_add_test(tc, test_generation_refuses_what_does_not_fit);
     tcase_add_test(tc, test_config_refuses_values_it_cannot_hold);
     suite_add_tcase(suite, tc);

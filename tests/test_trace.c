@@ -18,10 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { WORLD = 2, CATEGORY_COUNT = 10 };
+enum { WORLD = 2, CATEGORY_COUNT = 11 };
 static const char *const categories[CATEGORY_COUNT] = {
     "param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
     "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
+    "kv_cache",
 };
 enum { PARAM_SHARD = 0, PARAM_UNSHARDED = 1, GRAD_SHARD = 3, ACTIVATION = 5 };
 

@@ -76,7 +76,7 @@ const char memory_page_script[] =
     "const COLORS = {\n"
     "  param_shard: '#4e79a7', param_unsharded: '#a0cbe8', grad_unsharded: '#ffbe7d', grad_shard: '#f28e2b',\n"
     "  optim_state: '#59a14f', activation: '#e15759', checkpoint_input: '#ff9d9a', workspace: '#b07aa1',\n"
-    "  comm_buffer: '#edc948', data: '#9c755f',\n"
+    "  comm_buffer: '#edc948', data: '#9c755f', kv_cache: '#76b7b2',\n"
     "};\n"
     "const HANDLE_COLORS = {FORWARD: '#4e79a7', BACKWARD_PRE: '#f28e2b', BACKWARD_POST: '#e15759'};\n"
     "const UNSHARDED_COLOR = '#d4d4d4';\n"
