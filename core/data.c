@@ -1,11 +1,13 @@
 /* data.c — byte tokenizer, built-in stories, the distributed loader. See data.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "data.h"
+#include "config.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -499,32 +501,57 @@ static void set_token(data_loader *loader, size_t i, uint32_t id) {
     else ((uint32_t *)loader->tokens)[i] = id;
 }
 
+static int refuse_id(data_loader *loader, uint64_t id, size_t position);
+
+/* Text through the loader's BPE tokenizer (Qwen2's): the ids come in a plain list first, then into the tracked
+ * stream of exactly their count. */
+static int tokenize_bpe(data_loader *loader, const char *text, size_t length) {
+    tok_ids ids = {0};
+    char reason[512];
+    if (tok_encode(loader->tokenizer, text, length, &ids, reason, sizeof reason) != 0)
+        return fail(loader, "%s (tokenizer %s)", reason, loader->tokenizer->source);
+    int status = 0;
+    allocate_stream(loader, ids.count);
+    for (size_t i = 0; i < ids.count && status == 0; i++) {
+        if (ids.ids[i] < 0 || ids.ids[i] >= loader->vocab_size) status = refuse_id(loader, (uint64_t)ids.ids[i], i);
+        else set_token(loader, i, (uint32_t)ids.ids[i]);
+    }
+    tok_ids_free(&ids);
+    if (status != 0) {
+        mem_free(&loader->ctx->mem, loader->tokens);
+        loader->tokens = NULL;
+    }
+    return status;
+}
+
 /* Text to the token stream: count first, so the tracked stream is exactly the size it holds. */
-static void tokenize_text(data_loader *loader, const char *text, size_t length) {
+static int tokenize_text(data_loader *loader, const char *text, size_t length) {
+    if (loader->tokenizer != NULL) return tokenize_bpe(loader, text, length);
     size_t count = 0, span = 0;
     for (size_t position = 0; position < length; position += span, count++) token_at(text, length, position, &span);
     allocate_stream(loader, count);
     count = 0;
     for (size_t position = 0; position < length; position += span)
         set_token(loader, count++, (uint32_t)token_at(text, length, position, &span));
+    return 0;
 }
 
 static int load_text(data_loader *loader, const char *path) {
     unsigned char *bytes = NULL;
     size_t size = 0;
     if (read_file(loader, path, "data.text", &bytes, &size) != 0) return -1;
-    tokenize_text(loader, (const char *)bytes, size);
+    int status = tokenize_text(loader, (const char *)bytes, size);
     mem_free(&loader->ctx->mem, bytes);
-    return 0;
+    return status;
 }
 
 static int load_generated(data_loader *loader) {
     size_t length = data_generate_stories(loader->seed, DATA_DEFAULT_STORIES, NULL, 0);
     char *text = mem_alloc_uninitialized(&loader->ctx->mem, length + 1, MEM_DATA, "data.text");
     data_generate_stories(loader->seed, DATA_DEFAULT_STORIES, text, length + 1);
-    tokenize_text(loader, text, length);
+    int status = tokenize_text(loader, text, length);
     mem_free(&loader->ctx->mem, text);
-    return 0;
+    return status;
 }
 
 /* ---- token files (the format is in data.h) ---- */
@@ -668,8 +695,14 @@ static int check_stream(data_loader *loader) {
 
 int data_loader_open(data_loader *loader, context *ctx, const char *path, int vocab_size, int micro_batch,
                      int seq_len, uint64_t seed, int shuffle) {
+    return data_loader_open_tokenized(loader, ctx, path, NULL, vocab_size, micro_batch, seq_len, seed, shuffle);
+}
+
+int data_loader_open_tokenized(data_loader *loader, context *ctx, const char *path, tok_tokenizer *tokenizer,
+                               int vocab_size, int micro_batch, int seq_len, uint64_t seed, int shuffle) {
     memset(loader, 0, sizeof *loader);
     loader->ctx = ctx;
+    loader->tokenizer = tokenizer;
     loader->vocab_size = vocab_size;
     loader->micro_batch = micro_batch;
     loader->seq_len = seq_len;
@@ -679,11 +712,13 @@ int data_loader_open(data_loader *loader, context *ctx, const char *path, int vo
     loader->shuffle = shuffle != 0;
     loader->token_width = data_token_width(vocab_size);
     int generated = path == NULL || path[0] == '\0';
+    const char *by = tokenizer != NULL && (generated || !ends_with(path, ".bin")) ? ", Qwen2 tokenizer" : "";
     if (generated)
-        snprintf(loader->source, sizeof loader->source, "generated stories (seed %llu, %d stories)",
-                 (unsigned long long)seed, DATA_DEFAULT_STORIES);
+        snprintf(loader->source, sizeof loader->source, "generated stories (seed %llu, %d stories%s)",
+                 (unsigned long long)seed, DATA_DEFAULT_STORIES, by);
     else
-        snprintf(loader->source, sizeof loader->source, "%s", path);
+        snprintf(loader->source, sizeof loader->source, "%s%s%s%s", path, by[0] ? " (" : "", by[0] ? by + 2 : "",
+                 by[0] ? ")" : "");
 
     int status = 0;
     if (micro_batch < 1 || seq_len < 1 || vocab_size < 1)
@@ -695,10 +730,7 @@ int data_loader_open(data_loader *loader, context *ctx, const char *path, int vo
     if (status == 0) status = check_stream(loader);
 
     /* Every rank goes on, or none does: a rank left behind would wait forever in the step's first collective. */
-    if (!ctx_all_true(ctx, status == 0)) {
-        if (status == 0)
-            snprintf(ctx->error, sizeof ctx->error, "rank %d: %s: another rank could not load its data", ctx->rank,
-                     loader->source);
+    if (!ctx_all_true(ctx, status == 0)) { /* a rank that loaded its data now holds the failing rank's message */
         data_loader_close(loader);
         return -1;
     }
@@ -757,4 +789,49 @@ void data_loader_close(data_loader *loader) {
     loader->tokens = NULL;
     loader->token_count = 0;
     loader->token_bytes = 0;
+}
+
+/* ---- which tokenizer (TOKENIZER) ---- */
+
+tok_tokenizer *data_tokenizer_from_env(context *ctx, int vocab_size, char *note, size_t note_size) {
+    const char *setting = cfg_env_text(ctx, "TOKENIZER");
+    if (setting == NULL || setting[0] == '\0') setting = "auto";
+    int is_auto = strcmp(setting, "auto") == 0, named = is_auto || strcmp(setting, "qwen2") == 0;
+    const char *path = named ? tok_default_path() : setting;
+    int qwen2_sized = vocab_size >= TOK_QWEN2_ENDOFTEXT_ID + 3; /* the three specials after the ranked tokens */
+    note[0] = '\0';
+    if (strcmp(setting, "bytes") == 0 || (is_auto && !qwen2_sized)) {
+        snprintf(note, note_size, "text as byte ids (TOKENIZER=%s, vocab_size %d)", setting, vocab_size);
+        return NULL;
+    }
+    if (is_auto) { /* the same answer on every rank, or a multi-machine run would tokenize two ways */
+        struct stat info;
+        if (!ctx_all_true(ctx, stat(path, &info) == 0)) {
+            snprintf(note, note_size, "text as byte ids: TOKENIZER=auto found no Qwen2 vocabulary at %s "
+                     "(scripts/get_qwen2_tokenizer.sh fetches it)", path);
+            return NULL;
+        }
+    }
+    tok_tokenizer *tokenizer = calloc(1, sizeof *tokenizer);
+    if (tokenizer == NULL) ctx_fatal(ctx, "out of memory for the tokenizer");
+    char error[1024];
+    int ok = tok_load(tokenizer, path, error, sizeof error) == 0;
+    if (ok && tok_vocab_size(tokenizer) > vocab_size) {
+        snprintf(error, sizeof error, "%s has ids up to %d, beyond this model's vocab_size %d (MODEL=qwen2-0.5b has "
+                 "Qwen2's vocabulary; TOKENIZER=bytes reads text as bytes)", tokenizer->source,
+                 tok_vocab_size(tokenizer) - 1, vocab_size);
+        tok_free(tokenizer);
+        ok = 0;
+    }
+    if (!ok) snprintf(ctx->error, sizeof ctx->error, "rank %d: %s", ctx->rank, error);
+    if (!ctx_all_true(ctx, ok)) {
+        if (ok) tok_free(tokenizer);
+        free(tokenizer);
+        ctx_exit_all(ctx, 2, "TOKENIZER='%s': %s%s", setting, ctx->error,
+                     named && stat(path, &(struct stat){0}) != 0
+                         ? " (scripts/get_qwen2_tokenizer.sh fetches Qwen2's vocabulary)" : "");
+    }
+    snprintf(note, note_size, "text through Qwen2's tokenizer (%s, %d ids)", tokenizer->source,
+             tok_vocab_size(tokenizer));
+    return tokenizer;
 }

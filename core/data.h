@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "context.h"
+#include "tokenizer.h"
 
 #define DATA_BYTE_TOKENS 256          /* ids 0..255 are the bytes themselves */
 #define DATA_EOT 256                  /* <|endoftext|>: the tiny preset's bos and eos */
@@ -96,6 +97,7 @@ typedef struct data_loader {
     size_t window_starts;         /* token_count - seq_len: the positions a window of seq_len + 1 tokens can start */
     uint64_t windows_per_pass;    /* window_starts / seq_len (at least 1): the windows one pass over the stream has */
     uint64_t next_global_micro;   /* the global micro-batch the next data_next_batch reads; set it to resume */
+    tok_tokenizer *tokenizer;     /* text through Qwen2's BPE; NULL: bytes (not owned) */
 } data_loader;
 
 /* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed`; "*.bin" a token
@@ -108,6 +110,21 @@ typedef struct data_loader {
  * vocabulary (vocab_size 260)"). Nothing stays allocated on failure. */
 int data_loader_open(data_loader *loader, context *ctx, const char *path, int vocab_size, int micro_batch,
                      int seq_len, uint64_t seed, int shuffle);
+/* The same, with text (a text file, or the generated stories) tokenized by `tokenizer` (Qwen2's BPE, core/tokenizer.h;
+ * NULL: bytes, as data_encode). Token files are read as they are. */
+int data_loader_open_tokenized(data_loader *loader, context *ctx, const char *path, tok_tokenizer *tokenizer,
+                               int vocab_size, int micro_batch, int seq_len, uint64_t seed, int shuffle);
+
+/* TOKENIZER, read (collectively) from the environment: how text becomes ids for a model of `vocab_size`.
+ *   bytes    byte ids (data_encode), the tiny model's vocabulary
+ *   qwen2    Qwen2's BPE from tok_default_path() ($QWEN2_TOKENIZER or data/qwen2/qwen.tiktoken); refused when the
+ *            file is missing (naming it and scripts/get_qwen2_tokenizer.sh) or the model's vocabulary is smaller
+ *   auto     (the default) qwen2 when the model's vocabulary holds Qwen2's ids and the file is there, else bytes
+ *   <path>   Qwen2-style BPE from that file or directory (qwen.tiktoken, tokenizer.json, vocab.json + merges.txt)
+ * Returns the loaded tokenizer (the caller frees it with tok_free, then free), or NULL for bytes; `note` says what
+ * was chosen and why, for rank 0 to print. Collective: every rank loads its own copy; a failure on any rank exits
+ * every rank with the message (ctx_exit_all). */
+tok_tokenizer *data_tokenizer_from_env(context *ctx, int vocab_size, char *note, size_t note_size);
 
 /* Id i of the stream. */
 static inline uint32_t data_token(const data_loader *loader, size_t i) {

@@ -179,11 +179,21 @@ static void build_model(context *ctx, const settings *s, qwen2_model *model) {
         ctx_exit_all(ctx, 2, "%s", ctx->error);
 }
 
-/* A story from "Once upon a time", every unit unsharded for the moment (collective), printed by rank 0. */
-static void print_story(context *ctx, qwen2_model *model, uint64_t seed) {
+/* A story from "Once upon a time", every unit unsharded for the moment (collective), printed by rank 0; in and out
+ * through the tokenizer the data went through (bytes when NULL). */
+static void print_story(context *ctx, qwen2_model *model, tok_tokenizer *tokenizer, uint64_t seed) {
     const char *prompt_text = "Once upon a time";
-    int prompt[64], generated[200];
-    int prompt_length = (int)data_encode(prompt_text, strlen(prompt_text), prompt);
+    int prompt[64], generated[200], prompt_length;
+    if (tokenizer == NULL) {
+        prompt_length = (int)data_encode(prompt_text, strlen(prompt_text), prompt);
+    } else {
+        tok_ids ids = {0};
+        if (tok_encode(tokenizer, prompt_text, strlen(prompt_text), &ids, ctx->error, sizeof ctx->error) != 0)
+            ctx_fatal(ctx, "EVAL: %s", ctx->error);
+        prompt_length = (int)ids.count;
+        memcpy(prompt, ids.ids, ids.count * sizeof *prompt); /* 4 tokens: well within 64 */
+        tok_ids_free(&ids);
+    }
     for (int unit = 0; unit < model->unit_count; unit++)
         if (fp_unshard(&model->units[unit], "eval") != 0) ctx_fatal(ctx, "%s", ctx->error);
     int count = qwen2_generate(model, prompt, prompt_length, 200, 0.8f, seed, generated);
@@ -191,7 +201,8 @@ static void print_story(context *ctx, qwen2_model *model, uint64_t seed) {
     for (int unit = 0; unit < model->unit_count; unit++) fp_reshard(&model->units[unit], "eval");
     if (ctx->rank == 0) {
         char text[2048];
-        data_decode(generated, (size_t)count, text, sizeof text);
+        if (tokenizer == NULL) data_decode(generated, (size_t)count, text, sizeof text);
+        else tok_decode(tokenizer, generated, (size_t)count, text, sizeof text);
         printf("    --- %s%s\n", prompt_text, text);
         fflush(stdout);
     }
@@ -209,7 +220,7 @@ static void record_settings(const settings *s, const qwen2_model *model, const d
     dcp_progress_set(p, "LR", "%.17g", s->lr);
     dcp_progress_set(p, "CLIP", "%.17g", s->clip);
     dcp_progress_set(p, "SEED", "%llu", (unsigned long long)s->seed);
-    dcp_progress_set(p, "DATA", "%s", loader->source);
+    dcp_progress_set(p, "DATA", "%s", loader->source); /* names the tokenizer too */
     dcp_progress_set(p, "NO_SYNC", "%d", s->no_sync);
 }
 
@@ -311,8 +322,12 @@ int main(int argc, char **argv) {
     optimizer.lr = s.lr;
     adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
     for (int unit = 0; unit < model.unit_count; unit++) adamw_init(&states[unit]);
+    char tokenizer_note[1024];
+    tok_tokenizer *tokenizer = data_tokenizer_from_env(&ctx, model.config.vocab_size, tokenizer_note,
+                                                       sizeof tokenizer_note);
     data_loader loader;
-    if (data_loader_open(&loader, &ctx, s.data, model.config.vocab_size, s.micro_batch, s.seq_len, s.seed, 1) != 0)
+    if (data_loader_open_tokenized(&loader, &ctx, s.data, tokenizer, model.config.vocab_size, s.micro_batch,
+                                   s.seq_len, s.seed, 1) != 0)
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
     if (s.checkpoint_every > 0 && ckpt_check_writable(&ctx, s.checkpoint_dir) != 0)
         ctx_exit_all(&ctx, 2, "CHECKPOINT_DIR='%s': %s", s.checkpoint_dir, ctx.error);
@@ -325,6 +340,7 @@ int main(int argc, char **argv) {
         printf("(model %s, %d units, %s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", model.config.name,
                model.unit_count, s.strategy, s.checkpointing ? ", activation checkpointing" : "",
                s.no_sync ? ", no_sync" : "", s.micro_batch, s.seq_len, loader.source);
+        if (model.config.vocab_size > DATA_EOT + 1) printf("(%s: %zu tokens)\n", tokenizer_note, loader.token_count);
         fflush(stdout);
     }
     int first_step = s.resume != NULL && s.resume[0] != '\0' ? resume(&ctx, &s, &model, states, &loader) : 1;
@@ -390,7 +406,7 @@ int main(int argc, char **argv) {
             printf("%d/%d: Loss = %.6f, Peak = %.1f MB, Time = %.4fs\n", step, s.steps, loss, peak / 1e6, slowest);
             fflush(stdout);
         }
-        if (s.eval_every > 0 && step % s.eval_every == 0) print_story(&ctx, &model, s.seed + (uint64_t)step);
+        if (s.eval_every > 0 && step % s.eval_every == 0) print_story(&ctx, &model, tokenizer, s.seed + (uint64_t)step);
         if (s.checkpoint_every > 0 && (step % s.checkpoint_every == 0 || step == s.steps)) {
             save_checkpoint(&ctx, &s, &model, states, &loader, step);
             last_checkpoint = step;
@@ -419,6 +435,8 @@ int main(int argc, char **argv) {
     mem_free(&ctx.mem, tokens);
     mem_free(&ctx.mem, targets);
     data_loader_close(&loader);
+    if (tokenizer != NULL) tok_free(tokenizer);
+    free(tokenizer);
     for (int unit = 0; unit < model.unit_count; unit++) adamw_free(&states[unit]);
     free(states);
     fsdp_runtime_free(&runtime);

@@ -143,6 +143,40 @@ static void expect_same_batches(data_loader *a, data_loader *b, int batches) {
     mem_free(&ctx.mem, targets_b);
 }
 
+/* Text through a BPE tokenizer (tests/data/tiny_ranks.tiktoken: the 256 bytes and "Hi" at 256, so the three
+ * specials take 257-259): the stream holds exactly tok_encode's ids, <|endoftext|> as one special id, and the source
+ * says which tokenizer read it. A vocabulary smaller than the tokenizer's ids is refused naming the id. */
+START_TEST(test_text_through_a_bpe_tokenizer) {
+    tok_tokenizer tokenizer;
+    char error[512], path[256];
+    ck_assert_msg(tok_load(&tokenizer, "tests/data/tiny_ranks.tiktoken", error, sizeof error) == 0, "%s", error);
+    ck_assert_int_eq(tok_vocab_size(&tokenizer), 260);
+    const char *text = "Hi. Hi!\n<|endoftext|>\nHi Hi Hi, said the cat.";
+    temp_path(path, sizeof path, "bpe.txt");
+    write_file(path, text, strlen(text));
+    tok_ids expected = {0};
+    ck_assert_msg(tok_encode(&tokenizer, text, strlen(text), &expected, error, sizeof error) == 0, "%s", error);
+    data_loader loader;
+    ck_assert_msg(data_loader_open_tokenized(&loader, &ctx, path, &tokenizer, 260, 1, 4, 1, 0) == 0, "%s", ctx.error);
+    ck_assert_uint_eq(loader.token_count, expected.count);
+    ck_assert_uint_lt(expected.count, strlen(text)); /* "Hi" merged: fewer ids than bytes */
+    int saw_hi = 0, saw_eot = 0;
+    for (size_t i = 0; i < expected.count; i++) {
+        ck_assert_uint_eq(data_token(&loader, i), (uint32_t)expected.ids[i]);
+        saw_hi += expected.ids[i] == 256, saw_eot += expected.ids[i] == 257;
+    }
+    ck_assert_int_eq(saw_hi, 5);
+    ck_assert_int_eq(saw_eot, 1);
+    ck_assert_msg(strstr(loader.source, "Qwen2 tokenizer") != NULL, "source: %s", loader.source);
+    data_loader_close(&loader);
+    ck_assert_int_eq(data_loader_open_tokenized(&loader, &ctx, path, &tokenizer, 257, 1, 4, 1, 0), -1);
+    ck_assert_msg(strstr(ctx.error, "token id 257 at position") != NULL, "%s", ctx.error);
+    tok_ids_free(&expected);
+    tok_free(&tokenizer);
+    remove(path);
+}
+END_TEST
+
 START_TEST(test_text_and_bin_loaders_agree) {
     size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
     size_t length = 0;
@@ -544,8 +578,11 @@ START_TEST(test_one_rank_failing_stops_every_rank) {
     char path[256];
     temp_path(path, sizeof path, ctx.rank == 0 ? "present.txt" : "absent.txt");
     if (ctx.rank == 0) write_file(path, "a story long enough for one window", 34);
-    expect_refusal(path, 260, 1, 8,
-                   (const char *const[]){ctx.rank == 0 ? "another rank could not load" : "cannot open", NULL});
+    /* rank 0 loaded its file, and reports rank 1's failure (ctx_all_true hands it over): rank, path and reason */
+    data_loader loader;
+    ck_assert_int_eq(data_loader_open(&loader, &ctx, path, 260, 1, 8, 1, 0), -1);
+    ck_assert_msg(strncmp(ctx.error, "rank 1: ", 8) == 0 && strstr(ctx.error, "absent.txt: cannot open") != NULL,
+                  "rank %d: %s", ctx.rank, ctx.error);
     remove(path);
 }
 END_TEST
@@ -558,6 +595,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_tokenizer_round_trip);
     tcase_add_test(tc, test_stories_are_deterministic_printable_and_separated);
     tcase_add_test(tc, test_text_and_bin_loaders_agree);
+    tcase_add_test(tc, test_text_through_a_bpe_tokenizer);
     tcase_add_test(tc, test_default_stories_and_targets_one_ahead);
     tcase_add_test(tc, test_global_batch_is_independent_of_world_size);
     tcase_add_test(tc, test_shuffle_keeps_the_windows_and_the_world_size_independence);
