@@ -12,7 +12,8 @@
  *   qwen2_tool compare <dir_a> <dir_b> <tolerance> [absolute|relative]   two checkpoints (or GRADS dumps) of one
  *       config: largest |a - b| over all parameters, or per tensor relative to max |b|; fails above tolerance or on
  *       a NaN/inf, refuses different configs
- *   qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]
+ *   qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]   (MODEL, CONFIG and TOKENIZER
+ *       from the environment, as lab 05 reads them)
  *       the global micro-batches lab 05 trains on (data/loader.h, shuffled by seed), as int32: for each
  *       micro-batch, tokens then targets, each global_batch x seq; rank r of P takes rows r*MBS .. (r+1)*MBS-1.
  */
@@ -336,10 +337,13 @@ static int command_batches(context *ctx, int argc, char **argv) {
     int seq_len = (int)integer_argument(ctx, "batches: seq", argv[4], 2, 1 << 20);
     int micro_batches = (int)integer_argument(ctx, "batches: micro_batches", argv[5], 1, 1 << 20);
     const char *out_path = argv[6], *data = argc > 7 ? argv[7] : NULL;
-    qwen2_config config;
-    qwen2_config_preset(&config, "tiny", ctx->error, sizeof ctx->error);
+    qwen2_config config; /* MODEL and CONFIG as lab 05 reads them: the vocabulary, and so the tokenizer */
+    qwen2_config_from_env(ctx, &config, seq_len);
+    char note[1024];
+    tok_tokenizer *tokenizer = data_tokenizer_from_env(ctx, config.vocab_size, note, sizeof note);
     data_loader loader;
-    if (data_loader_open(&loader, ctx, data, config.vocab_size, global_batch, seq_len, seed, 1) != 0)
+    if (data_loader_open_tokenized(&loader, ctx, data, tokenizer, config.vocab_size, global_batch, seq_len, seed, 1)
+        != 0)
         ctx_exit_all(ctx, 1, "%s", ctx->error);
     size_t count = (size_t)global_batch * seq_len;
     int *tokens = mem_alloc(&ctx->mem, count * sizeof(int), MEM_DATA, "tool.tokens");
@@ -355,6 +359,8 @@ static int command_batches(context *ctx, int argc, char **argv) {
     mem_free(&ctx->mem, tokens);
     mem_free(&ctx->mem, targets);
     data_loader_close(&loader);
+    if (tokenizer != NULL) tok_free(tokenizer);
+    free(tokenizer);
     return ok ? 0 : 1;
 }
 

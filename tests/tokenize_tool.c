@@ -8,9 +8,14 @@
  *                                                      pre-token cache warm after the first, as HF's is), prints
  *                                                      "tokens N bytes N seconds S tokens_per_second R"
  *   tokenize_tool stories COUNT [SEED]                 data_generate_stories' text, to stdout (no vocabulary read)
+ *   tokenize_tool [--vocab PATH|bytes] write-tokens TEXT OUT.bin
+ *                                                      TEXT tokenized (Qwen2's BPE, or byte ids with --vocab bytes)
+ *                                                      into a token file (core/data.h's format: 2-byte ids when they
+ *                                                      fit, else 4), with progress on stderr; what
+ *                                                      scripts/prepare_tinystories.sh runs
  * --vocab defaults to tok_load's default ($QWEN2_TOKENIZER, else data/qwen2/qwen.tiktoken). Exit 0, or 1 with the
  * reason on stderr. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memmem */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +156,62 @@ static int run(const char *vocab, const char *command, const char *path, const c
     return status;
 }
 
+/* write-tokens: the text in pieces of about 16 MB, each cut just before an "<|endoftext|>" (a special token is
+ * never part of a longer one, so the pieces encode to the ids of the whole), with progress on stderr. */
+static int write_tokens(const char *vocab, const char *text_path, const char *out_path) {
+    char error[1024];
+    char *text;
+    size_t length;
+    int bytes = vocab != NULL && strcmp(vocab, "bytes") == 0;
+    tok_tokenizer t;
+    if (!bytes && tok_load(&t, vocab, error, sizeof error) != 0) {
+        fprintf(stderr, "tokenize_tool: %s\n", error);
+        return -1;
+    }
+    if (read_all(text_path, &text, &length) != 0) {
+        if (!bytes) tok_free(&t);
+        return -1;
+    }
+    tok_ids ids = {0};
+    int status = 0, max_id = 0;
+    double start = now();
+    enum { PIECE = 16 << 20 };
+    for (size_t at = 0; status == 0 && at < length;) {
+        size_t cut = length - at > PIECE ? at + PIECE : length;
+        const char *next = cut < length ? memmem(text + cut, length - cut, TOK_ENDOFTEXT, strlen(TOK_ENDOFTEXT)) : NULL;
+        cut = next != NULL ? (size_t)(next - text) : length;
+        if (bytes) {
+            size_t need = ids.count + (cut - at);
+            int *grown = need > ids.capacity ? realloc(ids.ids, need * sizeof *grown) : ids.ids;
+            if (grown == NULL) {
+                snprintf(error, sizeof error, "out of memory for %zu ids", need);
+                status = -1;
+                break;
+            }
+            ids.ids = grown, ids.capacity = need > ids.capacity ? need : ids.capacity;
+            ids.count += data_encode(text + at, cut - at, ids.ids + ids.count);
+        } else {
+            status = tok_encode(&t, text + at, cut - at, &ids, error, sizeof error);
+        }
+        at = cut;
+        fprintf(stderr, "\rtokenize_tool: %.1f of %.1f MB, %zu tokens, %.1f s", (double)at / 1e6, (double)length / 1e6,
+                ids.count, now() - start);
+    }
+    fprintf(stderr, "\n");
+    for (size_t i = 0; i < ids.count; i++) max_id = ids.ids[i] > max_id ? ids.ids[i] : max_id;
+    int width = max_id > 65535 ? 4 : 2;
+    if (status == 0) status = data_write_tokens(out_path, ids.ids, ids.count, width, error, sizeof error);
+    if (status == 0)
+        printf("%s: %zu tokens of %d bytes (largest id %d) from %s (%s)\n", out_path, ids.count, width, max_id,
+               text_path, bytes ? "byte ids" : t.source);
+    else
+        fprintf(stderr, "tokenize_tool: %s\n", error);
+    free(text);
+    free(ids.ids);
+    if (!bytes) tok_free(&t);
+    return status;
+}
+
 int main(int argc, char **argv) {
     const char *vocab = NULL;
     int first = 1;
@@ -170,6 +231,8 @@ int main(int argc, char **argv) {
         free(text);
         return 0;
     }
+    if (argc == first + 3 && strcmp(argv[first], "write-tokens") == 0)
+        return write_tokens(vocab, argv[first + 1], argv[first + 2]) == 0 ? 0 : 1;
     if (argc <= first) {
         fprintf(stderr, "usage: tokenize_tool [--vocab PATH] encode|decode|encode-batch|decode-batch [FILE] | "
                         "bench FILE SECONDS\n");
