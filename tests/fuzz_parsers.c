@@ -29,6 +29,7 @@
 #include "../core/mem.h"
 #include "../core/qwen2.h"
 #include "../core/safetensors.h"
+#include "../core/tokenizer.h"
 #include "../trace/export.h"
 #include "../trace/run.h"
 #include "../trace/trace.h"
@@ -619,6 +620,16 @@ static void jsonl_refusal(const buffer *seed, uint64_t *rng, buffer *out, char *
     out->size--;
 }
 
+/* out = seed with the first `from` replaced by `to` (`from` must be in it). */
+static void replace_first(const buffer *seed, buffer *out, const char *from, const char *to) {
+    buffer_set(out, seed->bytes, seed->size);
+    buffer_splice(out, out->size, 0, "", 1); /* a terminator for strstr, dropped below */
+    const char *found = strstr((const char *)out->bytes, from);
+    size_t at = (size_t)(found - (const char *)out->bytes);
+    buffer_splice(out, at, strlen(from), to, strlen(to));
+    out->size--;
+}
+
 /* A sharded checkpoint's .metadata (core/dcp.h): two units on two ranks. An accepted one must keep every range
  * inside its unit and every file name inside the checkpoint's directory. */
 static const char dcp_valid[] =
@@ -670,12 +681,48 @@ static void dcp_refusal(const buffer *seed, uint64_t *rng, buffer *out, char *wh
         snprintf(what, what_size, "truncated to %zu of %zu bytes", out->size, seed->size);
         return;
     }
-    buffer_set(out, seed->bytes, seed->size);
-    buffer_splice(out, out->size, 0, "", 1); /* a terminator for strstr, dropped below */
-    const char *found = strstr((const char *)out->bytes, edits[kind][0]);
-    size_t at = (size_t)(found - (const char *)out->bytes);
-    buffer_splice(out, at, strlen(edits[kind][0]), edits[kind][1], strlen(edits[kind][1]));
-    out->size--;
+    replace_first(seed, out, edits[kind][0], edits[kind][1]);
+    snprintf(what, what_size, "%s", edits[kind][2]);
+}
+
+/* A tiktoken ranks file (core/tokenizer.c; tests/data/tiny_ranks.tiktoken: the 256 bytes and "Hi"). An accepted
+ * vocabulary has a token for every byte, so any text must come back from decode(encode(text)) unchanged. */
+static int tiktoken_seed(fuzz_state *state) {
+    buffer b = {0};
+    int status = file_read("tests/data/tiny_ranks.tiktoken", &b) == 0 ? file_write(state->path, &b) : -1;
+    free(b.bytes);
+    return status;
+}
+
+static parse_result tiktoken_parse(fuzz_state *state, char *error, size_t error_size) {
+    tok_tokenizer t;
+    if (tok_load(&t, state->path, error, error_size) != 0) return PARSE_REFUSED;
+    static const char text[] = "Hi there, Hi!\n<|endoftext|>\n\xc3\xa9t\xc3\xa9 42";
+    tok_ids ids = {0};
+    char decoded[256];
+    parse_result result = PARSE_ACCEPTED;
+    if (tok_encode(&t, text, sizeof text - 1, &ids, error, error_size) != 0) result = PARSE_BROKEN;
+    else if (tok_decode(&t, ids.ids, ids.count, decoded, sizeof decoded) != sizeof text - 1 ||
+             memcmp(decoded, text, sizeof text - 1) != 0) {
+        snprintf(error, error_size, "accepted, but decode(encode(text)) is not the text");
+        result = PARSE_BROKEN;
+    }
+    tok_ids_free(&ids);
+    tok_free(&t);
+    return result;
+}
+
+static void tiktoken_refusal(const buffer *seed, uint64_t *rng, buffer *out, char *what, size_t what_size) {
+    static const char *const edits[][3] = {
+        {"SGk= 256", "SGk= x", "a rank that is not a number"},
+        {"SGk= 256", "SGk=", "a line without a rank"},
+        {"SGk= 256", "SGk= 255", "one id given twice"},
+        {"QQ== 65\n", "", "no token for the byte 'A'"},
+        {"SGk= 256", "SGk= -3", "a negative rank"},
+        {"SGk= 256", "SGk= 99999999999999999999", "a rank beyond int"},
+    };
+    size_t kind = below(rng, sizeof edits / sizeof edits[0]);
+    replace_first(seed, out, edits[kind][0], edits[kind][1]);
     snprintf(what, what_size, "%s", edits[kind][2]);
 }
 
@@ -690,6 +737,7 @@ static const fuzz_parser parsers[] = {
     {"rank0.jsonl", "rank0.jsonl", 1, jsonl_seed, jsonl_parse, jsonl_refusal},
     {"rank1.jsonl", "rank1.jsonl", 1, jsonl_seed, jsonl_parse, jsonl_refusal},
     {"dcp-metadata", ".metadata", 1, dcp_seed, dcp_parse, dcp_refusal},
+    {"qwen.tiktoken", "qwen.tiktoken", 0, tiktoken_seed, tiktoken_parse, tiktoken_refusal},
 };
 #define PARSER_COUNT (sizeof parsers / sizeof parsers[0])
 

@@ -57,7 +57,7 @@ sanitized "sanitize qwen2_tool compare: lab 05's checkpoint read back (safetenso
   env OUT=runs/check/san_compare ASAN_OPTIONS="$MPI_ASAN_OPTIONS" $SAN/tests/bin/qwen2_tool compare \
   runs/check/san_05/checkpoint runs/check/san_05/checkpoint 0 absolute
 
-for binary in test_allocator test_mem test_safetensors test_rng test_layers test_trace; do
+for binary in test_allocator test_mem test_safetensors test_rng test_layers test_trace test_tokenizer; do
   sanitized "sanitize $binary" env OUT=runs/check/san_$binary $SAN/tests/bin/$binary
 done
 sanitized "sanitize test_qwen2" env OUT=runs/check/san_test_qwen2 ASAN_OPTIONS="$MPI_ASAN_OPTIONS" \
