@@ -108,8 +108,11 @@ int main(int argc, char **argv) {
     qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
     if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
         ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    const char *data = cfg_env_text(&ctx, "DATA");
+    char tokenizer_note[1024]; /* TOKENIZER as in lab 05: Qwen2's BPE for qwen2-0.5b's vocabulary, bytes for tiny */
+    tok_tokenizer *tokenizer = data_tokenizer_from_env(&ctx, config.vocab_size, tokenizer_note, sizeof tokenizer_note);
     data_loader loader;
-    if (data_loader_open(&loader, &ctx, cfg_env_text(&ctx, "DATA"), config.vocab_size, B, T, seed, 1) != 0)
+    if (data_loader_open_tokenized(&loader, &ctx, data, tokenizer, config.vocab_size, B, T, seed, 1) != 0)
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
     int *tokens = mem_alloc(&ctx.mem, (size_t)B * T * sizeof(int), MEM_DATA, "batch.tokens_host");
     int *targets = mem_alloc(&ctx.mem, (size_t)B * T * sizeof(int), MEM_DATA, "batch.targets_host");
@@ -145,6 +148,8 @@ int main(int argc, char **argv) {
     mem_free(&ctx.mem, tokens);
     mem_free(&ctx.mem, targets);
     data_loader_close(&loader);
+    if (tokenizer != NULL) tok_free(tokenizer);
+    free(tokenizer);
     qwen2_model_free(&model);
     int status = ctx_finish(&ctx);
     return identical && smaller ? status : 1;
