@@ -79,3 +79,19 @@ resume_fails "a CHECKPOINT_DIR that cannot be made, before step 1" "CHECKPOINT_D
 check "resume refused: ... and no step ran first" bash -c "! grep -q '^1/6' '$(log_of "resume refused: a CHECKPOINT_DIR that cannot be made, before step 1")'"
 check "resume: RESUME=auto with no checkpoint yet starts at step 1" bash -c "
   rm -rf $B/fresh && OUT=$B/fresh STEPS=1 RESUME=auto $MPIRUN -np 2 lab/05_full_step | grep -q 'RESUME=auto: no committed checkpoint under $B/fresh/checkpoints; starting at step 1'"
+# What a user opens: each rank's shard file in Python's safetensors (the real client), holding for every unit the
+# element range .metadata gives it, parameters and both moments.
+check "resume: the shard files open in Python's safetensors with .metadata's ranges" python3 -c "
+import json, sys
+from safetensors.numpy import load_file
+d = '$R/checkpoints/step_00000006'
+meta = json.load(open(d + '/.metadata'))
+for f in meta['files']:
+    tensors = load_file(d + '/' + f['file'])
+    for unit, (begin, end) in zip(meta['units'], f['ranges']):
+        for part in ('param', 'exp_avg', 'exp_avg_sq'):
+            t = tensors.get(unit['name'] + '.' + part)
+            if end > begin and (t is None or t.shape != (end - begin,) or t.dtype.name != 'float32'):
+                sys.exit(f\"{f['file']}: {unit['name']}.{part} is {None if t is None else t.shape}, expected ({end - begin},)\")
+print('ok:', len(meta['files']), 'files,', len(meta['units']), 'units')
+"
