@@ -95,3 +95,13 @@ for f in meta['files']:
                 sys.exit(f\"{f['file']}: {unit['name']}.{part} is {None if t is None else t.shape}, expected ({end - begin},)\")
 print('ok:', len(meta['files']), 'files,', len(meta['units']), 'units')
 "
+# The other strategies resume bit for bit too: NO_SHARD (every rank holds everything; rank 0 alone writes it) and
+# SHARD_GRAD_OP.
+for strategy in NO_SHARD SHARD_GRAD_OP; do
+  A=runs/check/resume_${strategy}_a Z=runs/check/resume_${strategy}_b
+  rm -rf $A $Z
+  check "resume $strategy: 4 steps, and steps 3-4 again from step 2's checkpoint, bit-identical" bash -c "
+    OUT=$A STRATEGY=$strategy STEPS=4 CHECKPOINT_EVERY=2 SAVE=$A/hf $MPIRUN -np 2 lab/05_full_step >/dev/null &&
+    OUT=$Z STRATEGY=$strategy STEPS=4 RESUME=$A/checkpoints/step_00000002 SAVE=$Z/hf $MPIRUN -np 2 lab/05_full_step &&
+    cmp $A/hf/model.safetensors $Z/hf/model.safetensors && python3 tests/check_resume.py exact $A $Z"
+done
