@@ -126,10 +126,12 @@ static fsdp_options make_options(context *ctx, const settings *s) {
     return options;
 }
 
-/* SAVE and GRADS are written after training: a directory that cannot be made or written is refused now. */
+/* SAVE, GRADS and CHECKPOINT_DIR are written during or after training: a directory that cannot be made or written
+ * is refused now, before the model is built. */
 static void check_save_directories(context *ctx, const settings *s) {
-    const char *names[] = {"SAVE", "GRADS"}, *values[] = {s->save, s->grads};
-    for (int i = 0; i < 2; i++)
+    const char *names[] = {"SAVE", "GRADS", "CHECKPOINT_DIR"};
+    const char *values[] = {s->save, s->grads, s->checkpoint_every > 0 ? s->checkpoint_dir : NULL};
+    for (int i = 0; i < 3; i++)
         if (values[i] != NULL && values[i][0] != '\0' && ckpt_check_writable(ctx, values[i]) != 0)
             ctx_exit_all(ctx, 2, "%s='%s': %s", names[i], values[i], ctx->error);
 }
@@ -330,8 +332,6 @@ int main(int argc, char **argv) {
     if (data_loader_open_tokenized(&loader, &ctx, s.data, tokenizer, model.config.vocab_size, s.micro_batch,
                                    s.seq_len, s.seed, 1) != 0)
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
-    if (s.checkpoint_every > 0 && ckpt_check_writable(&ctx, s.checkpoint_dir) != 0)
-        ctx_exit_all(&ctx, 2, "CHECKPOINT_DIR='%s': %s", s.checkpoint_dir, ctx.error);
 
     size_t batch = (size_t)s.micro_batch * s.seq_len;
     int *tokens = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
