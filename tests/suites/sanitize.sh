@@ -50,6 +50,14 @@ sanitized_mpi "sanitize 05_full_step -np 2 CHECKPOINT_EVERY=1" 2 runs/check/san_
   ACC=1 SEQ=32 MBS=2 CHECKPOINT_EVERY=1 CHECKPOINT_DIR=runs/check/san_dcp
 sanitized_mpi "sanitize 05_full_step -np 1 RESUME from 2 ranks' step 1" 1 runs/check/san_05_resume $SAN/lab/05_full_step \
   STEPS=2 ACC=1 SEQ=32 MBS=4 RESUME=runs/check/san_dcp/step_00000001
+# Generation (EVAL) with the KV cache; text through Qwen2's tokenizer when its vocabulary is here.
+sanitized_mpi "sanitize 05_full_step -np 2 EVAL=1 (generation with the KV cache)" 2 runs/check/san_05_eval \
+  $SAN/lab/05_full_step STEPS=1 ACC=1 SEQ=32 MBS=2 EVAL=1
+if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ]; then
+  sanitized_mpi "sanitize 05_full_step -np 2 on Qwen2's vocabulary and tokenizer" 2 runs/check/san_05_qwen2 \
+    $SAN/lab/05_full_step MODEL=qwen2-0.5b STEPS=1 ACC=1 SEQ=32 MBS=1 \
+    CONFIG=hidden_size=32,num_hidden_layers=1,intermediate_size=64,num_attention_heads=2,num_key_value_heads=1
+fi
 # The trace tool and the checkpoint reader on the lab's real files.
 sanitized "sanitize fsdptrace all + overlap on lab 05's run" bash -c "
   $SAN/trace/fsdptrace all runs/check/san_05_streams && $SAN/trace/fsdptrace overlap runs/check/san_05_streams"
