@@ -155,7 +155,7 @@ static void page_put(FILE *file, const trace_run *run, const char *json) {
           "<li>Keys: &rarr; &larr; one event; Shift+&rarr; &larr; one hook (a <code>state</code> event of an FSDP "
           "hook); <kbd>c</kbd> the next collective; space plays and pauses; <kbd>p</kbd> the memory peak.</li>\n"
           "<li>A unit's box is filled where this rank holds its parameters: its 1/N slice while SHARDED, the whole "
-          "box while UNSHARDED (gathered). Beside it: HandleTrainingState and TrainingState.</li>\n"
+          "box while UNSHARDED (gathered). In it: HandleTrainingState and TrainingState (all three on hover).</li>\n"
           "<li>A band across the ranks is a collective in flight, from the host issuing it to its completion; a rank "
           "whose part is pale has not issued it yet or has finished it.</li>\n"
           "<li>Memory bars: live bytes per category; the tick is the peak so far on that rank.</li>\n"
