@@ -48,7 +48,7 @@ check "player.html of the prefetching run: several units unsharded at once, the 
 # world; rank files of two runs are refused, naming both ids; a run without its end event is reported as cut short.
 check "OUT reused by a smaller run: the bigger run's rank2.jsonl and old views are gone" bash -c '
   rm -rf runs/check/reuse && OUT=runs/check/reuse $MPIRUN -np 3 lab/01_shard >/dev/null &&
-  OUT=runs/check/reuse $MPIRUN -np 2 lab/01_shard | grep -q "removed 5 files of an earlier run" &&
+  OUT=runs/check/reuse $MPIRUN -np 2 lab/01_shard | grep -q "removed 6 files of an earlier run" &&
   test ! -e runs/check/reuse/rank2.jsonl && python3 tests/validate_trace.py --expect-ranks 2 runs/check/reuse >/dev/null'
 check_fails "fsdptrace: rank files of two runs are refused, naming both run ids" \
   "run id '[^']+', but rank0.jsonl has '[^']+': the rank files come from different runs" bash -c '
