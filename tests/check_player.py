@@ -66,7 +66,8 @@ def compare(shown, wanted, rows, index):
     problems = []
     ts, rank, line, _ = rows[index]
     if shown["index"] != index or (shown["event"]["rank"], shown["event"]["line"]) != (rank, line):
-        problems.append(f"page at index {shown['index']} (rank {shown['event']['rank']} line {shown['event']['line']}), "
+        at = shown["event"]
+        problems.append(f"page at index {shown['index']} (rank {at['rank']} line {at['line']}), "
                         f"wanted {index} (rank {rank} line {line})")
     for each in shown["ranks"]:
         want = wanted[each["rank"]]
@@ -74,11 +75,12 @@ def compare(shown, wanted, rows, index):
             problems.append(f"rank {each['rank']}: last line {each['line']}, the JSONL {want['line']}")
         if each["units"] != want["units"]:
             differ = [u for u in want["units"] if each["units"].get(u) != want["units"][u]]
-            problems.append(f"rank {each['rank']}: unit states differ for {differ[:4]}: page "
-                            f"{[each['units'].get(u) for u in differ[:2]]}, JSONL {[want['units'][u] for u in differ[:2]]}")
+            page, jsonl = [each["units"].get(u) for u in differ[:2]], [want["units"][u] for u in differ[:2]]
+            problems.append(f"rank {each['rank']}: unit states differ for {differ[:4]}: page {page}, JSONL {jsonl}")
         memory = {c: b for c, b in each["memory"].items() if b or c in want["memory"]}
         if memory != {c: b for c, b in want["memory"].items() if b or c in memory} or each["live"] != want["live"]:
-            problems.append(f"rank {each['rank']}: live {each['live']} {memory}, the JSONL {want['live']} {want['memory']}")
+            problems.append(f"rank {each['rank']}: live {each['live']} {memory}, "
+                            f"the JSONL {want['live']} {want['memory']}")
     return problems
 
 
@@ -170,15 +172,18 @@ def check_moments(browser, rows, world, report, expect_overlap):
     key(browser, "ArrowRight", "ArrowRight", shift=True)
     shown = state(browser)
     event = rows[shown["index"]][3]
-    first_hook = next(i for i, row in enumerate(rows) if row[3]["kind"] == "state" and str(row[3].get("hook", "")).startswith("_"))
+    first_hook = next(i for i, row in enumerate(rows)
+                      if row[3]["kind"] == "state" and str(row[3].get("hook", "")).startswith("_"))
     report.check(f"Shift+→ from the start: the first hook's state event (index {first_hook})",
                  [] if shown["index"] == first_hook else [f"landed on index {shown['index']} ({event['kind']})"])
     key(browser, "c", "KeyC")
     shown = state(browser)
     first_collective = next(i for i, row in enumerate(rows) if row[3]["kind"] == "collective" and i > first_hook)
+    drawn = any(group["ranks"][rows[first_collective][1]] for group in shown["inFlight"])
     report.check(f"c: the next collective (index {first_collective}), drawn in flight",
-                 [] if shown["index"] == first_collective and any(g["ranks"][rows[first_collective][1]] for g in shown["inFlight"])
-                 else [f"landed on index {shown['index']} ({rows[shown['index']][3]['kind']}), in flight {shown['inFlight']}"])
+                 [] if shown["index"] == first_collective and drawn
+                 else [f"landed on index {shown['index']} ({rows[shown['index']][3]['kind']}), "
+                       f"in flight {shown['inFlight']}"])
 
 
 def check_peaks(browser, ranks, rows, rundir, report):
