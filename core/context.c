@@ -96,7 +96,8 @@ static void shared_memory_copies_in_user_space(void) {
 /* The files an earlier run left in outdir that this run would not overwrite at once: the views (written at the end)
  * and rank files beyond this world. Returns how many were removed. */
 static int remove_stale_outputs(const char *outdir, int world) {
-    static const char *const views[] = {"trace.json", "memory.html", "memory_snapshot.pickle", "summary.txt"};
+    static const char *const views[] = {"trace.json", "memory.html", "player.html", "memory_snapshot.pickle",
+                                        "summary.txt"};
     char path[1100];
     int removed = 0;
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {

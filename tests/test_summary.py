@@ -429,9 +429,9 @@ def main():
                                                                                                           streams, 2))
         report.check("fsdptrace overlap --windows: the figures between marks", windows_problems(args.tool, scratch))
         done = run_tool(args.tool, "all", rundir)
-        missing = [name for name in ("trace.json", "memory.html", "memory_snapshot.pickle", "summary.txt")
+        missing = [name for name in ("trace.json", "memory.html", "player.html", "memory_snapshot.pickle", "summary.txt")
                    if not os.path.exists(os.path.join(rundir, name)) or f"{rundir}/{name}" not in done.stdout]
-        report.check("fsdptrace all writes and names trace.json, memory.html, the snapshot, summary.txt",
+        report.check("fsdptrace all writes and names trace.json, memory.html, player.html, the snapshot, summary.txt",
                      [f"exit {done.returncode}, missing {missing}: {done.stderr.strip()}"] if done.returncode or missing
                      else [])
         broken = os.path.join(scratch, "broken")

@@ -2,6 +2,7 @@
 #include "export.h"
 #include "chrome.h"
 #include "memory_page.h"
+#include "player.h"
 #include "run.h"
 #include "snapshot.h"
 #include "summary.h"
@@ -10,10 +11,10 @@
 #include <stdio.h>
 
 /* Each view's file name in the run directory, and its writer. */
-static const char *const view_names[] = {CHROME_FILE_NAME, MEMORY_PAGE_FILE_NAME, SNAPSHOT_FILE_NAME,
-                                         SUMMARY_FILE_NAME};
-static const trace_view_writer view_writers[] = {chrome_write_run, memory_page_write_run, snapshot_write_run,
-                                                 summary_write_run};
+static const char *const view_names[] = {CHROME_FILE_NAME, MEMORY_PAGE_FILE_NAME, PLAYER_FILE_NAME,
+                                         SNAPSHOT_FILE_NAME, SUMMARY_FILE_NAME};
+static const trace_view_writer view_writers[] = {chrome_write_run, memory_page_write_run, player_write_run,
+                                                 snapshot_write_run, summary_write_run};
 
 int trace_export_all(const char *rundir, char *error, size_t error_size) {
     trace_run run;
@@ -43,6 +44,8 @@ void trace_export_describe(FILE *stream, const char *rundir) {
     fprintf(stream, "trace:    %s/" CHROME_FILE_NAME "  (open in https://ui.perfetto.dev)\n",
             rundir);
     fprintf(stream, "memory:   %s/" MEMORY_PAGE_FILE_NAME "  (open in any browser; works offline)\n", rundir);
+    fprintf(stream, "player:   %s/" PLAYER_FILE_NAME "  (step through the run event by event; any browser, offline)\n",
+            rundir);
     fprintf(stream, "snapshot: %s/" SNAPSHOT_FILE_NAME "  (drop on https://pytorch.org/memory_viz)\n", rundir);
     fprintf(stream, "summary:  %s/" SUMMARY_FILE_NAME "  (peak memory, collectives, time, comm volume)\n", rundir);
 }

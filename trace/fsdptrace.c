@@ -3,6 +3,7 @@
  *   fsdptrace chrome   <rundir> [-o out.json]     Chrome / Perfetto trace (default <rundir>/trace.json)
  *   fsdptrace merge    <rundir> [-o out.json]     the same (the name DESIGN.md's picture uses)
  *   fsdptrace memory   <rundir> [-o out.html]     memory timeline page (default <rundir>/memory.html)
+ *   fsdptrace player   <rundir> [-o out.html]     step-by-step player page (default <rundir>/player.html)
  *   fsdptrace snapshot <rundir> [-o out.pickle]   PyTorch memory snapshot (default <rundir>/memory_snapshot.pickle)
  *   fsdptrace summary  <rundir> [-o out.txt]      prints the summary tables and writes them (<rundir>/summary.txt)
  *   fsdptrace all      <rundir>                   all of the above, under their default names
@@ -17,6 +18,7 @@
 #include "chrome.h"
 #include "export.h"
 #include "memory_page.h"
+#include "player.h"
 #include "snapshot.h"
 #include "run.h"
 #include "summary.h"
@@ -48,6 +50,8 @@ static const subcommand subcommands[] = {
     {"merge", "<rundir> [-o out.json]", "same as chrome", chrome_write_run, CHROME_FILE_NAME},
     {"memory", "<rundir> [-o out.html]", "memory timeline page (default <rundir>/" MEMORY_PAGE_FILE_NAME ")",
      memory_page_write_run, MEMORY_PAGE_FILE_NAME},
+    {"player", "<rundir> [-o out.html]", "step-by-step player page (default <rundir>/" PLAYER_FILE_NAME ")",
+     player_write_run, PLAYER_FILE_NAME},
     {"snapshot", "<rundir> [-o out.pickle]",
      "PyTorch memory snapshot for pytorch.org/memory_viz (default <rundir>/" SNAPSHOT_FILE_NAME ")",
      snapshot_write_run, SNAPSHOT_FILE_NAME},

@@ -133,36 +133,9 @@ static cJSON *page_data(const trace_run *run) {
 
 /* ---- writing the page ---- */
 
-static void html_text_put(FILE *file, const char *text) {
-    for (; *text; text++) {
-        if (*text == '<') fputs("&lt;", file);
-        else if (*text == '>') fputs("&gt;", file);
-        else if (*text == '&') fputs("&amp;", file);
-        else if (*text == '"') fputs("&quot;", file);
-        else fputc(*text, file);
-    }
-}
-
-/* Inside <script> only "</" can end the element early; "<\/" is the same JSON string. */
-static void script_json_put(FILE *file, const char *json) {
-    for (; *json; json++) {
-        fputc(*json, file);
-        if (json[0] == '<' && json[1] == '/') fputc('\\', file);
-    }
-}
-
-static void head_put(FILE *file, const trace_run *run) {
-    fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n", file);
-    fputs("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>fsdplab memory: ", file);
-    html_text_put(file, run->rundir);
-    fputs("</title>\n<link rel=\"icon\" href=\"data:,\">\n<style>\n", file);
-    fputs(memory_page_style, file);
-    fputs("</style>\n</head>\n", file);
-}
-
 static void body_put(FILE *file, const trace_run *run) {
     fputs("<body>\n<header>\n<h1>fsdplab memory timeline</h1>\n<p>", file);
-    html_text_put(file, run->rundir);
+    view_html_text_put(file, run->rundir);
     fprintf(file, ", %d rank%s. Written by <code>trace/fsdptrace memory</code> from the rank&lt;R&gt;.jsonl events."
                   "</p>\n", run->world, run->world == 1 ? "" : "s");
     fputs("<div class=\"controls\"><label>show <select id=\"rank-select\"></select></label>\n"
@@ -190,29 +163,15 @@ static void body_put(FILE *file, const trace_run *run) {
 }
 
 static void page_put(FILE *file, const trace_run *run, const char *json) {
-    head_put(file, run);
+    view_html_head_put(file, "fsdplab memory: ", run->rundir, memory_page_style);
     body_put(file, run);
     fputs("<script type=\"application/json\" id=\"run-data\">", file);
-    script_json_put(file, json);
+    view_script_json_put(file, json);
     fputs("</script>\n<script>\n", file);
     fputs(memory_page_script, file);
     fputs("</script>\n</body>\n</html>\n", file);
 }
 
 int memory_page_write_run(const trace_run *run, const char *out_path, char *error, size_t error_size) {
-    cJSON *data = page_data(run);
-    char *json = data != NULL ? cJSON_PrintUnformatted(data) : NULL;
-    cJSON_Delete(data);
-    if (json == NULL) {
-        snprintf(error, error_size, "out of memory building the data of %s", out_path);
-        return -1;
-    }
-    view_file view;
-    int status = view_file_open(&view, out_path, error, error_size);
-    if (status == 0) {
-        page_put(view.file, run, json);
-        status = view_file_close(&view, 0, error, error_size);
-    }
-    cJSON_free(json);
-    return status;
+    return view_html_write(out_path, run, page_data(run), page_put, error, error_size);
 }

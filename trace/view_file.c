@@ -1,6 +1,7 @@
 /* view_file.c — see view_file.h. */
 #include "view_file.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -43,5 +44,51 @@ int view_file_close(view_file *view, int status, char *error, size_t error_size)
         status = -1;
     }
     if (status != 0) remove(view->temporary_path);
+    return status;
+}
+
+void view_html_text_put(FILE *file, const char *text) {
+    for (; *text; text++) {
+        if (*text == '<') fputs("&lt;", file);
+        else if (*text == '>') fputs("&gt;", file);
+        else if (*text == '&') fputs("&amp;", file);
+        else if (*text == '"') fputs("&quot;", file);
+        else fputc(*text, file);
+    }
+}
+
+/* Inside <script> only "</" can end the element early; "<\/" is the same JSON string. */
+void view_script_json_put(FILE *file, const char *json) {
+    for (; *json; json++) {
+        fputc(*json, file);
+        if (json[0] == '<' && json[1] == '/') fputc('\\', file);
+    }
+}
+
+void view_html_head_put(FILE *file, const char *title_prefix, const char *rundir, const char *style) {
+    fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n", file);
+    fputs("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>", file);
+    view_html_text_put(file, title_prefix);
+    view_html_text_put(file, rundir);
+    fputs("</title>\n<link rel=\"icon\" href=\"data:,\">\n<style>\n", file);
+    fputs(style, file);
+    fputs("</style>\n</head>\n", file);
+}
+
+int view_html_write(const char *out_path, const struct trace_run *run, cJSON *data, view_page_writer page_put,
+                    char *error, size_t error_size) {
+    char *json = data != NULL ? cJSON_PrintUnformatted(data) : NULL;
+    cJSON_Delete(data);
+    if (json == NULL) {
+        snprintf(error, error_size, "out of memory building the data of %s", out_path);
+        return -1;
+    }
+    view_file view;
+    int status = view_file_open(&view, out_path, error, error_size);
+    if (status == 0) {
+        page_put(view.file, run, json);
+        status = view_file_close(&view, 0, error, error_size);
+    }
+    cJSON_free(json);
     return status;
 }

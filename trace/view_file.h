@@ -27,4 +27,19 @@ int view_file_open(view_file *view, const char *path, char *error, size_t error_
  * temporary file. Returns 0 when the file is in place, else -1 (keeping the caller's message when status != 0). */
 int view_file_close(view_file *view, int status, char *error, size_t error_size);
 
+/* For the HTML views (memory.html, player.html): text with <, >, & and " escaped, for an element or an attribute;
+ * JSON inside a <script> element, with every "</" written "<\/" so the data cannot end the element early. */
+void view_html_text_put(FILE *file, const char *text);
+void view_script_json_put(FILE *file, const char *json);
+/* An HTML view's <!DOCTYPE> ... </head>: the title is title_prefix and the run directory, the style inline. */
+void view_html_head_put(FILE *file, const char *title_prefix, const char *rundir, const char *style);
+
+/* Writes an HTML view whose data is JSON: prints `data` compactly (and deletes it; NULL means building it ran out of
+ * memory) and has `page_put` write the page around that text into out_path, through view_file_open/close. */
+struct cJSON;
+struct trace_run;
+typedef void (*view_page_writer)(FILE *file, const struct trace_run *run, const char *json);
+int view_html_write(const char *out_path, const struct trace_run *run, struct cJSON *data, view_page_writer page_put,
+                    char *error, size_t error_size);
+
 #endif

@@ -9,9 +9,12 @@ check "fsdptrace chrome: re-exports a lab run that then validates" bash -c '
 check "fsdptrace summary: a synthetic run's figures equal the hand-computed ones" python3 tests/test_summary.py
 check "fsdptrace all: lab 05 writes its views" bash -c '
   rm -rf runs/check/views && OUT=runs/check/views STEPS=1 $MPIRUN -np 2 lab/05_full_step >/dev/null &&
-  ls runs/check/views/trace.json runs/check/views/memory.html runs/check/views/memory_snapshot.pickle runs/check/views/summary.txt'
+  ls runs/check/views/trace.json runs/check/views/memory.html runs/check/views/player.html \
+    runs/check/views/memory_snapshot.pickle runs/check/views/summary.txt'
 check "memory_snapshot.pickle: loads, fields, addresses consistent with sizes" python3 tests/check_snapshot.py runs/check/views
 check "memory.html in headless Chromium: a band per allocation, no console errors" python3 tests/check_memory_page.py runs/check/views
+check "player.html in headless Chromium: unit states, memory and the peak at chosen moments equal the JSONL" \
+  python3 tests/check_player.py runs/check/views
 for ranks in 3 4; do
   run_lab "05_full_step -np $ranks STEPS=1 ACC=1: a trace for the viewers" $ranks runs/check/viewers_np$ranks \
     05_full_step STEPS=1 ACC=1
@@ -39,11 +42,13 @@ check "trace.json in Perfetto UI and Catapult (2, 3, 4 ranks, streams): every fl
 slice imported, no 'main thread'" \
   python3 tests/check_trace_viewers.py runs/check/views runs/check/viewers_np3 runs/check/viewers_np4 \
   runs/check/streams runs/check/prefetch
+check "player.html of the prefetching run: several units unsharded at once, the same checks" \
+  python3 tests/check_player.py --expect-overlap runs/check/prefetch
 # One run per directory (issue 15): a run starts by removing an earlier run's views and its rank files beyond this
 # world; rank files of two runs are refused, naming both ids; a run without its end event is reported as cut short.
 check "OUT reused by a smaller run: the bigger run's rank2.jsonl and old views are gone" bash -c '
   rm -rf runs/check/reuse && OUT=runs/check/reuse $MPIRUN -np 3 lab/01_shard >/dev/null &&
-  OUT=runs/check/reuse $MPIRUN -np 2 lab/01_shard | grep -q "removed 5 files of an earlier run" &&
+  OUT=runs/check/reuse $MPIRUN -np 2 lab/01_shard | grep -q "removed 6 files of an earlier run" &&
   test ! -e runs/check/reuse/rank2.jsonl && python3 tests/validate_trace.py --expect-ranks 2 runs/check/reuse >/dev/null'
 check_fails "fsdptrace: rank files of two runs are refused, naming both run ids" \
   "run id '[^']+', but rank0.jsonl has '[^']+': the rank files come from different runs" bash -c '
