@@ -8,7 +8,7 @@
  *                                                      pre-token cache warm after the first, as HF's is), prints
  *                                                      "tokens N bytes N seconds S tokens_per_second R"
  *   tokenize_tool stories COUNT [SEED]                 data_generate_stories' text, to stdout (no vocabulary read)
- *   tokenize_tool [--vocab PATH|bytes] write-tokens TEXT OUT.bin
+ *   tokenize_tool [--vocab PATH|bytes] write-tokens TEXT OUT.bin [PIECE_BYTES]
  *                                                      TEXT tokenized (Qwen2's BPE, or byte ids with --vocab bytes)
  *                                                      into a token file (core/data.h's format: 2-byte ids when they
  *                                                      fit, else 4), with progress on stderr; what
@@ -158,7 +158,7 @@ static int run(const char *vocab, const char *command, const char *path, const c
 
 /* write-tokens: the text in pieces of about 16 MB, each cut just before an "<|endoftext|>" (a special token is
  * never part of a longer one, so the pieces encode to the ids of the whole), with progress on stderr. */
-static int write_tokens(const char *vocab, const char *text_path, const char *out_path) {
+static int write_tokens(const char *vocab, const char *text_path, const char *out_path, size_t piece) {
     char error[1024];
     char *text;
     size_t length;
@@ -175,9 +175,8 @@ static int write_tokens(const char *vocab, const char *text_path, const char *ou
     tok_ids ids = {0};
     int status = 0, max_id = 0;
     double start = now();
-    enum { PIECE = 16 << 20 };
     for (size_t at = 0; status == 0 && at < length;) {
-        size_t cut = length - at > PIECE ? at + PIECE : length;
+        size_t cut = length - at > piece ? at + piece : length;
         const char *next = cut < length ? memmem(text + cut, length - cut, TOK_ENDOFTEXT, strlen(TOK_ENDOFTEXT)) : NULL;
         cut = next != NULL ? (size_t)(next - text) : length;
         if (bytes) {
@@ -231,8 +230,17 @@ int main(int argc, char **argv) {
         free(text);
         return 0;
     }
-    if (argc == first + 3 && strcmp(argv[first], "write-tokens") == 0)
-        return write_tokens(vocab, argv[first + 1], argv[first + 2]) == 0 ? 0 : 1;
+    if ((argc == first + 3 || argc == first + 4) && strcmp(argv[first], "write-tokens") == 0) {
+        /* PIECE_BYTES (default 16 MB): how much text one piece holds at least; small ones test the cutting */
+        char *end = NULL;
+        unsigned long long piece = argc == first + 4 ? strtoull(argv[first + 3], &end, 10) : 16ull << 20;
+        if (piece == 0 || (end != NULL && *end != '\0')) {
+            fprintf(stderr, "tokenize_tool: write-tokens PIECE_BYTES '%s' is not a count of bytes above 0\n",
+                    argv[first + 3]);
+            return 1;
+        }
+        return write_tokens(vocab, argv[first + 1], argv[first + 2], (size_t)piece) == 0 ? 0 : 1;
+    }
     if (argc <= first) {
         fprintf(stderr, "usage: tokenize_tool [--vocab PATH] encode|decode|encode-batch|decode-batch [FILE] | "
                         "bench FILE SECONDS\n");

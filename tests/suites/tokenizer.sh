@@ -26,6 +26,9 @@ if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ]; then
   check "tokenizer: EVAL printed a story decoded by Qwen2's tokenizer" grep -q "^    --- Once upon a time" "$text_log"
   check "tokenizer: prepare_tinystories.sh writes the same ids as a token file" bash -c "
     scripts/prepare_tinystories.sh $T/stories.txt $T/stories.bin | grep -q '$T/stories.bin: $expected tokens of 4 bytes'"
+  # The same ids when the text is encoded in pieces cut before each <|endoftext|> (here every ~2 KB; 16 MB by default)
+  check "tokenizer: write-tokens in pieces of ~2 KB writes the whole text's token file, byte for byte" bash -c "
+    tests/bin/tokenize_tool write-tokens $T/stories.txt $T/pieces.bin 2000 && cmp $T/stories.bin $T/pieces.bin"
   run_lab "tokenizer: lab 05 on the prepared token file" 2 $T/bin 05_full_step "${QWEN2_SMALL[@]}" DATA=$T/stories.bin
   check "tokenizer: the token file trains to the text's losses, bit for bit" python3 tests/check_resume.py exact \
     $T/text $T/bin
