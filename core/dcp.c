@@ -175,15 +175,17 @@ int dcp_find_latest(const char *root, char *out, size_t out_size) {
 
 /* After committing step `newest`: keep the newest `keep` committed checkpoints, drop older uncommitted ones. */
 static void prune(const char *root, int64_t newest, int keep) {
-    if (keep <= 0) return;
     int count;
     int64_t *steps = list_steps(root, &count);
     int committed_seen = 0;
     char directory[1200];
     for (int i = count - 1; i >= 0; i--) {
-        if (steps[i] > newest) continue; /* a later run's? not ours to judge */
         step_directory(directory, sizeof directory, root, steps[i]);
-        if (!is_committed(directory)) {
+        if (steps[i] > newest) { /* the future of a run resumed from an earlier step: RESUME=auto must not take it */
+            remove_checkpoint(directory);
+        } else if (keep <= 0) {
+            continue;
+        } else if (!is_committed(directory)) {
             if (steps[i] < newest) remove_checkpoint(directory);
         } else if (++committed_seen > keep) {
             remove_checkpoint(directory);

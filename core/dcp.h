@@ -83,7 +83,9 @@ typedef struct dcp_metadata {
 typedef int (*dcp_extra_writer)(const char *directory, void *user, char *error, size_t error_size);
 
 /* Saves every unit's local shard and AdamW state into <root>/step_<progress->step, 8 digits>, then commits it, then
- * removes older checkpoints of <root> beyond the newest `keep` (keep <= 0: none removed) and uncommitted ones.
+ * removes older checkpoints of <root> beyond the newest `keep` (keep <= 0: none removed) and uncommitted ones, and
+ * every checkpoint of a later step: those belong to the run this one replaced by resuming from an earlier step, and
+ * RESUME=auto would otherwise take them.
  * Collective: every rank calls it with the same units; returns 0 on every rank, or -1 on every rank with ctx->error
  * naming the rank and the file. `written` (may be NULL) receives the directory and the bytes of all files. */
 int dcp_save(context *ctx, const char *root, const flat_param *units, const adamw_state *states, int unit_count,

@@ -296,6 +296,12 @@ static int resume(context *ctx, const settings *s, qwen2_model *model, adamw_sta
     if (ctx->rank == 0) {
         printf("resumed from %s: step %lld done, data position %llu windows\n", directory, (long long)progress.step,
                (unsigned long long)progress.data_windows);
+        char latest[1200];
+        if (s->checkpoint_every > 0 && dcp_find_latest(s->checkpoint_dir, latest, sizeof latest) == 0 &&
+            strcmp(latest, directory) != 0 && strrchr(latest, '_') != NULL &&
+            strtoll(strrchr(latest, '_') + 1, NULL, 10) > progress.step)
+            printf("    note: %s holds checkpoints after step %lld (up to %s); this run's first checkpoint removes "
+                   "them\n", s->checkpoint_dir, (long long)progress.step, latest);
         dcp_progress now = {0};
         record_settings(s, model, loader, &now);
         for (int i = 0; i < now.setting_count; i++) {

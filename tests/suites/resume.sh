@@ -105,3 +105,11 @@ for strategy in NO_SHARD SHARD_GRAD_OP; do
     OUT=$Z STRATEGY=$strategy STEPS=4 RESUME=$A/checkpoints/step_00000002 SAVE=$Z/hf $MPIRUN -np 2 lab/05_full_step &&
     cmp $A/hf/model.safetensors $Z/hf/model.safetensors && python3 tests/check_resume.py exact $A $Z"
 done
+# Resuming into the same CHECKPOINT_DIR from an earlier step replaces the later history: the run says so, and its first
+# commit removes the later checkpoints, so that RESUME=auto cannot take a step of the abandoned run.
+A=runs/check/resume_NO_SHARD_a
+check "resume from an earlier step: told of the later checkpoints, which the first commit removes" bash -c "
+  OUT=runs/check/resume_rewind STRATEGY=NO_SHARD STEPS=3 CHECKPOINT_EVERY=1 CHECKPOINT_DIR=$A/checkpoints \
+    RESUME=$A/checkpoints/step_00000002 $MPIRUN -np 2 lab/05_full_step | tee /dev/stderr |
+    grep -q 'note: $A/checkpoints holds checkpoints after step 2 (up to $A/checkpoints/step_00000004)' &&
+  [ \"\$(ls $A/checkpoints)\" = \"\$(printf 'step_00000002\nstep_00000003')\" ]"
