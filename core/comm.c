@@ -31,9 +31,21 @@ static uint64_t unit_hash(const char *unit) {
     return hash;
 }
 
+/* The unit's hash, with the group's name in front: a signature agreed in one group is not taken as agreed in
+ * another. The world's hash is the unit's alone, as before groups. */
+static uint64_t call_hash(const call *c) {
+    if (c->group == NULL) return unit_hash(c->unit);
+    char both[256];
+    snprintf(both, sizeof both, "%s/%s", c->group->name, c->unit ? c->unit : "");
+    return unit_hash(both);
+}
+
 static int signature_equal(const ctx_signature *a, const ctx_signature *b) {
     return a->op == b->op && a->count == b->count && a->detail == b->detail && a->unit_hash == b->unit_hash;
 }
+
+/* The world rank of member `member` of the collective's group: what messages name. */
+static int world_rank_of(const call *c, int member) { return c->group ? group_world_rank(c->group, member) : member; }
 
 /* The units' names differ between ranks: a second exchange fetches them, so the message can name both. Every rank
  * sees the same table, so every rank makes this exchange or none does; a rank that has already written a message
@@ -42,25 +54,25 @@ static int units_differ(context *ctx, const call *c, const ctx_signature *everyo
     enum { NAME = 64 };
     char mine[NAME] = {0};
     snprintf(mine, sizeof mine, "%s", c->unit ? c->unit : "");
-    char *names = malloc((size_t)NAME * (size_t)ctx->world_size);
+    char *names = malloc((size_t)NAME * (size_t)c->size);
     if (names == NULL) {
         snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
                  op_names[c->op], c->unit);
         return -1;
     }
-    int rc = MPI_Allgather(mine, NAME, MPI_CHAR, names, NAME, MPI_CHAR, ctx->comm);
+    int rc = MPI_Allgather(mine, NAME, MPI_CHAR, names, NAME, MPI_CHAR, c->group ? c->group->comm : ctx->comm);
     if (mpi_failed(ctx, rc, c, "unit name agreement (MPI_Allgather)")) {
         free(names);
         return -1;
     }
-    uint64_t my_hash = unit_hash(c->unit);
-    for (int rank = 0; rank < ctx->world_size && explain; rank++) {
+    uint64_t my_hash = call_hash(c);
+    for (int rank = 0; rank < c->size && explain; rank++) {
         if (everyone[rank].unit_hash == my_hash) continue;
         names[(size_t)NAME * (size_t)rank + NAME - 1] = '\0';
         snprintf(ctx->error, sizeof ctx->error,
                  "rank %d: %s of %llu floats on unit '%s', but rank %d called it on unit '%s': every rank must "
                  "call the same collective on the same unit", ctx->rank, op_names[c->op],
-                 (unsigned long long)c->count, c->unit, rank, &names[(size_t)NAME * (size_t)rank]);
+                 (unsigned long long)c->count, c->unit, world_rank_of(c, rank), &names[(size_t)NAME * (size_t)rank]);
         break;
     }
     free(names);
@@ -73,10 +85,10 @@ static int units_differ(context *ctx, const call *c, const ctx_signature *everyo
  * every micro-batch with the same layout). What that trusts: a call with an agreed signature on one rank is
  * matched by the same call on the others; a mismatch among signatures seen before is no longer caught here. */
 static int agree(context *ctx, const call *c) {
-    ctx_signature mine = {(uint64_t)c->op, c->count, (uint64_t)c->detail, unit_hash(c->unit)};
+    ctx_signature mine = {(uint64_t)c->op, c->count, (uint64_t)c->detail, call_hash(c)};
     for (int i = 0; i < ctx->agreed_count; i++)
         if (signature_equal(&ctx->agreed[i], &mine)) return 0;
-    ctx_signature *everyone = malloc(sizeof mine * (size_t)ctx->world_size);
+    ctx_signature *everyone = malloc(sizeof mine * (size_t)c->size);
     if (everyone == NULL) {
         snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
                  op_names[c->op], c->unit);
@@ -84,7 +96,8 @@ static int agree(context *ctx, const call *c) {
     }
     ctx->agreements++;
     MPI_Request request;
-    int rc = MPI_Iallgather(&mine, 4, MPI_UINT64_T, everyone, 4, MPI_UINT64_T, ctx->comm, &request);
+    int rc = MPI_Iallgather(&mine, 4, MPI_UINT64_T, everyone, 4, MPI_UINT64_T, c->group ? c->group->comm : ctx->comm,
+                            &request);
     if (rc == MPI_SUCCESS) rc = stream_progress(ctx, NULL, 1, &request);
     if (rc == STREAM_TIMED_OUT) {
         free(everyone);
@@ -98,25 +111,26 @@ static int agree(context *ctx, const call *c) {
         return -1;
     }
     int status = 0;
-    for (int rank = 0; rank < ctx->world_size && status == 0; rank++) {
+    for (int rank = 0; rank < c->size && status == 0; rank++) {
         const ctx_signature *theirs = &everyone[rank];
         if (theirs->op != mine.op || theirs->detail != mine.detail) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' (%s %lld) but rank %d called %s (%s %lld): every rank must call "
                      "the same collective", ctx->rank, op_names[c->op], c->unit, detail_name(c->op),
-                     (long long)c->detail, rank, theirs->op <= OP_BARRIER ? op_names[theirs->op] : "an unknown op",
+                     (long long)c->detail, world_rank_of(c, rank), theirs->op <= OP_BARRIER ? op_names[theirs->op] : "an unknown op",
                      detail_name(c->op), (long long)theirs->detail);
             status = -1;
         } else if (theirs->count != mine.count) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' of %llu floats, but rank %d passed %llu floats", ctx->rank,
-                     op_names[c->op], c->unit, (unsigned long long)c->count, rank, (unsigned long long)theirs->count);
+                     op_names[c->op], c->unit, (unsigned long long)c->count, world_rank_of(c, rank),
+                     (unsigned long long)theirs->count);
             status = -1;
         }
     }
     /* Only names left to compare; decided on the whole table, so every rank takes the same branch. */
     int names_match = 1;
-    for (int rank = 1; rank < ctx->world_size; rank++)
+    for (int rank = 1; rank < c->size; rank++)
         if (everyone[rank].unit_hash != everyone[0].unit_hash) names_match = 0;
     if (!names_match) status = units_differ(ctx, c, everyone, status == 0);
     free(everyone);
@@ -137,17 +151,18 @@ static int begin(context *ctx, call *c, size_t chunk_count) {
 
 static int not_divisible(context *ctx, const call *c) {
     snprintf(ctx->error, sizeof ctx->error,
-             "rank %d: %s on unit '%s' of %llu floats over %d ranks: not divisible; pad to a multiple of the world "
-             "size first (a FlatParameter does)", ctx->rank, op_names[c->op], c->unit, (unsigned long long)c->count,
-             ctx->world_size);
+             "rank %d: %s on unit '%s' of %llu floats over %d ranks%s%s: not divisible; pad to a multiple of the "
+             "group's size first (a FlatParameter does)", ctx->rank, op_names[c->op], c->unit,
+             (unsigned long long)c->count, c->size, c->group ? " of group " : "", c->group ? c->group->name : "");
     return -1;
 }
 
 static const char *reduce_name(comm_reduce reduce) { return reduce == COMM_AVG ? "avg" : "sum"; }
 
-/* Ring traffic for an all-gather or reduce-scatter: each rank sends and receives (N-1) chunks of full/N. */
-static uint64_t ring_chunk_bytes(const context *ctx, size_t full_count) {
-    return (uint64_t)(full_count / (size_t)ctx->world_size) * sizeof(float) * (uint64_t)(ctx->world_size - 1);
+/* Ring traffic for an all-gather or reduce-scatter: each rank sends and receives (N-1) chunks of full/N, N the
+ * group's size. */
+static uint64_t ring_chunk_bytes(int size, size_t full_count) {
+    return (uint64_t)(full_count / (size_t)size) * sizeof(float) * (uint64_t)(size - 1);
 }
 
 /* ---- the work, as it runs on its stream (a worker thread, or the host for the blocking forms) ----
@@ -183,7 +198,7 @@ static int work_failed(call *c, int rc, const char *what) {
  * sent while the other receives); the last step receives straight into the shard. So 2 ranks need no buffer,
  * 3 ranks one, 4 or more two; the host allocates them at issue. */
 static int ring_reduce_scatter(call *c) {
-    int world = c->ctx->world_size, rank = c->ctx->rank;
+    int world = c->size, rank = c->rank; /* the group's */
     int right = (rank + 1) % world, left = (rank - 1 + world) % world;
     size_t chunk = c->chunk;
     const float *full = c->send;
@@ -253,14 +268,14 @@ static void run_on_stream(void *arg) {
 static void issue(context *ctx, call *c, stream *on) {
     c->ctx = ctx;
     c->stream = on;
-    c->comm = on ? on->comm : ctx->comm;
+    c->comm = on ? stream_comm(on, c->group) : c->group ? c->group->comm : ctx->comm;
     c->seq = ctx->collective_seq++;
     c->status = 0;
     c->error[0] = '\0';
     c->active = 1;
     c->ring_buffers[0] = c->ring_buffers[1] = NULL;
     if (c->op == OP_REDUCE_SCATTER) /* every element is received before it is read: no zeroing */
-        for (int i = 0; i < 2 && i < ctx->world_size - 2; i++)
+        for (int i = 0; i < 2 && i < c->size - 2; i++)
             c->ring_buffers[i] = mem_alloc_uninitialized(&ctx->mem, c->chunk * sizeof(float), MEM_COMM_BUFFER,
                                                          "reduce_scatter.ring_buffer");
     c->done = (stream_event){0};
@@ -292,7 +307,11 @@ int comm_wait(context *ctx, comm_handle *c, const char *hook) {
         if (strstr(c->error, "timed out") != NULL) trace_mark(&ctx->trace, c->error); /* the JSONL says so */
         return -1;
     }
+    char ranks[256];
     trace_collective_info info = {
+        .group = c->group ? c->group->name : "world",
+        .group_size = c->size,
+        .group_ranks = c->group ? group_ranks_text(c->group, ranks, sizeof ranks) : NULL,
         .op = op_names[c->op],
         .unit = c->unit,
         .reduce = c->reduce,
@@ -310,39 +329,53 @@ int comm_wait(context *ctx, comm_handle *c, const char *hook) {
     ctx->last_collective = info;
     ctx->last_collective.unit = NULL; /* the caller's string may not outlive the call */
     ctx->last_collective.stream = NULL;
+    ctx->last_collective.group = ctx->last_collective.group_ranks = NULL;
     return 0;
 }
 
 /* ---- the collectives: set up, checked, issued ---- */
 
-static int all_gather_begin(context *ctx, call *c, const float *shard, float *full, size_t full_count,
-                            const char *unit) {
-    *c = (call){.op = OP_ALL_GATHER, .unit = unit, .count = full_count, .send = shard, .receive = full,
-                .chunk = full_count / (size_t)ctx->world_size, .factor = 1.0f};
-    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(ctx, full_count);
+/* The group a collective runs in: its members, this rank's position. NULL: the world. */
+static void in_group(const context *ctx, call *c, const comm_group *group) {
+    c->group = group;
+    c->rank = group ? group->rank : ctx->rank;
+    c->size = group ? group->size : ctx->world_size;
+}
+
+static int all_gather_begin(context *ctx, call *c, const comm_group *group, const float *shard, float *full,
+                            size_t full_count, const char *unit) {
+    *c = (call){.op = OP_ALL_GATHER, .unit = unit, .count = full_count, .send = shard, .receive = full, .factor = 1.0f};
+    in_group(ctx, c, group);
+    c->chunk = full_count / (size_t)c->size;
+    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count);
     if (begin(ctx, c, c->chunk) != 0) return -1;
-    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, c);
+    if (full_count % (size_t)c->size != 0) return not_divisible(ctx, c);
     return 0;
 }
 
-static int reduce_scatter_begin(context *ctx, call *c, const float *full, float *shard, size_t full_count,
-                                comm_reduce reduce, const char *unit) {
+static int reduce_scatter_begin(context *ctx, call *c, const comm_group *group, const float *full, float *shard,
+                                size_t full_count, comm_reduce reduce, const char *unit) {
     *c = (call){.op = OP_REDUCE_SCATTER, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
-                .count = full_count, .send = full, .receive = shard, .chunk = full_count / (size_t)ctx->world_size,
-                .factor = reduce == COMM_AVG ? 1.0f / (float)ctx->world_size : 1.0f};
-    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(ctx, full_count);
+                .count = full_count, .send = full, .receive = shard};
+    in_group(ctx, c, group);
+    c->chunk = full_count / (size_t)c->size;
+    c->factor = reduce == COMM_AVG ? 1.0f / (float)c->size : 1.0f;
+    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count);
     if (begin(ctx, c, c->chunk) != 0) return -1;
-    if (full_count % (size_t)ctx->world_size != 0) return not_divisible(ctx, c);
+    if (full_count % (size_t)c->size != 0) return not_divisible(ctx, c);
     return 0;
 }
 
-static int all_reduce_begin(context *ctx, call *c, float *buffer, size_t count, comm_reduce reduce,
-                            const char *unit) {
+/* A ring all-reduce's traffic, 2(N-1)/N of the buffer each way (a reduce-scatter, then an all-gather), as a double
+ * product truncated to bytes (EVENTS.md). */
+static int all_reduce_begin(context *ctx, call *c, const comm_group *group, float *buffer, size_t count,
+                            comm_reduce reduce, const char *unit) {
     *c = (call){.op = OP_ALL_REDUCE, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
-                .count = count, .send = buffer, .receive = buffer, .chunk = count,
-                .factor = reduce == COMM_AVG ? 1.0f / (float)ctx->world_size : 1.0f};
+                .count = count, .send = buffer, .receive = buffer, .chunk = count};
+    in_group(ctx, c, group);
+    c->factor = reduce == COMM_AVG ? 1.0f / (float)c->size : 1.0f;
     c->bytes_sent = c->bytes_recv =
-        (uint64_t)(2.0 * (double)(ctx->world_size - 1) / (double)ctx->world_size * (double)count * sizeof(float));
+        (uint64_t)(2.0 * (double)(c->size - 1) / (double)c->size * (double)count * sizeof(float));
     return begin(ctx, c, count);
 }
 
@@ -354,26 +387,27 @@ static int blocking(context *ctx, call *c) {
 
 int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_count, const char *unit) {
     call c;
-    if (all_gather_begin(ctx, &c, shard, full, full_count, unit) != 0) return -1;
+    if (all_gather_begin(ctx, &c, NULL, shard, full, full_count, unit) != 0) return -1;
     return blocking(ctx, &c);
 }
 
 int comm_reduce_scatter(context *ctx, const float *full, float *shard, size_t full_count, comm_reduce reduce,
                         const char *unit) {
     call c;
-    if (reduce_scatter_begin(ctx, &c, full, shard, full_count, reduce, unit) != 0) return -1;
+    if (reduce_scatter_begin(ctx, &c, NULL, full, shard, full_count, reduce, unit) != 0) return -1;
     return blocking(ctx, &c);
 }
 
 int comm_all_reduce(context *ctx, float *buffer, size_t count, comm_reduce reduce, const char *unit) {
     call c;
-    if (all_reduce_begin(ctx, &c, buffer, count, reduce, unit) != 0) return -1;
+    if (all_reduce_begin(ctx, &c, NULL, buffer, count, reduce, unit) != 0) return -1;
     return blocking(ctx, &c);
 }
 
 int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const char *unit) {
     call c = {.op = OP_BROADCAST, .unit = unit, .detail = root, .count = count, .receive = buffer, .chunk = count,
               .factor = 1.0f};
+    in_group(ctx, &c, NULL);
     if (ctx->world_size > 1) {
         if (ctx->rank == root) c.bytes_sent = count * sizeof(float);
         else c.bytes_recv = count * sizeof(float);
@@ -389,27 +423,44 @@ int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const ch
 
 int comm_barrier(context *ctx, const char *unit) {
     call c = {.op = OP_BARRIER, .unit = unit, .factor = 1.0f};
+    in_group(ctx, &c, NULL);
     if (begin(ctx, &c, 0) != 0) return -1;
     return blocking(ctx, &c);
 }
 
-int comm_all_gather_start(context *ctx, stream *on, const float *shard, float *full, size_t full_count,
-                          const char *unit, comm_handle *handle) {
-    if (all_gather_begin(ctx, handle, shard, full, full_count, unit) != 0) return -1;
+int comm_all_gather_group_start(context *ctx, const comm_group *group, stream *on, const float *shard, float *full,
+                                size_t full_count, const char *unit, comm_handle *handle) {
+    if (all_gather_begin(ctx, handle, group, shard, full, full_count, unit) != 0) return -1;
     issue(ctx, handle, on);
     return 0;
+}
+
+int comm_reduce_scatter_group_start(context *ctx, const comm_group *group, stream *on, const float *full,
+                                    float *shard, size_t full_count, comm_reduce reduce, const char *unit,
+                                    comm_handle *handle) {
+    if (reduce_scatter_begin(ctx, handle, group, full, shard, full_count, reduce, unit) != 0) return -1;
+    issue(ctx, handle, on);
+    return 0;
+}
+
+int comm_all_reduce_group_start(context *ctx, const comm_group *group, stream *on, float *buffer, size_t count,
+                                comm_reduce reduce, const char *unit, comm_handle *handle) {
+    if (all_reduce_begin(ctx, handle, group, buffer, count, reduce, unit) != 0) return -1;
+    issue(ctx, handle, on);
+    return 0;
+}
+
+int comm_all_gather_start(context *ctx, stream *on, const float *shard, float *full, size_t full_count,
+                          const char *unit, comm_handle *handle) {
+    return comm_all_gather_group_start(ctx, NULL, on, shard, full, full_count, unit, handle);
 }
 
 int comm_reduce_scatter_start(context *ctx, stream *on, const float *full, float *shard, size_t full_count,
                               comm_reduce reduce, const char *unit, comm_handle *handle) {
-    if (reduce_scatter_begin(ctx, handle, full, shard, full_count, reduce, unit) != 0) return -1;
-    issue(ctx, handle, on);
-    return 0;
+    return comm_reduce_scatter_group_start(ctx, NULL, on, full, shard, full_count, reduce, unit, handle);
 }
 
 int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count, comm_reduce reduce,
                           const char *unit, comm_handle *handle) {
-    if (all_reduce_begin(ctx, handle, buffer, count, reduce, unit) != 0) return -1;
-    issue(ctx, handle, on);
-    return 0;
+    return comm_all_reduce_group_start(ctx, NULL, on, buffer, count, reduce, unit, handle);
 }

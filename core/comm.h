@@ -36,6 +36,8 @@ typedef struct comm_handle {
     context *ctx;
     stream *stream;               /* NULL: a blocking form, run on the host */
     MPI_Comm comm;
+    const comm_group *group;      /* the process group it runs in (core/group.h); NULL: the world */
+    int rank, size;               /* this rank's position in that group, and its size */
     int op;
     const char *unit;
     const char *reduce;           /* "sum" / "avg" / NULL */
@@ -46,7 +48,7 @@ typedef struct comm_handle {
     const float *send;
     float *receive;
     size_t chunk;                 /* floats per rank (all_gather, reduce_scatter) or the count */
-    float factor;                 /* 1/N for a mean, else 1 */
+    float factor;                 /* 1/N for a mean (N: the group's size), else 1 */
     float *ring_buffers[2];       /* reduce_scatter's running sums (3+ ranks), host-allocated */
     double issue_us, start_us, end_us;
     int status;                   /* MPI's failure, once done: 0 or -1 with error */
@@ -75,6 +77,17 @@ int comm_reduce_scatter_start(context *ctx, stream *on, const float *full, float
                               comm_reduce reduce, const char *unit, comm_handle *handle);
 int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count, comm_reduce reduce,
                           const char *unit, comm_handle *handle);
+/* The same three in a process group (core/group.h; NULL: the world, as the forms above): N is the group's size,
+ * shards are ordered by group rank, a mean divides by the group's size, and the agreement is made among the group's
+ * members. `on` NULL runs it on the host at once (a blocking form; comm_wait then only writes its event). A worker
+ * stream needs the group's communicator (stream_add_group). The event names the group and its world ranks. */
+int comm_all_gather_group_start(context *ctx, const comm_group *group, stream *on, const float *shard, float *full,
+                                size_t full_count, const char *unit, comm_handle *handle);
+int comm_reduce_scatter_group_start(context *ctx, const comm_group *group, stream *on, const float *full,
+                                    float *shard, size_t full_count, comm_reduce reduce, const char *unit,
+                                    comm_handle *handle);
+int comm_all_reduce_group_start(context *ctx, const comm_group *group, stream *on, float *buffer, size_t count,
+                                comm_reduce reduce, const char *unit, comm_handle *handle);
 /* Whether the collective has completed (its buffers are ready); never blocks. */
 int comm_done(const comm_handle *handle);
 /* The host waits for the collective (a `wait` event when it had to, naming `hook`), writes its `collective` event

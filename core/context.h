@@ -34,6 +34,8 @@ typedef struct context {
     uint64_t agreements;       /* agreement exchanges made (one small MPI_Allgather each), for tests and curiosity */
     int thread_multiple;       /* MPI provides MPI_THREAD_MULTIPLE: comm streams may be threads (core/stream.h) */
     double timeout_seconds;    /* TIMEOUT: a collective not complete after this long aborts the run (0: never) */
+    const struct group_mesh *mesh; /* HYBRID_SHARD's shard x replicate groups (core/group.h), set by the program before
+                                  it builds the model; NULL: one group, the world (every other strategy) */
     int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */
     char outdir[512];          /* where rank<R>.jsonl and trace.json go */

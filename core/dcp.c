@@ -209,10 +209,12 @@ static uint64_t layout_hash(const flat_param *fp) {
 }
 
 /* The unpadded element range of a unit this rank holds: its chunk without the padding; replicated units (NO_SHARD)
- * are held whole by every rank, and saved by rank 0 alone. */
+ * are held whole by every rank, and saved by rank 0 alone. HYBRID_SHARD: every replicate group holds the same
+ * chunks, so the first shard group (world ranks 0 .. S-1) saves them, and every rank loads its chunk from there. */
 static void held_range(const flat_param *fp, int rank, int saving, size_t *begin, size_t *end) {
     fp_shard_range(fp, rank, begin, end);
     if (fp->replicated && saving && rank != 0) *end = *begin;
+    if (fp->shard_group != NULL && saving && rank >= fp->shard_group->size) *end = *begin;
     if (*end > fp->unpadded_numel) *end = fp->unpadded_numel;
     if (*begin > *end) *begin = *end;
 }

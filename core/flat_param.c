@@ -57,6 +57,11 @@ static int init_layout(flat_param *fp, context *ctx, const char *unit, const fp_
         offset += info->numel;
     }
     size_t world = replicated ? 1 : (size_t)ctx->world_size;
+    if (!replicated && ctx->mesh != NULL) { /* HYBRID_SHARD: shard over the shard group only */
+        fp->shard_group = &ctx->mesh->shard;
+        fp->replicate_group = &ctx->mesh->replicate;
+        world = (size_t)fp->shard_group->size;
+    }
     fp->unpadded_numel = offset;
     fp->padded_unsharded_numel = fp_padded_numel(offset, world);
     fp->pad_numel = fp->padded_unsharded_numel - offset;
@@ -90,7 +95,8 @@ void fp_free(flat_param *fp) {
 }
 
 void fp_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end) {
-    *begin = fp->replicated ? 0 : (size_t)rank * fp->sharded_numel;
+    int shard_rank = fp->shard_group != NULL ? rank % fp->shard_group->size : rank;
+    *begin = fp->replicated ? 0 : (size_t)shard_rank * fp->sharded_numel;
     *end = *begin + fp->sharded_numel;
 }
 
@@ -135,6 +141,14 @@ static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_stat
     trace_state(&fp->ctx->trace, fp->unit, "ShardState", fp_shard_state_name(from), fp_shard_state_name(to), hook);
 }
 
+/* An all-gather of a shard in the shard group: issued on `on`, or (NULL) run on the host and waited for. */
+static int group_all_gather(flat_param *fp, stream *on, const float *shard, float *full, comm_handle *handle,
+                            const char *hook) {
+    int status = comm_all_gather_group_start(fp->ctx, fp->shard_group, on, shard, full, fp->padded_unsharded_numel,
+                                             fp->unit, handle);
+    return status == 0 && on == NULL ? comm_wait(fp->ctx, handle, hook) : status;
+}
+
 int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     if (fp->shard_state == FP_UNSHARDED) return 0;
     if (fp->replicated) { /* NO_SHARD: the local buffer already is the whole unit */
@@ -148,7 +162,11 @@ int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     /* Unzeroed: the all-gather writes every element (every rank's shard, padding included) before any read. */
     fp->full_param_padded =
         mem_alloc_uninitialized(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
-    int status = on ? comm_all_gather_start(fp->ctx, on, fp->local_shard, fp->full_param_padded,
+    int status;
+    if (fp->shard_group != NULL) /* hybrid: inside the shard group; blocking (on NULL) when waited for at once */
+        status = group_all_gather(fp, on, fp->local_shard, fp->full_param_padded, &fp->unshard_handle, hook);
+    else
+        status = on ? comm_all_gather_start(fp->ctx, on, fp->local_shard, fp->full_param_padded,
                                             fp->padded_unsharded_numel, fp->unit, &fp->unshard_handle)
                     : comm_all_gather(fp->ctx, fp->local_shard, fp->full_param_padded, fp->padded_unsharded_numel,
                                       fp->unit);
@@ -212,6 +230,19 @@ float *fp_grad_view(const flat_param *fp, const char *name) {
     return fp->full_grad_padded + info->offset;
 }
 
+/* HYBRID_SHARD's gradient reduction, as torch's _reduce_grad: reduce-scatter in the shard group into reduce_target,
+ * then all-reduce that shard across the replicate group, queued behind it on the same stream (so it starts once the
+ * shard is complete; on the host, one after the other). Each is a mean in its group, S and R ranks: 1/S * 1/R = the
+ * mean over all W = S R ranks, as torch's pre- and post-divide factors multiply to W. With W a power of two every
+ * factor is a power of two, exact in float, so where the division happens changes no bit. */
+static int hybrid_reduce_start(flat_param *fp, comm_reduce reduce, stream *on) {
+    int status = comm_reduce_scatter_group_start(fp->ctx, fp->shard_group, on, fp->full_grad_padded, fp->reduce_target,
+                                                 fp->padded_unsharded_numel, reduce, fp->unit, &fp->reduce_handle);
+    if (status != 0) return status;
+    return comm_all_reduce_group_start(fp->ctx, fp->replicate_group, on, fp->reduce_target, fp->sharded_numel, reduce,
+                                       fp->unit, &fp->replicate_handle);
+}
+
 int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on) {
     context *ctx = fp->ctx;
     if (fp->full_grad_padded == NULL)
@@ -232,7 +263,9 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
         fp->reduce_target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
     }
     int status;
-    if (on != NULL)
+    if (fp->replicate_group != NULL) /* hybrid: the shard group's reduce-scatter, then the replicate group's all-reduce */
+        status = hybrid_reduce_start(fp, reduce, on);
+    else if (on != NULL)
         status = fp->replicated ? comm_all_reduce_start(ctx, on, fp->full_grad_padded, fp->padded_unsharded_numel,
                                                         reduce, fp->unit, &fp->reduce_handle)
                                 : comm_reduce_scatter_start(ctx, on, fp->full_grad_padded, fp->reduce_target,
@@ -252,6 +285,7 @@ int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     if (!fp->reduce_started) return 0;
     fp->reduce_started = 0;
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
+    if (status == 0 && fp->replicate_group != NULL) status = comm_wait(ctx, &fp->replicate_handle, hook);
     size_t bytes = fp->sharded_numel * sizeof(float);
     if (fp->replicated && status == 0) memcpy(fp->reduce_target, fp->full_grad_padded, bytes);
     if (status != 0 && !fp->reduce_accumulate) memset(fp->reduce_target, 0, bytes); /* no garbage gradient */
@@ -277,6 +311,10 @@ int fp_gather_grad(flat_param *fp) {
     if (fp->replicated) {
         memcpy(full, fp->grad_shard, fp->sharded_numel * sizeof(float));
         return 0;
+    }
+    if (fp->shard_group != NULL) { /* hybrid: every replicate holds the same gradient shard; gather in the shard group */
+        comm_handle handle;
+        return group_all_gather(fp, NULL, fp->grad_shard, full, &handle, NULL);
     }
     return comm_all_gather(fp->ctx, fp->grad_shard, full, fp->padded_unsharded_numel, fp->unit);
 }

@@ -61,6 +61,12 @@ typedef struct flat_param {
     int reduce_accumulate, reduce_started, reduce_status;
     int replicated;                  /* NO_SHARD: every rank keeps the whole buffer; unshard is a no-op (a view) and
                                         gradients are all-reduced instead of reduce-scattered */
+    /* HYBRID_SHARD (ctx->mesh, core/group.h): sharded over the shard group only, padded to a multiple of its size, the
+     * chunk its shard rank's; the reduce-scattered gradient shard is then all-reduced across the replicate group
+     * (the ranks holding the same chunk). NULL, NULL: sharded over the world (FULL_SHARD, SHARD_GRAD_OP). */
+    const comm_group *shard_group;
+    const comm_group *replicate_group;
+    comm_handle replicate_handle;    /* the gradient shard's all-reduce across the replicate group, in flight */
 } flat_param;
 
 /* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the
@@ -77,14 +83,16 @@ void fp_fill_normal(const char *name, size_t first, size_t count, float *out, vo
 
 /* numel rounded up to a multiple of world: a FlatParameter's padded_unsharded_numel (world 1 when replicated). */
 size_t fp_padded_numel(size_t numel, size_t world);
-/* Lays out the parameters and allocates a zeroed local shard. Returns -1 with ctx->error on a bad spec (empty or
+/* Lays out the parameters and allocates a zeroed local shard; with ctx->mesh set (HYBRID_SHARD), over its shard
+ * group. Returns -1 with ctx->error on a bad spec (empty or
  * repeated name, a dimension < 1, more than FP_MAX_DIMS dims). */
 int fp_init(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count);
 /* The same layout unsharded on every rank (FSDP's NO_SHARD, i.e. DDP): no padding, local_shard is everything. */
 int fp_init_replicated(flat_param *fp, context *ctx, const char *unit, const fp_tensor_spec *specs, int count);
 void fp_free(flat_param *fp);
 
-/* The flat index range [begin, end) that `rank` owns (padding included); everything when replicated. */
+/* The flat index range [begin, end) that world rank `rank` owns (padding included); everything when replicated.
+ * Hybrid: the chunk of its shard rank, rank % shard group size (the mesh's layout, core/group.h). */
 void fp_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end);
 /* The part of parameter `param_index` that `rank` owns, as [begin, end) within the parameter; 0 if none. */
 int fp_param_shard_overlap(const flat_param *fp, int param_index, int rank, size_t *begin, size_t *end);
@@ -115,7 +123,8 @@ float *fp_param_view(const flat_param *fp, const char *name);
 float *fp_alloc_full_grad(flat_param *fp);
 /* The parameter's gradient inside the full gradient. Aborts when there is none or the name is unknown. */
 float *fp_grad_view(const flat_param *fp, const char *name);
-/* Reduce-scatters the full gradient (sum or mean over ranks) and adds the result into grad_shard (on first use the
+/* Reduce-scatters the full gradient (sum or mean over ranks; hybrid: over the shard group, then all-reduced across the
+ * replicate group, a mean in each: the mean over every rank) and adds the result into grad_shard (on first use the
  * result is written straight into a new grad_shard, as 0 + x), then frees the full gradient. Replicated: all-reduces
  * instead. Returns -1 with ctx->error if the collective fails. */
 int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce);

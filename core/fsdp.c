@@ -9,7 +9,8 @@
 
 static const char *const training_state_names[] = {"IDLE", "FORWARD_BACKWARD"};
 static const char *const handle_state_names[] = {"IDLE", "FORWARD", "BACKWARD_PRE", "BACKWARD_POST"};
-static const char *const strategy_names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"};
+static const char *const strategy_names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                             "_HYBRID_SHARD_ZERO2"};
 static const char *const backward_prefetch_names[] = {"NONE", "BACKWARD_PRE", "BACKWARD_POST"};
 
 const char *fsdp_training_state_name(fsdp_training_state state) { return training_state_names[state]; }
@@ -17,9 +18,17 @@ const char *fsdp_handle_state_name(fsdp_handle_state state) { return handle_stat
 const char *fsdp_strategy_name(fsdp_strategy strategy) { return strategy_names[strategy]; }
 
 int fsdp_strategy_from_name(const char *name) {
-    for (int strategy = 0; strategy < 3; strategy++)
+    for (int strategy = 0; strategy < (int)(sizeof strategy_names / sizeof *strategy_names); strategy++)
         if (strcmp(strategy_names[strategy], name) == 0) return strategy;
     return -1;
+}
+
+int fsdp_strategy_is_hybrid(fsdp_strategy strategy) {
+    return strategy == FSDP_HYBRID_SHARD || strategy == FSDP_HYBRID_SHARD_ZERO2;
+}
+
+int fsdp_strategy_reshards_after_forward(fsdp_strategy strategy) {
+    return strategy == FSDP_FULL_SHARD || strategy == FSDP_HYBRID_SHARD;
 }
 
 const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch prefetch) { return backward_prefetch_names[prefetch]; }
@@ -252,7 +261,7 @@ void fsdp_pre_forward(fsdp_runtime *runtime, int unit) {
 void fsdp_post_forward(fsdp_runtime *runtime, int unit) {
     runtime->post_forward_order[runtime->post_forward_count++] = unit;
     /* The root keeps its parameters for backward, which starts with it; SHARD_GRAD_OP keeps every unit's. */
-    int free_unsharded = unit != 0 && runtime->options.strategy == FSDP_FULL_SHARD;
+    int free_unsharded = unit != 0 && fsdp_strategy_reshards_after_forward(runtime->options.strategy);
     reshard(runtime, unit, free_unsharded, "_post_forward");
     set_handle_state(runtime, unit, HANDLE_FORWARD, HANDLE_IDLE, "_post_forward");
 }
@@ -309,6 +318,27 @@ void fsdp_post_backward_final_callback(fsdp_runtime *runtime) {
 
 /* ---------------------------------------------------------------- runtime */
 
+/* HYBRID_SHARD: the model's units must be sharded over the mesh's shard group (ctx->mesh set before the model was
+ * built), and every other strategy's over the world; the comm streams get their own communicators of both groups
+ * (the all-gather stream needs the shard group's, the reduce-scatter stream both). */
+static int hybrid_streams(fsdp_runtime *runtime) {
+    context *ctx = runtime->ctx;
+    const flat_param *root = &runtime->model->units[0];
+    int hybrid = fsdp_strategy_is_hybrid(runtime->options.strategy);
+    if (hybrid != (root->shard_group != NULL))
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: strategy %s, but the model's units are sharded over "
+                         "%s: set ctx->mesh (core/group.h) before building the model for a hybrid strategy, and only "
+                         "then", ctx->rank, strategy_names[runtime->options.strategy],
+                         root->shard_group ? "a shard group" : root->replicated ? "no group (replicated)" : "the world");
+    if (!hybrid) return 0;
+    stream *streams[] = {&runtime->all_gather_stream, &runtime->reduce_scatter_stream};
+    for (int i = 0; i < 2; i++)
+        if (stream_add_group(streams[i], root->shard_group) != 0 ||
+            stream_add_group(streams[i], root->replicate_group) != 0)
+            return -1;
+    return 0;
+}
+
 int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const fsdp_options *options) {
     memset(runtime, 0, sizeof *runtime);
     runtime->ctx = ctx;
@@ -351,6 +381,7 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
         stream_init(&runtime->all_gather_stream, ctx, "all_gather", comm_kind) != 0 ||
         stream_init(&runtime->reduce_scatter_stream, ctx, "reduce_scatter", comm_kind) != 0)
         return -1;
+    if (hybrid_streams(runtime) != 0) return -1;
     trace_fsdp_info info = {
         .model = model->name,
         .sharding_strategy = strategy_names[options->strategy],

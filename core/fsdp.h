@@ -36,7 +36,15 @@ typedef enum fsdp_handle_state {
     HANDLE_BACKWARD_PRE,
     HANDLE_BACKWARD_POST
 } fsdp_handle_state;
-typedef enum fsdp_strategy { FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD } fsdp_strategy;
+/* HYBRID_SHARD: FULL_SHARD inside each shard group, the gradient shard all-reduced across the replicate group
+ * (ctx->mesh, core/group.h); _HYBRID_SHARD_ZERO2: the same with SHARD_GRAD_OP inside the group. */
+typedef enum fsdp_strategy {
+    FSDP_FULL_SHARD,
+    FSDP_SHARD_GRAD_OP,
+    FSDP_NO_SHARD,
+    FSDP_HYBRID_SHARD,
+    FSDP_HYBRID_SHARD_ZERO2
+} fsdp_strategy;
 /* BackwardPrefetch: which all-gather backward issues early. BACKWARD_PRE: in a unit's _pre_backward_hook, the next
  * unit's (more memory: two units unsharded during one backward); BACKWARD_POST: in its _post_backward_hook, after it
  * resharded. None (torch's None) waits for each unit's all-gather in its own _pre_backward_hook. */
@@ -47,6 +55,11 @@ const char *fsdp_handle_state_name(fsdp_handle_state state);
 const char *fsdp_strategy_name(fsdp_strategy strategy);
 /* "FULL_SHARD" ... → strategy; -1 when unknown. */
 int fsdp_strategy_from_name(const char *name);
+/* HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (torch's HYBRID_SHARDING_STRATEGIES) */
+int fsdp_strategy_is_hybrid(fsdp_strategy strategy);
+/* Whether _post_forward frees a (non-root) unit's unsharded parameters: FULL_SHARD and HYBRID_SHARD do;
+ * SHARD_GRAD_OP and _HYBRID_SHARD_ZERO2 keep them for backward (NO_SHARD has none of its own). */
+int fsdp_strategy_reshards_after_forward(fsdp_strategy strategy);
 /* "NONE", "BACKWARD_PRE", "BACKWARD_POST" */
 const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch prefetch);
 /* "NONE" (or "None"), "BACKWARD_PRE", "BACKWARD_POST" → the option; -1 when unknown. */

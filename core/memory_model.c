@@ -77,12 +77,16 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     peak[MEM_GRAD_SHARD] = shards * f;
     peak[MEM_OPTIM_STATE] = 2 * shards * f;
     /* Unsharded parameters: NO_SHARD's are views of the local copy; SHARD_GRAD_OP keeps all after forward. */
-    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = all_full * f;
-    else if (options->strategy == FSDP_FULL_SHARD) peak[MEM_PARAM_UNSHARDED] = (root_full + param_in_flight) * f;
+    if (options->strategy == FSDP_SHARD_GRAD_OP || options->strategy == FSDP_HYBRID_SHARD_ZERO2)
+        peak[MEM_PARAM_UNSHARDED] = all_full * f;
+    else if (fsdp_strategy_reshards_after_forward(options->strategy))
+        peak[MEM_PARAM_UNSHARDED] = (root_full + param_in_flight) * f;
     /* Unsharded gradients: the root's for the whole backward plus the unit(s) in backward; no_sync keeps them all. */
     int keeps_all = options->no_sync && options->accumulation_steps > 1;
     peak[MEM_GRAD_UNSHARDED] = (keeps_all ? all_full : root_full + grad_in_flight) * f;
-    /* Comm buffers: a shard to add the second micro-batch's gradient from; the ring's running sums (3+ ranks). */
+    /* Comm buffers: a shard to add the second micro-batch's gradient from; the ring's running sums (3+ ranks in the
+     * reduce-scatter's group: world_size here is the shard group's size under HYBRID_SHARD; the replicate group's
+     * all-reduce is MPI's own, in place, and allocates nothing tracked). */
     int accumulating = options->accumulation_steps > 1 && !options->no_sync;
     count ring_buffers = replicated || world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
     peak[MEM_COMM_BUFFER] = largest_shard * f * (accumulating + ring_buffers);
@@ -131,8 +135,9 @@ void memory_model_predict(memory_prediction *p, const qwen2_model *model, const 
     if (units == NULL) ctx_fatal(model->ctx, "out of memory for %d unit sizes", model->unit_count);
     for (int unit = 0; unit < model->unit_count; unit++)
         units[unit] = (unit_sizes){model->units[unit].padded_unsharded_numel, model->units[unit].sharded_numel};
-    predict(p, &model->config, units, model->unit_count, model->units[0].replicated, options, world_size, B, T,
-            data_stream_bytes, forward_passes);
+    const comm_group *shard_group = model->units[0].shard_group; /* HYBRID_SHARD: shards of 1/its size */
+    predict(p, &model->config, units, model->unit_count, model->units[0].replicated, options,
+            shard_group ? shard_group->size : world_size, B, T, data_stream_bytes, forward_passes);
     free(units);
 }
 
@@ -154,13 +159,15 @@ int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_
             units[unit_of_param[param]].padded_unsharded_numel += numel;
     }
     int replicated = options->strategy == FSDP_NO_SHARD; /* as qwen2_model_init_wrapped makes the units */
-    size_t world = replicated ? 1 : (size_t)ctx->world_size;
+    /* HYBRID_SHARD shards over the shard group (ctx->mesh), as fp_init does */
+    int shard_size = fsdp_strategy_is_hybrid(options->strategy) && ctx->mesh ? ctx->mesh->shard_size : ctx->world_size;
+    size_t world = replicated ? 1 : (size_t)shard_size;
     for (int unit = 0; unit < unit_count; unit++) {
         units[unit].padded_unsharded_numel = (count)fp_padded_numel(bytes(units[unit].padded_unsharded_numel), world);
         units[unit].sharded_numel = units[unit].padded_unsharded_numel / (count)world;
     }
     if (unit_count > 0)
-        predict(p, config, units, unit_count, replicated, options, ctx->world_size, B, T, data_stream_bytes,
+        predict(p, config, units, unit_count, replicated, options, shard_size, B, T, data_stream_bytes,
                 forward_passes);
     free(units);
     free(unit_of_param);

@@ -26,7 +26,8 @@ typedef struct memory_prediction {
     size_t reserved_bound;                    /* the bound on the caching allocator's reserved peak (see .c) */
 } memory_prediction;
 
-/* B, T: this rank's micro-batch. data_stream_bytes: the loader's token stream (it is data memory too).
+/* B, T: this rank's micro-batch. world_size: the ranks the units are sharded over (HYBRID_SHARD: the model's units
+ * say, their shard group's size). data_stream_bytes: the loader's token stream (it is data memory too).
  * forward_passes: micro-batches in the run (forward prefetch starts with the second). Prefetch and comm streams
  * (options) add a neighbouring unit's parameters or gradient in flight: see the .c. */
 void memory_model_predict(memory_prediction *prediction, const qwen2_model *model, const fsdp_options *options,

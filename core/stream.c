@@ -116,11 +116,38 @@ void stream_destroy(stream *s) {
         pthread_join(s->thread, NULL);
     }
     if (s->kind == STREAM_WORKER && s->comm != MPI_COMM_NULL && s->comm != s->ctx->comm) MPI_Comm_free(&s->comm);
+    for (int i = 0; i < s->group_count; i++)
+        if (s->kind == STREAM_WORKER && s->group_comms[i] != MPI_COMM_NULL) MPI_Comm_free(&s->group_comms[i]);
     pthread_mutex_destroy(&s->mutex);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->done);
     free(s->tasks);
     memset(s, 0, sizeof *s);
+}
+
+int stream_add_group(stream *s, const comm_group *group) {
+    context *ctx = s->ctx;
+    if (s->group_count == STREAM_GROUPS_MAX)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: stream '%s': more than %d process groups", ctx->rank,
+                         s->name, STREAM_GROUPS_MAX);
+    MPI_Comm comm = group->comm;
+    if (s->kind == STREAM_WORKER) {
+        int rc = MPI_Comm_dup(group->comm, &comm);
+        if (rc != MPI_SUCCESS)
+            return ctx_error(ctx->error, sizeof ctx->error, "rank %d: stream '%s': MPI_Comm_dup of group '%s' failed "
+                             "(code %d)", ctx->rank, s->name, group->name, rc);
+        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    }
+    s->groups[s->group_count] = group;
+    s->group_comms[s->group_count++] = comm;
+    return 0;
+}
+
+MPI_Comm stream_comm(const stream *s, const comm_group *group) {
+    if (group == NULL) return s->comm;
+    for (int i = 0; i < s->group_count; i++)
+        if (s->groups[i] == group) return s->group_comms[i];
+    ctx_fatal(s->ctx, "stream '%s' has no communicator of group '%s' (stream_add_group)", s->name, group->name);
 }
 
 void stream_launch(stream *s, stream_fn fn, void *arg) {

@@ -26,6 +26,7 @@
 #include <stddef.h>
 
 #include "context.h"
+#include "group.h"
 
 /* A worker's polls of its MPI requests (stream_progress): back to back while the host waits for the stream and for
  * STREAM_POLL_SPIN_US after the start, otherwise in bursts of STREAM_POLL_BURST with sleeps doubling up to
@@ -33,6 +34,8 @@
 #define STREAM_POLL_SPIN_US 200
 #define STREAM_POLL_BURST 16
 #define STREAM_POLL_MAX_US 64
+
+#define STREAM_GROUPS_MAX 4
 
 typedef enum stream_kind { STREAM_HOST, STREAM_WORKER } stream_kind;
 
@@ -59,6 +62,9 @@ struct stream {
     char name[32];                /* "compute", "all_gather", "reduce_scatter": the trace's stream names */
     stream_kind kind;
     MPI_Comm comm;                /* the communicator its collectives use: the context's, or a duplicate */
+    const comm_group *groups[STREAM_GROUPS_MAX]; /* the process groups it has a communicator of (stream_add_group) */
+    MPI_Comm group_comms[STREAM_GROUPS_MAX];     /* a worker's duplicates of theirs; a host stream uses the group's */
+    int group_count;
     pthread_t thread;
     pthread_mutex_t mutex;
     pthread_cond_t work;          /* the worker: a task arrived (or stop) */
@@ -74,6 +80,14 @@ struct stream {
 int stream_init(stream *s, context *ctx, const char *name, stream_kind kind);
 /* Waits for the queued work, stops the thread, frees the communicator. */
 void stream_destroy(stream *s);
+
+/* Lets the stream run collectives in `group` (core/group.h): a worker makes its own duplicate of the group's
+ * communicator, as it has of the world's. Collective over the group (every member adds it to its streams in the same
+ * order). 0, or -1 with ctx->error. */
+int stream_add_group(stream *s, const comm_group *group);
+/* The communicator the stream runs `group`'s collectives on (NULL: the world's); aborts, naming both, for a group
+ * the stream was never given. */
+MPI_Comm stream_comm(const stream *s, const comm_group *group);
 
 /* Runs fn(arg) on the stream after the work launched before it. */
 void stream_launch(stream *s, stream_fn fn, void *arg);

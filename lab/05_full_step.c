@@ -22,7 +22,8 @@
  *   STEPS=200 CHECKPOINT_EVERY=20 RESUME=auto mpirun -np 2 ...      after a crash, continue from the newest one:
  *                                                      the same losses, bit for bit, as if it had never stopped
  *   env: MODEL (tiny, qwen2-0.5b or its seed name qwen2), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
- *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
+ *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, and lab 08's HYBRID_SHARD and
+ *   _HYBRID_SHARD_ZERO2 with SHARD_GROUP: ranks per shard group, default the ranks per node), CKPT (activation
  *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), TOKENIZER (how text becomes ids: auto, the default, is Qwen2's BPE for qwen2-0.5b
  *   when data/qwen2/qwen.tiktoken is there and bytes for tiny; bytes; qwen2; or a vocabulary's path), OUT (run dir), SAVE (write an HF checkpoint there at the end), GRADS (write step 1's
@@ -69,6 +70,7 @@
 #include "../core/data.h"
 #include "../core/dcp.h"
 #include "../core/fsdp.h"
+#include "../core/group.h"
 #include "../core/memory_model.h"
 #include "../core/optim.h"
 #include "../core/qwen2.h"
@@ -76,13 +78,14 @@
 typedef struct settings {
     const char *strategy, *data, *save, *grads, *wrap, *peak, *checkpoint_dir, *resume;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
-    int checkpoint_every, checkpoint_keep, kill_at_step, kill_rank;
+    int checkpoint_every, checkpoint_keep, kill_at_step, kill_rank, shard_group;
     double lr, clip;
     uint64_t seed;
 } settings;
 
 static settings read_settings(context *ctx) {
-    static const char *const strategies[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
+    static const char *const strategies[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                             "_HYBRID_SHARD_ZERO2", NULL};
     settings s = {
         .strategy = cfg_env_choice(ctx, "STRATEGY", "FULL_SHARD", strategies),
         .micro_batch = (int)cfg_env_int(ctx, "MBS", 4, 1, 4096),
@@ -108,6 +111,9 @@ static settings read_settings(context *ctx) {
          * KILL_AT_STEP, its checkpoint included; 0: never. */
         .kill_at_step = (int)cfg_env_int(ctx, "KILL_AT_STEP", 0, 0, 1000000),
         .kill_rank = (int)cfg_env_int(ctx, "KILL_RANK", 0, 0, ctx->world_size - 1),
+        /* HYBRID_SHARD's shard group size (lab 08); 0, the default: the ranks per node. Read whatever the strategy:
+         * settings are collective. */
+        .shard_group = group_shard_size_from_env(ctx, 0),
     };
     static char default_dir[600];
     if (s.checkpoint_dir == NULL || s.checkpoint_dir[0] == '\0') {
@@ -320,6 +326,11 @@ int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "05_full_step", "runs/05_full_step");
     settings s = read_settings(&ctx);
     check_save_directories(&ctx, &s);
+    group_mesh mesh; /* HYBRID_SHARD: shard groups of SHARD_GROUP ranks x replicate groups (lab 08), before the model */
+    if (fsdp_strategy_is_hybrid((fsdp_strategy)fsdp_strategy_from_name(s.strategy))) {
+        if (group_mesh_init(&mesh, &ctx, s.shard_group) != 0) ctx_exit_all(&ctx, 2, "SHARD_GROUP: %s", ctx.error);
+        ctx.mesh = &mesh;
+    }
     qwen2_model model;
     build_model(&ctx, &s, &model);
     fsdp_options options = make_options(&ctx, &s);
@@ -344,8 +355,11 @@ int main(int argc, char **argv) {
     int *targets = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
     if (ctx.rank == 0) {
         printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx.world_size, s.accumulation);
-        printf("(model %s, %d units, %s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", model.config.name,
-               model.unit_count, s.strategy, s.checkpointing ? ", activation checkpointing" : "",
+        char mesh_text[64] = "";
+        if (ctx.mesh) snprintf(mesh_text, sizeof mesh_text, " (%d replicate x %d shard ranks)", mesh.replicate_size,
+                               mesh.shard_size);
+        printf("(model %s, %d units, %s%s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", model.config.name,
+               model.unit_count, s.strategy, mesh_text, s.checkpointing ? ", activation checkpointing" : "",
                s.no_sync ? ", no_sync" : "", s.micro_batch, s.seq_len, loader.source);
         if (model.config.vocab_size > DATA_EOT + 1) printf("(%s: %zu tokens)\n", tokenizer_note, loader.token_count);
         fflush(stdout);
@@ -448,6 +462,8 @@ int main(int argc, char **argv) {
     free(states);
     fsdp_runtime_free(&runtime);
     qwen2_model_free(&model);
+    if (ctx.mesh) group_mesh_free(&mesh);
+    ctx.mesh = NULL;
     int status = ctx_finish(&ctx);
     return diverged[0] ? 3 : status; /* the views are written either way: they load a diverged run */
 }

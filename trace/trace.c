@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sys/resource.h>
@@ -122,6 +123,21 @@ void trace_state(trace_sink *sink, const char *unit, const char *machine, const 
     event_write(sink, event);
 }
 
+/* `group_ranks`: the world ranks of the group as a JSON array ("0,2" -> [0, 2]); absent for the world (every rank:
+ * a world of thousands would repeat them in every event). */
+static void add_group_ranks(cJSON *event, const char *ranks) {
+    if (ranks == NULL) return;
+    cJSON *array = cJSON_AddArrayToObject(event, "group_ranks");
+    if (array == NULL) return;
+    for (const char *p = ranks; *p;) {
+        char *end = NULL;
+        long rank = strtol(p, &end, 10);
+        if (end == p) break;
+        cJSON_AddItemToArray(array, cJSON_CreateNumber((double)rank));
+        p = *end == ',' ? end + 1 : end;
+    }
+}
+
 void trace_collective(trace_sink *sink, const trace_collective_info *info) {
     cJSON *event = event_begin(sink, "collective", info->start_us);
     if (event == NULL) return;
@@ -133,6 +149,9 @@ void trace_collective(trace_sink *sink, const trace_collective_info *info) {
     cJSON_AddNumberToObject(event, "bytes_sent", (double)info->bytes_sent);
     cJSON_AddNumberToObject(event, "bytes_recv", (double)info->bytes_recv);
     cJSON_AddNumberToObject(event, "world", sink->world_size);
+    cJSON_AddStringToObject(event, "group", info->group ? info->group : "world");
+    cJSON_AddNumberToObject(event, "group_size", info->group_size > 0 ? info->group_size : sink->world_size);
+    add_group_ranks(event, info->group_ranks);
     cJSON_AddNumberToObject(event, "seq", (double)info->seq);
     cJSON_AddStringToObject(event, "stream", info->stream ? info->stream : "compute");
     cJSON_AddNumberToObject(event, "issue_ts", rounded_us(info->issue_us));

@@ -62,6 +62,9 @@ typedef struct trace_collective_info {
     double issue_us;
     double start_us;
     double dur_us;
+    const char *group;       /* the process group it ran in: "world", "shard", "replicate" (NULL: "world") */
+    int group_size;          /* its ranks (0: the world size) */
+    const char *group_ranks; /* their world ranks, "0,2" (NULL: every rank) */
 } trace_collective_info;
 void trace_collective(trace_sink *sink, const trace_collective_info *info);
 
