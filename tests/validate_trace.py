@@ -17,7 +17,8 @@ from collections import defaultdict
 from check_report import Report
 
 SCHEMA_NAME = "fsdplab-events"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (3, 4)  # version 3 had no process groups: every collective ran in the world
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
               "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]
@@ -121,9 +122,9 @@ def meta_check(path, events, rank, world, problems):
         problems.append(f"{path} line 1: not a 'meta' event")
         return None
     meta = events[0][1]
-    if meta.get("schema") != SCHEMA_NAME or meta.get("version") != SCHEMA_VERSION:
+    if meta.get("schema") != SCHEMA_NAME or meta.get("version") not in READABLE_VERSIONS:
         problems.append(f"{path} line 1: schema {meta.get('schema')!r} version {meta.get('version')!r}, "
-                        f"expected {SCHEMA_NAME!r} version {SCHEMA_VERSION}")
+                        f"expected {SCHEMA_NAME!r} version {' or '.join(map(str, READABLE_VERSIONS))}")
     if meta.get("rank") != rank:
         problems.append(f"{path} line 1: meta rank {meta.get('rank')!r}, the file name says {rank}")
     if not is_int(meta.get("world")) or meta["world"] < 1:
@@ -389,8 +390,9 @@ def check_memory_counters(events, ranks, report):
 
 
 def check_flows(events, world, report):
-    """EVENTS.md "Flows": for every collective (the comm slices of equal seq), one arrow from the rank whose slice
-    starts first (the lower rank on a tie) to each other rank's slice: an 's' 1 ns into the sender's slice and
+    """EVENTS.md "Flows": for every collective (the comm slices of equal seq and group: args group and group_ranks,
+    version 4), one arrow from the rank whose slice starts first (the lower rank on a tie) to each other rank's
+    slice of the same group, never to another group's: an 's' 1 ns into the sender's slice and
     an 'f' with bp 'e' 1 ns into the receiver's, on the slices' tracks, sharing an integer id found nowhere else.
     Perfetto drops non-integer ids and Catapult an arrow that ends before it starts, so both are checked here."""
     problems = []
@@ -403,7 +405,8 @@ def check_flows(events, world, report):
         if event["ph"] == "X" and event.get("cat") == "comm":
             if event["tid"] not in {tid_of(event["pid"], track) for track in COLLECTIVE_TRACKS}:
                 problems.append(f"{describe(index, event)}: a collective slice on no comm or stream track")
-            seq = event.get("args", {}).get("seq")
+            args = event.get("args", {})
+            seq = (args.get("seq"), args.get("group", "world"), args.get("group_ranks"))  # one collective
             slices[(event["pid"], event["tid"], event["ts"])] = (seq, event["dur"])
             starts_by_seq[seq][event["pid"]] = event["ts"]
     by_track = defaultdict(list)  # (pid, tid) -> sorted slice starts
@@ -492,6 +495,43 @@ def check_collectives(ranks, world, report):
             problems.append(f"seq {seq}: ranks disagree ({detail})")
     report.check(f"each collective seq appears once on every rank with the same op and count ({len(seen)} seqs)",
                  problems)
+    check_groups(ranks, world, report)
+
+
+def check_groups(ranks, world, report):
+    """Version 4's process groups: a collective's `group_ranks` hold the rank that ran it and `group_size` ranks
+    (absent for the world: all of them); every rank of the group ran the same seq in the same group with the same
+    ranks; and the ring traffic is that of the group's size N: all_gather and reduce_scatter (N-1)/N of the bytes
+    each way, all_reduce 2(N-1)/N (EVENTS.md)."""
+    problems = []
+    groups = {}  # (seq, rank) -> (group, ranks)
+    lines_of = []
+    for rank, lines in ranks.items():
+        for number, line in lines:
+            if line.get("kind") != "collective":
+                continue
+            group = line.get("group", "world")
+            members = tuple(line["group_ranks"]) if "group_ranks" in line else tuple(range(world))
+            size = line.get("group_size", world)
+            where = f"rank {rank} line {number} (seq {line.get('seq')}, {line.get('op')} in {group})"
+            if rank not in members:
+                problems.append(f"{where}: group_ranks {list(members)} do not hold the rank")
+            if size != len(members) or (group == "world" and members != tuple(range(world))):
+                problems.append(f"{where}: group_size {size}, group_ranks {list(members)}")
+            groups[(line.get("seq"), rank)] = (group, members)
+            lines_of.append((where, line, len(members), group, members))
+            n, count = len(members), line.get("count", 0)
+            expected = {"all_gather": count // max(n, 1) * 4 * (n - 1), "reduce_scatter": count // max(n, 1) * 4 * (n - 1),
+                        "all_reduce": int(2.0 * (n - 1) / n * count * 4)}.get(line.get("op"))
+            if expected is not None and (line.get("bytes_sent"), line.get("bytes_recv")) != (expected, expected):
+                problems.append(f"{where}: bytes_sent/recv {line.get('bytes_sent')}/{line.get('bytes_recv')}, a ring "
+                                f"over {n} ranks moves {expected} each way")
+    for where, line, _, group, members in lines_of:
+        for other in members:
+            if groups.get((line.get("seq"), other), (group, members)) != (group, members):
+                problems.append(f"{where}: rank {other} ran this seq as {groups[(line.get('seq'), other)]}")
+    report.check("process groups: each collective's group holds its ranks, agrees among them, and its ring bytes are "
+                 "the group size's", problems)
 
 
 def spans_overlap(left, right):

@@ -57,6 +57,7 @@ typedef struct pending_event {
 /* One rank's slice of one collective, as the flow plan sees it. */
 typedef struct flow_member {
     int64_t seq;
+    int group, group_ranks; /* with seq, which collective: the run's strings, RUN_NONE for the world (version 4) */
     double ts;
     double dur;
     double bind_ts;       /* where its flow event goes: ts + the collective's binding offset (flow_plan_make) */
@@ -66,8 +67,9 @@ typedef struct flow_member {
     const char *op;
 } flow_member;
 
-/* Every collective slice of the run sorted by (seq, ts, rank): each run of equal seq is one collective, and its
- * first member the rank that entered it first. */
+/* Every collective slice of the run sorted by (seq, group, ts, rank): each run of equal seq and group is one
+ * collective (the shard groups of HYBRID_SHARD run the same seq at once, each its own), and its first member the rank
+ * that entered it first. */
 typedef struct flow_plan {
     flow_member *members;
     size_t count;
@@ -143,8 +145,15 @@ static cJSON *compute_convert(const trace_run *run, const run_rank *rank, const 
 /* args: the line's fields, and (version 3) its stream, when the host issued it and how long it queued on its
  * stream behind earlier work (ts - issue_ts). */
 static cJSON *collective_convert(const trace_run *run, const run_rank *rank, const run_event *event) {
-    cJSON *chrome = span_event("comm", run_string(run, event->label), pid_of(rank),
-                               tid_of(pid_of(rank), collective_track(event->ran_on)), event->ts, event->dur);
+    /* A collective of a process group (version 4) is named "op (group)": Perfetto and Catapult colour slices by name,
+     * so each group gets its own colour, and args say which ranks it joined. */
+    char name[96];
+    if (event->group != RUN_NONE)
+        snprintf(name, sizeof name, "%s (%s)", run_string(run, event->label), run_string(run, event->group));
+    else
+        snprintf(name, sizeof name, "%s", run_string(run, event->label));
+    cJSON *chrome = span_event("comm", name, pid_of(rank), tid_of(pid_of(rank), collective_track(event->ran_on)),
+                               event->ts, event->dur);
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     string_arg(args, run, event, RUN_HAS_UNIT, "unit", event->unit);
     string_arg(args, run, event, RUN_HAS_REDUCE, "reduce", event->reduce);
@@ -156,6 +165,9 @@ static cJSON *collective_convert(const trace_run *run, const run_rank *rank, con
     cJSON_AddStringToObject(args, "stream", run_stream_names[event->ran_on]);
     cJSON_AddNumberToObject(args, "issue_ts", event->issue_ts);
     cJSON_AddNumberToObject(args, "queued", event->ts - event->issue_ts);
+    cJSON_AddStringToObject(args, "group", event->group != RUN_NONE ? run_string(run, event->group) : "world");
+    cJSON_AddNumberToObject(args, "group_size", event->group_size);
+    if (event->group_ranks != RUN_NONE) cJSON_AddStringToObject(args, "group_ranks", run_string(run, event->group_ranks));
     return chrome;
 }
 
@@ -272,8 +284,14 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
 static int member_compare(const void *left_pointer, const void *right_pointer) {
     const flow_member *left = left_pointer, *right = right_pointer;
     if (left->seq != right->seq) return left->seq < right->seq ? -1 : 1;
+    if (left->group != right->group) return left->group < right->group ? -1 : 1;
+    if (left->group_ranks != right->group_ranks) return left->group_ranks < right->group_ranks ? -1 : 1;
     if (left->ts != right->ts) return left->ts < right->ts ? -1 : 1;
     return (left->rank > right->rank) - (left->rank < right->rank);
+}
+
+static int same_collective(const flow_member *a, const flow_member *b) {
+    return a->seq == b->seq && a->group == b->group && a->group_ranks == b->group_ranks;
 }
 
 static int flow_plan_make(flow_plan *plan, const trace_run *run, char *error, size_t error_size) {
@@ -292,8 +310,8 @@ static int flow_plan_make(flow_plan *plan, const trace_run *run, char *error, si
             const run_event *event = &run->ranks[rank].events[index];
             if (event->kind != RUN_COLLECTIVE) continue;
             plan->members[plan->count++] =
-                (flow_member){event->seq, event->ts, event->dur, event->ts, rank, collective_track(event->ran_on),
-                              event->line, run_string(run, event->label)};
+                (flow_member){event->seq, event->group, event->group_ranks, event->ts, event->dur, event->ts, rank,
+                              collective_track(event->ran_on), event->line, run_string(run, event->label)};
         }
     if (plan->count > 0) qsort(plan->members, plan->count, sizeof *plan->members, member_compare);
     /* A flow event binds to the slice that encloses its ts, and Catapult takes the first such slice: at the very
@@ -302,7 +320,7 @@ static int flow_plan_make(flow_plan *plan, const trace_run *run, char *error, si
      * slice of the collective when that is less; one offset per collective keeps every arrow pointing forward. */
     for (size_t first = 0, end; first < plan->count; first = end) {
         double offset = FLOW_BIND_OFFSET_US;
-        for (end = first; end < plan->count && plan->members[end].seq == plan->members[first].seq; end++)
+        for (end = first; end < plan->count && same_collective(&plan->members[end], &plan->members[first]); end++)
             if (plan->members[end].dur / 2 < offset) offset = plan->members[end].dur / 2;
         for (size_t index = first; index < end; index++) plan->members[index].bind_ts = plan->members[index].ts + offset;
     }
@@ -326,7 +344,7 @@ static size_t rank_flows(const flow_plan *plan, int rank, pending_event *pending
     size_t added = 0;
     for (size_t first = 0, end; first < plan->count; first = end) {
         const flow_member *sender = &plan->members[first];
-        for (end = first + 1; end < plan->count && plan->members[end].seq == sender->seq; end++) {
+        for (end = first + 1; end < plan->count && same_collective(&plan->members[end], sender); end++) {
             const flow_member *receiver = &plan->members[end];
             if (sender->rank == rank) {
                 if (pending != NULL) {

@@ -189,6 +189,40 @@ static int state_parse(rank_reader *reader, const cJSON *line, run_event *event)
     return optional_string(reader, line, "state", "hook", RUN_HAS_HOOK, event, &event->hook);
 }
 
+/* Version 4: the collective's process group. "world" (or no field, version 3) is every rank; another group names
+ * its world ranks in `group_ranks`, which must include the rank that wrote the line. */
+static int group_fields(rank_reader *reader, const cJSON *line, run_event *event) {
+    event->group = event->group_ranks = RUN_NONE;
+    event->group_size = reader->run->world;
+    if (string_field(reader, line, "collective", "group", 0, &event->group) != 0) return -1;
+    if (event->group != RUN_NONE && strcmp(run_string(reader->run, event->group), "world") == 0) event->group = RUN_NONE;
+    if (event->group == RUN_NONE) return 0;
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(line, "group_ranks"), *item;
+    if (!cJSON_IsArray(ranks) || cJSON_GetArraySize(ranks) < 1)
+        return line_fail(reader, "collective seq %lld in group '%s' has no list 'group_ranks'", (long long)event->seq,
+                         run_string(reader->run, event->group));
+    char text[1024] = "";
+    size_t used = 0;
+    int mine = 0;
+    cJSON_ArrayForEach(item, ranks) {
+        if (!cJSON_IsNumber(item) || item->valuedouble < 0 || item->valuedouble >= reader->run->world ||
+            item->valuedouble != (double)(int)item->valuedouble)
+            return line_fail(reader, "collective seq %lld: group_ranks holds %s, not a rank of 0..%d",
+                             (long long)event->seq, cJSON_IsNumber(item) ? "a number out of range" : "a non-number",
+                             reader->run->world - 1);
+        if (used < sizeof text)
+            used += (size_t)snprintf(text + used, sizeof text - used, "%s%d", used ? "," : "", (int)item->valuedouble);
+        mine |= (int)item->valuedouble == reader->rank->rank;
+    }
+    if (!mine)
+        return line_fail(reader, "collective seq %lld: group_ranks does not hold rank %d, which ran it",
+                         (long long)event->seq, reader->rank->rank);
+    event->group_size = cJSON_GetArraySize(ranks);
+    event->group_ranks = strings_intern(&reader->run->strings, text);
+    if (event->group_ranks == RUN_NONE) return line_fail(reader, "out of memory storing the string '%.60s'", text);
+    return 0;
+}
+
 static int collective_parse(rank_reader *reader, const cJSON *line, run_event *event) {
     if (string_field(reader, line, "collective", "op", 1, &event->label) != 0) return -1;
     if (optional_string(reader, line, "collective", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
@@ -214,7 +248,7 @@ static int collective_parse(rank_reader *reader, const cJSON *line, run_event *e
     if (event->issue_ts > event->ts)
         return line_fail(reader, "collective seq %lld issued at %.3f, after its stream started it at %.3f",
                          (long long)event->seq, event->issue_ts, event->ts);
-    return 0;
+    return group_fields(reader, line, event);
 }
 
 static int category_index(const char *category) {
@@ -464,8 +498,10 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
                          TRACE_SCHEMA_VERSION);
     /* Version 3 added streams (collectives' `stream` and `issue_ts`, `wait` and `fsdp` events); a version-2 run
      * reads as one whose collectives all blocked on the compute stream. */
-    if (version != TRACE_SCHEMA_VERSION && version != 2)
-        return line_fail(reader, "schema version %g, this tool reads versions 2 and %d", version, TRACE_SCHEMA_VERSION);
+    /* Version 4 added process groups (collectives' `group`, `group_size`, `group_ranks`); a version-3 run's collectives
+     * all ran in the world. */
+    if (version != TRACE_SCHEMA_VERSION && version != 3 && version != 2)
+        return line_fail(reader, "schema version %g, this tool reads versions 2 to %d", version, TRACE_SCHEMA_VERSION);
     if (world < 1 || world > 1e6 || (double)(int)world != world)
         return line_fail(reader, "meta world %g is not a world size", world);
     if (reader->run->world != 0 && (int)world != reader->run->world)

@@ -69,6 +69,10 @@ typedef struct run_event {
     run_stream waited_on; /* wait: the stream it waited for (`on`) */
     int phase;            /* string: compute */
     int reduce;           /* string: collective */
+    int group;            /* string: collective, its process group ("shard", "replicate"); RUN_NONE: the world */
+    int group_ranks;      /* string: collective, its group's world ranks as "0,2" (RUN_NONE: the world); with
+                             `group` and `seq` it names one collective (version 4: the shard groups run a seq at once) */
+    int group_size;       /* collective: ranks in its group (the world size for the world) */
     int category;         /* alloc/free: index into run_categories; segment events: the request's, or RUN_NONE */
     int pool;             /* string: segment events' pool ("small", "large") */
     int stream;           /* alloc/free/segment events */
@@ -105,7 +109,7 @@ typedef struct run_fsdp {
 
 typedef struct run_rank {
     int rank;
-    int version;          /* the meta line's schema version (2 or 3) */
+    int version;          /* the meta line's schema version (2, 3 or 4) */
     run_allocator allocator;
     run_fsdp *fsdp;       /* the rank's fsdp events (one per runtime) in file order; a RUN_FSDP event's id indexes it */
     size_t fsdp_count;
