@@ -30,7 +30,8 @@ from transformers import Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 STRATEGIES = {"FULL_SHARD": ShardingStrategy.FULL_SHARD, "SHARD_GRAD_OP": ShardingStrategy.SHARD_GRAD_OP,
-              "NO_SHARD": ShardingStrategy.NO_SHARD}
+              "NO_SHARD": ShardingStrategy.NO_SHARD, "HYBRID_SHARD": ShardingStrategy.HYBRID_SHARD,
+              "_HYBRID_SHARD_ZERO2": ShardingStrategy._HYBRID_SHARD_ZERO2}
 BACKWARD_PREFETCH = {"NONE": None, "None": None, "BACKWARD_PRE": BackwardPrefetch.BACKWARD_PRE,
                      "BACKWARD_POST": BackwardPrefetch.BACKWARD_POST}
 
@@ -46,6 +47,8 @@ def arguments():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--clip", type=float, default=0.0)
     parser.add_argument("--strategy", default="FULL_SHARD", choices=sorted(STRATEGIES))
+    parser.add_argument("--shard-group", type=int, default=0,
+                        help="HYBRID_SHARD: ranks per shard group (0: the ranks per node, LOCAL_WORLD_SIZE)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backward-prefetch", default="BACKWARD_PRE", choices=sorted(BACKWARD_PREFETCH))
     parser.add_argument("--forward-prefetch", type=int, default=0, choices=(0, 1))
@@ -65,6 +68,19 @@ def my_batches(path, rank, world, mbs, seq, count):
     return [(torch.from_numpy(d[0].copy()).long(), torch.from_numpy(d[1].copy()).long()) for d in data]
 
 
+def hybrid_mesh(args, world):
+    """HYBRID_SHARD's 2-D mesh, (replicate, shard) = (world / S, S), as fsdplab's core/group.h lays it out: shard
+    groups of consecutive ranks. Without a mesh torch would split by CUDA devices per node, which CPU has none of.
+    None for the other strategies."""
+    if not args.strategy.lstrip("_").startswith("HYBRID_SHARD"):
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+    shard = args.shard_group or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if shard < 1 or world % shard != 0:
+        raise SystemExit(f"--shard-group {shard} does not divide the world size {world}")
+    return init_device_mesh("cpu", (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+
+
 def main():
     args = arguments()
     torch.set_num_threads(args.threads)
@@ -73,6 +89,7 @@ def main():
     model = Qwen2ForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     model = FullyShardedDataParallel(
         model, sharding_strategy=STRATEGIES[args.strategy], device_id=torch.device("cpu"),  # CPU + gloo, named outright
+        device_mesh=hybrid_mesh(args, world),
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}),
         backward_prefetch=BACKWARD_PREFETCH[args.backward_prefetch], forward_prefetch=bool(args.forward_prefetch),
         limit_all_gathers=bool(args.limit_all_gathers))

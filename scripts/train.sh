@@ -7,6 +7,7 @@
 #
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
 # CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
+# SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node, for both),
 # EVAL (fsdplab: print a generated story every EVAL steps), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
 # BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), COMM_STREAMS (fsdplab only:
 # 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), CONFIG (model fields by HF name, for both), RUSAGE (a path
@@ -74,7 +75,8 @@ run_torch() {
     ${DATA:+"$DATA"}
   OMP_NUM_THREADS=1 timed torch torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
-    --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --backward-prefetch "$BACKWARD_PREFETCH" \
+    --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --shard-group "${SHARD_GROUP:-0}" \
+    --backward-prefetch "$BACKWARD_PREFETCH" \
     --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" 2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }

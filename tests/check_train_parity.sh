@@ -23,11 +23,17 @@ if [ "${1:-}" = qwen2 ]; then
   dir=runs/check/train_both_qwen2 model=qwen2 seq=64
   config=hidden_size=64,num_hidden_layers=1,intermediate_size=128,num_attention_heads=2,num_key_value_heads=1
 fi
+ranks=2 mbs=4 acc=2 lr=1e-3 strategy=${STRATEGY:-FULL_SHARD}
+# With `hybrid` (lab 08): HYBRID_SHARD on 4 ranks as a 2 x 2 mesh (SHARD_GROUP=2; torch gets the same mesh through
+# init_device_mesh), the same global batch of 8 sequences. `hybrid_zero2`: _HYBRID_SHARD_ZERO2 likewise.
+case "${1:-}" in
+  hybrid) dir=runs/check/train_both_hybrid ranks=4 mbs=2 strategy=HYBRID_SHARD ;;
+  hybrid_zero2) dir=runs/check/train_both_hybrid_zero2 ranks=4 mbs=2 strategy=_HYBRID_SHARD_ZERO2 ;;
+esac
 rm -rf "$dir"
-ranks=2 mbs=4 acc=2 lr=1e-3
 tokens=$((ranks * mbs * acc * seq))
 GRADS="$dir/grads" TRAIN_DIR=$dir PROCESSES=$ranks MODEL=$model CONFIG=$config MBS=$mbs ACC=$acc SEQ=$seq LR=$lr \
-  STEPS=3 FSDP=both scripts/train.sh
+  STRATEGY=$strategy SHARD_GROUP=2 STEPS=3 FSDP=both scripts/train.sh
 if [ "$model" = qwen2 ] && ! grep -q "Qwen2 tokenizer" "$dir/fsdplab.log"; then
   echo "FAIL: $dir/fsdplab.log does not say the text went through Qwen2's tokenizer"
   exit 1
