@@ -7,23 +7,7 @@
 #   losses     every step, rounding x loss + AdamW's first-order drift from the step-1 gradient differences;
 #   parameters after STEPS AdamW steps, |a - b| <= 2 lr sum_t bound_t: AdamW turns rounding in gradients near eps
 #              into lr-sized steps, so only a bound in units of lr holds there.
-STEPS05=5 ACC05=2 SEQ05=128 LR05=1e-3 GLOBAL05=8
-REFERENCE05=runs/check/05_reference
-lab05() { # lab05 NAME RANKS DIR ENV...   (GLOBAL05 sequences per micro-batch over all ranks)
-  local name=$1 ranks=$2 dir=$3
-  shift 3
-  run_lab "$name" "$ranks" "$dir" 05_full_step STEPS=$STEPS05 ACC=$ACC05 SEQ=$SEQ05 LR=$LR05 \
-    MBS=$((GLOBAL05 / ranks)) SAVE="$dir/checkpoint" GRADS="$dir/grads" "$@"
-}
-# equal05 NAME DIR: the three equivalence checks of the run in DIR against the reference (REFERENCE05, GLOBAL05)
-equal05() {
-  local name=$1 dir=$2 config=$REFERENCE05/grads/config.json TOKENS05=$((GLOBAL05 * SEQ05 * ACC05))
-  check "$name: losses equal 1 rank's" python3 tests/compare_losses.py $REFERENCE05 "$dir" $TOKENS05 $SEQ05 $LR05
-  check "$name: gradients equal 1 rank's" env OUT=runs/check/compare tests/bin/qwen2_tool compare "$dir/grads" \
-    $REFERENCE05/grads "$(python3 tests/tolerances.py gradients $config $TOKENS05 $SEQ05)" relative
-  check "$name: parameters within AdamW's bound" env OUT=runs/check/compare tests/bin/qwen2_tool compare \
-    "$dir/checkpoint" $REFERENCE05/checkpoint "$(python3 tests/tolerances.py adamw $LR05 $STEPS05)" absolute
-}
+source tests/lab05_equal.sh
 lab05 "05_full_step -np 1 NO_SHARD: the reference" 1 $REFERENCE05 STRATEGY=NO_SHARD
 check "05_full_step prints the seed-style log" grep -qE '^1/5: Loss = [0-9]+\.[0-9]{6}, Peak = [0-9.]+ MB, Time = [0-9.]+s$' \
   "$(log_of "05_full_step -np 1 NO_SHARD: the reference")"
