@@ -10,13 +10,21 @@ set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-# name | file | python expression turning the file's text into the mutant's (must change it)
+# name | file | python expression turning the file's text into the mutant's (must change it) [| the make target that
+# must catch it: check-05 when absent]
 mutations=(
   "sum-for-mean|core/fsdp.c|s.replace('fp_reduce_scatter_grad(fp, COMM_AVG)', 'fp_reduce_scatter_grad(fp, COMM_SUM)')"
   "skip-one-reduce-scatter|core/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;', '    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;')"
   "wrong-shard-offset|core/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', 'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
   "padding-rounds-down|core/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * world;', 'fp->padded_unsharded_numel = offset / world * world;')"
   "post-forward-keeps-layer-0|core/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
+  # HYBRID_SHARD (lab 08)
+  "hybrid-skips-replicate-all-reduce|core/flat_param.c|s.replace('    if (status != 0) return status;\n    return comm_all_reduce_group_start(', '    if (status != 0 || 1) return status;\n    return comm_all_reduce_group_start(')|check-08"
+  "hybrid-replicate-sum-for-mean|core/flat_param.c|s.replace('fp->sharded_numel, reduce,\n', 'fp->sharded_numel, COMM_SUM,\n')|check-08"
+  "hybrid-chunk-of-world-rank|core/flat_param.c|s.replace('rank % fp->shard_group->size : rank', 'rank : rank')|check-08"
+  "hybrid-clip-norm-over-world|core/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', 'NULL')|check-08"
+  "hybrid-memory-model-world-ring|core/memory_model.c|s.replace('shard_group ? shard_group->size : world_size', 'world_size')|check-08"
+  "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
 )
 
 wanted=("$@")
@@ -25,7 +33,8 @@ failed=0
 scratch=$(mktemp -d /tmp/fsdplab-mutants.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 for entry in "${mutations[@]}"; do
-  IFS='|' read -r name file expression <<<"$entry"
+  IFS='|' read -r name file expression target <<<"$entry"
+  target=${target:-check-05}
   if [ ${#wanted[@]} -gt 0 ] && ! printf '%s\n' "${wanted[@]}" | grep -qx "$name"; then continue; fi
   copy="$scratch/$name"
   started=$(date +%s)
@@ -50,17 +59,17 @@ EOF
     failed=$((failed + 1))
     continue
   fi
-  make -C "$copy" -s check-05 >"$copy/check.log" 2>&1
+  make -C "$copy" -s "$target" >"$copy/check.log" 2>&1
   status=$?
   caught=$(grep -c '^FAIL ' "$copy/check.log")
   seconds=$(( $(date +%s) - started ))
   if [ $status -ne 0 ] && [ "$caught" -gt 0 ]; then
     passed=$((passed + 1))
-    echo "PASS  $name: check-05 fails ($caught checks, ${seconds}s), e.g."
+    echo "PASS  $name: $target fails ($caught checks, ${seconds}s), e.g."
     grep '^FAIL ' "$copy/check.log" | sed 's/   (log:.*//' | head -4 | sed 's/^FAIL /        /'
   else
     failed=$((failed + 1))
-    echo "FAIL  $name: check-05 still passes (${seconds}s): the checks are blind to this bug"
+    echo "FAIL  $name: $target still passes (${seconds}s): the checks are blind to this bug"
   fi
 done
 echo

@@ -27,6 +27,15 @@ for variant in "HYBRID_SHARD SHARD_GROUP=2" "_HYBRID_SHARD_ZERO2 SHARD_GROUP=2" 
   check "08: 05_full_step -np 4 $variant: bytes across groups exactly the replicate all-reduces'" \
     python3 tests/check_lab08.py traffic $dir $REFERENCE05/grads/config.json $shard $reductions $STEPS05
 done
+# CLIP: the gradient norm's all-reduce runs in the shard group (each replicate group holds the same shards; a world sum
+# would count each R times): the traffic check finds any collective outside the rank's two groups.
+REFERENCE05=runs/check/08_reference_clip
+lab05 "08: 05_full_step -np 1 NO_SHARD CLIP=0.5: the reference" 1 $REFERENCE05 STRATEGY=NO_SHARD CLIP=0.5
+lab05 "08: 05_full_step -np 4 HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5" 4 runs/check/08_clip STRATEGY=HYBRID_SHARD \
+  SHARD_GROUP=2 CLIP=0.5
+equal05 "08: 05_full_step -np 4 HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5" runs/check/08_clip
+check "08: 05_full_step -np 4 HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5: clip_grad_norm in the shard group, bytes across exact" \
+  python3 tests/check_lab08.py traffic runs/check/08_clip $REFERENCE05/grads/config.json 2 $ACC05 $STEPS05
 # Padding: a decoder layer of the tiny model is 184,832 floats, 2 short of a multiple of 3: shard groups of 3 (6 ranks
 # as 2 x 3) pad each unit; against a reference of 6 sequences per micro-batch.
 GLOBAL05=6 REFERENCE05=runs/check/08_reference_6
