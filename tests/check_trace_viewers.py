@@ -100,7 +100,7 @@ join process receiver_process on receiver_thread.upid = receiver_process.upid"""
 
 
 def read_collectives(rundir):
-    """(world, {seq: {rank: ts}}, [(pid, reserved bytes) of every segment line], {pid: thread names},
+    """(world, {(seq, group, group ranks): {rank: ts}}, [(pid, reserved bytes) of every segment line], {pid: thread names},
     Counter of (pid, wait slice name)) from the run's rank<R>.jsonl files."""
     with open(os.path.join(rundir, "rank0.jsonl"), encoding="utf-8") as file:
         world = json.loads(file.readline())["world"]
@@ -114,7 +114,10 @@ def read_collectives(rundir):
                     continue  # a last line cut short by a crash: the export skips it too
                 event = json.loads(text)
                 if event["kind"] == "collective":
-                    starts[event["seq"]][rank] = event["ts"]
+                    # one collective: its seq within one group (EVENTS.md version 4; HYBRID_SHARD's shard groups
+                    # run the same seq at once, each its own)
+                    group = (event.get("group", "world"), tuple(event.get("group_ranks", ())))
+                    starts[(event["seq"], *group)][rank] = event["ts"]
                     if event.get("stream") in STREAM_THREADS:
                         threads[rank + 1].add(STREAM_THREADS[event["stream"]])
                 if event["kind"] in ("segment_alloc", "segment_free"):
@@ -163,9 +166,10 @@ def reserved_problems(viewer, samples, expected):
 
 
 def expected_arrows(starts):
-    """Counter of (seq, sender pid, receiver pid): from the first rank into each collective to every other rank."""
+    """Counter of (seq, sender pid, receiver pid): from the first rank into each collective to every other rank of
+    its group."""
     arrows = Counter()
-    for seq, ranks in starts.items():
+    for (seq, *_), ranks in starts.items():
         sender = min(ranks, key=lambda rank: (ranks[rank], rank))
         arrows.update((seq, sender + 1, rank + 1) for rank in ranks if rank != sender)
     return arrows

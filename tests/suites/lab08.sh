@@ -77,3 +77,5 @@ check "train.sh FSDP=both STRATEGY=HYBRID_SHARD 2 x 2: fsdplab's losses equal Py
   tests/check_train_parity.sh hybrid
 check "train.sh FSDP=both STRATEGY=_HYBRID_SHARD_ZERO2 2 x 2: fsdplab's losses equal PyTorch FSDP's (derived bound)" \
   tests/check_train_parity.sh hybrid_zero2
+check "08_hybrid_shard's trace.json in Perfetto UI and Catapult: each group's arrows, and only those" \
+  python3 tests/check_trace_viewers.py runs/check/08_lab
