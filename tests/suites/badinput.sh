@@ -54,6 +54,13 @@ bad05 "ALLOC=Caching" "ALLOC='Caching' is not allowed; choose one of: caching, m
 bad05 "BACKWARD_PREFETCH=PRE" "BACKWARD_PREFETCH='PRE' is not allowed; choose one of: NONE, BACKWARD_PRE, BACKWARD_POST" \
   BACKWARD_PREFETCH=PRE
 bad05 "FORWARD_PREFETCH=on" "FORWARD_PREFETCH='on' is not an integer in 0\.\.1" FORWARD_PREFETCH=on
+# SHARD_GROUP (HYBRID_SHARD's shard group size): an integer that divides the world size, checked whatever the strategy.
+bad05 "SHARD_GROUP=two" "SHARD_GROUP='two' is not an integer" SHARD_GROUP=two
+bad05 "SHARD_GROUP=-1" "SHARD_GROUP='-1' is not an integer in 0\.\." SHARD_GROUP=-1
+bad05 "SHARD_GROUP=3 on 2 ranks" "SHARD_GROUP='3' does not divide the world size 2: .*choose one of 1, 2" \
+  STRATEGY=HYBRID_SHARD SHARD_GROUP=3
+bad05 "STRATEGY=hybrid_shard (case matters)" "STRATEGY='hybrid_shard' is not allowed; choose one of: .*HYBRID_SHARD" \
+  STRATEGY=hybrid_shard
 
 # CONFIG: fields by HF name; each value must be one the field can hold and the whole config consistent.
 bad05 "CONFIG unknown field" "'hidden_sizes' is not a Qwen2 config field" CONFIG=hidden_sizes=64
