@@ -178,6 +178,7 @@ static int fragmentation_print(FILE *stream, const trace_run *run, const run_ran
 
 typedef struct op_total {
     int op;
+    int group;            /* the process group (version 4), RUN_NONE for the world: a row per op and group */
     size_t count;
     uint64_t bytes, bytes_sent;
     double dur;
@@ -185,8 +186,8 @@ typedef struct op_total {
 
 static void op_add(op_total *totals, size_t *total_count, const run_event *event) {
     size_t index = 0;
-    while (index < *total_count && totals[index].op != event->label) index++;
-    if (index == *total_count) totals[(*total_count)++] = (op_total){.op = event->label};
+    while (index < *total_count && (totals[index].op != event->label || totals[index].group != event->group)) index++;
+    if (index == *total_count) totals[(*total_count)++] = (op_total){.op = event->label, .group = event->group};
     totals[index].count++;
     totals[index].bytes += event->bytes;
     totals[index].bytes_sent += event->bytes_sent;
@@ -195,7 +196,7 @@ static void op_add(op_total *totals, size_t *total_count, const run_event *event
 
 static void op_row_print(FILE *stream, const char *name, const op_total *total) {
     char bytes[32], sent[32];
-    fprintf(stream, "  %-18s %7zu %16s %16s %10.3f\n", name, total->count, grouped(total->bytes, bytes, sizeof bytes),
+    fprintf(stream, "  %-22s %7zu %16s %16s %10.3f\n", name, total->count, grouped(total->bytes, bytes, sizeof bytes),
             grouped(total->bytes_sent, sent, sizeof sent), total->dur / 1000.0);
 }
 
@@ -214,9 +215,15 @@ static int collectives_print(FILE *stream, const trace_run *run, const run_rank 
         all.bytes_sent += event->bytes_sent;
         all.dur += event->dur;
     }
-    fprintf(stream, "  %-18s %7s %16s %16s %10s\n", "collective", "count", "bytes", "bytes sent", "time ms");
-    for (size_t index = 0; index < total_count; index++)
-        op_row_print(stream, run_string(run, totals[index].op), &totals[index]);
+    fprintf(stream, "  %-22s %7s %16s %16s %10s\n", "collective", "count", "bytes", "bytes sent", "time ms");
+    for (size_t index = 0; index < total_count; index++) {
+        char name[64]; /* "all_reduce (replicate)": as the Chrome export names a group's collectives */
+        if (totals[index].group != RUN_NONE)
+            snprintf(name, sizeof name, "%s (%s)", run_string(run, totals[index].op), run_string(run, totals[index].group));
+        else
+            snprintf(name, sizeof name, "%s", run_string(run, totals[index].op));
+        op_row_print(stream, name, &totals[index]);
+    }
     op_row_print(stream, "total", &all);
     free(totals);
     return 0;
