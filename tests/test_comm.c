@@ -333,6 +333,94 @@ START_TEST(test_start_wait_on_streams_equals_blocking) {
 }
 END_TEST
 
+/* Process groups (core/group.h): for every shard group size S dividing the world, the mesh's collectives equal what
+ * the inputs say (every rank's input is a function of (tag, world rank, index), so each rank computes the expected
+ * result alone): an all-gather and a mean reduce-scatter in the shard group, blocking; an all-reduce across the
+ * replicate group on a worker stream; ring bytes of the group's size; a mismatch inside a group names world ranks. */
+START_TEST(test_group_collectives_match_their_members_inputs) {
+    for (int shard_size = 1; shard_size <= ctx.world_size; shard_size++) {
+        if (ctx.world_size % shard_size != 0) continue;
+        group_mesh mesh;
+        ck_assert_msg(group_mesh_init(&mesh, &ctx, shard_size) == 0, "%s", ctx.error);
+        const comm_group *shard = &mesh.shard, *replicate = &mesh.replicate;
+        CK_ASSERT_ALL(&ctx, shard->size == shard_size && replicate->size == ctx.world_size / shard_size &&
+                                group_world_rank(shard, shard->rank) == ctx.rank &&
+                                group_world_rank(replicate, replicate->rank) == ctx.rank,
+                      "mesh %d x %d: rank %d is shard member %d of %d, replicate member %d of %d",
+                      ctx.world_size / shard_size, shard_size, ctx.rank, shard->rank, shard->size, replicate->rank,
+                      replicate->size);
+        stream worker;
+        ck_assert_msg(stream_init(&worker, &ctx, "reduce_scatter", STREAM_WORKER) == 0, "%s", ctx.error);
+        ck_assert_msg(stream_add_group(&worker, shard) == 0 && stream_add_group(&worker, replicate) == 0, "%s",
+                      ctx.error);
+        for (size_t c = 0; c < COUNT_OF(chunk_counts); c++) {
+            size_t chunk = chunk_counts[c], full_count = chunk * (size_t)shard_size;
+            comm_handle handle;
+            /* all-gather in the shard group: member m's shard at m * chunk */
+            float *mine = make_input(60, ctx.rank, chunk), *full = make_zeros(full_count);
+            ck_assert_int_eq(comm_all_gather_group_start(&ctx, shard, NULL, mine, full, full_count, "test", &handle), 0);
+            ck_assert_int_eq(comm_wait(&ctx, &handle, NULL), 0);
+            int gathered = ctx.last_collective.bytes_sent == (uint64_t)(shard_size - 1) * chunk * 4;
+            for (int m = 0; m < shard_size; m++)
+                for (size_t i = 0; i < chunk; i++)
+                    gathered &= full[(size_t)m * chunk + i] == input_value(60, group_world_rank(shard, m), i);
+            CK_ASSERT_ALL(&ctx, gathered, "all_gather of %zu floats in shard groups of %d", full_count, shard_size);
+            /* mean reduce-scatter in the shard group: my chunk of the members' buffers */
+            float *grads = make_input(61, ctx.rank, full_count), *reduced = make_zeros(chunk);
+            ck_assert_int_eq(comm_reduce_scatter_group_start(&ctx, shard, NULL, grads, reduced, full_count, COMM_AVG,
+                                                             "test", &handle), 0);
+            ck_assert_int_eq(comm_wait(&ctx, &handle, NULL), 0);
+            double worst = 0.0;
+            for (size_t i = 0; i < chunk; i++) {
+                double sum = 0.0;
+                for (int m = 0; m < shard_size; m++)
+                    sum += input_value(61, group_world_rank(shard, m), (size_t)shard->rank * chunk + i);
+                worst = fmax(worst, fabs(reduced[i] - sum / shard_size) / fmax(1.0, fabs(sum / shard_size)));
+            }
+            CK_ASSERT_ALL(&ctx, worst <= 1e-6, "reduce_scatter (avg) of %zu floats in shard groups of %d: error %.3g",
+                          full_count, shard_size, worst);
+            /* sum all-reduce across the replicate group, on the worker stream */
+            float *buffer = make_input(62, ctx.rank, chunk);
+            ck_assert_int_eq(comm_all_reduce_group_start(&ctx, replicate, &worker, buffer, chunk, COMM_SUM, "test",
+                                                         &handle), 0);
+            ck_assert_int_eq(comm_wait(&ctx, &handle, NULL), 0);
+            uint64_t ring = (uint64_t)(2.0 * (replicate->size - 1) / replicate->size * (double)chunk * 4);
+            worst = ctx.last_collective.bytes_sent == ring ? 0.0 : 1.0;
+            for (size_t i = 0; i < chunk; i++) {
+                double sum = 0.0;
+                for (int m = 0; m < replicate->size; m++) sum += input_value(62, group_world_rank(replicate, m), i);
+                worst = fmax(worst, fabs(buffer[i] - sum) / fmax(1.0, fabs(sum)));
+            }
+            CK_ASSERT_ALL(&ctx, worst <= 1e-6, "all_reduce of %zu floats across replicate groups of %d: error %.3g "
+                          "(bytes sent %llu, a ring moves %llu)", chunk, replicate->size, worst,
+                          (unsigned long long)ctx.last_collective.bytes_sent, (unsigned long long)ring);
+            mem_free(&ctx.mem, mine);
+            mem_free(&ctx.mem, full);
+            mem_free(&ctx.mem, grads);
+            mem_free(&ctx.mem, reduced);
+            mem_free(&ctx.mem, buffer);
+        }
+        if (shard_size >= 2) { /* the last member of each shard group passes one float more */
+            size_t count = (size_t)shard_size * (shard->rank == shard_size - 1 ? 8 : 7);
+            float *mine = make_zeros(8), *full = make_zeros(count);
+            comm_handle handle;
+            int status = comm_all_gather_group_start(&ctx, shard, NULL, mine, full, count, "mismatch", &handle);
+            char expected[128];
+            snprintf(expected, sizeof expected, "rank %d passed %zu floats",
+                     shard->rank == shard_size - 1 ? group_world_rank(shard, 0) : group_world_rank(shard, shard_size - 1),
+                     (size_t)shard_size * (shard->rank == shard_size - 1 ? 7 : 8));
+            CK_ASSERT_ALL(&ctx, status == -1 && strstr(ctx.error, expected) != NULL,
+                          "a count mismatch in a shard group: status %d, '%s' (expected it to name '%s')", status,
+                          ctx.error, expected);
+            mem_free(&ctx.mem, mine);
+            mem_free(&ctx.mem, full);
+        }
+        stream_destroy(&worker);
+        group_mesh_free(&mesh);
+    }
+}
+END_TEST
+
 /* A stream runs its work in launch order, and stream_wait holds later work until another stream's event. */
 static void append_digit(void *arg) {
     int *log = arg; /* log[0] is the count; then the digits in the order they ran */
@@ -407,6 +495,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_mismatched_units_fail_on_every_rank);
     tcase_add_test(tc, test_start_wait_on_streams_equals_blocking);
     tcase_add_test(tc, test_streams_keep_order_and_wait_for_events);
+    tcase_add_test(tc, test_group_collectives_match_their_members_inputs);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }
