@@ -307,7 +307,7 @@ int comm_wait(context *ctx, comm_handle *c, const char *hook) {
         if (strstr(c->error, "timed out") != NULL) trace_mark(&ctx->trace, c->error); /* the JSONL says so */
         return -1;
     }
-    char ranks[256];
+    char ranks[8192]; /* a group's world ranks as text: ~1,600 ranks of 4 digits */
     trace_collective_info info = {
         .group = c->group ? c->group->name : "world",
         .group_size = c->size,

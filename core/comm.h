@@ -5,6 +5,9 @@
  *   all_reduce      every rank has a whole buffer; afterwards every rank has the sum         (DDP, NO_SHARD)
  *   broadcast       root's buffer is copied to every rank
  *
+ * Each runs among all ranks (the world) or, in the `_group_` forms, among the ranks of a process group
+ * (core/group.h: HYBRID_SHARD's shard and replicate groups), where N below is the group's size.
+ *
  * all_gather, all_reduce, broadcast and barrier are Open MPI's own (non-blocking) collectives; reduce_scatter is a
  * ring written out over MPI_Isend/MPI_Irecv in comm.c (read it: it is the algorithm the bytes in the trace assume).
  *
@@ -16,7 +19,7 @@
  * Each call writes one `collective` event (op, unit, bytes, ring traffic, seq, duration). Before moving data, every
  * rank checks that all ranks called the same op with the same count, detail (reduction, root) and unit: a mismatch
  * returns -1 on every rank with a message in ctx->error naming both ranks and values, instead of hanging or
- * producing garbage. (A start form agrees on the host at issue, on the context's communicator.) The check is made once per signature (op, count, detail, unit): once every rank has agreed on
+ * producing garbage. (A start form agrees on the host at issue, on the context's communicator, or on its group's.) The check is made once per signature (op, count, detail, unit): once every rank has agreed on
  * it, later calls with it skip the exchange (ctx->agreed; ctx->agreements counts the exchanges), so a unit's
  * layout is agreed on its first gather, not on every one. MPI failures also return -1 with MPI's reason. Callers
  * check the result (COMM_CHECK aborts with the message).

@@ -231,6 +231,8 @@ static void record_settings(const settings *s, const qwen2_model *model, const d
     dcp_progress_set(p, "SEED", "%llu", (unsigned long long)s->seed);
     dcp_progress_set(p, "DATA", "%s", loader->source); /* names the tokenizer too */
     dcp_progress_set(p, "NO_SYNC", "%d", s->no_sync);
+    if (fsdp_strategy_is_hybrid((fsdp_strategy)fsdp_strategy_from_name(s->strategy))) /* the mesh: may change */
+        dcp_progress_set(p, "SHARD_GROUP", "%d", s->shard_group);
 }
 
 static int write_config(const char *directory, void *user, char *error, size_t error_size) {
@@ -252,7 +254,9 @@ static void save_checkpoint(context *ctx, const settings *s, qwen2_model *model,
         ctx_exit_all(ctx, 2, "CHECKPOINT_DIR='%s': %s (training stopped at step %d; earlier checkpoints are untouched)",
                      s->checkpoint_dir, ctx->error, step);
     if (ctx->rank == 0) {
-        printf("    checkpoint: %s (%.1f MB in %d files, %.2f s)\n", directory, (double)bytes / 1e6, ctx->world_size,
+        /* who writes (core/dcp.c): rank 0 alone for NO_SHARD, the first shard group for HYBRID_SHARD, else all */
+        int files = model->units[0].replicated ? 1 : ctx->mesh ? ctx->mesh->shard_size : ctx->world_size;
+        printf("    checkpoint: %s (%.1f MB in %d files, %.2f s)\n", directory, (double)bytes / 1e6, files,
                MPI_Wtime() - start);
         fflush(stdout);
     }

@@ -67,6 +67,13 @@ run_lab "08: HYBRID_SHARD resumed from step 2" 4 runs/check/08_resumed 05_full_s
   SHARD_GROUP=2 STEPS=4 ACC=2 MBS=2 RESUME=$H/checkpoints/step_00000002
 check "08: HYBRID_SHARD resumed: steps 3 and 4 have the uninterrupted run's losses, bit for bit" \
   python3 tests/check_resume.py exact $H runs/check/08_resumed
+# Another mesh: the chunks are re-cut by intersection, as for another world size (the resume note names the change).
+run_lab "08: HYBRID_SHARD 2 x 2's step-2 checkpoint resumed as 1 x 4" 4 runs/check/08_resumed_1x4 05_full_step \
+  STRATEGY=HYBRID_SHARD SHARD_GROUP=4 STEPS=4 ACC=2 MBS=2 RESUME=$H/checkpoints/step_00000002
+check "08: resumed as 1 x 4: step 3's loss within rounding of the 2 x 2 run's, the change of mesh noted" bash -c "
+  python3 tests/check_resume.py reshard $H runs/check/08_resumed_1x4 $REFERENCE05/grads/config.json \
+    \$((4 * 2 * 2 * 128)) 128 && grep -q 'note: SHARD_GROUP was 2 in the checkpoint, is 4 now' \
+    '$(log_of "08: HYBRID_SHARD 2 x 2's step-2 checkpoint resumed as 1 x 4")'"
 check_fails "08: SHARD_GROUP=3 on 4 ranks is refused, naming both" \
   "SHARD_GROUP='3' does not divide the world size 4" \
   env OUT=runs/check/08_bad STRATEGY=HYBRID_SHARD SHARD_GROUP=3 $MPIRUN -np 4 lab/05_full_step
