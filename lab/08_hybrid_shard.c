@@ -43,13 +43,9 @@
 
 #include "../core/config.h"
 #include "../core/context.h"
-#include "../core/data.h"
-#include "../core/fsdp.h"
 #include "../core/group.h"
-#include "../core/memory_model.h"
-#include "../core/optim.h"
-#include "../core/qwen2.h"
 #include "../trace/run.h"
+#include "lesson_trainer.h"
 
 static const fsdp_strategy modes[] = {FSDP_FULL_SHARD, FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2, FSDP_NO_SHARD};
 enum { MODE_COUNT = sizeof modes / sizeof modes[0], MAX_STEPS = 64 };
@@ -92,34 +88,10 @@ static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strat
     mode_result result;
     memset(&result, 0, sizeof result);
     ctx->mesh = fsdp_strategy_is_hybrid(strategy) ? mesh : NULL; /* the units are sharded over its shard group */
-    qwen2_config config;
-    qwen2_config_from_env(ctx, &config, s->seq_len);
     fsdp_options options = fsdp_default_options(); /* torch's: comm streams, BACKWARD_PRE, limit_all_gathers */
     options.strategy = strategy;
-    memory_prediction prediction;
-    if (memory_model_predict_config(&prediction, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, &options,
-                                    s->micro_batch, s->seq_len, 0, s->steps) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    memory_model_require_fit(ctx, &prediction);
-    qwen2_model model;
-    qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, strategy,
-                                 &init) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    module view;
-    qwen2_as_module(&model, &view);
-    fsdp_runtime runtime;
-    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
-    adamw_config optimizer = adamw_default_config();
-    adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
-    if (states == NULL) ctx_fatal(ctx, "out of memory");
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_init(&states[unit]);
-    data_loader loader;
-    if (data_loader_open(&loader, ctx, NULL, config.vocab_size, s->micro_batch, s->seq_len, s->seed, 1) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    size_t batch = (size_t)s->micro_batch * (size_t)s->seq_len;
-    int *tokens = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
-    int *targets = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
+    lesson_trainer trainer;
+    lesson_trainer_open(&trainer, ctx, &options, s->micro_batch, s->seq_len, s->seed, s->steps);
 
     char text[128];
     snprintf(text, sizeof text, "lab 08 mode %s", fsdp_strategy_name(strategy));
@@ -128,13 +100,7 @@ static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strat
     mem_reset_peak(&ctx->mem);
     for (int step = 1; step <= s->steps; step++) {
         double start = MPI_Wtime();
-        data_next_batch(&loader, tokens, targets);
-        double loss = fsdp_forward_backward(&runtime, tokens, targets, s->micro_batch, s->seq_len,
-                                            FSDP_MICRO_BATCH_LAST);
-        for (int unit = 0; unit < model.unit_count; unit++) {
-            adamw_step(&states[unit], &model.units[unit], &optimizer);
-            fp_zero_grad(&model.units[unit]);
-        }
+        double loss = lesson_trainer_step(&trainer);
         trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes,
                    MPI_Wtime() - start);
         ctx_allreduce(ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
@@ -145,18 +111,9 @@ static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strat
         result.measured[category] = ctx->mem.category_peak_bytes[category];
     result.peak = ctx->mem.peak_bytes;
     memory_prediction predicted;
-    memory_model_predict(&predicted, &model, &options, ctx->world_size, s->micro_batch, s->seq_len, loader.token_bytes,
-                         s->steps);
+    lesson_trainer_predict(&trainer, &predicted);
     memcpy(result.predicted, predicted.category_peak, sizeof result.predicted);
-
-    mem_free(&ctx->mem, tokens);
-    mem_free(&ctx->mem, targets);
-    data_loader_close(&loader);
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_free(&states[unit]);
-    free(states);
-    fsdp_runtime_free(&runtime);
-    qwen2_model_free(&model);
-    mem_empty_cache(&ctx->mem); /* every mode starts from an empty cache */
+    lesson_trainer_close(&trainer);
     ctx->mesh = NULL;
     return result;
 }
