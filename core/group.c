@@ -84,8 +84,9 @@ static void divisors_text(int n, char *out, size_t size) {
         if (n % d == 0) used += (size_t)snprintf(out + used, size - used, "%s%d", used ? ", " : "", d);
 }
 
-int group_shard_size_from_env(context *ctx, int default_size) {
+int group_shard_size_from_env(context *ctx, int default_size, int hybrid) {
     long shard = cfg_env_int(ctx, "SHARD_GROUP", default_size, 0, 1 << 20);
+    if (!hybrid) return (int)shard;
     char divisors[256];
     divisors_text(ctx->world_size, divisors, sizeof divisors);
     if (shard == 0) {

@@ -111,10 +111,11 @@ static settings read_settings(context *ctx) {
          * KILL_AT_STEP, its checkpoint included; 0: never. */
         .kill_at_step = (int)cfg_env_int(ctx, "KILL_AT_STEP", 0, 0, 1000000),
         .kill_rank = (int)cfg_env_int(ctx, "KILL_RANK", 0, 0, ctx->world_size - 1),
-        /* HYBRID_SHARD's shard group size (lab 08); 0, the default: the ranks per node. Read whatever the strategy:
-         * settings are collective. */
-        .shard_group = group_shard_size_from_env(ctx, 0),
     };
+    /* HYBRID_SHARD's shard group size (lab 08); unset: the ranks per node. Read whatever the strategy (settings are
+     * collective), resolved and checked only for a hybrid one. */
+    int hybrid = fsdp_strategy_is_hybrid((fsdp_strategy)fsdp_strategy_from_name(s.strategy));
+    s.shard_group = group_shard_size_from_env(ctx, 0, hybrid);
     static char default_dir[600];
     if (s.checkpoint_dir == NULL || s.checkpoint_dir[0] == '\0') {
         snprintf(default_dir, sizeof default_dir, "%s/checkpoints", ctx->outdir);

@@ -72,7 +72,7 @@ static settings read_settings(context *ctx) {
         .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
         .seed = cfg_env_seed(ctx),
     };
-    s.shard_group = group_shard_size_from_env(ctx, default_shard_group(ctx));
+    s.shard_group = group_shard_size_from_env(ctx, default_shard_group(ctx), 1);
     return s;
 }
 
