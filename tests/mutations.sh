@@ -23,7 +23,7 @@ mutations=(
   "hybrid-replicate-sum-for-mean|core/flat_param.c|s.replace('fp->sharded_numel, reduce,\n', 'fp->sharded_numel, COMM_SUM,\n')|check-08"
   "hybrid-chunk-of-world-rank|core/flat_param.c|s.replace('rank % fp->shard_group->size : rank', 'rank : rank')|check-08"
   "hybrid-clip-norm-over-world|core/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', 'NULL')|check-08"
-  "hybrid-memory-model-world-ring|core/memory_model.c|s.replace('shard_group ? shard_group->size : world_size', 'world_size')|check-08"
+  "hybrid-memory-model-world-ring|core/memory_model.c|s.replace('shard_group ? shard_group->size : world_size', 'shard_group ? world_size : world_size')|check-08"
   "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
 )
 
