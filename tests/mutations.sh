@@ -21,6 +21,7 @@ mutations=(
   # HYBRID_SHARD (lab 08)
   "hybrid-skips-replicate-all-reduce|core/flat_param.c|s.replace('    if (status != 0) return status;\n    return comm_all_reduce_group_start(', '    if (status != 0) return status;\n    return 0; (void)comm_all_reduce_group_start(')|check-08"
   "hybrid-replicate-sum-for-mean|core/flat_param.c|s.replace('fp->sharded_numel, reduce,\n', 'fp->sharded_numel, COMM_SUM,\n')|check-08"
+  "hybrid-shards-over-world|core/flat_param.c|s.replace('world = (size_t)fp->shard_group->size;', 'world = (size_t)ctx->world_size;')|check-08"
   "hybrid-chunk-of-world-rank|core/flat_param.c|s.replace('rank % fp->shard_group->size : rank', 'rank : rank')|check-08"
   "hybrid-clip-norm-over-world|core/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', 'NULL')|check-08"
   "hybrid-memory-model-world-ring|core/memory_model.c|s.replace('shard_group ? shard_group->size : world_size', 'shard_group ? world_size : world_size')|check-08"
