@@ -61,6 +61,9 @@ typedef struct flat_param {
     int reduce_accumulate, reduce_started, reduce_status;
     int replicated;                  /* NO_SHARD: every rank keeps the whole buffer; unshard is a no-op (a view) and
                                         gradients are all-reduced instead of reduce-scattered */
+    int offload_params;              /* CPUOffload(offload_params=True): local_shard and grad_shard live in the host
+                                        pool (core/offload.h); unshard copies the shard in (h2d), the reduce-scatter's
+                                        result is copied out (d2h) */
 } flat_param;
 
 /* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the
@@ -131,6 +134,16 @@ int fp_gather_grad(flat_param *fp);
 void fp_free_full_grad(flat_param *fp);
 /* Frees the sharded gradient (torch's zero_grad(set_to_none=True)). */
 void fp_zero_grad(flat_param *fp);
+
+/* ---- CPU offload (lab 09, core/offload.h) ---- */
+
+/* Moves the local shard (and the sharded gradient, if any) into the host pool and turns offload on: from now on
+ * fp_unshard copies the shard into its chunk of the device's unsharded buffer (h2d) and all-gathers in place, and the
+ * reduce-scatter lands in a device buffer that is copied to the host gradient shard (d2h; accumulated on the host).
+ * Returns -1 with ctx->error for a replicated (NO_SHARD) unit, which this runtime does not offload. */
+int fp_offload_params(flat_param *fp);
+/* The pool that holds this unit's shards (and its optimizer state): the host pool when offloaded, else the device's. */
+mem_tracker *fp_shard_pool(const flat_param *fp);
 
 const char *fp_shard_state_name(fp_shard_state state);
 
