@@ -132,6 +132,12 @@ void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user) {
     fp_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
 }
 
+void fp_shard_from_full(flat_param *fp, const float *full) {
+    size_t begin, end;
+    fp_shard_range(fp, fp->ctx->rank, &begin, &end);
+    memcpy(fp->local_shard, full + begin, (end - begin) * sizeof(float));
+}
+
 static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_state to, const char *hook) {
     trace_state(&fp->ctx->trace, fp->unit, "ShardState", fp_shard_state_name(from), fp_shard_state_name(to), hook);
 }

@@ -98,6 +98,9 @@ int fp_find_param(const flat_param *fp, const char *name);
 void fp_fill_flat_range(const flat_param *fp, fp_fill_fn fill, void *user, size_t begin, size_t end, float *out);
 /* Fills this rank's local shard (its chunk of the flat buffer). */
 void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user);
+/* The path without deferred init (torch without the meta device: the whole unit materialised on every rank, then
+ * sharded): copies this rank's chunk of `full` (padded_unsharded_numel floats) into the local shard. */
+void fp_shard_from_full(flat_param *fp, const float *full);
 
 /* SHARDED -> UNSHARDED: allocate the padded full buffer and all-gather every rank's shard into it. A no-op when
  * already UNSHARDED. Writes a ShardState `state` event with `hook`. Returns -1 with ctx->error if the collective fails. */
