@@ -75,6 +75,18 @@ static settings read_settings(context *ctx) {
         .init_models = cfg_env_text(ctx, "INIT_MODELS"),
     };
     if (s.init_models == NULL || s.init_models[0] == '\0') s.init_models = "tiny,qwen2-0.5b";
+    /* Refused now, not after the training part: every name a preset, at most MAX_INIT_MODELS of them. */
+    char copy[256], error[512];
+    snprintf(copy, sizeof copy, "%s", s.init_models);
+    int count = 0;
+    qwen2_config config;
+    for (char *save = NULL, *name = strtok_r(copy, ",", &save); name && strcmp(s.init_models, "none") != 0;
+         name = strtok_r(NULL, ",", &save)) {
+        if (qwen2_config_preset(&config, name, error, sizeof error) != 0)
+            ctx_exit_all(ctx, 2, "INIT_MODELS='%s': %s", s.init_models, error);
+        if (++count > MAX_INIT_MODELS)
+            ctx_exit_all(ctx, 2, "INIT_MODELS='%s': at most %d models", s.init_models, MAX_INIT_MODELS);
+    }
     return s;
 }
 
@@ -301,8 +313,8 @@ static init_result build_units(context *ctx, const qwen2_config *config, uint64_
 /* Both inits of one preset; 0 when the shards are the same bits and the deferred peak is the shards alone. */
 static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
     qwen2_config config;
-    if (qwen2_config_preset(&config, preset, ctx->error, sizeof ctx->error) != 0)
-        ctx_exit_all(ctx, 2, "INIT_MODELS: %s", ctx->error);
+    if (qwen2_config_preset(&config, preset, ctx->error, sizeof ctx->error) != 0) /* read_settings checked it */
+        ctx_fatal(ctx, "INIT_MODELS: %s", ctx->error);
     init_result deferred = build_units(ctx, &config, seed, 0);
     init_result naive = build_units(ctx, &config, seed, 1);
     /* Deferred init writes each value straight into the shard (fp_fill_flat_range into local_shard): no workspace,
@@ -312,7 +324,7 @@ static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
     int same_bits = deferred.checksum == naive.checksum;
     int deferred_ok = deferred.peak <= deferred_bound && deferred.peak == deferred.shard_bytes;
     int naive_ok = naive.peak == naive.shard_bytes + naive.model_bytes;
-    char line[1024], a[32], b[32], c[32];
+    char line[1024], a[32], b[32];
     snprintf(line, sizeof line,
              "init %s rank %d: deferred peak %zu B (shards %zu B, workspace %zu B) %.3f s checksum %016llx; naive peak "
              "%zu B (shards + whole model %zu B) %.3f s checksum %016llx; %s, %s, %s\n",
@@ -327,7 +339,6 @@ static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
                "every rank; deferred %.2f s, naive %.2f s\n", preset, mem_format_bytes(deferred.peak, a, sizeof a),
                mem_format_bytes(naive.peak, b, sizeof b), (double)naive.peak / (double)deferred.peak, deferred.seconds,
                naive.seconds);
-        (void)c;
         fflush(stdout);
     }
     return ctx_all_true(ctx, same_bits && deferred_ok && naive_ok) ? 0 : -1;
@@ -375,12 +386,8 @@ int main(int argc, char **argv) {
                                   "the whole model, then shards it):\n");
         char copy[256];
         snprintf(copy, sizeof copy, "%s", s.init_models);
-        int count = 0;
-        for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-            if (++count > MAX_INIT_MODELS) ctx_exit_all(&ctx, 2, "INIT_MODELS='%s': at most %d models", s.init_models,
-                                                        MAX_INIT_MODELS);
+        for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save))
             if (init_lesson(&ctx, name, s.seed) != 0) status = 1;
-        }
     }
     int finished = ctx_finish(&ctx);
     return status != 0 ? status : finished;
