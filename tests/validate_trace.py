@@ -18,6 +18,8 @@ from check_report import Report
 
 SCHEMA_NAME = "fsdplab-events"
 SCHEMA_VERSION = 4
+# A version-3 file (no pools: every memory event is the device's) still validates, as trace/run.c reads it.
+READABLE_VERSIONS = (3, 4)
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
               "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]
@@ -136,9 +138,9 @@ def meta_check(path, events, rank, world, problems):
         problems.append(f"{path} line 1: not a 'meta' event")
         return None
     meta = events[0][1]
-    if meta.get("schema") != SCHEMA_NAME or meta.get("version") != SCHEMA_VERSION:
+    if meta.get("schema") != SCHEMA_NAME or meta.get("version") not in READABLE_VERSIONS:
         problems.append(f"{path} line 1: schema {meta.get('schema')!r} version {meta.get('version')!r}, "
-                        f"expected {SCHEMA_NAME!r} version {SCHEMA_VERSION}")
+                        f"expected {SCHEMA_NAME!r} version {' or '.join(map(str, READABLE_VERSIONS))}")
     if meta.get("rank") != rank:
         problems.append(f"{path} line 1: meta rank {meta.get('rank')!r}, the file name says {rank}")
     if not is_int(meta.get("world")) or meta["world"] < 1:
