@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, FullyShardedDataParallel, ShardingStrategy
+from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from transformers import Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
@@ -50,8 +50,6 @@ def arguments():
     parser.add_argument("--backward-prefetch", default="BACKWARD_PRE", choices=sorted(BACKWARD_PREFETCH))
     parser.add_argument("--forward-prefetch", type=int, default=0, choices=(0, 1))
     parser.add_argument("--limit-all-gathers", type=int, default=1, choices=(0, 1))
-    parser.add_argument("--cpu-offload", type=int, default=0, choices=(0, 1),
-                        help="CPUOffload(offload_params=True), as fsdplab's OFFLOAD=1")
     return parser.parse_args()
 
 
@@ -77,8 +75,7 @@ def main():
         model, sharding_strategy=STRATEGIES[args.strategy], device_id=torch.device("cpu"),  # CPU + gloo, named outright
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}),
         backward_prefetch=BACKWARD_PREFETCH[args.backward_prefetch], forward_prefetch=bool(args.forward_prefetch),
-        limit_all_gathers=bool(args.limit_all_gathers),
-        cpu_offload=CPUOffload(offload_params=bool(args.cpu_offload)))
+        limit_all_gathers=bool(args.limit_all_gathers))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
     batches = my_batches(args.batches, rank, world, args.mbs, args.seq, args.steps * args.acc)
     if rank == 0:

@@ -10,7 +10,8 @@
 # EVAL (fsdplab: print a generated story every EVAL steps), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
 # BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), COMM_STREAMS (fsdplab only:
 # 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), OFFLOAD
-# (0/1: CPUOffload(offload_params=True), both sides), CONFIG (model fields by HF name, for both), RUSAGE (a path
+# (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
+# place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
 # prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
 # their children, from /usr/bin/time; benchmarks read it). Both implementations start from the same bytes (fsdplab's
 # initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
@@ -27,7 +28,7 @@ export CONFIG=${CONFIG:-}
 # torch's FullyShardedDataParallel defaults, for both sides (lab 05 alone runs blocking; lab 06 teaches these)
 export BACKWARD_PREFETCH=${BACKWARD_PREFETCH:-BACKWARD_PRE} FORWARD_PREFETCH=${FORWARD_PREFETCH:-0}
 export LIMIT_ALL_GATHERS=${LIMIT_ALL_GATHERS:-1} COMM_STREAMS=${COMM_STREAMS:-1}
-# CPUOffload(offload_params=True) on both sides (lab 09): shards, gradients and optimizer state in host memory
+# CPUOffload(offload_params=True) (lab 09): shards, gradients and optimizer state in host memory; fsdplab only
 export OFFLOAD=${OFFLOAD:-0}
 work=${TRAIN_DIR:-runs/train}
 RUSAGE=${RUSAGE:-}
@@ -69,6 +70,7 @@ run_torch() {
   python3 -c "import torch, transformers" 2>/dev/null ||
     fail "FSDP=torch needs torch and transformers (scripts/install_deps.sh installs them)"
   [ "$EVAL" = 0 ] || echo "(EVAL applies to fsdplab only; the torch run does not generate)" >&2
+  [ "$OFFLOAD" = 0 ] || echo "(OFFLOAD applies to fsdplab only: torch's CPUOffload needs a CUDA device)" >&2
   local model_dir="$work/torch/init" batches="$work/torch/batches.bin"
   mkdir -p "$work/torch"
   # fsdplab's own initialisation as an HF checkpoint, and the global micro-batches lab 05 reads.
@@ -78,7 +80,7 @@ run_torch() {
   OMP_NUM_THREADS=1 timed torch torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --backward-prefetch "$BACKWARD_PREFETCH" \
-    --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --cpu-offload "$OFFLOAD" 2> "$work/torch/stderr.log" ||
+    --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" 2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }
 
