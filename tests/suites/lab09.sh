@@ -10,6 +10,8 @@ run_lab "09_offload_and_init -np 3: offload, init of tiny" 3 runs/check/09_np3 0
 check "09_offload_and_init -np 3: memory model per pool, same arithmetic, the copies, init peaks" \
   python3 tests/check_lab09.py runs/check/09_np3 "$(log_of "09_offload_and_init -np 3: offload, init of tiny")" \
   --init-models tiny
+check "09_offload_and_init -np 3: memory.html draws each rank's device pool as before (host pool views after them)" \
+  python3 tests/check_memory_page.py runs/check/09_np3
 # OFFLOAD=1 in lab 05 (scripts/train.sh passes it on): the same losses and the same saved parameters, bit for bit,
 # under other strategies, no_sync, checkpointing and the overlap options.
 same09() { # same09 NAME ENV...: lab 05 with OFFLOAD=0 and OFFLOAD=1, losses and SAVE compared byte for byte
