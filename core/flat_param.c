@@ -157,7 +157,9 @@ int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
         mem_alloc_uninitialized(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
     const float *shard = fp->local_shard;
     if (fp->offload_params) { /* h2d into this rank's chunk; the all-gather then runs in place (comm.c) */
-        float *chunk = fp->full_param_padded + (size_t)fp->ctx->rank * fp->sharded_numel;
+        size_t begin, end;
+        fp_shard_range(fp, fp->ctx->rank, &begin, &end);
+        float *chunk = fp->full_param_padded + begin;
         snprintf(owner, sizeof owner, "%s._local_shard", fp->unit);
         offload_copy(fp->ctx, chunk, fp->local_shard, fp->sharded_numel * sizeof(float), OFFLOAD_H2D, fp->unit,
                      owner, NULL);
