@@ -4,7 +4,7 @@
 #   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
 #                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01 ... 06, 08); check-unit, check-tokenizer, check-trace, check-model,
+#   make check-01     one lab's check (01 ... 06, 08, 09); check-unit, check-tokenizer, check-trace, check-model,
 #                     check-train, check-resume, check-badinput for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make bench-tokenizer  Qwen2's tokenizer, ours vs HF tokenizers, tokens/s on one thread (scripts/bench_tokenizer.sh)
@@ -53,7 +53,7 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
   trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/data.c core/optim.c core/tokenizer.c
+CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c
 # BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
 # second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
 O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
@@ -65,7 +65,7 @@ TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/b
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 08)
+.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 08 09)
 
 all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model
 
@@ -123,7 +123,7 @@ run: lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab08 train badinput notebooks
+	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab08 lab09 train badinput notebooks
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
 check-sanitize: sanitize
 	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
@@ -153,6 +153,8 @@ check-06: all
 	@tests/run_checks.sh lab06
 check-08: all
 	@tests/run_checks.sh lab08
+check-09: all
+	@tests/run_checks.sh lab09
 check-resume: all
 	@tests/run_checks.sh resume
 

@@ -231,10 +231,17 @@ static int run_one(call *c) {
     MPI_Request request;
     int rc;
     switch ((comm_op)c->op) {
-    case OP_ALL_GATHER:
-        rc = MPI_Iallgather(c->send, (int)c->chunk, MPI_FLOAT, c->receive, (int)c->chunk, MPI_FLOAT, c->comm, &request);
+    case OP_ALL_GATHER: {
+        /* In place when the shard already sits at its chunk of the output (CPU offload copies it there): MPI forbids
+         * aliased buffers, MPI_IN_PLACE says the same thing legally (NCCL's in-place all-gather). */
+        int rank = 0;
+        rc = MPI_Comm_rank(c->comm, &rank);
+        if (work_failed(c, rc, "MPI_Comm_rank")) return -1;
+        const void *send = c->send == c->receive + (size_t)rank * c->chunk ? MPI_IN_PLACE : (const void *)c->send;
+        rc = MPI_Iallgather(send, (int)c->chunk, MPI_FLOAT, c->receive, (int)c->chunk, MPI_FLOAT, c->comm, &request);
         if (work_failed(c, rc, "MPI_Iallgather")) return -1;
         return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Iallgather's completion");
+    }
     case OP_REDUCE_SCATTER: return ring_reduce_scatter(c);
     case OP_ALL_REDUCE:
         rc = MPI_Iallreduce(MPI_IN_PLACE, c->receive, (int)c->count, MPI_FLOAT, MPI_SUM, c->comm, &request);

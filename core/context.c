@@ -178,7 +178,11 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
         .caching = strcmp(cfg_env_choice(ctx, "ALLOC", "caching", alloc_modes), "caching") == 0,
         .max_split_size = (size_t)max_split_mb << 20,
     };
-    mem_init(&ctx->mem, ctx->rank, &ctx->trace, &allocation);
+    /* DEVICE_MEMORY_MB: the device pool's budget (0: none), as a GPU's memory is; CPU offload (lab 09) is what makes
+     * a model fit in less. */
+    size_t device_budget = (size_t)cfg_env_int(ctx, "DEVICE_MEMORY_MB", 0, 0, 1L << 30) << 20;
+    ctx->allocation = allocation;
+    mem_init_pool(&ctx->mem, ctx->rank, &ctx->trace, &allocation, MEM_DEVICE, device_budget);
     /* t0 right after a barrier, so every rank's timestamps start together. */
     CTX_MPI(ctx, MPI_Barrier(ctx->comm));
     trace_reset_t0(&ctx->trace);
@@ -229,6 +233,7 @@ void ctx_print_ordered(context *ctx, const char *text) {
 
 int ctx_finish(context *ctx) {
     size_t leaks = mem_shutdown(&ctx->mem);
+    if (ctx->host_mem_ready) leaks += mem_shutdown(&ctx->host_mem);
     trace_end(&ctx->trace);
     trace_close(&ctx->trace);
     int clean = ctx_all_true(ctx, leaks == 0);

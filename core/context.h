@@ -26,7 +26,12 @@ typedef struct context {
     int world_size;
     MPI_Comm comm;             /* errors return (MPI_ERRORS_RETURN) and every call is checked */
     trace_sink trace;
-    mem_tracker mem;
+    mem_tracker mem;           /* the device pool: everything not offloaded (DEVICE_MEMORY_MB: its budget) */
+    mem_tracker host_mem;      /* the host pool of CPU offload (core/offload.h), made on first use */
+    int host_mem_ready;
+    allocator_settings allocation; /* ALLOC, MAX_SPLIT_SIZE_MB: both pools use them */
+    uint64_t copies[2], copy_bytes[2]; /* offload copies so far (core/offload.h), per direction: h2d, d2h */
+    double copy_us[2];
     uint64_t collective_seq;   /* next collective's sequence number; equal on every rank for the same collective */
     trace_collective_info last_collective; /* what the last finished collective moved and took (unit: NULL) */
     ctx_signature agreed[CTX_SIGNATURES_MAX]; /* signatures agreed so far (comm.c); when full, every call agrees */

@@ -1,6 +1,7 @@
 /* flat_param.c — FlatParameter layout, sharding, unshard / reshard, gradient reduce-scatter. See flat_param.h. */
 #include "flat_param.h"
 
+#include "offload.h"
 #include "rng.h"
 
 #include <stdio.h>
@@ -87,9 +88,9 @@ int fp_init_replicated(flat_param *fp, context *ctx, const char *unit, const fp_
 void fp_free(flat_param *fp) {
     mem_tracker *mem = &fp->ctx->mem;
     mem_free(mem, fp->full_grad_padded);
-    mem_free(mem, fp->grad_shard);
+    mem_free(fp_shard_pool(fp), fp->grad_shard);
     if (!fp->replicated) mem_free(mem, fp->full_param_padded); /* replicated: a view of local_shard */
-    mem_free(mem, fp->local_shard);
+    mem_free(fp_shard_pool(fp), fp->local_shard);
     free(fp->params);
     memset(fp, 0, sizeof *fp);
 }
@@ -137,6 +138,12 @@ void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user) {
     fp_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
 }
 
+void fp_shard_from_full(flat_param *fp, const float *full) {
+    size_t begin, end;
+    fp_shard_range(fp, fp->ctx->rank, &begin, &end);
+    memcpy(fp->local_shard, full + begin, (end - begin) * sizeof(float));
+}
+
 static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_state to, const char *hook) {
     trace_state(&fp->ctx->trace, fp->unit, "ShardState", fp_shard_state_name(from), fp_shard_state_name(to), hook);
 }
@@ -162,13 +169,23 @@ int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     /* Unzeroed: the all-gather writes every element (every rank's shard, padding included) before any read. */
     fp->full_param_padded =
         mem_alloc_uninitialized(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
+    const float *shard = fp->local_shard;
+    if (fp->offload_params) { /* h2d into this rank's chunk; the all-gather then runs in place (comm.c) */
+        size_t begin, end;
+        fp_shard_range(fp, fp->ctx->rank, &begin, &end);
+        float *chunk = fp->full_param_padded + begin;
+        snprintf(owner, sizeof owner, "%s._local_shard", fp->unit);
+        offload_copy(fp->ctx, chunk, fp->local_shard, fp->sharded_numel * sizeof(float), OFFLOAD_H2D, fp->unit,
+                     owner, NULL);
+        shard = chunk;
+    }
     int status;
     if (fp->shard_group != NULL) /* hybrid: inside the shard group; blocking (on NULL) when waited for at once */
-        status = group_all_gather(fp, on, fp->local_shard, fp->full_param_padded, &fp->unshard_handle, hook);
+        status = group_all_gather(fp, on, shard, fp->full_param_padded, &fp->unshard_handle, hook);
     else
-        status = on ? comm_all_gather_start(fp->ctx, on, fp->local_shard, fp->full_param_padded,
+        status = on ? comm_all_gather_start(fp->ctx, on, shard, fp->full_param_padded,
                                             fp->padded_unsharded_numel, fp->unit, &fp->unshard_handle)
-                    : comm_all_gather(fp->ctx, fp->local_shard, fp->full_param_padded, fp->padded_unsharded_numel,
+                    : comm_all_gather(fp->ctx, shard, fp->full_param_padded, fp->padded_unsharded_numel,
                                       fp->unit);
     if (status != 0) {
         mem_free(&fp->ctx->mem, fp->full_param_padded);
@@ -255,7 +272,13 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
      * starts unzeroed: the reduce-scatter (or, replicated, the copy after the all-reduce) writes all of it. */
     fp->reduce_accumulate = fp->grad_shard != NULL;
     size_t bytes = fp->sharded_numel * sizeof(float);
-    if (fp->reduce_accumulate) {
+    if (fp->offload_params) { /* the result lands on the device; the wait copies it to the host's grad_shard */
+        snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
+        if (fp->grad_shard == NULL)
+            fp->grad_shard = mem_alloc_uninitialized(fp_shard_pool(fp), bytes, MEM_GRAD_SHARD, owner);
+        snprintf(owner, sizeof owner, "%s.grad_shard_device", fp->unit);
+        fp->reduce_target = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
+    } else if (fp->reduce_accumulate) {
         snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
         fp->reduce_target = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_COMM_BUFFER, owner);
     } else {
@@ -280,12 +303,40 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
     return status;
 }
 
+/* Offloaded: the device's result goes to the host (d2h): straight into a new grad_shard, or into a host buffer that
+ * is added into it (accumulation runs on the host, where the gradient lives); then the device buffer is freed. */
+static void offloaded_gradient_to_host(flat_param *fp, int status) {
+    context *ctx = fp->ctx;
+    size_t bytes = fp->sharded_numel * sizeof(float);
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
+    if (status == 0 && fp->reduce_accumulate) {
+        char staging_owner[MEM_OWNER_MAX];
+        snprintf(staging_owner, sizeof staging_owner, "%s.reduce_scatter_output", fp->unit);
+        float *staging = mem_alloc_uninitialized(fp_shard_pool(fp), bytes, MEM_COMM_BUFFER, staging_owner);
+        offload_copy(ctx, staging, fp->reduce_target, bytes, OFFLOAD_D2H, fp->unit, owner, NULL);
+        for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += staging[i];
+        mem_free(fp_shard_pool(fp), staging);
+    } else if (status == 0) {
+        offload_copy(ctx, fp->grad_shard, fp->reduce_target, bytes, OFFLOAD_D2H, fp->unit, owner, NULL);
+    } else if (!fp->reduce_accumulate) {
+        memset(fp->grad_shard, 0, bytes); /* no garbage gradient */
+    }
+    mem_free(&ctx->mem, fp->reduce_target);
+    fp->reduce_target = NULL;
+    fp_free_full_grad(fp);
+}
+
 int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     context *ctx = fp->ctx;
     if (!fp->reduce_started) return 0;
     fp->reduce_started = 0;
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
     if (status == 0 && fp->replicate_group != NULL) status = comm_wait(ctx, &fp->replicate_handle, hook);
+    if (fp->offload_params) {
+        offloaded_gradient_to_host(fp, status);
+        return status;
+    }
     size_t bytes = fp->sharded_numel * sizeof(float);
     if (fp->replicated && status == 0) memcpy(fp->reduce_target, fp->full_grad_padded, bytes);
     if (status != 0 && !fp->reduce_accumulate) memset(fp->reduce_target, 0, bytes); /* no garbage gradient */
@@ -325,6 +376,38 @@ void fp_free_full_grad(flat_param *fp) {
 }
 
 void fp_zero_grad(flat_param *fp) {
-    mem_free(&fp->ctx->mem, fp->grad_shard);
+    mem_free(fp_shard_pool(fp), fp->grad_shard);
     fp->grad_shard = NULL;
+}
+
+mem_tracker *fp_shard_pool(const flat_param *fp) { return fp->offload_params ? &fp->ctx->host_mem : &fp->ctx->mem; }
+
+/* Torch moves an offloaded FlatParameter to the CPU when FSDP wraps it; here the shard, made (and initialised) in the
+ * device pool, moves to the host pool once, as a d2h copy, before any step. */
+int fp_offload_params(flat_param *fp) {
+    context *ctx = fp->ctx;
+    if (fp->offload_params) return 0;
+    if (fp->replicated)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': CPU offload of a replicated (NO_SHARD) "
+                         "unit is not supported; use FULL_SHARD or SHARD_GRAD_OP", ctx->rank, fp->unit);
+    if (fp->shard_state != FP_SHARDED || fp->reduce_started)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': offloaded while %s; offload before the "
+                         "first step", ctx->rank, fp->unit, fp->reduce_started ? "reducing" : "UNSHARDED");
+    mem_tracker *host = offload_host_pool(ctx);
+    size_t bytes = fp->sharded_numel * sizeof(float);
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._local_shard", fp->unit);
+    float *shard = mem_alloc_uninitialized(host, bytes, MEM_PARAM_SHARD, owner);
+    offload_copy(ctx, shard, fp->local_shard, bytes, OFFLOAD_D2H, fp->unit, owner, NULL);
+    mem_free(&ctx->mem, fp->local_shard);
+    fp->local_shard = shard;
+    if (fp->grad_shard != NULL) {
+        snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
+        float *grad = mem_alloc_uninitialized(host, bytes, MEM_GRAD_SHARD, owner);
+        offload_copy(ctx, grad, fp->grad_shard, bytes, OFFLOAD_D2H, fp->unit, owner, NULL);
+        mem_free(&ctx->mem, fp->grad_shard);
+        fp->grad_shard = grad;
+    }
+    fp->offload_params = 1;
+    return 0;
 }

@@ -67,6 +67,9 @@ typedef struct flat_param {
     const comm_group *shard_group;
     const comm_group *replicate_group;
     comm_handle replicate_handle;    /* the gradient shard's all-reduce across the replicate group, in flight */
+    int offload_params;              /* CPUOffload(offload_params=True): local_shard and grad_shard live in the host
+                                        pool (core/offload.h); unshard copies the shard in (h2d), the reduce-scatter's
+                                        result is copied out (d2h) */
 } flat_param;
 
 /* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the
@@ -103,6 +106,9 @@ int fp_find_param(const flat_param *fp, const char *name);
 void fp_fill_flat_range(const flat_param *fp, fp_fill_fn fill, void *user, size_t begin, size_t end, float *out);
 /* Fills this rank's local shard (its chunk of the flat buffer). */
 void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user);
+/* The path without deferred init (torch without the meta device: the whole unit materialised on every rank, then
+ * sharded): copies this rank's chunk of `full` (padded_unsharded_numel floats) into the local shard. */
+void fp_shard_from_full(flat_param *fp, const float *full);
 
 /* SHARDED -> UNSHARDED: allocate the padded full buffer and all-gather every rank's shard into it. A no-op when
  * already UNSHARDED. Writes a ShardState `state` event with `hook`. Returns -1 with ctx->error if the collective fails. */
@@ -140,6 +146,16 @@ int fp_gather_grad(flat_param *fp);
 void fp_free_full_grad(flat_param *fp);
 /* Frees the sharded gradient (torch's zero_grad(set_to_none=True)). */
 void fp_zero_grad(flat_param *fp);
+
+/* ---- CPU offload (lab 09, core/offload.h) ---- */
+
+/* Moves the local shard (and the sharded gradient, if any) into the host pool and turns offload on: from now on
+ * fp_unshard copies the shard into its chunk of the device's unsharded buffer (h2d) and all-gathers in place, and the
+ * reduce-scatter lands in a device buffer that is copied to the host gradient shard (d2h; accumulated on the host).
+ * Returns -1 with ctx->error for a replicated (NO_SHARD) unit, which this runtime does not offload. */
+int fp_offload_params(flat_param *fp);
+/* The pool that holds this unit's shards (and its optimizer state): the host pool when offloaded, else the device's. */
+mem_tracker *fp_shard_pool(const flat_param *fp);
 
 const char *fp_shard_state_name(fp_shard_state state);
 

@@ -376,6 +376,8 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
     for (int piece = 0; piece < pieces; piece++)
         runtime->checkpointed[piece] =
             options->activation_checkpointing && model->ops->piece_checkpointable(model->self, piece);
+    for (int unit = 0; options->offload_params && unit < units; unit++) /* CPUOffload: the shards go to the host */
+        if (fp_offload_params(&model->units[unit]) != 0) return -1;
     stream_kind comm_kind = options->comm_streams ? STREAM_WORKER : STREAM_HOST;
     if (stream_init(&runtime->compute_stream, ctx, "compute", STREAM_HOST) != 0 ||
         stream_init(&runtime->all_gather_stream, ctx, "all_gather", comm_kind) != 0 ||
@@ -393,6 +395,7 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
         .no_sync = options->no_sync,
         .accumulation_steps = options->accumulation_steps,
         .unit_count = units,
+        .offload_params = options->offload_params,
     };
     trace_fsdp(&ctx->trace, &info);
     return 0;

@@ -93,6 +93,9 @@ typedef struct fsdp_options {
                                      0: every collective blocks the host (lab 05's picture, nothing overlaps) */
     int limit_all_gathers;        /* the rate limiter: at most FSDP_MAX_INFLIGHT_ALL_GATHERS unsharded buffers issued
                                      and not yet freed on the compute stream (torch's _FreeEventQueue) */
+    int offload_params;           /* CPUOffload(offload_params=True): shards, gradient shards and AdamW state in the
+                                     host pool, copied to the device for the all-gather and back after the
+                                     reduce-scatter (core/offload.h; env OFFLOAD) */
 } fsdp_options;
 /* torch's defaults: FULL_SHARD, BACKWARD_PRE, no forward prefetch, limit_all_gathers on; comm streams on; ACC 1.
  * A zeroed fsdp_options is lab 05's runtime: FULL_SHARD, blocking collectives, no prefetch. */

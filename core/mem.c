@@ -37,18 +37,42 @@ static void on_segment(void *state, allocator_event event, const allocator_segme
         .owner = tracker->request_owner,
         .category = tracker->request_owner ? mem_category_name(tracker->request_category) : NULL,
         .reserved_bytes = tracker->reserved_bytes,
+        .device = tracker->device,
     };
     if (event == ALLOCATOR_SEGMENT_ALLOC) trace_segment_alloc(tracker->trace, &info);
     else trace_segment_free(tracker->trace, &info);
 }
 
+/* The budget: a segment that would take the pool's reserved bytes past it is refused, as cudaMalloc refuses one past
+ * the GPU's memory; the allocator then empties its cache and tries once more, and mem_alloc aborts naming the budget. */
+static void *budget_segment_alloc(void *state, size_t bytes) {
+    mem_tracker *tracker = state;
+    if (tracker->allocator.reserved_bytes + bytes > tracker->budget) return NULL;
+    return allocator_host_backend.segment_alloc(allocator_host_backend.state, bytes);
+}
+
+static void budget_segment_free(void *state, void *ptr, size_t bytes) {
+    (void)state;
+    allocator_host_backend.segment_free(allocator_host_backend.state, ptr, bytes);
+}
+
 void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings) {
+    mem_init_pool(tracker, rank, trace, settings, MEM_DEVICE, 0);
+}
+
+void mem_init_pool(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings,
+                   const char *device, size_t budget) {
     memset(tracker, 0, sizeof *tracker);
     tracker->rank = rank;
     tracker->trace = trace;
     tracker->next_id = 1;
+    tracker->device = device;
+    tracker->budget = budget;
+    tracker->budget_backend = (allocator_backend){allocator_host_backend.name, budget_segment_alloc,
+                                                  budget_segment_free, tracker};
     allocator_settings defaults = {.caching = 1, .max_split_size = SIZE_MAX};
-    allocator_init(&tracker->allocator, &allocator_host_backend, settings ? settings : &defaults, on_segment, tracker);
+    allocator_init(&tracker->allocator, budget > 0 ? &tracker->budget_backend : &allocator_host_backend,
+                   settings ? settings : &defaults, on_segment, tracker);
     if (trace != NULL) {
         const allocator_settings *used = &tracker->allocator.settings;
         trace_allocator_info info = {
@@ -61,6 +85,8 @@ void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator
             .min_large_alloc = ALLOCATOR_MIN_LARGE_ALLOC,
             .round_large = ALLOCATOR_ROUND_LARGE,
             .max_split_size = used->max_split_size == SIZE_MAX ? 0 : used->max_split_size,
+            .device = device,
+            .budget = budget,
         };
         trace_allocator(trace, &info);
     }
@@ -80,6 +106,7 @@ static void emit(mem_tracker *tracker, const mem_block *block, int is_alloc) {
         .segment = (uint64_t)(uintptr_t)block->block->segment->ptr,
         .stream = block->block->stream,
         .reserved_bytes = tracker->reserved_bytes,
+        .device = tracker->device,
     };
     if (is_alloc) trace_alloc(tracker->trace, &info);
     else trace_free(tracker->trace, &info);
@@ -106,6 +133,13 @@ static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category,
     tracker->request_category = category;
     allocator_block *served = allocator_malloc(&tracker->allocator, bytes, 0);
     tracker->request_owner = NULL;
+    if (served == NULL && tracker->budget > 0) {
+        fprintf(stderr, "rank %d: %s pool out of memory allocating %zu bytes of %s for '%s': its budget is %zu bytes "
+                "(DEVICE_MEMORY_MB=%zu), %zu reserved, %zu live (the cache emptied)\n", tracker->rank, tracker->device,
+                bytes, mem_category_name(category), owner, tracker->budget, tracker->budget >> 20,
+                tracker->reserved_bytes, tracker->live_bytes);
+        abort();
+    }
     if (served == NULL) {
         fprintf(stderr, "rank %d: out of memory allocating %zu bytes of %s for '%s' (%zu bytes live, %zu reserved, "
                 "the cache emptied)\n", tracker->rank, bytes, mem_category_name(category), owner, tracker->live_bytes,

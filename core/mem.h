@@ -9,6 +9,13 @@
  * asked for, `reserved` bytes the segments the allocator holds from the backend, cached blocks included. Both have
  * peaks; reserved - allocated is the cache plus fragmentation, the gap PyTorch's memory stats show.
  *
+ * Two pools (CPU offload, lab 09): a tracker is one *device*'s memory. `ctx->mem` is the "device" pool, where
+ * everything lives unless offloaded (on the CUDA build: cudaMalloc'd GPU memory); the "host" pool (core/offload.h,
+ * on CUDA: pinned host memory) holds what CPUOffload(offload_params=True) moves off the device: parameter shards,
+ * gradient shards, optimizer state. Each is its own caching allocator with its own live / peak / reserved figures,
+ * and every event names its pool (`device`). A pool may have a budget (DEVICE_MEMORY_MB for the device pool): a
+ * segment that would take reserved bytes past it fails like a cudaMalloc out of memory.
+ *
  * Misuse aborts with a message that names the rank and the owner: freeing twice, freeing a pointer the tracker
  * never gave out. Blocks still live at mem_shutdown are listed as leaks. (The tracker's own bookkeeping table is
  * not counted: it is the ruler, not the thing measured.)
@@ -49,8 +56,14 @@ typedef struct mem_block {
     char owner[MEM_OWNER_MAX];
 } mem_block;
 
+#define MEM_DEVICE "device"           /* the pools' names in events (EVENTS.md `device`) */
+#define MEM_HOST "host"
+
 typedef struct mem_tracker {
     int rank;
+    const char *device;                      /* MEM_DEVICE or MEM_HOST: which pool this tracker is */
+    size_t budget;                           /* reserved bytes the pool may hold; 0: no limit */
+    allocator_backend budget_backend;        /* the host backend behind the budget (segment_alloc checks it) */
     trace_sink *trace;                       /* may be NULL: no events */
     mem_block *live_blocks;                  /* unordered table of live blocks */
     size_t live_count, live_capacity;
@@ -73,6 +86,10 @@ int mem_category_from_name(const char *name);
 
 /* settings NULL: PyTorch's defaults (caching on, no max_split_size). Writes an `allocator` event with them. */
 void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings);
+/* The same for a named pool (MEM_DEVICE, MEM_HOST) with a budget in bytes (0: none). mem_init is the device pool
+ * without a budget. Exceeding the budget aborts as an out of memory does, naming the budget. */
+void mem_init_pool(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings,
+                   const char *device, size_t budget);
 /* Zeroed block of `bytes` bytes. Aborts naming rank, owner and size when the system has no memory. */
 void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner);
 /* Like mem_alloc but the contents are undefined: for buffers the caller overwrites completely (forward

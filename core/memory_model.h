@@ -24,6 +24,11 @@ typedef struct memory_prediction {
     size_t category_peak[MEM_CATEGORY_COUNT]; /* bytes per rank */
     size_t sum_of_peaks;                      /* an upper bound of the total (allocated) peak */
     size_t reserved_bound;                    /* the bound on the caching allocator's reserved peak (see .c) */
+    /* CPU offload (options->offload_params): the host pool's peaks; the fields above are then the device pool's.
+     * All zero without offload. */
+    size_t host_category_peak[MEM_CATEGORY_COUNT];
+    size_t host_sum_of_peaks;
+    size_t host_reserved_bound;               /* the same bound as reserved_bound, for the host pool */
 } memory_prediction;
 
 /* B, T: this rank's micro-batch. world_size: the ranks the units are sharded over (HYBRID_SHARD: the model's units
@@ -43,6 +48,9 @@ int memory_model_predict_config(memory_prediction *prediction, context *ctx, con
  * memory (MemAvailable, divided among the ranks on the machine), naming both in GB and what to lower; every rank
  * exits together (status 2). MEMORY_CHECK=0 turns it off. Collective. */
 void memory_model_require_fit(context *ctx, const memory_prediction *prediction);
+/* The host pool's part of a prediction as a prediction of its own (category_peak = host_category_peak, its sum,
+ * no reserved bound), to report beside the host pool's measured peaks with memory_model_report. */
+memory_prediction memory_model_host_part(const memory_prediction *prediction);
 /* A table: category, predicted, measured, measured / predicted; then the allocated total and the reserved peak
  * against its bound. */
 void memory_model_report(const memory_prediction *prediction, const size_t *measured_category_peak,

@@ -160,10 +160,11 @@ static void adamw_make_state(adamw_state *state, flat_param *fp) {
     snprintf(state->unit, sizeof state->unit, "%s", fp->unit);
     state->sharded_numel = fp->sharded_numel;
     state->step = 0;
+    state->pool = fp_shard_pool(fp);
     snprintf(owner, sizeof owner, "%s.exp_avg", fp->unit);
-    state->exp_avg = mem_alloc(&ctx->mem, bytes, MEM_OPTIM_STATE, owner);
+    state->exp_avg = mem_alloc(state->pool, bytes, MEM_OPTIM_STATE, owner);
     snprintf(owner, sizeof owner, "%s.exp_avg_sq", fp->unit);
-    state->exp_avg_sq = mem_alloc(&ctx->mem, bytes, MEM_OPTIM_STATE, owner);
+    state->exp_avg_sq = mem_alloc(state->pool, bytes, MEM_OPTIM_STATE, owner);
 }
 
 void adamw_state_prepare(adamw_state *state, flat_param *fp, int64_t step) {
@@ -214,8 +215,8 @@ void adamw_step(adamw_state *state, flat_param *fp, const adamw_config *config) 
 
 void adamw_free(adamw_state *state) {
     if (state->ctx != NULL) {
-        mem_free(&state->ctx->mem, state->exp_avg);
-        mem_free(&state->ctx->mem, state->exp_avg_sq);
+        mem_free(state->pool, state->exp_avg);
+        mem_free(state->pool, state->exp_avg_sq);
     }
     adamw_init(state);
 }

@@ -31,6 +31,8 @@
  *   (model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8), WRAP (layers, or size:<min params>
  *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS),
  *   ALLOC (caching, the default, or malloc), MAX_SPLIT_SIZE_MB (PyTorch's max_split_size_mb; 0: no limit),
+ *   OFFLOAD (1: CPUOffload(offload_params=True), lab 09: shards, gradients and AdamW in the host pool),
+ *   DEVICE_MEMORY_MB (the device pool's budget; 0, the default: none),
  *   MEMORY_CHECK (1, the default: refuse a run whose predicted peak exceeds the memory available; 0: skip);
  *   lab 06's overlap settings, off here: COMM_STREAMS (1: collectives on an all-gather and a reduce-scatter stream),
  *   BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST), FORWARD_PREFETCH, LIMIT_ALL_GATHERS (scripts/train.sh turns
@@ -78,7 +80,7 @@
 typedef struct settings {
     const char *strategy, *data, *save, *grads, *wrap, *peak, *checkpoint_dir, *resume;
     int micro_batch, accumulation, steps, seq_len, eval_every, checkpointing, no_sync;
-    int checkpoint_every, checkpoint_keep, kill_at_step, kill_rank, shard_group;
+    int checkpoint_every, checkpoint_keep, kill_at_step, kill_rank, shard_group, offload;
     double lr, clip;
     uint64_t seed;
 } settings;
@@ -95,6 +97,7 @@ static settings read_settings(context *ctx) {
         .eval_every = (int)cfg_env_int(ctx, "EVAL", 0, 0, 1000000),
         .checkpointing = (int)cfg_env_int(ctx, "CKPT", 0, 0, 1),
         .no_sync = (int)cfg_env_int(ctx, "NO_SYNC", 0, 0, 1),
+        .offload = (int)cfg_env_int(ctx, "OFFLOAD", 0, 0, 1),
         .lr = cfg_env_real(ctx, "LR", 1e-3, 0.0, 10.0),
         .clip = cfg_env_real(ctx, "CLIP", 0.0, 0.0, 1e9),
         .seed = cfg_env_seed(ctx),
@@ -128,7 +131,7 @@ static settings read_settings(context *ctx) {
 static fsdp_options make_options(context *ctx, const settings *s) {
     fsdp_options options = {.strategy = (fsdp_strategy)fsdp_strategy_from_name(s->strategy),
                             .activation_checkpointing = s->checkpointing, .no_sync = s->no_sync,
-                            .accumulation_steps = s->accumulation};
+                            .accumulation_steps = s->accumulation, .offload_params = s->offload};
     fsdp_prefetch_options_from_env(ctx, &options);
     return options;
 }
@@ -451,6 +454,12 @@ int main(int argc, char **argv) {
     char report[4096];
     memory_model_report(&predicted, measured_peak, measured_total_peak, measured_reserved_peak, report, sizeof report);
     if (ctx.rank == 0 && steps_run > 0) printf("\n%s", report);
+    if (s.offload && ctx.host_mem_ready) { /* the host pool's table (its peaks over the whole run) */
+        memory_prediction host = memory_model_host_part(&predicted);
+        memory_model_report(&host, ctx.host_mem.category_peak_bytes, ctx.host_mem.peak_bytes,
+                            ctx.host_mem.peak_reserved_bytes, report, sizeof report);
+        if (ctx.rank == 0 && steps_run > 0) printf("\nhost pool (CPU offload): %s", report);
+    }
 
     if (diverged[0]) {
         if (ctx.rank == 0) fprintf(stderr, "05_full_step: error: %s (lower LR, or CLIP)\n", diverged);

@@ -10,7 +10,9 @@
 # SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node, for both),
 # EVAL (fsdplab: print a generated story every EVAL steps), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
 # BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), COMM_STREAMS (fsdplab only:
-# 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), CONFIG (model fields by HF name, for both), RUSAGE (a path
+# 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), OFFLOAD
+# (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
+# place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
 # prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
 # their children, from /usr/bin/time; benchmarks read it). Both implementations start from the same bytes (fsdplab's
 # initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
@@ -27,6 +29,8 @@ export CONFIG=${CONFIG:-}
 # torch's FullyShardedDataParallel defaults, for both sides (lab 05 alone runs blocking; lab 06 teaches these)
 export BACKWARD_PREFETCH=${BACKWARD_PREFETCH:-BACKWARD_PRE} FORWARD_PREFETCH=${FORWARD_PREFETCH:-0}
 export LIMIT_ALL_GATHERS=${LIMIT_ALL_GATHERS:-1} COMM_STREAMS=${COMM_STREAMS:-1}
+# CPUOffload(offload_params=True) (lab 09): shards, gradients and optimizer state in host memory; fsdplab only
+export OFFLOAD=${OFFLOAD:-0}
 work=${TRAIN_DIR:-runs/train}
 RUSAGE=${RUSAGE:-}
 
@@ -67,6 +71,7 @@ run_torch() {
   python3 -c "import torch, transformers" 2>/dev/null ||
     fail "FSDP=torch needs torch and transformers (scripts/install_deps.sh installs them)"
   [ "$EVAL" = 0 ] || echo "(EVAL applies to fsdplab only; the torch run does not generate)" >&2
+  [ "$OFFLOAD" = 0 ] || echo "(OFFLOAD applies to fsdplab only: torch's CPUOffload needs a CUDA device)" >&2
   local model_dir="$work/torch/init" batches="$work/torch/batches.bin"
   mkdir -p "$work/torch"
   # fsdplab's own initialisation as an HF checkpoint, and the global micro-batches lab 05 reads.

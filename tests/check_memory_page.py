@@ -25,7 +25,8 @@ VIEWPORT = (1600, 1000)
 
 def rank_files(rundir):
     """{rank: [event, ...]} from rank<R>.jsonl for the world rank0.jsonl's meta line names, with each event's line
-    number in '_line'."""
+    number in '_line'. A rank's view is its device pool: the host pool's memory events (CPU offload, EVENTS.md
+    version 4) are drawn in views of their own after the ranks, and left out here."""
     ranks = {}
     with open(os.path.join(rundir, "rank0.jsonl"), encoding="utf-8") as file:
         world = json.loads(file.readline())["world"]
@@ -37,7 +38,8 @@ def rank_files(rundir):
                     continue  # a last line cut short by a crash: the tool skips it too
                 event = json.loads(text)
                 event["_line"] = number
-                events.append(event)
+                if event.get("device", "device") == "device":
+                    events.append(event)
         ranks[rank] = events
     return ranks
 

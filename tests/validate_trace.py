@@ -18,7 +18,9 @@ from check_report import Report
 
 SCHEMA_NAME = "fsdplab-events"
 SCHEMA_VERSION = 4
-READABLE_VERSIONS = (3, 4)  # version 3 had no process groups: every collective ran in the world
+# Version 3 had no process groups (every collective ran in the world) and no pools (every memory event is the
+# device's); it still validates, as trace/run.c reads it.
+READABLE_VERSIONS = (3, 4)
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
               "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]
@@ -36,7 +38,20 @@ COLLECTIVE_TRACKS = set(STREAM_TRACK.values())
 KIND_TO_TRACK = {"compute": ("X", 1), "collective": ("X", None), "wait": ("X", 1), "state": ("i", 1),
                  "mark": ("i", 1), "step": ("i", 1), "fsdp": ("i", 1), "end": ("i", 1), "alloc": ("C", 3),
                  "free": ("C", 3),
-                 "segment_alloc": ("C", 3), "segment_free": ("C", 3)}
+                 "segment_alloc": ("C", 3), "segment_free": ("C", 3), "copy": ("X", None)}
+# Version 4: memory events name their pool ("device" when absent). The Chrome export draws the device pool's
+# counters only (as torch's memory views show the CUDA allocator); the host pool (CPU offload) is checked here alone.
+POOLS = ("device", "host")
+MEMORY_KINDS = ("alloc", "free", "segment_alloc", "segment_free", "allocator")
+
+
+def pool_of(line):
+    return line.get("device", "device") if line.get("kind") in MEMORY_KINDS else None
+
+
+def pool_lines(lines, pool):
+    """The lines of one pool: its memory events and every other kind (so the meta line and marks stay)."""
+    return [(number, line) for number, line in lines if pool_of(line) in (None, pool)]
 FLOW_PHASES = ("s", "f")  # v1 flow events: the arrows joining a collective across ranks
 # ts and dur are written rounded to 1 ns (0.001 us): each is off by at most 0.5 ns, a span's end (ts + dur) by 1 ns,
 # so two moments of different lines compare true within 2 ns. Our writer rounds ends, not durs, so its spans keep
@@ -50,6 +65,8 @@ FLOW_OFFSET_US = 0.001
 def track_of_line(line):
     """The track a JSONL line's Chrome event goes to."""
     phase, track = KIND_TO_TRACK[line["kind"]]
+    if line["kind"] == "copy":  # a copy the host ran sits on the compute track, else on its stream's
+        return COMPUTE_TRACK if line.get("stream") == "compute" else STREAM_TRACK.get(line.get("stream"), COMM_TRACK)
     return STREAM_TRACK.get(line.get("stream"), COMM_TRACK) if track is None else track
 
 
@@ -249,7 +266,7 @@ def check_counts(events, ranks, report):
     expected, found = defaultdict(int), defaultdict(int)
     for rank, lines in ranks.items():
         for _, line in lines[1:]:
-            if line.get("kind") in KIND_TO_TRACK:
+            if line.get("kind") in KIND_TO_TRACK and pool_of(line) != "host":
                 phase = KIND_TO_TRACK[line["kind"]][0]
                 expected[(rank + 1, phase, tid_of(rank + 1, track_of_line(line)))] += 1
     for _, event in timed(events):
@@ -280,9 +297,9 @@ def memory_sums(lines):
 
 def check_memory_jsonl(ranks, report):
     problems = []
-    for rank, lines in ranks.items():
+    for (rank, pool), lines in pooled(ranks):
         for number, line, live in memory_sums(lines):
-            where = f"rank {rank} line {number} ({line['kind']} {line.get('bytes')} B {line.get('category')!r})"
+            where = f"rank {rank} {pool} pool line {number} ({line['kind']} {line.get('bytes')} B {line.get('category')!r})"
             if line.get("category") not in CATEGORIES:
                 problems.append(f"{where}: category is not one of EVENTS.md's {len(CATEGORIES)}")
             if line.get("category_live") != live[line.get("category")]:
@@ -348,10 +365,18 @@ def allocator_replay(rank, lines, problems):
     return samples
 
 
+def pooled(ranks):
+    """((rank, pool), that pool's lines) for every rank and every pool it has events of."""
+    for rank, lines in ranks.items():
+        for pool in POOLS:
+            if pool == "device" or any(pool_of(line) == pool for _, line in lines):
+                yield (rank, pool), pool_lines(lines, pool)
+
+
 def check_allocator_jsonl(ranks, report):
     problems = []
-    for rank, lines in ranks.items():
-        allocator_replay(rank, lines, problems)
+    for (rank, pool), lines in pooled(ranks):
+        allocator_replay(f"{rank} ({pool} pool)", lines, problems)
     report.check("JSONL blocks lie inside live segments, never overlap, and reserved is the running sum of segments",
                  problems[:20] + ([f"... {len(problems) - 20} more"] if len(problems) > 20 else []))
 
@@ -359,7 +384,7 @@ def check_allocator_jsonl(ranks, report):
 def check_reserved_counters(events, ranks, report):
     problems = []
     for rank, lines in ranks.items():
-        expected = allocator_replay(rank, lines, [])
+        expected = allocator_replay(rank, pool_lines(lines, "device"), [])
         counters = [event for event in events
                     if event["ph"] == "C" and event["name"] == "reserved" and event["pid"] == rank + 1]
         if len(counters) != len(expected):
@@ -374,7 +399,7 @@ def check_reserved_counters(events, ranks, report):
 def check_memory_counters(events, ranks, report):
     problems = []
     for rank, lines in ranks.items():
-        expected = memory_sums(lines)
+        expected = memory_sums(pool_lines(lines, "device"))
         counters = [(index, event) for index, event in enumerate(events)
                     if event["ph"] == "C" and event["name"] == "memory" and event["pid"] == rank + 1]
         if len(counters) != len(expected):

@@ -142,6 +142,21 @@ static cJSON *compute_convert(const trace_run *run, const run_rank *rank, const 
     return chrome;
 }
 
+/* A copy between the pools (version 4, CPU offload): "h2d layers.0._local_shard" on the track of the stream that ran
+ * it (the compute track when the host copied), category "copy", so a search for h2d / d2h finds every one. */
+static cJSON *copy_convert(const trace_run *run, const run_rank *rank, const run_event *event) {
+    char name[512];
+    snprintf(name, sizeof name, "%s %s", run_string(run, event->direction), run_string(run, event->label));
+    int track = event->ran_on == RUN_STREAM_COMPUTE ? TRACK_COMPUTE : collective_track(event->ran_on);
+    cJSON *chrome = span_event("copy", name, pid_of(rank), tid_of(pid_of(rank), track), event->ts, event->dur);
+    cJSON *args = cJSON_AddObjectToObject(chrome, "args");
+    cJSON_AddStringToObject(args, "direction", run_string(run, event->direction));
+    string_arg(args, run, event, RUN_HAS_UNIT, "unit", event->unit);
+    cJSON_AddNumberToObject(args, "bytes", (double)event->bytes);
+    cJSON_AddStringToObject(args, "stream", run_stream_names[event->ran_on]);
+    return chrome;
+}
+
 /* args: the line's fields, and (version 3) its stream, when the host issued it and how long it queued on its
  * stream behind earlier work (ts - issue_ts). */
 static cJSON *collective_convert(const trace_run *run, const run_rank *rank, const run_event *event) {
@@ -257,6 +272,7 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
                             int64_t category_live[RUN_CATEGORY_COUNT], int64_t *reserved) {
     switch (event->kind) {
     case RUN_COMPUTE: return compute_convert(run, rank, event);
+    case RUN_COPY: return copy_convert(run, rank, event);
     case RUN_COLLECTIVE: return collective_convert(run, rank, event);
     case RUN_STATE: return state_convert(run, rank, event);
     case RUN_MARK: return instant_event("mark", run_string(run, event->label), pid_of(rank), "p", event->ts);

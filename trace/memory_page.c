@@ -91,7 +91,13 @@ static int fragmentation_add(cJSON *data, const run_rank *rank) {
     return segments != NULL && status == 0 ? 0 : -1;
 }
 
-static cJSON *rank_data(const run_rank *rank) {
+/* One pool's page data. `rank` holds the pool's memory events (the rank itself, or its host pool: run.h), `markers`
+ * the rank whose states, steps and marks are drawn over it (the same file, so its lines place them). */
+static cJSON *pool_data(const run_rank *rank, const run_rank *markers);
+
+static cJSON *rank_data(const run_rank *rank) { return pool_data(rank, rank); }
+
+static cJSON *pool_data(const run_rank *rank, const run_rank *markers) {
     char file[32];
     snprintf(file, sizeof file, "rank%d.jsonl", rank->rank);
     cJSON *data = cJSON_CreateObject();
@@ -104,7 +110,7 @@ static cJSON *rank_data(const run_rank *rank) {
     cJSON *marks = cJSON_AddArrayToObject(data, "marks");
     cJSON *reserved = cJSON_AddArrayToObject(data, "reserved");
     if (allocations == NULL || states == NULL || steps == NULL || marks == NULL || reserved == NULL ||
-        allocations_add(allocations, rank) != 0 || markers_add(states, steps, marks, rank) != 0 ||
+        allocations_add(allocations, rank) != 0 || markers_add(states, steps, marks, markers) != 0 ||
         reserved_add(reserved, rank) != 0 || fragmentation_add(data, rank) != 0) {
         cJSON_Delete(data);
         return NULL;
@@ -125,6 +131,13 @@ static cJSON *page_data(const trace_run *run) {
     for (int rank = 0; complete && rank < run->world; rank++) {
         cJSON *each = rank_data(&run->ranks[rank]);
         complete = each != NULL && cJSON_AddItemToArray(ranks, each);
+    }
+    /* CPU offload: each rank's host pool after the ranks (whose index is their rank), named by `pool`. */
+    for (int rank = 0; complete && rank < run->world; rank++) {
+        if (run->ranks[rank].host == NULL) continue;
+        cJSON *each = pool_data(run->ranks[rank].host, &run->ranks[rank]);
+        complete = each != NULL && cJSON_AddStringToObject(each, "pool", "host") != NULL &&
+                   cJSON_AddItemToArray(ranks, each);
     }
     if (complete) return data;
     cJSON_Delete(data);

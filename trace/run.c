@@ -327,6 +327,19 @@ static int allocator_parse(rank_reader *reader, const cJSON *line, run_event *ev
     return 0;
 }
 
+/* A copy between the pools (CPU offload): direction, unit, owner, bytes, the stream that ran it, dur. */
+static int copy_parse(rank_reader *reader, const cJSON *line, run_event *event) {
+    if (string_field(reader, line, "copy", "direction", 1, &event->direction) != 0) return -1;
+    const char *direction = run_string(reader->run, event->direction);
+    if (strcmp(direction, "h2d") != 0 && strcmp(direction, "d2h") != 0)
+        return line_fail(reader, "copy direction '%s', expected 'h2d' or 'd2h'", direction);
+    if (optional_string(reader, line, "copy", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
+    if (string_field(reader, line, "copy", "owner", 1, &event->label) != 0) return -1;
+    if (count_field(reader, line, "copy", "bytes", &event->bytes) != 0) return -1;
+    if (stream_field(reader, line, "copy", "stream", &event->ran_on) != 0) return -1;
+    return number_field(reader, line, "copy", "dur", &event->dur);
+}
+
 static int compute_parse(rank_reader *reader, const cJSON *line, run_event *event) {
     if (string_field(reader, line, "compute", "name", 1, &event->label) != 0) return -1;
     if (optional_string(reader, line, "compute", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
@@ -442,7 +455,39 @@ static const struct {
     {"allocator", RUN_ALLOCATOR, allocator_parse},
     {"wait", RUN_WAIT, wait_parse},          {"fsdp", RUN_FSDP, fsdp_parse},
     {"end", RUN_END, end_parse},
+    {"copy", RUN_COPY, copy_parse},
 };
+
+/* The host pool's rank (run.h: run_rank.host), made at its first event. */
+static run_rank *host_rank(rank_reader *reader) {
+    run_rank *rank = reader->rank;
+    if (rank->host == NULL) {
+        rank->host = calloc(1, sizeof *rank->host);
+        if (rank->host == NULL) return NULL;
+        rank->host->rank = rank->rank;
+        rank->host->version = rank->version;
+        snprintf(rank->host->path, sizeof rank->host->path, "%s", rank->path);
+    }
+    return rank->host;
+}
+
+/* Version 4: memory events name their pool. "device" (or no field: older files) stays in the rank's events; "host"
+ * goes to the host pool's rank. Returns the rank the event belongs to, or NULL with the error. */
+static run_rank *pool_of(rank_reader *reader, const cJSON *line, run_event_kind kind) {
+    if (kind != RUN_ALLOC && kind != RUN_FREE && kind != RUN_SEGMENT_ALLOC && kind != RUN_SEGMENT_FREE &&
+        kind != RUN_ALLOCATOR)
+        return reader->rank;
+    const cJSON *device = cJSON_GetObjectItemCaseSensitive(line, "device");
+    if (device == NULL || cJSON_IsNull(device)) return reader->rank;
+    if (cJSON_IsString(device) && strcmp(device->valuestring, "device") == 0) return reader->rank;
+    if (cJSON_IsString(device) && strcmp(device->valuestring, "host") == 0) {
+        run_rank *host = host_rank(reader);
+        if (host == NULL) line_fail(reader, "out of memory for the host pool's events");
+        return host;
+    }
+    line_fail(reader, "device '%.40s', expected 'device' or 'host'", cJSON_IsString(device) ? device->valuestring : "?");
+    return NULL;
+}
 
 static int rank_push(rank_reader *reader, const run_event *event) {
     run_rank *rank = reader->rank;
@@ -470,8 +515,13 @@ static int event_parse(rank_reader *reader, const cJSON *line) {
     for (size_t index = 0; index < sizeof parsers / sizeof parsers[0]; index++) {
         if (strcmp(parsers[index].kind, kind->valuestring) != 0) continue;
         event.kind = parsers[index].value;
-        if (parsers[index].parse(reader, line, &event) != 0) return -1;
-        return rank_push(reader, &event);
+        run_rank *rank = reader->rank, *pool = pool_of(reader, line, event.kind);
+        if (pool == NULL) return -1;
+        reader->rank = pool; /* the host pool's events are read into (and checked as) a rank of their own */
+        int status = parsers[index].parse(reader, line, &event);
+        if (status == 0) status = rank_push(reader, &event);
+        reader->rank = rank;
+        return status;
     }
     fprintf(stderr, "warning: %s line %zu: unknown kind '%s' skipped\n", reader->rank->path, reader->line_number,
             kind->valuestring);
@@ -498,8 +548,8 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
                          TRACE_SCHEMA_VERSION);
     /* Version 3 added streams (collectives' `stream` and `issue_ts`, `wait` and `fsdp` events); a version-2 run
      * reads as one whose collectives all blocked on the compute stream. */
-    /* Version 4 added process groups (collectives' `group`, `group_size`, `group_ranks`); a version-3 run's collectives
-     * all ran in the world. */
+    /* Version 4 added process groups (collectives' `group`, `group_size`, `group_ranks`) and the pools (`device` on
+     * memory events, `copy`); a version-3 run's collectives all ran in the world, on the device pool alone. */
     if (version != TRACE_SCHEMA_VERSION && version != 3 && version != 2)
         return line_fail(reader, "schema version %g, this tool reads versions 2 to %d", version, TRACE_SCHEMA_VERSION);
     if (world < 1 || world > 1e6 || (double)(int)world != world)
@@ -658,6 +708,12 @@ static int rank_load(trace_run *run, int rank_index, char *error, size_t error_s
     segments_state state;
     int status = segments_replay(&state, rank, rank->event_count, error, error_size);
     segments_free(&state);
+    if (status == 0 && rank->host != NULL) { /* the host pool: its own ids, blocks and segments */
+        rank_reader host_reader = {.run = run, .rank = rank->host, .error = error, .error_size = error_size};
+        if (frees_match(&host_reader) != 0) return -1;
+        status = segments_replay(&state, rank->host, rank->host->event_count, error, error_size);
+        segments_free(&state);
+    }
     return status;
 }
 
@@ -685,6 +741,8 @@ void run_free(trace_run *run) {
     for (int rank = 0; rank < run->rank_count; rank++) {
         free(run->ranks[rank].events);
         free(run->ranks[rank].fsdp);
+        if (run->ranks[rank].host != NULL) free(run->ranks[rank].host->events);
+        free(run->ranks[rank].host);
     }
     free(run->ranks);
     for (size_t index = 0; index < run->strings.count; index++) free(run->strings.texts[index]);

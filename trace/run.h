@@ -30,6 +30,7 @@ typedef enum run_event_kind {
     RUN_WAIT,             /* version 3: the host (compute stream) blocked until work on a stream completed */
     RUN_FSDP,             /* version 3: the FSDP runtime's options (in run_rank.fsdp[id]) */
     RUN_END,              /* the program's orderly end (absent: the run was cut short) */
+    RUN_COPY,             /* version 4: a copy between the device and the host pool (CPU offload) */
 } run_event_kind;
 
 /* The streams of EVENTS.md version 3, by name. A version-2 file's collectives all ran on the compute stream. */
@@ -87,6 +88,7 @@ typedef struct run_event {
     long partner;         /* alloc: index of its free in the rank's events, free: of its alloc; RUN_NONE if none */
     int step, micro;
     double loss, seconds;
+    int direction;        /* string: copy ("h2d", "d2h") */
 } run_event;
 
 /* The `allocator` event: the caching allocator's settings on this rank (EVENTS.md). */
@@ -121,6 +123,10 @@ typedef struct run_rank {
     run_event *events;    /* in file order, which is the order the allocator and the hooks saw them */
     size_t event_count;
     size_t event_capacity;
+    /* Version 4, CPU offload: the host pool's memory events (alloc, free, segment_*, `device` "host") and its
+     * allocator, as a rank of their own (same rank and path; checked alone), so every view of `events` sees the device
+     * pool exactly as before. NULL when the run has no host-pool event. */
+    struct run_rank *host;
 } run_rank;
 
 typedef struct run_strings {

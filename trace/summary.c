@@ -94,6 +94,31 @@ static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank,
     fprintf(stream, "  %-18s %16s %7.1f%%\n", "total", grouped(peak.bytes, exact, sizeof exact), 100.0);
 }
 
+/* CPU offload (version 4): the host pool's peak and composition, and the copies between the pools. */
+static void host_pool_print(FILE *stream, const trace_run *run, const run_rank *rank) {
+    if (rank->host == NULL) return;
+    memory_peak peak = peak_find(rank->host);
+    char exact[32], readable[32];
+    fprintf(stream, "host pool (CPU offload; the figures above are the device pool's): peak %s B (%s) at line %zu\n",
+            grouped(peak.bytes, exact, sizeof exact), human(peak.bytes, readable, sizeof readable), peak.line);
+    for (int category = 0; category < RUN_CATEGORY_COUNT; category++)
+        if (peak.category_bytes[category] != 0)
+            fprintf(stream, "  %-18s %16s %7.1f%%\n", run_categories[category],
+                    grouped(peak.category_bytes[category], exact, sizeof exact),
+                    share((double)peak.category_bytes[category], (double)peak.bytes));
+    uint64_t count[2] = {0, 0}, bytes[2] = {0, 0};
+    double time[2] = {0.0, 0.0};
+    for (size_t index = 0; index < rank->event_count; index++) {
+        const run_event *event = &rank->events[index];
+        if (event->kind != RUN_COPY) continue;
+        int d2h = strcmp(run_string(run, event->direction), "d2h") == 0;
+        count[d2h]++, bytes[d2h] += event->bytes, time[d2h] += event->dur;
+    }
+    fprintf(stream, "copies: h2d %llu (%s B, %.3f ms), d2h %llu (%s B, %.3f ms)\n", (unsigned long long)count[0],
+            grouped(bytes[0], exact, sizeof exact), time[0] / 1e3, (unsigned long long)count[1],
+            grouped(bytes[1], readable, sizeof readable), time[1] / 1e3);
+}
+
 /* ---- reserved memory: the caching allocator's segments ---- */
 
 static void allocator_print(FILE *stream, const run_rank *rank) {
@@ -538,6 +563,8 @@ int summary_print(const trace_run *run, FILE *stream, char *error, size_t error_
         reserved_peak_print(stream, run, each);
         if (fragmentation_print(stream, run, each, peak, error, error_size) != 0) return -1;
         fputc('\n', stream);
+        host_pool_print(stream, run, each);
+        if (each->host != NULL) fputc('\n', stream);
         int status = collectives_print(stream, run, each);
         if (status == 0) fputc('\n', stream);
         if (status == 0) fsdp_print(stream, each);

@@ -184,6 +184,7 @@ void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info) {
     cJSON_AddBoolToObject(event, "no_sync", info->no_sync);
     cJSON_AddNumberToObject(event, "accumulation_steps", info->accumulation_steps);
     cJSON_AddNumberToObject(event, "unit_count", info->unit_count);
+    cJSON_AddBoolToObject(event, "offload_params", info->offload_params);
     event_write(sink, event);
 }
 
@@ -201,6 +202,7 @@ static void memory_event(trace_sink *sink, const char *kind, const trace_memory_
     cJSON_AddNumberToObject(event, "segment", (double)info->segment);
     cJSON_AddNumberToObject(event, "stream", info->stream);
     cJSON_AddNumberToObject(event, "reserved", (double)info->reserved_bytes);
+    cJSON_AddStringToObject(event, "device", info->device ? info->device : "device");
     event_write(sink, event);
 }
 
@@ -215,6 +217,7 @@ static void segment_event(trace_sink *sink, const char *kind, const trace_segmen
     add_string_or_null(event, "owner", info->owner);
     add_string_or_null(event, "category", info->category);
     cJSON_AddNumberToObject(event, "reserved", (double)info->reserved_bytes);
+    cJSON_AddStringToObject(event, "device", info->device ? info->device : "device");
     event_write(sink, event);
 }
 
@@ -233,6 +236,20 @@ void trace_allocator(trace_sink *sink, const trace_allocator_info *info) {
     cJSON_AddNumberToObject(event, "min_large_alloc", (double)info->min_large_alloc);
     cJSON_AddNumberToObject(event, "round_large", (double)info->round_large);
     cJSON_AddNumberToObject(event, "max_split_size", (double)info->max_split_size);
+    cJSON_AddStringToObject(event, "device", info->device ? info->device : "device");
+    cJSON_AddNumberToObject(event, "budget", (double)info->budget);
+    event_write(sink, event);
+}
+
+void trace_copy(trace_sink *sink, const trace_copy_info *info) {
+    cJSON *event = event_begin(sink, "copy", info->start_us);
+    if (event == NULL) return;
+    cJSON_AddStringToObject(event, "direction", info->direction);
+    add_string_or_null(event, "unit", info->unit);
+    cJSON_AddStringToObject(event, "owner", info->owner);
+    cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
+    cJSON_AddStringToObject(event, "stream", info->stream ? info->stream : "compute");
+    cJSON_AddNumberToObject(event, "dur", rounded_dur_us(info->start_us, info->dur_us));
     event_write(sink, event);
 }
 

@@ -82,6 +82,7 @@ typedef struct trace_memory_info {
     uint64_t segment;
     int stream;
     uint64_t reserved_bytes;
+    const char *device;  /* the pool: "device" or "host" (core/mem.h); NULL is written as "device" */
 } trace_memory_info;
 void trace_alloc(trace_sink *sink, const trace_memory_info *info);
 void trace_free(trace_sink *sink, const trace_memory_info *info);
@@ -98,6 +99,7 @@ typedef struct trace_segment_info {
     const char *owner;
     const char *category;
     uint64_t reserved_bytes;
+    const char *device;    /* the pool, as trace_memory_info's */
 } trace_segment_info;
 void trace_segment_alloc(trace_sink *sink, const trace_segment_info *info);
 void trace_segment_free(trace_sink *sink, const trace_segment_info *info);
@@ -109,6 +111,8 @@ typedef struct trace_allocator_info {
     uint64_t round;        /* block rounding */
     uint64_t small_size, small_segment, large_segment, min_large_alloc, round_large;
     uint64_t max_split_size; /* 0: no limit */
+    const char *device;    /* the pool these settings are for ("device", "host"); NULL: "device" */
+    uint64_t budget;       /* the pool's budget in bytes (DEVICE_MEMORY_MB); 0: none */
 } trace_allocator_info;
 void trace_allocator(trace_sink *sink, const trace_allocator_info *info);
 
@@ -127,6 +131,19 @@ typedef struct trace_wait_info {
 } trace_wait_info;
 void trace_wait(trace_sink *sink, const trace_wait_info *info);
 
+/* A copy between the pools (CPU offload, core/offload.h): "h2d" host to device (a parameter shard before its
+ * all-gather), "d2h" device to host (a gradient shard after its reduce-scatter). A span on `stream` from start_us. */
+typedef struct trace_copy_info {
+    const char *direction; /* "h2d" or "d2h" */
+    const char *unit;
+    const char *owner;     /* what was copied ("layers.0._local_shard") */
+    uint64_t bytes;
+    const char *stream;    /* the stream that ran it; "compute" when the host did */
+    double start_us;
+    double dur_us;
+} trace_copy_info;
+void trace_copy(trace_sink *sink, const trace_copy_info *info);
+
 /* The FSDP runtime's options, once per runtime (torch's names): what a view prints as the run's mode. */
 typedef struct trace_fsdp_info {
     const char *model;             /* "Qwen2ForCausalLM" */
@@ -138,6 +155,7 @@ typedef struct trace_fsdp_info {
     int no_sync;
     int accumulation_steps;
     int unit_count;
+    int offload_params;            /* CPUOffload(offload_params=True) */
 } trace_fsdp_info;
 void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info);
 

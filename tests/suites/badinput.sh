@@ -51,6 +51,13 @@ bad05 "WRAP=size:99999999999999999999999" "WRAP='size:99999999999999999999999' i
   WRAP=size:99999999999999999999999
 bad05 "PEAK=vms" "PEAK='vms' is not allowed; choose one of: tracked, rss" PEAK=vms
 bad05 "ALLOC=Caching" "ALLOC='Caching' is not allowed; choose one of: caching, malloc" ALLOC=Caching
+# CPU offload and the device budget (lab 09)
+bad05 "OFFLOAD=2" "OFFLOAD='2' is not an integer in 0\.\.1" OFFLOAD=2
+bad05 "OFFLOAD=1 STRATEGY=NO_SHARD" "CPU offload of a replicated \(NO_SHARD\) unit is not supported; use FULL_SHARD or SHARD_GRAD_OP" \
+  OFFLOAD=1 STRATEGY=NO_SHARD
+bad05 "DEVICE_MEMORY_MB=-5" "DEVICE_MEMORY_MB='-5' is not an integer in 0\.\." DEVICE_MEMORY_MB=-5
+check_fails "09_offload_and_init INIT_MODELS=gpt2 names the presets" "INIT_MODELS='gpt2': MODEL='gpt2' is not a model" \
+  env OUT=$BAD/09 INIT_MODELS=gpt2 STEPS=1 $MPIRUN -np 2 lab/09_offload_and_init
 bad05 "BACKWARD_PREFETCH=PRE" "BACKWARD_PREFETCH='PRE' is not allowed; choose one of: NONE, BACKWARD_PRE, BACKWARD_POST" \
   BACKWARD_PREFETCH=PRE
 bad05 "FORWARD_PREFETCH=on" "FORWARD_PREFETCH='on' is not an integer in 0\.\.1" FORWARD_PREFETCH=on
