@@ -559,13 +559,13 @@ static int jsonl_seed(fuzz_state *state) {
         trace_state(&sink, "layers.0", "HandleTrainingState", "IDLE", "FORWARD", "_pre_forward");
         void *full = mem_alloc(&mem, 2 << 20, MEM_PARAM_UNSHARDED, "layers.0._full_param_padded");
         trace_collective_info gather = {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 0, "all_gather",
-                                        10, 12, 20};
+                                        10, 12, 20, "float32"};
         trace_collective(&sink, &gather);
         trace_wait_info waited = {"all_gather", "all_gather", "layers.0", 0, "_pre_forward", 12, 20};
         trace_wait(&sink, &waited);
         trace_compute(&sink, "layers.0.forward", "layers.0", "forward", 32, 5);
         trace_collective_info scatter = {"reduce_scatter", "layers.0", "avg", 1024, 4096, 2048, 2048, 1, "compute",
-                                         40, 40, 6};
+                                         40, 40, 6, "float32"};
         trace_collective(&sink, &scatter);
         mem_free(&mem, full);
         trace_mark(&sink, "after backward");

@@ -217,7 +217,8 @@ def peak_problems(section):
         problems.append(f"peak line says {found}, expected {wanted}")
     rows = dict(re.findall(r"^  (\w+)\s+([\d,]+)\s+[\d.]+%$", section, re.M))
     for category in ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
-                     "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]:
+                     "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache",
+                     "param_shard_low_precision"]:
         wanted_bytes = PEAK["categories"].get(category, 0)
         if category not in rows or number(rows[category]) != wanted_bytes:
             problems.append(f"{category} at peak: {rows.get(category)}, expected {wanted_bytes}")

@@ -20,7 +20,8 @@ SCHEMA_NAME = "fsdplab-events"
 SCHEMA_VERSION = 3
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
-              "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]
+              "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache",
+              "param_shard_low_precision"]
 # A rank's tracks; the tid of track T in process pid is pid * 10 + T (tid_of), never the pid itself. compute, comm
 # and memory are always named; a stream's track only when the rank has a collective on it.
 TRACK_NAMES = {1: "compute", 2: "comm", 3: "memory", 4: "all_gather stream", 5: "reduce_scatter stream"}

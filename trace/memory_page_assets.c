@@ -77,6 +77,7 @@ const char memory_page_script[] =
     "  param_shard: '#4e79a7', param_unsharded: '#a0cbe8', grad_unsharded: '#ffbe7d', grad_shard: '#f28e2b',\n"
     "  optim_state: '#59a14f', activation: '#e15759', checkpoint_input: '#ff9d9a', workspace: '#b07aa1',\n"
     "  comm_buffer: '#edc948', data: '#9c755f', kv_cache: '#76b7b2',\n"
+    "  param_shard_low_precision: '#d4a6c8',\n"
     "};\n"
     "const HANDLE_COLORS = {FORWARD: '#4e79a7', BACKWARD_PRE: '#f28e2b', BACKWARD_POST: '#e15759'};\n"
     "const UNSHARDED_COLOR = '#d4d4d4';\n"

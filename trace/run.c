@@ -22,7 +22,7 @@
 const char *const run_categories[RUN_CATEGORY_COUNT] = {
     "param_shard", "param_unsharded", "grad_unsharded", "grad_shard",  "optim_state",
     "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
-    "kv_cache",
+    "kv_cache",    "param_shard_low_precision",
 };
 
 const char *const run_stream_names[RUN_STREAM_COUNT] = {"compute", "all_gather", "reduce_scatter"};

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 /* EVENTS.md's memory categories, in its order: views list and color them in this order. */
-enum { RUN_CATEGORY_COUNT = 11 };
+enum { RUN_CATEGORY_COUNT = 12 };
 extern const char *const run_categories[RUN_CATEGORY_COUNT];
 
 typedef enum run_event_kind {

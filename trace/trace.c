@@ -130,6 +130,7 @@ void trace_collective(trace_sink *sink, const trace_collective_info *info) {
     add_string_or_null(event, "reduce", info->reduce);
     cJSON_AddNumberToObject(event, "count", (double)info->count);
     cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
+    cJSON_AddStringToObject(event, "dtype", info->dtype ? info->dtype : "float32");
     cJSON_AddNumberToObject(event, "bytes_sent", (double)info->bytes_sent);
     cJSON_AddNumberToObject(event, "bytes_recv", (double)info->bytes_recv);
     cJSON_AddNumberToObject(event, "world", sink->world_size);
@@ -174,6 +175,7 @@ static void memory_event(trace_sink *sink, const char *kind, const trace_memory_
     cJSON_AddNumberToObject(event, "id", (double)info->id);
     cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
     cJSON_AddStringToObject(event, "category", info->category);
+    if (info->dtype != NULL) cJSON_AddStringToObject(event, "dtype", info->dtype);
     cJSON_AddStringToObject(event, "owner", info->owner);
     cJSON_AddNumberToObject(event, "live", (double)info->live_bytes);
     cJSON_AddNumberToObject(event, "category_live", (double)info->category_live_bytes);

@@ -53,8 +53,8 @@ typedef struct trace_collective_info {
     const char *op;      /* all_gather, reduce_scatter, all_reduce, broadcast, barrier */
     const char *unit;
     const char *reduce;  /* "sum", "avg" or NULL when the op reduces nothing */
-    uint64_t count;      /* floats in the whole buffer */
-    uint64_t bytes;
+    uint64_t count;      /* elements in the whole buffer */
+    uint64_t bytes;      /* count x the element size */
     uint64_t bytes_sent;
     uint64_t bytes_recv;
     uint64_t seq;
@@ -62,6 +62,7 @@ typedef struct trace_collective_info {
     double issue_us;
     double start_us;
     double dur_us;
+    const char *dtype;   /* "float32", "bfloat16" (NULL: written as float32) */
 } trace_collective_info;
 void trace_collective(trace_sink *sink, const trace_collective_info *info);
 
@@ -71,6 +72,7 @@ typedef struct trace_memory_info {
     uint64_t id;
     uint64_t bytes;
     const char *category;
+    const char *dtype;   /* its elements: "float32", "bfloat16", "int32", ... (NULL: not written) */
     const char *owner;
     uint64_t live_bytes;
     uint64_t category_live_bytes;
