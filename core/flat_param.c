@@ -85,6 +85,10 @@ void fp_free(flat_param *fp) {
     mem_free(mem, fp->grad_shard);
     if (!fp->replicated) mem_free(mem, fp->full_param_padded); /* replicated: a view of local_shard */
     mem_free(mem, fp->local_shard);
+    mem_free(mem, fp->mp_shard);
+    mem_free(mem, fp->low_precision_full_param);
+    mem_free(mem, fp->low_precision_grad);
+    mem_free(mem, fp->low_precision_reduce_output);
     free(fp->params);
     memset(fp, 0, sizeof *fp);
 }
@@ -135,8 +139,12 @@ static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_stat
     trace_state(&fp->ctx->trace, fp->unit, "ShardState", fp_shard_state_name(from), fp_shard_state_name(to), hook);
 }
 
+static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook);
+
 int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     if (fp->shard_state == FP_UNSHARDED) return 0;
+    if (fp->mixed_precision.param_dtype != DTYPE_FLOAT32 && !fp->force_full_precision && !fp->replicated)
+        return unshard_low_precision_start(fp, on, hook);
     if (fp->replicated) { /* NO_SHARD: the local buffer already is the whole unit */
         fp->full_param_padded = fp->local_shard;
         fp->shard_state = FP_UNSHARDED;
@@ -162,7 +170,13 @@ int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     return 0;
 }
 
-int fp_unshard_wait(flat_param *fp, const char *hook) { return comm_wait(fp->ctx, &fp->unshard_handle, hook); }
+static void post_unshard(flat_param *fp);
+
+int fp_unshard_wait(flat_param *fp, const char *hook) {
+    int status = comm_wait(fp->ctx, &fp->unshard_handle, hook);
+    if (status == 0 && fp->post_unshard_pending) post_unshard(fp);
+    return status;
+}
 
 int fp_unshard_pending(const flat_param *fp) { return fp->unshard_handle.active; }
 
@@ -175,6 +189,11 @@ void fp_reshard(flat_param *fp, const char *hook) {
                   fp->unit, hook, (unsigned long long)fp->unshard_handle.seq);
     if (!fp->replicated) mem_free(&fp->ctx->mem, fp->full_param_padded);
     fp->full_param_padded = NULL;
+    if (fp->unsharded_low_precision) { /* the param_dtype buffer goes with the float32 copy made from it */
+        mem_free(&fp->ctx->mem, fp->low_precision_full_param);
+        fp->low_precision_full_param = NULL;
+        fp->unsharded_low_precision = 0;
+    }
     fp->shard_state = FP_SHARDED;
     shard_state_event(fp, FP_UNSHARDED, FP_SHARDED, hook);
 }
@@ -212,6 +231,9 @@ float *fp_grad_view(const flat_param *fp, const char *name) {
     return fp->full_grad_padded + info->offset;
 }
 
+static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream *on);
+static int reduce_low_precision_wait(flat_param *fp, const char *hook);
+
 int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on) {
     context *ctx = fp->ctx;
     if (fp->full_grad_padded == NULL)
@@ -219,6 +241,11 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
     if (fp->reduce_handle.active)
         ctx_fatal(ctx, "unit '%s': a second reduce-scatter issued before the first (seq %llu) was waited for",
                   fp->unit, (unsigned long long)fp->reduce_handle.seq);
+    if (fp_mixed_precision_enabled(&fp->mixed_precision)) {
+        /* The gradient torch's autograd leaves: param_dtype values (backward ran in float32 here, see the header). */
+        dtype_round_to(fp->full_grad_padded, fp->padded_unsharded_numel, fp->mixed_precision.param_dtype);
+        if (fp->mixed_precision.reduce_dtype != DTYPE_FLOAT32) return reduce_low_precision_start(fp, reduce, on);
+    }
     char owner[MEM_OWNER_MAX];
     /* The first gradient lands straight in grad_shard; later ones (accumulation) need a buffer to add from. Either
      * starts unzeroed: the reduce-scatter (or, replicated, the copy after the all-reduce) writes all of it. */
@@ -251,6 +278,7 @@ int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     context *ctx = fp->ctx;
     if (!fp->reduce_started) return 0;
     fp->reduce_started = 0;
+    if (fp->low_precision_reduce_output != NULL) return reduce_low_precision_wait(fp, hook);
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
     size_t bytes = fp->sharded_numel * sizeof(float);
     if (fp->replicated && status == 0) memcpy(fp->reduce_target, fp->full_grad_padded, bytes);
@@ -262,6 +290,8 @@ int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     }
     fp->reduce_target = NULL;
     fp_free_full_grad(fp);
+    if (status == 0 && fp->mixed_precision.keep_low_precision_grads)
+        dtype_round_to(fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
     return status;
 }
 
@@ -289,4 +319,129 @@ void fp_free_full_grad(flat_param *fp) {
 void fp_zero_grad(flat_param *fp) {
     mem_free(&fp->ctx->mem, fp->grad_shard);
     fp->grad_shard = NULL;
+}
+
+/* ---------------------------------------------------------------- mixed precision */
+
+int fp_mixed_precision_enabled(const fp_mixed_precision *mixed_precision) {
+    return mixed_precision->param_dtype != DTYPE_FLOAT32 || mixed_precision->reduce_dtype != DTYPE_FLOAT32 ||
+           mixed_precision->buffer_dtype != DTYPE_FLOAT32;
+}
+
+int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_precision) {
+    context *ctx = fp->ctx;
+    const fp_mixed_precision *mp = mixed_precision;
+    int floating = (mp->param_dtype == DTYPE_FLOAT32 || mp->param_dtype == DTYPE_BFLOAT16) &&
+                   (mp->reduce_dtype == DTYPE_FLOAT32 || mp->reduce_dtype == DTYPE_BFLOAT16);
+    if (!floating)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision param_dtype %s, "
+                         "reduce_dtype %s: each must be float32 or bfloat16", ctx->rank, fp->unit,
+                         dtype_name(mp->param_dtype), dtype_name(mp->reduce_dtype));
+    if (mp->buffer_dtype != DTYPE_FLOAT32)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': buffer_dtype %s is not supported: the "
+                         "model's one buffer (RoPE's inv_freq) is computed in float32, as HF does; use float32",
+                         ctx->rank, fp->unit, dtype_name(mp->buffer_dtype));
+    if (fp_mixed_precision_enabled(mp) && fp->replicated)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision with NO_SHARD is not "
+                         "supported yet (its all-reduce has no bfloat16 form here); use FULL_SHARD or SHARD_GRAD_OP",
+                         ctx->rank, fp->unit);
+    if (fp->shard_state != FP_SHARDED || fp->full_grad_padded != NULL)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision set while the unit is "
+                         "unsharded or holds a full gradient; set it before the first step", ctx->rank, fp->unit);
+    fp->mixed_precision = *mp;
+    return 0;
+}
+
+/* pre_unshard (torch's _use_low_precision_shard): the float32 master shard cast into the param_dtype _mp_shard, then
+ * the all-gather of that into the param_dtype _full_param_padded: (N - 1) / N of the unit in 2-byte elements. */
+static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook) {
+    context *ctx = fp->ctx;
+    dtype type = fp->mixed_precision.param_dtype;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._mp_shard", fp->unit);
+    fp->mp_shard = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
+                                                 MEM_PARAM_SHARD_LOW_PRECISION, type, owner);
+    dtype_convert(fp->mp_shard, type, fp->local_shard, DTYPE_FLOAT32, fp->sharded_numel);
+    snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
+    /* Unzeroed: the all-gather writes every element before any read. */
+    fp->low_precision_full_param = mem_alloc_uninitialized_typed(
+        &ctx->mem, fp->padded_unsharded_numel * dtype_size(type), MEM_PARAM_UNSHARDED, type, owner);
+    if (comm_all_gather_typed(ctx, on, fp->mp_shard, fp->low_precision_full_param, fp->padded_unsharded_numel, type,
+                              fp->unit, &fp->unshard_handle) != 0) {
+        mem_free(&ctx->mem, fp->low_precision_full_param);
+        mem_free(&ctx->mem, fp->mp_shard);
+        fp->low_precision_full_param = fp->mp_shard = NULL;
+        return -1;
+    }
+    fp->unsharded_low_precision = 1;
+    fp->shard_state = FP_UNSHARDED;
+    shard_state_event(fp, FP_SHARDED, FP_UNSHARDED, hook);
+    if (on == NULL) post_unshard(fp);
+    else fp->post_unshard_pending = 1;
+    return 0;
+}
+
+/* post_unshard, once the all-gather is done: the low-precision shard is freed (torch's
+ * _free_low_precision_sharded_param), and, on CPU, the gathered values are widened into the float32 copy the layers
+ * read (exact: every bfloat16 is a float32). */
+static void post_unshard(flat_param *fp) {
+    context *ctx = fp->ctx;
+    fp->post_unshard_pending = 0;
+    mem_free(&ctx->mem, fp->mp_shard);
+    fp->mp_shard = NULL;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._full_param_padded.compute_float32", fp->unit);
+    fp->full_param_padded = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
+                                                    MEM_PARAM_UNSHARDED, owner);
+    dtype_convert(fp->full_param_padded, DTYPE_FLOAT32, fp->low_precision_full_param, fp->mixed_precision.param_dtype,
+                  fp->padded_unsharded_numel);
+}
+
+/* The reduce-scatter in reduce_dtype (torch casts the gradient to it first): the float32 gradient backward computed
+ * (already param_dtype values) cast into a reduce_dtype buffer, which the collective reads; the float32 one is freed
+ * at once. The output is a reduce_dtype shard, cast and added into the float32 grad_shard at the wait. */
+static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream *on) {
+    context *ctx = fp->ctx;
+    dtype type = fp->mixed_precision.reduce_dtype;
+    char owner[MEM_OWNER_MAX];
+    if (fp->grad_shard == NULL) { /* zeroed: the first gradient is added to 0, exactly itself */
+        snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
+        fp->grad_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
+    }
+    snprintf(owner, sizeof owner, "%s.full_grad_padded.%s", fp->unit, dtype_name(type));
+    fp->low_precision_grad = mem_alloc_uninitialized_typed(&ctx->mem, fp->padded_unsharded_numel * dtype_size(type),
+                                                           MEM_GRAD_UNSHARDED, type, owner);
+    dtype_convert(fp->low_precision_grad, type, fp->full_grad_padded, DTYPE_FLOAT32, fp->padded_unsharded_numel);
+    fp_free_full_grad(fp);
+    snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
+    fp->low_precision_reduce_output = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
+                                                                    MEM_COMM_BUFFER, type, owner);
+    int status = comm_reduce_scatter_typed(ctx, on, fp->low_precision_grad, fp->low_precision_reduce_output,
+                                           fp->padded_unsharded_numel, type, reduce, fp->unit, &fp->reduce_handle);
+    fp->reduce_started = 1;
+    fp->reduce_status = status;
+    return status;
+}
+
+static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
+    context *ctx = fp->ctx;
+    int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
+    if (status == 0) {
+        /* _accumulate_sharded_grad after _cast_grad_to_param_dtype: float32 += the reduce_dtype result, widened */
+        float widened[256];
+        for (size_t first = 0; first < fp->sharded_numel; first += 256) {
+            size_t count = fp->sharded_numel - first < 256 ? fp->sharded_numel - first : 256;
+            dtype_convert(widened, DTYPE_FLOAT32,
+                          (const char *)fp->low_precision_reduce_output + first * dtype_size(fp->mixed_precision.reduce_dtype),
+                          fp->mixed_precision.reduce_dtype, count);
+            for (size_t i = 0; i < count; i++) fp->grad_shard[first + i] += widened[i];
+        }
+        if (fp->mixed_precision.keep_low_precision_grads)
+            dtype_round_to(fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
+    }
+    mem_free(&ctx->mem, fp->low_precision_grad);
+    mem_free(&ctx->mem, fp->low_precision_reduce_output);
+    fp->low_precision_grad = fp->low_precision_reduce_output = NULL;
+    fp_free_full_grad(fp);
+    return status;
 }

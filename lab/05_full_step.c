@@ -23,7 +23,8 @@
  *                                                      the same losses, bit for bit, as if it had never stopped
  *   env: MODEL (tiny, qwen2-0.5b or its seed name qwen2), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
- *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
+ *   checkpointing 0/1), NO_SYNC (0/1), MP (mixed precision, torch's MixedPrecision: fp32, the default, off;
+ *   bf16: bfloat16 parameters and gradient reduction; bf16,reduce=fp32; see lab 07), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), TOKENIZER (how text becomes ids: auto, the default, is Qwen2's BPE for qwen2-0.5b
  *   when data/qwen2/qwen.tiktoken is there and bytes for tiny; bytes; qwen2; or a vocabulary's path), OUT (run dir), SAVE (write an HF checkpoint there at the end), GRADS (write step 1's
  *   gradients there, as the optimizer sees them, in checkpoint form: what check-05 compares), THREADS, CONFIG
@@ -123,6 +124,7 @@ static fsdp_options make_options(context *ctx, const settings *s) {
                             .activation_checkpointing = s->checkpointing, .no_sync = s->no_sync,
                             .accumulation_steps = s->accumulation};
     fsdp_prefetch_options_from_env(ctx, &options);
+    fsdp_mixed_precision_from_env(ctx, &options);
     return options;
 }
 
@@ -344,6 +346,9 @@ int main(int argc, char **argv) {
     int *targets = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
     if (ctx.rank == 0) {
         printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx.world_size, s.accumulation);
+        if (fp_mixed_precision_enabled(&options.mixed_precision))
+            printf("(mixed precision: param_dtype %s, reduce_dtype %s; float32 master shards and AdamW)\n",
+                   dtype_name(options.mixed_precision.param_dtype), dtype_name(options.mixed_precision.reduce_dtype));
         printf("(model %s, %d units, %s%s%s, micro-batch %d x %d tokens per rank, data: %s)\n", model.config.name,
                model.unit_count, s.strategy, s.checkpointing ? ", activation checkpointing" : "",
                s.no_sync ? ", no_sync" : "", s.micro_batch, s.seq_len, loader.source);

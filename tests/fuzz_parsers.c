@@ -553,7 +553,8 @@ static int jsonl_seed(fuzz_state *state) {
         trace_reset_t0(&sink);
         mem_tracker mem;
         mem_init(&mem, rank, &sink, NULL);
-        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 2};
+        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 2,
+                                   NULL, NULL, NULL, 0};
         trace_fsdp(&sink, &options);
         void *shard = mem_alloc(&mem, 1000 * (size_t)(rank + 1), MEM_PARAM_SHARD, "layers.0.flat_param");
         trace_state(&sink, "layers.0", "HandleTrainingState", "IDLE", "FORWARD", "_pre_forward");

@@ -515,7 +515,8 @@ static char *streams_run_write(void) {
         trace_sink sink;
         ck_assert_int_eq(trace_open(&sink, dir, rank, WORLD), 0);
         trace_reset_t0(&sink);
-        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 3};
+        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 3,
+                                   NULL, NULL, NULL, 0};
         trace_fsdp(&sink, &options);
         trace_collective_info gathers[2] = {
             {"all_gather", "root", NULL, 1024, 4096, 2048, 2048, 0, "all_gather", 10, 10, 20, "float32"},

@@ -166,6 +166,15 @@ void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info) {
     cJSON_AddBoolToObject(event, "no_sync", info->no_sync);
     cJSON_AddNumberToObject(event, "accumulation_steps", info->accumulation_steps);
     cJSON_AddNumberToObject(event, "unit_count", info->unit_count);
+    if (info->param_dtype == NULL) {
+        cJSON_AddNullToObject(event, "mixed_precision");
+    } else {
+        cJSON *mixed = cJSON_AddObjectToObject(event, "mixed_precision");
+        cJSON_AddStringToObject(mixed, "param_dtype", info->param_dtype);
+        cJSON_AddStringToObject(mixed, "reduce_dtype", info->reduce_dtype);
+        cJSON_AddStringToObject(mixed, "buffer_dtype", info->buffer_dtype);
+        cJSON_AddBoolToObject(mixed, "keep_low_precision_grads", info->keep_low_precision_grads);
+    }
     event_write(sink, event);
 }
 

@@ -137,6 +137,9 @@ typedef struct trace_fsdp_info {
     int no_sync;
     int accumulation_steps;
     int unit_count;
+    /* MixedPrecision: dtype names, or param_dtype NULL when it is off (written as "mixed_precision": null) */
+    const char *param_dtype, *reduce_dtype, *buffer_dtype;
+    int keep_low_precision_grads;
 } trace_fsdp_info;
 void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info);
 
