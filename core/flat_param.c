@@ -3,6 +3,7 @@
 
 #include "rng.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +90,7 @@ void fp_free(flat_param *fp) {
     mem_free(mem, fp->low_precision_full_param);
     mem_free(mem, fp->low_precision_grad);
     mem_free(mem, fp->low_precision_reduce_output);
+    free(fp->local_grad_l1);
     free(fp->params);
     memset(fp, 0, sizeof *fp);
 }
@@ -244,6 +246,12 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
     if (fp_mixed_precision_enabled(&fp->mixed_precision)) {
         /* The gradient torch's autograd leaves: param_dtype values (backward ran in float32 here, see the header). */
         dtype_round_to(fp->full_grad_padded, fp->padded_unsharded_numel, fp->mixed_precision.param_dtype);
+        for (int i = 0; i < fp->param_count; i++) {
+            double sum = 0.0;
+            const float *grad = fp->full_grad_padded + fp->params[i].offset;
+            for (size_t k = 0; k < fp->params[i].numel; k++) sum += fabs((double)grad[k]);
+            fp->local_grad_l1[i] += sum;
+        }
         if (fp->mixed_precision.reduce_dtype != DTYPE_FLOAT32) return reduce_low_precision_start(fp, reduce, on);
     }
     char owner[MEM_OWNER_MAX];
@@ -319,6 +327,7 @@ void fp_free_full_grad(flat_param *fp) {
 void fp_zero_grad(flat_param *fp) {
     mem_free(&fp->ctx->mem, fp->grad_shard);
     fp->grad_shard = NULL;
+    if (fp->local_grad_l1 != NULL) memset(fp->local_grad_l1, 0, (size_t)fp->param_count * sizeof(double));
 }
 
 /* ---------------------------------------------------------------- mixed precision */
@@ -349,6 +358,10 @@ int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_preci
         return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision set while the unit is "
                          "unsharded or holds a full gradient; set it before the first step", ctx->rank, fp->unit);
     fp->mixed_precision = *mp;
+    if (fp_mixed_precision_enabled(mp) && fp->local_grad_l1 == NULL) {
+        fp->local_grad_l1 = calloc((size_t)fp->param_count, sizeof *fp->local_grad_l1);
+        if (fp->local_grad_l1 == NULL) ctx_fatal(ctx, "unit '%s': out of memory for %d sums", fp->unit, fp->param_count);
+    }
     return 0;
 }
 

@@ -93,6 +93,10 @@ typedef struct flat_param {
     int force_full_precision;        /* torch's _force_full_precision (state_dict): unshard the float32 master */
     void *low_precision_grad;        /* the gradient cast to reduce_dtype, read by the reduce-scatter in flight */
     void *low_precision_reduce_output; /* the reduce-scatter's reduce_dtype output, cast and added at the wait */
+    double *local_grad_l1;           /* per parameter: sum |g| of this rank's param_dtype gradient as it went into the
+                                        reduce, summed over the reduces since fp_zero_grad (what the bound of a
+                                        bfloat16 sum over ranks needs, tests/tolerances.py); NULL without mixed
+                                        precision. Host statistics, param_count doubles, like params */
 } flat_param;
 
 /* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the

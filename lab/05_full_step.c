@@ -317,6 +317,30 @@ static int resume(context *ctx, const settings *s, qwen2_model *model, adamw_sta
     return (int)progress.step + 1;
 }
 
+/* Mixed precision: every parameter's sum over ranks of |local gradient| as it went into the reduce (sum_r ||t_r||_1,
+ * flat_param's local_grad_l1), beside GRADS' gradients in local_grad_l1.json: what the bound of a bfloat16 sum over
+ * ranks needs (tests/check_mixed_grads.py). Collective. */
+static void save_local_grad_l1(context *ctx, qwen2_model *model, const fsdp_options *options, const char *directory) {
+    for (int unit = 0; unit < model->unit_count; unit++)
+        ctx_allreduce(ctx, model->units[unit].local_grad_l1, model->units[unit].param_count, MPI_DOUBLE, MPI_SUM,
+                      "the local gradients' sums");
+    if (ctx->rank != 0) return;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/local_grad_l1.json", directory);
+    FILE *file = fopen(path, "w");
+    if (file == NULL) ctx_fatal(ctx, "GRADS='%s': cannot write %s", directory, path);
+    fprintf(file, "{\"world\": %d, \"param_dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"local_grad_l1\": {",
+            ctx->world_size, dtype_name(options->mixed_precision.param_dtype),
+            dtype_name(options->mixed_precision.reduce_dtype));
+    for (int p = 0; p < model->tree.param_count; p++) {
+        qwen2_location at = model->locations[p];
+        fprintf(file, "%s\n  \"%s\": %.17g", p ? "," : "", model->tree.params[p].name,
+                model->units[at.unit].local_grad_l1[at.index]);
+    }
+    fprintf(file, "\n}}\n");
+    if (fclose(file) != 0) ctx_fatal(ctx, "GRADS='%s': writing %s failed", directory, path);
+}
+
 int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "05_full_step", "runs/05_full_step");
@@ -374,6 +398,8 @@ int main(int argc, char **argv) {
         }
         if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && ckpt_save_gradients(&model, s.grads) != 0)
             ctx_fatal(&ctx, "GRADS='%s': %s", s.grads, ctx.error);
+        if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && fp_mixed_precision_enabled(&options.mixed_precision))
+            save_local_grad_l1(&ctx, &model, &options, s.grads);
         /* Divergence stops the run before the optimizer writes NaN into the parameters (and before SAVE). */
         double step_loss = loss_sum;
         ctx_allreduce(&ctx, &step_loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");

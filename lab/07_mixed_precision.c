@@ -287,6 +287,12 @@ int main(int argc, char **argv) {
     settings s = read_settings(&ctx);
     fsdp_options fp32_options = s.options;
     fp32_options.mixed_precision = (fp_mixed_precision){0};
+    qwen2_config config; /* written beside the events: the loss bound's shapes (tests/check_lab07.py) */
+    qwen2_config_from_env(&ctx, &config, s.seq_len);
+    char path[700];
+    snprintf(path, sizeof path, "%s/config.json", ctx.outdir);
+    if (ctx.rank == 0 && qwen2_config_save_json(&config, path, ctx.error, sizeof ctx.error) != 0)
+        ctx_fatal(&ctx, "%s", ctx.error);
     if (ctx.rank == 0) {
         printf("Ranks = %d, lab 07: the same %d steps in float32, then with MP=%s (param_dtype %s, reduce_dtype %s%s); "
                "the memory model per run and rank first\n", ctx.world_size, s.steps, s.mp_label,
@@ -307,7 +313,8 @@ int main(int argc, char **argv) {
         printf("\nstep time (mean of steps 2..%d, slowest rank): float32 %.2f ms, MP=%s %.2f ms (%.2fx)\n", s.steps,
                fp32.step_seconds * 1e3, s.mp_label, mixed.step_seconds * 1e3,
                fp32.step_seconds > 0 ? mixed.step_seconds / fp32.step_seconds : 0.0);
-        printf("step-1 gradients: sum |g_MP - g_float32| = %.9g (lr %g)\n", mixed.gradient_l1_difference, s.lr);
+        printf("step-1 gradients: sum |g_MP - g_float32| = %.9g (lr %g, %d target tokens per step, seq %d)\n",
+               mixed.gradient_l1_difference, s.lr, s.micro_batch * s.seq_len * ctx.world_size, s.seq_len);
         printf("losses side by side (mean over ranks); rounding: sum |g| |w - bf16(w)| at that step:\n"
                "  %4s %12s %12s %12s %12s\n", "step", "float32", "MP", "difference", "rounding");
         for (int step = 0; step < s.steps; step++)

@@ -173,6 +173,43 @@ def derived_loss_drift(gradients, config, tokens, seq, lr):
     return lr / 4.0 * sum(len(g) * tol * max(abs(x) for x in g) for g in gradients.values())
 
 
+# bfloat16 (8 significant bits): unit roundoff of round-to-nearest-even, what one cast or one bfloat16 add costs.
+U_BF16 = 2.0 ** -8
+
+
+def bf16_sum_over_ranks_l1(local_l1_sum, world):
+    """Per tensor, an L1 bound on |G_N - G_1| from bfloat16 rounding alone, where G_N is the gradient N ranks reduce
+    in bfloat16 (MP=bf16) and G_1 the one 1 rank computes on the same global batch, both from the same bfloat16
+    weights. Let g_r be rank r's float32 local gradient and S = (1/N) sum_r g_r the exact global one (float32
+    differences between the runs are the separate gradient_tolerance term). Per element, with u = 2^-8:
+      1 rank:  G_1 = bf16(g), |G_1 - S| <= u |g|.
+      N ranks: t_r = bf16(g_r), |t_r - g_r| <= u |g_r| <= u/(1-u) |t_r|; the ring adds N - 1 partial sums, each
+               rounded to bfloat16 (comm.c, as c10::BFloat16's a + b): |ring - sum t_r| <= (N-1) u (1+u)^N sum|t_r|;
+               the mean's scaling rounds once more: u |G_N|.
+    With |G_N|, |g| <= (1+u)^(N+1) (1/N) sum_r |t_r| and A = sum over the tensor's elements of sum_r |t_r| (each
+    rank's ||t_r||_1, summed: lab 05 writes it beside GRADS as local_grad_l1.json):
+      ||G_N - G_1||_1 <= [(N-1) u (1+u)^N + u/(1-u) + 2 u (1+u)^(N+1)] A / N      (about (N+2) u ||G||_1)
+    Deterministic (worst case), for any order the ring or gloo adds in. Gradient accumulation (ACC > 1) adds the
+    same bound per micro-batch, which A already sums."""
+    u, n = U_BF16, world
+    return ((n - 1) * u * (1 + u) ** n + u / (1 - u) + 2 * u * (1 + u) ** (n + 1)) * local_l1_sum / n
+
+
+def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss, config, tokens, seq):
+    """|loss_MP(t) - loss_fp32(t)| for the same init and batches (lab 07). Three parts:
+      - computing on bfloat16 weights: L(bf16(w)) - L(w) = g . (bf16(w) - w) to first order, at most
+        r_t = sum_i |g_i| |w_i - bf16(w_i)| (the lab measures it each step on the master weights); the factor 2
+        leaves room for the second-order term, which is below the first while |bf16(w) - w| <= 2^-8 |w| is as
+        small as it is (an assumption, not a theorem: a loss flat to first order would break it);
+      - the trajectories: AdamW's updates from the two runs' gradients differ; later_loss_allowance's argument
+        (|g du| <= |dg| / 4 per element) with the step-1 gradient difference D = sum |g_MP - g_fp32|:
+        (t - 1) lr / 4 D;
+      - float32 rounding of the loss itself: loss_tolerance x |loss|.
+      bound_t = 2 r_t + (t - 1) lr / 4 D + loss_tolerance |loss|"""
+    return 2.0 * rounding + (step - 1) * lr / 4.0 * gradient_l1_difference + \
+        loss_tolerance(config, tokens, seq) * abs(loss)
+
+
 def main(argv):
     if len(argv) == 5 and argv[1] in ("gradients", "loss"):
         config, tokens, seq = load_config(argv[2]), int(argv[3]), int(argv[4])

@@ -53,6 +53,16 @@ bad05 "PEAK=vms" "PEAK='vms' is not allowed; choose one of: tracked, rss" PEAK=v
 bad05 "ALLOC=Caching" "ALLOC='Caching' is not allowed; choose one of: caching, malloc" ALLOC=Caching
 bad05 "BACKWARD_PREFETCH=PRE" "BACKWARD_PREFETCH='PRE' is not allowed; choose one of: NONE, BACKWARD_PRE, BACKWARD_POST" \
   BACKWARD_PREFETCH=PRE
+# Mixed precision (MP): every part checked, the message names MP, the part and what is allowed.
+bad05 "MP=bf8" "MP='bf8': 'bf8' is not a param_dtype; allowed: fp32 \(off\), bf16" MP=bf8
+bad05 "MP=bf16,reduce=fp16" "MP='bf16,reduce=fp16': 'fp16' is not a dtype; allowed:" MP=bf16,reduce=fp16
+bad05 "MP=bf16,reduce" "MP='bf16,reduce': 'reduce' is not name=value" MP=bf16,reduce
+bad05 "MP=bf16,gather=fp32" "MP='bf16,gather=fp32': 'gather' is not a setting \(reduce, buffer, keep_low_precision_grads\)" \
+  MP=bf16,gather=fp32
+bad05 "MP=bf16,keep_low_precision_grads=yes" "MP='bf16,keep_low_precision_grads=yes': 'yes' is not 0 or 1" \
+  MP=bf16,keep_low_precision_grads=yes
+bad05 "MP=bf16,buffer=bf16" "MP='bf16,buffer=bf16': 'bf16' is not supported as buffer dtype" MP=bf16,buffer=bf16
+bad05 "MP=bf16 with NO_SHARD" "mixed precision with NO_SHARD is not supported yet" MP=bf16 STRATEGY=NO_SHARD
 bad05 "FORWARD_PREFETCH=on" "FORWARD_PREFETCH='on' is not an integer in 0\.\.1" FORWARD_PREFETCH=on
 
 # CONFIG: fields by HF name; each value must be one the field can hold and the whole config consistent.
