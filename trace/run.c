@@ -464,8 +464,9 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
                          TRACE_SCHEMA_VERSION);
     /* Version 3 added streams (collectives' `stream` and `issue_ts`, `wait` and `fsdp` events); a version-2 run
      * reads as one whose collectives all blocked on the compute stream. */
-    if (version != TRACE_SCHEMA_VERSION && version != 2)
-        return line_fail(reader, "schema version %g, this tool reads versions 2 and %d", version, TRACE_SCHEMA_VERSION);
+    /* Version 4 added dtypes (mixed precision); a version 2 or 3 run's elements are float32. */
+    if (version != TRACE_SCHEMA_VERSION && version != 2 && version != 3)
+        return line_fail(reader, "schema version %g, this tool reads versions 2 to %d", version, TRACE_SCHEMA_VERSION);
     if (world < 1 || world > 1e6 || (double)(int)world != world)
         return line_fail(reader, "meta world %g is not a world size", world);
     if (reader->run->world != 0 && (int)world != reader->run->world)

@@ -15,7 +15,7 @@
 #include <stdio.h>
 
 #define TRACE_SCHEMA_NAME "fsdplab-events"
-#define TRACE_SCHEMA_VERSION 3
+#define TRACE_SCHEMA_VERSION 4
 
 typedef struct trace_sink {
     FILE *file;          /* NULL: tracing disabled, every trace_* call is a no-op */
