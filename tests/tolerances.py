@@ -17,6 +17,7 @@ sum, so over a million gradient elements and every variant of `make check` the c
     python3 tests/tolerances.py loss CONFIG_JSON TOKENS SEQ        relative bound on the first step's loss
     python3 tests/tolerances.py adamw LR STEPS                     absolute bound on parameters after STEPS steps
     python3 tests/tolerances.py drift GRADS_DIR TOKENS SEQ LR      absolute loss drift per AdamW step (derived)
+    python3 tests/tolerances.py torch_bf16_loss CONFIG_JSON TOKENS relative bound, step 1's loss, MP=bf16 vs torch
 
 TOKENS is the number of target tokens in one optimizer step (global batch x SEQ x accumulation).
 """
@@ -210,6 +211,38 @@ def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss,
         loss_tolerance(config, tokens, seq) * abs(loss)
 
 
+def bf16_forward_roundings(config):
+    """The tensors torch's bfloat16 forward (HF Qwen2, eager attention, MixedPrecision(param_dtype=bfloat16)) rounds
+    to bfloat16 on one value's way from the embedding to the logits. Per layer: input_layernorm (the float32 norm
+    cast back, then times the weight: 2), the q/k/v projection (1), RoPE (q cos, rotate_half(q) sin, their sum: 3),
+    the scores q k^T and their scaling (2), the mask added (1), softmax's float32 result cast back (1), probs times V
+    (1), o_proj (1), the residual add (1), post_attention_layernorm (2), gate and up (1 each on their paths: 1), SiLU
+    (1), SiLU times up (1), down_proj (1), the residual add (1): 20. Then the final norm (2) and lm_head (1); the
+    cross-entropy runs on logits.float()."""
+    return 20 * config["num_hidden_layers"] + 3
+
+
+def torch_bf16_loss_tolerance(config, tokens):
+    """Relative bound on the first optimizer step's loss, fsdplab MP=bf16 vs torch FSDP with
+    MixedPrecision(param_dtype=bfloat16): both start from the same float32 bytes and round them to the same bfloat16
+    weights (round to nearest even on both sides), but fsdplab keeps activations in float32 (core/flat_param.h)
+    while torch rounds each op's output to bfloat16 (bf16_forward_roundings: R per value's path). Model, as
+    loss_tolerance's: each rounding is an independent relative error of at most u = 2^-8 with mean zero, so one
+    token's cross-entropy moves by at most lambda u sqrt(R) x 2 l_i (the factor 2 as in loss_tolerance) with
+    probability 1 - 2 exp(-lambda^2 / 2); the n tokens' roundings are of different values, independent, so their mean
+    moves by at most lambda / sqrt(n) times the largest (Hoeffding); the largest token loss at initialisation is
+    taken as at most twice the mean (logits near 0: every l_i near ln V). Float32's own rounding is far below.
+
+      tol = 4 lambda^2 u sqrt(R) / sqrt(n)
+
+    For the tiny model (R = 83, n = 2048) that is 0.2: it catches a step that goes wrong as a whole (garbage
+    gathered, a unit computed in the wrong precision throughout), not a subtle one; lab 07's checks are the tight
+    ones. Later steps are not bounded: AdamW's updates from gradients whose bfloat16 rounding differs (torch rounds
+    every backward tensor too) differ by up to 2 lr per element (adamw_parameter_tolerance), which bounds the loss
+    only by ||g||_1 2 lr per step, larger than the loss on this model."""
+    return 4.0 * LAMBDA ** 2 * U_BF16 * math.sqrt(bf16_forward_roundings(config)) / math.sqrt(tokens)
+
+
 def main(argv):
     if len(argv) == 5 and argv[1] in ("gradients", "loss"):
         config, tokens, seq = load_config(argv[2]), int(argv[3]), int(argv[4])
@@ -221,6 +254,9 @@ def main(argv):
         config = load_config(f"{grads_dir}/config.json")
         gradients = read_safetensors(f"{grads_dir}/model.safetensors")
         print(f"{derived_loss_drift(gradients, config, tokens, seq, lr):.6e}")
+        return 0
+    if len(argv) == 4 and argv[1] == "torch_bf16_loss":
+        print(f"{torch_bf16_loss_tolerance(load_config(argv[2]), int(argv[3])):.6e}")
         return 0
     if len(argv) == 4 and argv[1] == "adamw":
         print(f"{adamw_parameter_tolerance(float(argv[2]), int(argv[3])):.6e}")
