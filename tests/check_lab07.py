@@ -4,7 +4,7 @@
             (same unit, same element count, dtype bfloat16, bytes = 2 x count); reduce_scatters the same when
             reduce_dtype is bfloat16, else equal and float32. Every collective and alloc event carries its dtype.
   shard     every param_shard_low_precision block is a bfloat16 `<unit>._mp_shard` allocated after the run's mark and
-            freed before its unit reshards (pre_unshard ... post_unshard), one per all_gather; param_unsharded holds a
+            freed once its all_gather is done, before the next compute (pre_unshard ... post_unshard), one per all_gather; param_unsharded holds a
             bfloat16 block (the gathered unit, 2 x count bytes) per all_gather.
   masters   param_shard, grad_shard and optim_state peaks are equal in both runs (float32 master and AdamW unchanged).
   losses    every step within tolerances.mixed_precision_loss_bound.
@@ -78,12 +78,15 @@ def check_rank(path, mp_name, reduce_low, problems):
     for shard in shards:
         unit = shard["owner"].rsplit("._mp_shard", 1)[0]
         start = mixed.index(shard)
-        reshard = next((i for i, e in enumerate(mixed) if i > start and e["kind"] == "state" and e["unit"] == unit
-                        and e["machine"] == "ShardState" and e["to"] == "SHARDED"), len(mixed))
+        # post_unshard: freed once its all_gather is done (the collective's line is written at the wait), before
+        # anything computes on the gathered unit
+        gathered = next((i for i, e in enumerate(mixed) if i > start and e["kind"] == "collective"
+                         and e["op"] == "all_gather" and e["unit"] == unit), len(mixed))
+        computed = next((i for i, e in enumerate(mixed) if i > gathered and e["kind"] == "compute"), len(mixed))
         if shard["dtype"] != "bfloat16" or not shard["owner"].endswith("._mp_shard") or \
-                not start < freed.get(shard["id"], len(mixed) + 1) < reshard:
-            problems.append(f"{path}: {shard['owner']} (id {shard['id']}) is not a bfloat16 _mp_shard freed before "
-                            f"its unit reshards")
+                not gathered < freed.get(shard["id"], len(mixed) + 1) < computed:
+            problems.append(f"{path}: {shard['owner']} (id {shard['id']}) is not a bfloat16 _mp_shard freed after its "
+                            f"all_gather and before the next compute (post_unshard)")
             break
     unsharded = [e for e in mixed if e["kind"] == "alloc" and e["category"] == "param_unsharded"
                  and e["dtype"] == "bfloat16"]
