@@ -360,7 +360,8 @@ int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_preci
     fp->mixed_precision = *mp;
     if (fp_mixed_precision_enabled(mp) && fp->local_grad_l1 == NULL) {
         fp->local_grad_l1 = calloc((size_t)fp->param_count, sizeof *fp->local_grad_l1);
-        if (fp->local_grad_l1 == NULL) ctx_fatal(ctx, "unit '%s': out of memory for %d sums", fp->unit, fp->param_count);
+        if (fp->local_grad_l1 == NULL)
+            ctx_fatal(ctx, "unit '%s': out of memory for %d sums", fp->unit, fp->param_count);
     }
     return 0;
 }
@@ -442,11 +443,11 @@ static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
     if (status == 0) {
         /* _accumulate_sharded_grad after _cast_grad_to_param_dtype: float32 += the reduce_dtype result, widened */
         float widened[256];
+        dtype type = fp->mixed_precision.reduce_dtype;
+        const char *output = fp->low_precision_reduce_output;
         for (size_t first = 0; first < fp->sharded_numel; first += 256) {
             size_t count = fp->sharded_numel - first < 256 ? fp->sharded_numel - first : 256;
-            dtype_convert(widened, DTYPE_FLOAT32,
-                          (const char *)fp->low_precision_reduce_output + first * dtype_size(fp->mixed_precision.reduce_dtype),
-                          fp->mixed_precision.reduce_dtype, count);
+            dtype_convert(widened, DTYPE_FLOAT32, output + first * dtype_size(type), type, count);
             for (size_t i = 0; i < count; i++) fp->grad_shard[first + i] += widened[i];
         }
         if (fp->mixed_precision.keep_low_precision_grads)

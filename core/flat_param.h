@@ -85,7 +85,7 @@ typedef struct flat_param {
                                         gradients are all-reduced instead of reduce-scattered */
     /* mixed precision (fp_set_mixed_precision); all NULL / 0 without it */
     fp_mixed_precision mixed_precision;
-    void *mp_shard;                  /* _mp_shard: sharded_numel param_dtype elements, from pre_unshard to post_unshard */
+    void *mp_shard;                  /* _mp_shard: sharded_numel param_dtype elements, pre_unshard to post_unshard */
     void *low_precision_full_param;  /* torch's _full_param_padded under mixed precision: padded_unsharded_numel
                                         param_dtype elements while UNSHARDED through the low-precision path */
     int unsharded_low_precision;     /* the current unshard went through the low-precision path */

@@ -23,8 +23,9 @@
  *                                                      the same losses, bit for bit, as if it had never stopped
  *   env: MODEL (tiny, qwen2-0.5b or its seed name qwen2), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), CKPT (activation
- *   checkpointing 0/1), NO_SYNC (0/1), MP (mixed precision, torch's MixedPrecision: fp32, the default, off;
- *   bf16: bfloat16 parameters and gradient reduction; bf16,reduce=fp32; see lab 07), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
+ *   checkpointing 0/1), NO_SYNC (0/1),
+ *   MP (mixed precision, torch's MixedPrecision: fp32, the default, off; bf16: bfloat16 parameters and gradient
+ *   reduction; bf16,reduce=fp32; see lab 07), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), TOKENIZER (how text becomes ids: auto, the default, is Qwen2's BPE for qwen2-0.5b
  *   when data/qwen2/qwen.tiktoken is there and bytes for tiny; bytes; qwen2; or a vocabulary's path), OUT (run dir), SAVE (write an HF checkpoint there at the end), GRADS (write step 1's
  *   gradients there, as the optimizer sees them, in checkpoint form: what check-05 compares), THREADS, CONFIG

@@ -51,6 +51,7 @@
 #include "../core/qwen2.h"
 #include "../trace/run.h"
 #include "../trace/summary.h"
+#include "lesson_training.h"
 
 typedef struct mode {
     const char *name;
@@ -121,38 +122,15 @@ typedef struct mode_result {
 /* One mode: a fresh model from SEED, the same batches, STEPS AdamW steps. Prints the memory model's table. */
 static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     mode_result result = {0};
-    qwen2_config config;
-    qwen2_config_from_env(ctx, &config, s->seq_len);
     fsdp_options options = fsdp_default_options();
     options.comm_streams = m->comm_streams;
     options.backward_prefetch = m->backward_prefetch;
     options.forward_prefetch = m->forward_prefetch;
     options.limit_all_gathers = m->limit_all_gathers;
-    /* A run that cannot fit is refused before the model is allocated (MEMORY_CHECK=0 skips it). */
-    memory_prediction prediction;
-    if (memory_model_predict_config(&prediction, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, &options,
-                                    s->micro_batch, s->seq_len, 0, s->steps) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    memory_model_require_fit(ctx, &prediction);
-    qwen2_model model;
-    qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
-                                 FSDP_FULL_SHARD, &init) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    module view;
-    qwen2_as_module(&model, &view);
-    fsdp_runtime runtime;
-    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+    lesson_training training;
+    lesson_training_open(&training, ctx, &options, s->micro_batch, s->seq_len, s->seed, s->steps);
+    qwen2_model *model = &training.model;
     adamw_config optimizer = adamw_default_config();
-    adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
-    if (states == NULL) ctx_fatal(ctx, "out of memory");
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_init(&states[unit]);
-    data_loader loader;
-    if (data_loader_open(&loader, ctx, NULL, config.vocab_size, s->micro_batch, s->seq_len, s->seed, 1) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    size_t batch = (size_t)s->micro_batch * (size_t)s->seq_len;
-    int *tokens = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
-    int *targets = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
 
     char text[128];
     snprintf(text, sizeof text, "lab 06 mode %s", m->name);
@@ -163,12 +141,12 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     double timed = 0.0;
     for (int step = 1; step <= s->steps; step++) {
         double start = MPI_Wtime();
-        data_next_batch(&loader, tokens, targets);
-        float loss = fsdp_forward_backward(&runtime, tokens, targets, s->micro_batch, s->seq_len,
-                                           FSDP_MICRO_BATCH_LAST);
-        for (int unit = 0; unit < model.unit_count; unit++) {
-            adamw_step(&states[unit], &model.units[unit], &optimizer);
-            fp_zero_grad(&model.units[unit]);
+        data_next_batch(&training.loader, training.tokens, training.targets);
+        float loss = fsdp_forward_backward(&training.runtime, training.tokens, training.targets, s->micro_batch,
+                                           s->seq_len, FSDP_MICRO_BATCH_LAST);
+        for (int unit = 0; unit < model->unit_count; unit++) {
+            adamw_step(&training.states[unit], &model->units[unit], &optimizer);
+            fp_zero_grad(&model->units[unit]);
         }
         double elapsed = MPI_Wtime() - start;
         CTX_MPI(ctx, MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, ctx->comm));
@@ -180,12 +158,12 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
         measured_peak[category] = ctx->mem.category_peak_bytes[category];
     trace_mark(&ctx->trace, "lab 06 mode end");
     result.step_seconds = timed / (s->steps - 1);
-    result.checksum = shards_checksum(&model);
-    result.limiter_waits = runtime.free_event_queue.waits;
+    result.checksum = shards_checksum(model);
+    result.limiter_waits = training.runtime.free_event_queue.waits;
 
     memory_prediction predicted;
-    memory_model_predict(&predicted, &model, &options, ctx->world_size, s->micro_batch, s->seq_len,
-                         loader.token_bytes, s->steps);
+    memory_model_predict(&predicted, model, &options, ctx->world_size, s->micro_batch, s->seq_len,
+                         training.loader.token_bytes, s->steps);
     char report[4096];
     memory_model_report(&predicted, measured_peak, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, report,
                         sizeof report);
@@ -193,14 +171,7 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     snprintf(block, sizeof block, "rank %d, mode %s: %s", ctx->rank, m->name, report);
     ctx_print_ordered(ctx, block);
 
-    mem_free(&ctx->mem, tokens);
-    mem_free(&ctx->mem, targets);
-    data_loader_close(&loader);
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_free(&states[unit]);
-    free(states);
-    fsdp_runtime_free(&runtime);
-    qwen2_model_free(&model);
-    mem_empty_cache(&ctx->mem); /* every mode starts from an empty cache */
+    lesson_training_close(&training, ctx); /* every mode starts from an empty cache */
     return result;
 }
 

@@ -51,6 +51,7 @@
 #include "../core/optim.h"
 #include "../core/qwen2.h"
 #include "../trace/run.h"
+#include "lesson_training.h"
 
 #define MAX_STEPS 200
 
@@ -142,33 +143,11 @@ static double gradient_difference(context *ctx, const kept_gradients *kept, cons
  * "lab 07 run end". Prints the memory model's table. */
 static void run(context *ctx, const settings *s, const char *name, const fsdp_options *options, kept_gradients *kept,
                 run_result *result) {
-    qwen2_config config;
-    qwen2_config_from_env(ctx, &config, s->seq_len);
-    memory_prediction prediction;
-    if (memory_model_predict_config(&prediction, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, options,
-                                    s->micro_batch, s->seq_len, 0, s->steps) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    memory_model_require_fit(ctx, &prediction);
-    qwen2_model model;
-    qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
-                                 FSDP_FULL_SHARD, &init) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    module view;
-    qwen2_as_module(&model, &view);
-    fsdp_runtime runtime;
-    if (fsdp_runtime_init(&runtime, ctx, &view, options) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+    lesson_training training;
+    lesson_training_open(&training, ctx, options, s->micro_batch, s->seq_len, s->seed, s->steps);
+    qwen2_model *model = &training.model;
     adamw_config optimizer = adamw_default_config();
     optimizer.lr = s->lr;
-    adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
-    if (states == NULL) ctx_fatal(ctx, "out of memory");
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_init(&states[unit]);
-    data_loader loader;
-    if (data_loader_open(&loader, ctx, NULL, config.vocab_size, s->micro_batch, s->seq_len, s->seed, 1) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
-    size_t batch = (size_t)s->micro_batch * (size_t)s->seq_len;
-    int *tokens = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
-    int *targets = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
     int mixed = fp_mixed_precision_enabled(&options->mixed_precision);
 
     char text[128];
@@ -179,15 +158,15 @@ static void run(context *ctx, const settings *s, const char *name, const fsdp_op
     double timed = 0.0;
     for (int step = 1; step <= s->steps; step++) {
         double start = MPI_Wtime();
-        data_next_batch(&loader, tokens, targets);
-        double loss = fsdp_forward_backward(&runtime, tokens, targets, s->micro_batch, s->seq_len,
-                                            FSDP_MICRO_BATCH_LAST);
-        if (mixed) result->rounding[step - 1] = rounding_sensitivity(ctx, &model, options->mixed_precision.param_dtype);
-        if (step == 1 && !mixed) keep_gradients(kept, &model);
-        if (step == 1 && mixed) result->gradient_l1_difference = gradient_difference(ctx, kept, &model);
-        for (int unit = 0; unit < model.unit_count; unit++) {
-            adamw_step(&states[unit], &model.units[unit], &optimizer);
-            fp_zero_grad(&model.units[unit]);
+        data_next_batch(&training.loader, training.tokens, training.targets);
+        double loss = fsdp_forward_backward(&training.runtime, training.tokens, training.targets, s->micro_batch,
+                                            s->seq_len, FSDP_MICRO_BATCH_LAST);
+        if (mixed) result->rounding[step - 1] = rounding_sensitivity(ctx, model, options->mixed_precision.param_dtype);
+        if (step == 1 && !mixed) keep_gradients(kept, model);
+        if (step == 1 && mixed) result->gradient_l1_difference = gradient_difference(ctx, kept, model);
+        for (int unit = 0; unit < model->unit_count; unit++) {
+            adamw_step(&training.states[unit], &model->units[unit], &optimizer);
+            fp_zero_grad(&model->units[unit]);
         }
         double elapsed = MPI_Wtime() - start;
         ctx_allreduce(ctx, &elapsed, 1, MPI_DOUBLE, MPI_MAX, "the step's time");
@@ -202,22 +181,15 @@ static void run(context *ctx, const settings *s, const char *name, const fsdp_op
         result->peak[category] = ctx->mem.category_peak_bytes[category];
 
     memory_prediction predicted;
-    memory_model_predict(&predicted, &model, options, ctx->world_size, s->micro_batch, s->seq_len, loader.token_bytes,
-                         s->steps);
+    memory_model_predict(&predicted, model, options, ctx->world_size, s->micro_batch, s->seq_len,
+                         training.loader.token_bytes, s->steps);
     char report[4096], block[4400];
     memory_model_report(&predicted, result->peak, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, report,
                         sizeof report);
     snprintf(block, sizeof block, "rank %d, run %s: %s", ctx->rank, name, report);
     ctx_print_ordered(ctx, block);
 
-    mem_free(&ctx->mem, tokens);
-    mem_free(&ctx->mem, targets);
-    data_loader_close(&loader);
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_free(&states[unit]);
-    free(states);
-    fsdp_runtime_free(&runtime);
-    qwen2_model_free(&model);
-    mem_empty_cache(&ctx->mem); /* the second run starts from an empty cache, as the first */
+    lesson_training_close(&training, ctx); /* the second run starts from an empty cache, as the first */
 }
 
 /* Per rank: each run's peak per category side by side (machine-readable "peak" lines for check-07). */

@@ -40,7 +40,8 @@ case "$BACKEND" in
   *) fail "BACKEND='$BACKEND' is not allowed; choose one of: mpi, gloo, nccl" ;;
 esac
 [[ "$PROCESSES" =~ ^[1-9][0-9]*$ ]] || fail "PROCESSES='$PROCESSES' is not a positive integer"
-# The grammar of MP (core/fsdp.h fsdp_mixed_precision_parse), checked here so the torch side gets only what lab 05 takes.
+# The grammar of MP (core/fsdp.h fsdp_mixed_precision_parse), checked here so the torch side gets only what lab 05
+# takes.
 dtype_re='(bf16|bfloat16|fp32|float32)'
 [[ "$MP" =~ ^(none|$dtype_re(,reduce=$dtype_re|,buffer=(fp32|float32)|,keep_low_precision_grads=[01])*)$ ]] ||
   fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or <param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, e.g. bf16,reduce=fp32"

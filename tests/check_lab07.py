@@ -3,8 +3,8 @@
   bytes     per rank, the i-th all_gather of the MP run moves exactly half the bytes of the i-th of the float32 run
             (same unit, same element count, dtype bfloat16, bytes = 2 x count); reduce_scatters the same when
             reduce_dtype is bfloat16, else equal and float32. Every collective and alloc event carries its dtype.
-  shard     every param_shard_low_precision block is a bfloat16 `<unit>._mp_shard` allocated after the run's mark and
-            freed once its all_gather is done, before the next compute (pre_unshard ... post_unshard), one per all_gather; param_unsharded holds a
+  shard     every param_shard_low_precision block is a bfloat16 `<unit>._mp_shard`, freed once its all_gather is
+            done and before the next compute (pre_unshard ... post_unshard), one per all_gather; param_unsharded holds a
             bfloat16 block (the gathered unit, 2 x count bytes) per all_gather.
   masters   param_shard, grad_shard and optim_state peaks are equal in both runs (float32 master and AdamW unchanged).
   losses    every step within tolerances.mixed_precision_loss_bound.

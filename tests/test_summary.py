@@ -162,7 +162,7 @@ STREAM_FSDP_LINE = ("fsdp (line 6): Qwen2ForCausalLM FULL_SHARD, backward_prefet
                     "limit_all_gathers on, activation_checkpointing off, no_sync off, 1 accumulation steps, 2 units")
 
 
-def write_run(rundir, world, events, version=3):
+def write_run(rundir, world, events, version=4):
     os.makedirs(rundir, exist_ok=True)
     for rank in range(world):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), "w", encoding="utf-8") as file:
@@ -183,6 +183,8 @@ def write_run(rundir, world, events, version=3):
                         line.setdefault("issue_ts", ts)
                 if kind == "compute" and version >= 3:
                     line.setdefault("stream", "compute")
+                if kind in ("alloc", "free", "collective") and version >= 4:  # float32 (data: int32) unless said
+                    line.setdefault("dtype", "int32" if fields.get("category") == "data" else "float32")
                 if kind in ("alloc", "free"):  # the block, and the one segment's bytes as reserved
                     address, size = BLOCKS.get(fields["id"], (SEGMENT + 1048576, 512))
                     line.update({"addr": address, "size": size, "segment": SEGMENT, "stream": 0, "reserved": 2097152})

@@ -621,7 +621,7 @@ START_TEST(test_reader_streams) {
     trace_run run;
     ck_assert_msg(run_load(&run, dir, error, sizeof error) == 0, "run_load: %s", error);
     const run_rank *rank = &run.ranks[1];
-    ck_assert_int_eq(rank->version, 3);
+    ck_assert_int_eq(rank->version, TRACE_SCHEMA_VERSION);
     ck_assert_uint_eq(rank->fsdp_count, 1);
     ck_assert_str_eq(rank->fsdp[0].backward_prefetch, "BACKWARD_PRE");
     ck_assert_int_eq(rank->fsdp[0].limit_all_gathers, 1);

@@ -51,6 +51,7 @@ enum {
     RUN_HAS_REDUCE = 1 << 2,  /* collective */
     RUN_HAS_COUNT = 1 << 3,   /* collective */
     RUN_HAS_HOOK = 1 << 4,    /* state, wait */
+    RUN_HAS_DTYPE = 1 << 5,   /* collective, alloc, free (version 4) */
 };
 
 /* One JSONL line. Which fields mean something depends on the kind (EVENTS.md): the rest are 0 or RUN_NONE. */
@@ -69,6 +70,7 @@ typedef struct run_event {
     run_stream waited_on; /* wait: the stream it waited for (`on`) */
     int phase;            /* string: compute */
     int reduce;           /* string: collective */
+    int dtype;            /* string: collective, alloc/free: the elements' type (version 4), or RUN_NONE */
     int category;         /* alloc/free: index into run_categories; segment events: the request's, or RUN_NONE */
     int pool;             /* string: segment events' pool ("small", "large") */
     int stream;           /* alloc/free/segment events */
@@ -101,6 +103,7 @@ typedef struct run_fsdp {
     char backward_prefetch[16];   /* "BACKWARD_PRE", "BACKWARD_POST" or "" (null: torch's None) */
     int forward_prefetch, limit_all_gathers, activation_checkpointing, no_sync;
     int accumulation_steps, unit_count;
+    char param_dtype[16], reduce_dtype[16]; /* version 4's mixed_precision; "" when off (null) or absent */
 } run_fsdp;
 
 typedef struct run_rank {
