@@ -4,7 +4,7 @@
 #   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
 #                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01 ... 06, 08, 09); check-unit, check-tokenizer, check-trace, check-model,
+#   make check-01     one lab's check (01 ... 09); check-unit, check-tokenizer, check-trace, check-model,
 #                     check-train, check-resume, check-badinput for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make bench-tokenizer  Qwen2's tokenizer, ours vs HF tokenizers, tokens/s on one thread (scripts/bench_tokenizer.sh)
@@ -65,7 +65,7 @@ TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/b
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 08 09)
+.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
 all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model
 
@@ -123,7 +123,7 @@ run: lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab08 lab09 train badinput notebooks
+	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab07 lab08 lab09 train badinput notebooks
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
 check-sanitize: sanitize
 	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
@@ -151,6 +151,8 @@ check-05: all
 	@tests/run_checks.sh lab05
 check-06: all
 	@tests/run_checks.sh lab06
+check-07: all
+	@tests/run_checks.sh lab07
 check-08: all
 	@tests/run_checks.sh lab08
 check-09: all

@@ -56,7 +56,9 @@ int ckpt_save_pretrained(qwen2_model *model, const char *directory) {
     int status = 0;
     for (int unit = 0; unit < model->unit_count && status == 0; unit++) {
         was_sharded[unit] = model->units[unit].shard_state == FP_SHARDED;
+        model->units[unit].force_full_precision = 1; /* the float32 master, not its bfloat16 cast (mixed precision) */
         status = fp_unshard(&model->units[unit], "state_dict");
+        model->units[unit].force_full_precision = 0;
     }
     if (status == 0 && ctx->rank == 0) status = write_files(model, directory, qwen2_param_data);
     for (int unit = 0; unit < model->unit_count; unit++)

@@ -85,7 +85,8 @@ static int units_differ(context *ctx, const call *c, const ctx_signature *everyo
  * every micro-batch with the same layout). What that trusts: a call with an agreed signature on one rank is
  * matched by the same call on the others; a mismatch among signatures seen before is no longer caught here. */
 static int agree(context *ctx, const call *c) {
-    ctx_signature mine = {(uint64_t)c->op, c->count, (uint64_t)c->detail, call_hash(c)};
+    /* The element type rides in the detail's upper half: a float32 call never matches a bfloat16 one. */
+    ctx_signature mine = {(uint64_t)c->op, c->count, (uint64_t)c->detail | ((uint64_t)c->dtype << 32), call_hash(c)};
     for (int i = 0; i < ctx->agreed_count; i++)
         if (signature_equal(&ctx->agreed[i], &mine)) return 0;
     ctx_signature *everyone = malloc(sizeof mine * (size_t)c->size);
@@ -113,7 +114,12 @@ static int agree(context *ctx, const call *c) {
     int status = 0;
     for (int rank = 0; rank < c->size && status == 0; rank++) {
         const ctx_signature *theirs = &everyone[rank];
-        if (theirs->op != mine.op || theirs->detail != mine.detail) {
+        if (theirs->op == mine.op && theirs->detail >> 32 != mine.detail >> 32) {
+            snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s' of %s elements, but rank %d passed %s "
+                     "elements: every rank must use the same dtype", ctx->rank, op_names[c->op], c->unit,
+                     dtype_name(c->dtype), rank, dtype_name((dtype)(theirs->detail >> 32)));
+            status = -1;
+        } else if (theirs->op != mine.op || theirs->detail != mine.detail) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' (%s %lld) but rank %d called %s (%s %lld): every rank must call "
                      "the same collective", ctx->rank, op_names[c->op], c->unit, detail_name(c->op),
@@ -161,8 +167,31 @@ static const char *reduce_name(comm_reduce reduce) { return reduce == COMM_AVG ?
 
 /* Ring traffic for an all-gather or reduce-scatter: each rank sends and receives (N-1) chunks of full/N, N the
  * group's size. */
-static uint64_t ring_chunk_bytes(int size, size_t full_count) {
-    return (uint64_t)(full_count / (size_t)size) * sizeof(float) * (uint64_t)(size - 1);
+static uint64_t ring_chunk_bytes(int size, size_t full_count, dtype type) {
+    return (uint64_t)(full_count / (size_t)size) * dtype_size(type) * (uint64_t)(size - 1);
+}
+
+/* How MPI moves the elements: bfloat16 as its 16 bits (MPI has no bfloat16; nothing is reduced by MPI here). */
+static MPI_Datatype mpi_type(dtype type) { return type == DTYPE_BFLOAT16 ? MPI_UINT16_T : MPI_FLOAT; }
+
+/* One ring step's arithmetic on `count` elements: sum = received + mine, then (the last step of a mean) times factor.
+ * float32: one rounding per operation, in float32. bfloat16: the add in float32 rounded to bfloat16 (c10::BFloat16's
+ * a + b), the scaling the same. */
+static void ring_add(const call *c, void *sum, const void *mine, size_t count, float factor) {
+    if (c->dtype == DTYPE_BFLOAT16) {
+        bf16 *s = sum;
+        const bf16 *m = mine;
+        for (size_t i = 0; i < count; i++) s[i] = bf16_add(s[i], m[i]);
+        if (factor != 1.0f)
+            for (size_t i = 0; i < count; i++) s[i] = bf16_from_float(bf16_to_float(s[i]) * factor);
+        return;
+    }
+    float *s = sum;
+    const float *m = mine;
+    if (factor != 1.0f)
+        for (size_t i = 0; i < count; i++) s[i] = (s[i] + m[i]) * factor;
+    else
+        for (size_t i = 0; i < count; i++) s[i] += m[i];
 }
 
 /* ---- the work, as it runs on its stream (a worker thread, or the host for the blocking forms) ----
@@ -200,28 +229,25 @@ static int work_failed(call *c, int rc, const char *what) {
 static int ring_reduce_scatter(call *c) {
     int world = c->size, rank = c->rank; /* the group's */
     int right = (rank + 1) % world, left = (rank - 1 + world) % world;
-    size_t chunk = c->chunk;
-    const float *full = c->send;
-    float *shard = c->receive;
+    size_t chunk = c->chunk, chunk_bytes = chunk * dtype_size(c->dtype);
+    const char *full = (const char *)c->send;
+    char *shard = (char *)c->receive;
     if (world == 1) { /* the sum of one rank; a mean divides by 1, which changes nothing */
-        memcpy(shard, full, chunk * sizeof(float));
+        memcpy(shard, full, chunk_bytes);
         return 0;
     }
-    const float *sending = full + (size_t)((rank - 1 + world) % world) * chunk; /* step 0: my own chunk r-1 */
+    const char *sending = full + (size_t)((rank - 1 + world) % world) * chunk_bytes; /* step 0: my own chunk r-1 */
     for (int step = 0; step < world - 1; step++) {
         int last = step == world - 2;
-        float *sum = last ? shard : c->ring_buffers[step % 2];
+        char *sum = last ? shard : (char *)c->ring_buffers[step % 2];
         MPI_Request requests[2];
-        int rc = MPI_Irecv(sum, (int)chunk, MPI_FLOAT, left, 40, c->comm, &requests[0]);
+        int rc = MPI_Irecv(sum, (int)chunk, mpi_type(c->dtype), left, 40, c->comm, &requests[0]);
         if (work_failed(c, rc, "MPI_Irecv (ring step)")) return -1;
-        rc = MPI_Isend(sending, (int)chunk, MPI_FLOAT, right, 40, c->comm, &requests[1]);
+        rc = MPI_Isend(sending, (int)chunk, mpi_type(c->dtype), right, 40, c->comm, &requests[1]);
         if (work_failed(c, rc, "MPI_Isend (ring step)")) return -1;
         if (work_failed(c, stream_progress(c->ctx, c->stream, 2, requests), "the ring step's MPI requests")) return -1;
-        const float *mine = full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk;
-        if (last && c->factor != 1.0f)
-            for (size_t i = 0; i < chunk; i++) sum[i] = (sum[i] + mine[i]) * c->factor;
-        else
-            for (size_t i = 0; i < chunk; i++) sum[i] += mine[i];
+        const char *mine = full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk_bytes;
+        ring_add(c, sum, mine, chunk, last ? c->factor : 1.0f);
         sending = sum;
     }
     return 0;
@@ -234,11 +260,10 @@ static int run_one(call *c) {
     case OP_ALL_GATHER: {
         /* In place when the shard already sits at its chunk of the output (CPU offload copies it there): MPI forbids
          * aliased buffers, MPI_IN_PLACE says the same thing legally (NCCL's in-place all-gather). */
-        int rank = 0;
-        rc = MPI_Comm_rank(c->comm, &rank);
-        if (work_failed(c, rc, "MPI_Comm_rank")) return -1;
-        const void *send = c->send == c->receive + (size_t)rank * c->chunk ? MPI_IN_PLACE : (const void *)c->send;
-        rc = MPI_Iallgather(send, (int)c->chunk, MPI_FLOAT, c->receive, (int)c->chunk, MPI_FLOAT, c->comm, &request);
+        const char *own_chunk = (const char *)c->receive + (size_t)c->rank * c->chunk * dtype_size(c->dtype);
+        const void *send = (const char *)c->send == own_chunk ? MPI_IN_PLACE : c->send;
+        rc = MPI_Iallgather(send, (int)c->chunk, mpi_type(c->dtype), c->receive, (int)c->chunk, mpi_type(c->dtype),
+                            c->comm, &request);
         if (work_failed(c, rc, "MPI_Iallgather")) return -1;
         return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Iallgather's completion");
     }
@@ -283,8 +308,8 @@ static void issue(context *ctx, call *c, stream *on) {
     c->ring_buffers[0] = c->ring_buffers[1] = NULL;
     if (c->op == OP_REDUCE_SCATTER) /* every element is received before it is read: no zeroing */
         for (int i = 0; i < 2 && i < c->size - 2; i++)
-            c->ring_buffers[i] = mem_alloc_uninitialized(&ctx->mem, c->chunk * sizeof(float), MEM_COMM_BUFFER,
-                                                         "reduce_scatter.ring_buffer");
+            c->ring_buffers[i] = mem_alloc_uninitialized_typed(&ctx->mem, c->chunk * dtype_size(c->dtype),
+                                                               MEM_COMM_BUFFER, c->dtype, "reduce_scatter.ring_buffer");
     c->done = (stream_event){0};
     if (on == NULL || on->kind == STREAM_HOST) {
         run_on_stream(c);
@@ -323,7 +348,8 @@ int comm_wait(context *ctx, comm_handle *c, const char *hook) {
         .unit = c->unit,
         .reduce = c->reduce,
         .count = c->count,
-        .bytes = c->count * sizeof(float),
+        .bytes = c->count * dtype_size(c->dtype),
+        .dtype = dtype_name(c->dtype),
         .bytes_sent = c->bytes_sent,
         .bytes_recv = c->bytes_recv,
         .seq = c->seq,
@@ -349,25 +375,26 @@ static void in_group(const context *ctx, call *c, const comm_group *group) {
     c->size = group ? group->size : ctx->world_size;
 }
 
-static int all_gather_begin(context *ctx, call *c, const comm_group *group, const float *shard, float *full,
-                            size_t full_count, const char *unit) {
-    *c = (call){.op = OP_ALL_GATHER, .unit = unit, .count = full_count, .send = shard, .receive = full, .factor = 1.0f};
+static int all_gather_begin(context *ctx, call *c, const comm_group *group, const void *shard, void *full,
+                            size_t full_count, dtype type, const char *unit) {
+    *c = (call){.op = OP_ALL_GATHER, .unit = unit, .count = full_count, .send = shard, .receive = full, .factor = 1.0f,
+                .dtype = type};
     in_group(ctx, c, group);
     c->chunk = full_count / (size_t)c->size;
-    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count);
+    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count, type);
     if (begin(ctx, c, c->chunk) != 0) return -1;
     if (full_count % (size_t)c->size != 0) return not_divisible(ctx, c);
     return 0;
 }
 
-static int reduce_scatter_begin(context *ctx, call *c, const comm_group *group, const float *full, float *shard,
-                                size_t full_count, comm_reduce reduce, const char *unit) {
+static int reduce_scatter_begin(context *ctx, call *c, const comm_group *group, const void *full, void *shard,
+                                size_t full_count, dtype type, comm_reduce reduce, const char *unit) {
     *c = (call){.op = OP_REDUCE_SCATTER, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
-                .count = full_count, .send = full, .receive = shard};
+                .count = full_count, .send = full, .receive = shard, .dtype = type};
     in_group(ctx, c, group);
     c->chunk = full_count / (size_t)c->size;
     c->factor = reduce == COMM_AVG ? 1.0f / (float)c->size : 1.0f;
-    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count);
+    c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count, type);
     if (begin(ctx, c, c->chunk) != 0) return -1;
     if (full_count % (size_t)c->size != 0) return not_divisible(ctx, c);
     return 0;
@@ -394,14 +421,14 @@ static int blocking(context *ctx, call *c) {
 
 int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_count, const char *unit) {
     call c;
-    if (all_gather_begin(ctx, &c, NULL, shard, full, full_count, unit) != 0) return -1;
+    if (all_gather_begin(ctx, &c, NULL, shard, full, full_count, DTYPE_FLOAT32, unit) != 0) return -1;
     return blocking(ctx, &c);
 }
 
 int comm_reduce_scatter(context *ctx, const float *full, float *shard, size_t full_count, comm_reduce reduce,
                         const char *unit) {
     call c;
-    if (reduce_scatter_begin(ctx, &c, NULL, full, shard, full_count, reduce, unit) != 0) return -1;
+    if (reduce_scatter_begin(ctx, &c, NULL, full, shard, full_count, DTYPE_FLOAT32, reduce, unit) != 0) return -1;
     return blocking(ctx, &c);
 }
 
@@ -437,7 +464,7 @@ int comm_barrier(context *ctx, const char *unit) {
 
 int comm_all_gather_group_start(context *ctx, const comm_group *group, stream *on, const float *shard, float *full,
                                 size_t full_count, const char *unit, comm_handle *handle) {
-    if (all_gather_begin(ctx, handle, group, shard, full, full_count, unit) != 0) return -1;
+    if (all_gather_begin(ctx, handle, group, shard, full, full_count, DTYPE_FLOAT32, unit) != 0) return -1;
     issue(ctx, handle, on);
     return 0;
 }
@@ -445,7 +472,7 @@ int comm_all_gather_group_start(context *ctx, const comm_group *group, stream *o
 int comm_reduce_scatter_group_start(context *ctx, const comm_group *group, stream *on, const float *full,
                                     float *shard, size_t full_count, comm_reduce reduce, const char *unit,
                                     comm_handle *handle) {
-    if (reduce_scatter_begin(ctx, handle, group, full, shard, full_count, reduce, unit) != 0) return -1;
+    if (reduce_scatter_begin(ctx, handle, group, full, shard, full_count, DTYPE_FLOAT32, reduce, unit) != 0) return -1;
     issue(ctx, handle, on);
     return 0;
 }
@@ -470,4 +497,26 @@ int comm_reduce_scatter_start(context *ctx, stream *on, const float *full, float
 int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count, comm_reduce reduce,
                           const char *unit, comm_handle *handle) {
     return comm_all_reduce_group_start(ctx, NULL, on, buffer, count, reduce, unit, handle);
+}
+
+/* The typed forms: the begin and issue of the float ones with the element type; on NULL runs on the host and waits. */
+int comm_all_gather_typed(context *ctx, const comm_group *group, stream *on, const void *shard, void *full,
+                          size_t full_count, dtype type, const char *unit, comm_handle *handle) {
+    call local;
+    call *c = on != NULL ? handle : &local;
+    if (all_gather_begin(ctx, c, group, shard, full, full_count, type, unit) != 0) return -1;
+    if (on == NULL) return blocking(ctx, c);
+    issue(ctx, c, on);
+    return 0;
+}
+
+int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on, const void *full, void *shard,
+                              size_t full_count, dtype type, comm_reduce reduce, const char *unit,
+                              comm_handle *handle) {
+    call local;
+    call *c = on != NULL ? handle : &local;
+    if (reduce_scatter_begin(ctx, c, group, full, shard, full_count, type, reduce, unit) != 0) return -1;
+    if (on == NULL) return blocking(ctx, c);
+    issue(ctx, c, on);
+    return 0;
 }

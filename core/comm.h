@@ -30,6 +30,7 @@
 #include <stddef.h>
 
 #include "context.h"
+#include "dtype.h"
 #include "stream.h"
 
 typedef enum comm_reduce { COMM_SUM, COMM_AVG } comm_reduce;
@@ -58,6 +59,7 @@ typedef struct comm_handle {
     char error[512];
     stream_event done;
     int active;                   /* issued and not yet waited for */
+    dtype dtype;                  /* the elements' type (the float forms: float32); count and chunk are elements */
 } comm_handle;
 
 /* shard (full_count / world floats) from every rank → full (full_count floats) on every rank, rank r's shard at
@@ -96,6 +98,19 @@ int comm_done(const comm_handle *handle);
 /* The host waits for the collective (a `wait` event when it had to, naming `hook`), writes its `collective` event
  * and releases its temporary buffers. 0, or -1 with ctx->error when MPI failed. */
 int comm_wait(context *ctx, comm_handle *handle, const char *hook);
+
+/* The typed forms (mixed precision): the same collectives on elements of `type` (float32 or bfloat16), so a
+ * bfloat16 all-gather moves half the bytes. on NULL: blocking (handle may then be NULL). The float functions above are
+ * these with DTYPE_FLOAT32. A bfloat16 reduce-scatter sums as c10::BFloat16 does: each step of the ring adds the
+ * received partial sum to this rank's chunk in float32 and rounds once to bfloat16 (N - 1 roundings for N ranks, as
+ * a bfloat16 tensor's `a + b` per hop); a mean then multiplies by 1/N and rounds once more (exact when N is a power
+ * of two). The dtype is part of the agreement: every rank must pass the same one. group: as the _group_ forms (NULL:
+ * the world). */
+int comm_all_gather_typed(context *ctx, const comm_group *group, stream *on, const void *shard, void *full,
+                          size_t full_count, dtype type, const char *unit, comm_handle *handle);
+int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on, const void *full, void *shard,
+                              size_t full_count, dtype type, comm_reduce reduce, const char *unit,
+                              comm_handle *handle);
 
 /* Aborts every rank with ctx->error when a comm call returned non-zero. */
 #define COMM_CHECK(ctx, call)                                              \

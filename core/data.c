@@ -476,7 +476,7 @@ static int read_file(data_loader *loader, const char *path, const char *owner, u
                      size_t *size) {
     FILE *file = NULL;
     if (open_regular(loader, path, &file, size) != 0) return -1;
-    *bytes = mem_alloc_uninitialized(&loader->ctx->mem, *size > 0 ? *size : 1, MEM_DATA, owner);
+    *bytes = mem_alloc_uninitialized_typed(&loader->ctx->mem, *size > 0 ? *size : 1, MEM_DATA, DTYPE_UINT8, owner);
     size_t got = fread(*bytes, 1, *size, file);
     int read_error = ferror(file);
     fclose(file);
@@ -492,8 +492,9 @@ static int read_file(data_loader *loader, const char *path, const char *owner, u
 static void allocate_stream(data_loader *loader, size_t count) {
     loader->token_count = count;
     loader->token_bytes = count * (size_t)loader->token_width;
-    loader->tokens = mem_alloc_uninitialized(&loader->ctx->mem, loader->token_bytes > 0 ? loader->token_bytes : 1,
-                                             MEM_DATA, "data.tokens");
+    loader->tokens = mem_alloc_uninitialized_typed(&loader->ctx->mem, loader->token_bytes > 0 ? loader->token_bytes : 1,
+                                                   MEM_DATA, loader->token_width == 2 ? DTYPE_UINT16 : DTYPE_INT32,
+                                                   "data.tokens");
 }
 
 static void set_token(data_loader *loader, size_t i, uint32_t id) {
@@ -547,7 +548,7 @@ static int load_text(data_loader *loader, const char *path) {
 
 static int load_generated(data_loader *loader) {
     size_t length = data_generate_stories(loader->seed, DATA_DEFAULT_STORIES, NULL, 0);
-    char *text = mem_alloc_uninitialized(&loader->ctx->mem, length + 1, MEM_DATA, "data.text");
+    char *text = mem_alloc_uninitialized_typed(&loader->ctx->mem, length + 1, MEM_DATA, DTYPE_UINT8, "data.text");
     data_generate_stories(loader->seed, DATA_DEFAULT_STORIES, text, length + 1);
     int status = tokenize_text(loader, text, length);
     mem_free(&loader->ctx->mem, text);

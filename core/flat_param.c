@@ -4,6 +4,7 @@
 #include "offload.h"
 #include "rng.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,11 @@ void fp_free(flat_param *fp) {
     mem_free(fp_shard_pool(fp), fp->grad_shard);
     if (!fp->replicated) mem_free(mem, fp->full_param_padded); /* replicated: a view of local_shard */
     mem_free(fp_shard_pool(fp), fp->local_shard);
+    mem_free(mem, fp->mp_shard);
+    mem_free(mem, fp->low_precision_full_param);
+    mem_free(mem, fp->low_precision_grad);
+    mem_free(mem, fp->low_precision_reduce_output);
+    free(fp->local_grad_l1);
     free(fp->params);
     memset(fp, 0, sizeof *fp);
 }
@@ -156,8 +162,12 @@ static int group_all_gather(flat_param *fp, stream *on, const float *shard, floa
     return status == 0 && on == NULL ? comm_wait(fp->ctx, handle, hook) : status;
 }
 
+static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook);
+
 int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     if (fp->shard_state == FP_UNSHARDED) return 0;
+    if (fp->mixed_precision.param_dtype != DTYPE_FLOAT32 && !fp->force_full_precision && !fp->replicated)
+        return unshard_low_precision_start(fp, on, hook);
     if (fp->replicated) { /* NO_SHARD: the local buffer already is the whole unit */
         fp->full_param_padded = fp->local_shard;
         fp->shard_state = FP_UNSHARDED;
@@ -197,7 +207,13 @@ int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     return 0;
 }
 
-int fp_unshard_wait(flat_param *fp, const char *hook) { return comm_wait(fp->ctx, &fp->unshard_handle, hook); }
+static void post_unshard(flat_param *fp);
+
+int fp_unshard_wait(flat_param *fp, const char *hook) {
+    int status = comm_wait(fp->ctx, &fp->unshard_handle, hook);
+    if (status == 0 && fp->post_unshard_pending) post_unshard(fp);
+    return status;
+}
 
 int fp_unshard_pending(const flat_param *fp) { return fp->unshard_handle.active; }
 
@@ -210,6 +226,11 @@ void fp_reshard(flat_param *fp, const char *hook) {
                   fp->unit, hook, (unsigned long long)fp->unshard_handle.seq);
     if (!fp->replicated) mem_free(&fp->ctx->mem, fp->full_param_padded);
     fp->full_param_padded = NULL;
+    if (fp->unsharded_low_precision) { /* the param_dtype buffer goes with the float32 copy made from it */
+        mem_free(&fp->ctx->mem, fp->low_precision_full_param);
+        fp->low_precision_full_param = NULL;
+        fp->unsharded_low_precision = 0;
+    }
     fp->shard_state = FP_SHARDED;
     shard_state_event(fp, FP_UNSHARDED, FP_SHARDED, hook);
 }
@@ -260,6 +281,9 @@ static int hybrid_reduce_start(flat_param *fp, comm_reduce reduce, stream *on) {
                                        fp->unit, &fp->replicate_handle);
 }
 
+static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream *on);
+static int reduce_low_precision_wait(flat_param *fp, const char *hook);
+
 int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on) {
     context *ctx = fp->ctx;
     if (fp->full_grad_padded == NULL)
@@ -267,6 +291,17 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
     if (fp->reduce_handle.active)
         ctx_fatal(ctx, "unit '%s': a second reduce-scatter issued before the first (seq %llu) was waited for",
                   fp->unit, (unsigned long long)fp->reduce_handle.seq);
+    if (fp_mixed_precision_enabled(&fp->mixed_precision)) {
+        /* The gradient torch's autograd leaves: param_dtype values (backward ran in float32 here, see the header). */
+        dtype_round_to(fp->full_grad_padded, fp->padded_unsharded_numel, fp->mixed_precision.param_dtype);
+        for (int i = 0; i < fp->param_count; i++) {
+            double sum = 0.0;
+            const float *grad = fp->full_grad_padded + fp->params[i].offset;
+            for (size_t k = 0; k < fp->params[i].numel; k++) sum += fabs((double)grad[k]);
+            fp->local_grad_l1[i] += sum;
+        }
+        if (fp->mixed_precision.reduce_dtype != DTYPE_FLOAT32) return reduce_low_precision_start(fp, reduce, on);
+    }
     char owner[MEM_OWNER_MAX];
     /* The first gradient lands straight in grad_shard; later ones (accumulation) need a buffer to add from. Either
      * starts unzeroed: the reduce-scatter (or, replicated, the copy after the all-reduce) writes all of it. */
@@ -331,6 +366,7 @@ int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     context *ctx = fp->ctx;
     if (!fp->reduce_started) return 0;
     fp->reduce_started = 0;
+    if (fp->low_precision_reduce_output != NULL) return reduce_low_precision_wait(fp, hook);
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
     if (status == 0 && fp->replicate_group != NULL) status = comm_wait(ctx, &fp->replicate_handle, hook);
     if (fp->offload_params) {
@@ -347,6 +383,8 @@ int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     }
     fp->reduce_target = NULL;
     fp_free_full_grad(fp);
+    if (status == 0 && fp->mixed_precision.keep_low_precision_grads)
+        dtype_round_to(fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
     return status;
 }
 
@@ -378,6 +416,143 @@ void fp_free_full_grad(flat_param *fp) {
 void fp_zero_grad(flat_param *fp) {
     mem_free(fp_shard_pool(fp), fp->grad_shard);
     fp->grad_shard = NULL;
+    if (fp->local_grad_l1 != NULL) memset(fp->local_grad_l1, 0, (size_t)fp->param_count * sizeof(double));
+}
+
+/* ---------------------------------------------------------------- mixed precision */
+
+int fp_mixed_precision_enabled(const fp_mixed_precision *mixed_precision) {
+    return mixed_precision->param_dtype != DTYPE_FLOAT32 || mixed_precision->reduce_dtype != DTYPE_FLOAT32 ||
+           mixed_precision->buffer_dtype != DTYPE_FLOAT32;
+}
+
+int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_precision) {
+    context *ctx = fp->ctx;
+    const fp_mixed_precision *mp = mixed_precision;
+    int floating = (mp->param_dtype == DTYPE_FLOAT32 || mp->param_dtype == DTYPE_BFLOAT16) &&
+                   (mp->reduce_dtype == DTYPE_FLOAT32 || mp->reduce_dtype == DTYPE_BFLOAT16);
+    if (!floating)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision param_dtype %s, "
+                         "reduce_dtype %s: each must be float32 or bfloat16", ctx->rank, fp->unit,
+                         dtype_name(mp->param_dtype), dtype_name(mp->reduce_dtype));
+    if (mp->buffer_dtype != DTYPE_FLOAT32)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': buffer_dtype %s is not supported: the "
+                         "model's one buffer (RoPE's inv_freq) is computed in float32, as HF does; use float32",
+                         ctx->rank, fp->unit, dtype_name(mp->buffer_dtype));
+    if (fp_mixed_precision_enabled(mp) && fp->replicated)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision with NO_SHARD is not "
+                         "supported yet (its all-reduce has no bfloat16 form here); use FULL_SHARD or SHARD_GRAD_OP",
+                         ctx->rank, fp->unit);
+    if (fp_mixed_precision_enabled(mp) && (fp->shard_group != NULL || fp->offload_params))
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision with %s is not supported "
+                         "yet (%s); use FULL_SHARD or SHARD_GRAD_OP without offload", ctx->rank, fp->unit,
+                         fp->shard_group != NULL ? "HYBRID_SHARD" : "CPU offload",
+                         fp->shard_group != NULL ? "the replicate group's all-reduce has no bfloat16 form here"
+                                                 : "the low-precision path keeps its buffers in the device pool");
+    if (fp->shard_state != FP_SHARDED || fp->full_grad_padded != NULL)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision set while the unit is "
+                         "unsharded or holds a full gradient; set it before the first step", ctx->rank, fp->unit);
+    fp->mixed_precision = *mp;
+    if (fp_mixed_precision_enabled(mp) && fp->local_grad_l1 == NULL) {
+        fp->local_grad_l1 = calloc((size_t)fp->param_count, sizeof *fp->local_grad_l1);
+        if (fp->local_grad_l1 == NULL)
+            ctx_fatal(ctx, "unit '%s': out of memory for %d sums", fp->unit, fp->param_count);
+    }
+    return 0;
+}
+
+/* pre_unshard (torch's _use_low_precision_shard): the float32 master shard cast into the param_dtype _mp_shard, then
+ * the all-gather of that into the param_dtype _full_param_padded: (N - 1) / N of the unit in 2-byte elements. */
+static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook) {
+    context *ctx = fp->ctx;
+    dtype type = fp->mixed_precision.param_dtype;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._mp_shard", fp->unit);
+    fp->mp_shard = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
+                                                 MEM_PARAM_SHARD_LOW_PRECISION, type, owner);
+    dtype_convert(fp->mp_shard, type, fp->local_shard, DTYPE_FLOAT32, fp->sharded_numel);
+    snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
+    /* Unzeroed: the all-gather writes every element before any read. */
+    fp->low_precision_full_param = mem_alloc_uninitialized_typed(
+        &ctx->mem, fp->padded_unsharded_numel * dtype_size(type), MEM_PARAM_UNSHARDED, type, owner);
+    if (comm_all_gather_typed(ctx, NULL, on, fp->mp_shard, fp->low_precision_full_param, fp->padded_unsharded_numel,
+                              type, fp->unit, &fp->unshard_handle) != 0) {
+        mem_free(&ctx->mem, fp->low_precision_full_param);
+        mem_free(&ctx->mem, fp->mp_shard);
+        fp->low_precision_full_param = fp->mp_shard = NULL;
+        return -1;
+    }
+    fp->unsharded_low_precision = 1;
+    fp->shard_state = FP_UNSHARDED;
+    shard_state_event(fp, FP_SHARDED, FP_UNSHARDED, hook);
+    if (on == NULL) post_unshard(fp);
+    else fp->post_unshard_pending = 1;
+    return 0;
+}
+
+/* post_unshard, once the all-gather is done: the low-precision shard is freed (torch's
+ * _free_low_precision_sharded_param), and, on CPU, the gathered values are widened into the float32 copy the layers
+ * read (exact: every bfloat16 is a float32). */
+static void post_unshard(flat_param *fp) {
+    context *ctx = fp->ctx;
+    fp->post_unshard_pending = 0;
+    mem_free(&ctx->mem, fp->mp_shard);
+    fp->mp_shard = NULL;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._full_param_padded.compute_float32", fp->unit);
+    fp->full_param_padded = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
+                                                    MEM_PARAM_UNSHARDED, owner);
+    dtype_convert(fp->full_param_padded, DTYPE_FLOAT32, fp->low_precision_full_param, fp->mixed_precision.param_dtype,
+                  fp->padded_unsharded_numel);
+}
+
+/* The reduce-scatter in reduce_dtype (torch casts the gradient to it first): the float32 gradient backward computed
+ * (already param_dtype values) cast into a reduce_dtype buffer, which the collective reads; the float32 one is freed
+ * at once. The output is a reduce_dtype shard, cast and added into the float32 grad_shard at the wait. */
+static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream *on) {
+    context *ctx = fp->ctx;
+    dtype type = fp->mixed_precision.reduce_dtype;
+    char owner[MEM_OWNER_MAX];
+    if (fp->grad_shard == NULL) { /* zeroed: the first gradient is added to 0, exactly itself */
+        snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
+        fp->grad_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
+    }
+    snprintf(owner, sizeof owner, "%s.full_grad_padded.%s", fp->unit, dtype_name(type));
+    fp->low_precision_grad = mem_alloc_uninitialized_typed(&ctx->mem, fp->padded_unsharded_numel * dtype_size(type),
+                                                           MEM_GRAD_UNSHARDED, type, owner);
+    dtype_convert(fp->low_precision_grad, type, fp->full_grad_padded, DTYPE_FLOAT32, fp->padded_unsharded_numel);
+    fp_free_full_grad(fp);
+    snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
+    fp->low_precision_reduce_output = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
+                                                                    MEM_COMM_BUFFER, type, owner);
+    int status = comm_reduce_scatter_typed(ctx, NULL, on, fp->low_precision_grad, fp->low_precision_reduce_output,
+                                           fp->padded_unsharded_numel, type, reduce, fp->unit, &fp->reduce_handle);
+    fp->reduce_started = 1;
+    fp->reduce_status = status;
+    return status;
+}
+
+static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
+    context *ctx = fp->ctx;
+    int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
+    if (status == 0) {
+        /* _accumulate_sharded_grad after _cast_grad_to_param_dtype: float32 += the reduce_dtype result, widened */
+        float widened[256];
+        dtype type = fp->mixed_precision.reduce_dtype;
+        const char *output = fp->low_precision_reduce_output;
+        for (size_t first = 0; first < fp->sharded_numel; first += 256) {
+            size_t count = fp->sharded_numel - first < 256 ? fp->sharded_numel - first : 256;
+            dtype_convert(widened, DTYPE_FLOAT32, output + first * dtype_size(type), type, count);
+            for (size_t i = 0; i < count; i++) fp->grad_shard[first + i] += widened[i];
+        }
+        if (fp->mixed_precision.keep_low_precision_grads)
+            dtype_round_to(fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
+    }
+    mem_free(&ctx->mem, fp->low_precision_grad);
+    mem_free(&ctx->mem, fp->low_precision_reduce_output);
+    fp->low_precision_grad = fp->low_precision_reduce_output = NULL;
+    fp_free_full_grad(fp);
+    return status;
 }
 
 mem_tracker *fp_shard_pool(const flat_param *fp) { return fp->offload_params ? &fp->ctx->host_mem : &fp->ctx->mem; }
@@ -393,6 +568,9 @@ int fp_offload_params(flat_param *fp) {
     if (fp->shard_state != FP_SHARDED || fp->reduce_started)
         return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': offloaded while %s; offload before the "
                          "first step", ctx->rank, fp->unit, fp->reduce_started ? "reducing" : "UNSHARDED");
+    if (fp_mixed_precision_enabled(&fp->mixed_precision))
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': CPU offload with mixed precision is not "
+                         "supported yet; run one or the other", ctx->rank, fp->unit);
     mem_tracker *host = offload_host_pool(ctx);
     size_t bytes = fp->sharded_numel * sizeof(float);
     char owner[MEM_OWNER_MAX];

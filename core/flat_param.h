@@ -9,6 +9,18 @@
  * For gradients the mirror image: a full padded gradient (grad_unsharded) is reduce-scattered into the sharded
  * gradient (grad_shard), added to what is there (gradient accumulation).
  *
+ * Mixed precision (torch's MixedPrecision, fp_set_mixed_precision): the float32 local shard stays the master (the
+ * optimizer's). pre_unshard casts it into a low-precision shard (`_mp_shard`, category param_shard_low_precision,
+ * param_dtype) and the all-gather moves that into a param_dtype `_full_param_padded` (param_unsharded, half the
+ * bytes in bfloat16); post_unshard frees the low-precision shard (as torch does, once the all-gather is done).
+ * Compute on CPU: OpenBLAS (Debian's 0.3.21) has no bfloat16 GEMM, so post_unshard also widens the gathered bfloat16
+ * values into a float32 copy the layers read (`full_param_padded`, param_unsharded, float32): every GEMM multiplies
+ * bfloat16 values (exactly representable in float32) with float32 accumulation. That copy is the CPU's price (4 bytes
+ * per parameter of a unit in flight, beside the 2 of the bfloat16 buffer); a CUDA build reads the bfloat16 buffer
+ * directly and has none. Gradients: backward computes float32 into the full gradient; at the reduce it becomes the
+ * param_dtype gradient torch would hold (rounded), is reduce-scattered in reduce_dtype (a bfloat16 copy,
+ * grad_unsharded, when reduce_dtype is bfloat16) and the result is cast to float32 and added into grad_shard.
+ *
  * Names and sizes follow torch/distributed/fsdp/_flat_param.py, so the two read alike.
  */
 #ifndef FSDPLAB_FLAT_PARAM_H
@@ -19,6 +31,7 @@
 
 #include "comm.h"
 #include "context.h"
+#include "dtype.h"
 
 #define FP_MAX_DIMS 4
 #define FP_NAME_MAX 128
@@ -40,6 +53,15 @@ typedef struct fp_param_info {
 } fp_param_info;
 
 typedef enum fp_shard_state { FP_SHARDED, FP_UNSHARDED } fp_shard_state;
+
+/* torch.distributed.fsdp.MixedPrecision, by its field names. All float32 (a zeroed struct): no mixed precision. */
+typedef struct fp_mixed_precision {
+    dtype param_dtype;            /* what parameters are gathered and computed in */
+    dtype reduce_dtype;           /* what gradients are reduce-scattered in */
+    dtype buffer_dtype;           /* module buffers (Qwen2's only one, RoPE's inv_freq, is computed in float32 as HF
+                                     does: float32 only) */
+    int keep_low_precision_grads; /* the sharded gradient the optimizer sees keeps param_dtype's values */
+} fp_mixed_precision;
 
 typedef struct flat_param {
     context *ctx;
@@ -70,6 +92,20 @@ typedef struct flat_param {
     int offload_params;              /* CPUOffload(offload_params=True): local_shard and grad_shard live in the host
                                         pool (core/offload.h); unshard copies the shard in (h2d), the reduce-scatter's
                                         result is copied out (d2h) */
+    /* mixed precision (fp_set_mixed_precision); all NULL / 0 without it */
+    fp_mixed_precision mixed_precision;
+    void *mp_shard;                  /* _mp_shard: sharded_numel param_dtype elements, pre_unshard to post_unshard */
+    void *low_precision_full_param;  /* torch's _full_param_padded under mixed precision: padded_unsharded_numel
+                                        param_dtype elements while UNSHARDED through the low-precision path */
+    int unsharded_low_precision;     /* the current unshard went through the low-precision path */
+    int post_unshard_pending;        /* its all-gather is in flight: post_unshard runs at the wait */
+    int force_full_precision;        /* torch's _force_full_precision (state_dict): unshard the float32 master */
+    void *low_precision_grad;        /* the gradient cast to reduce_dtype, read by the reduce-scatter in flight */
+    void *low_precision_reduce_output; /* the reduce-scatter's reduce_dtype output, cast and added at the wait */
+    double *local_grad_l1;           /* per parameter: sum |g| of this rank's param_dtype gradient as it went into the
+                                        reduce, summed over the reduces since fp_zero_grad (what the bound of a
+                                        bfloat16 sum over ranks needs, tests/tolerances.py); NULL without mixed
+                                        precision. Host statistics, param_count doubles, like params */
 } flat_param;
 
 /* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the
@@ -156,6 +192,11 @@ void fp_zero_grad(flat_param *fp);
 int fp_offload_params(flat_param *fp);
 /* The pool that holds this unit's shards (and its optimizer state): the host pool when offloaded, else the device's. */
 mem_tracker *fp_shard_pool(const flat_param *fp);
+/* Turns mixed precision on for this FlatParameter (before its first unshard). -1 with ctx->error for what is not
+ * supported: NO_SHARD (replicated) units, a buffer_dtype other than float32. */
+int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_precision);
+/* Whether mixed precision changes anything (some dtype is not float32). */
+int fp_mixed_precision_enabled(const fp_mixed_precision *mixed_precision);
 
 const char *fp_shard_state_name(fp_shard_state state);
 

@@ -55,6 +55,76 @@ void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options) {
     options->comm_streams = (int)cfg_env_int(ctx, "COMM_STREAMS", options->comm_streams, 0, 1);
 }
 
+/* ---------------------------------------------------------------- mixed precision */
+
+static int mixed_precision_bad(const char *text, const char *part, const char *why, char *error, size_t error_size) {
+    return ctx_error(error, error_size, "MP='%s': '%s' %s; allowed: fp32 (off), bf16, or <param_dtype>"
+                     "[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, "
+                     "e.g. bf16,reduce=fp32", text, part, why);
+}
+
+int fsdp_mixed_precision_parse(const char *text, fp_mixed_precision *out, char *error, size_t error_size) {
+    fp_mixed_precision mp = {0};
+    char copy[128];
+    if (text == NULL || text[0] == '\0' || strcmp(text, "none") == 0) {
+        *out = mp;
+        return 0;
+    }
+    if (strlen(text) >= sizeof copy) return mixed_precision_bad(text, text, "is too long", error, error_size);
+    snprintf(copy, sizeof copy, "%s", text);
+    int reduce_given = 0, first = 1;
+    for (char *part = copy, *next; part != NULL; part = next, first = 0) {
+        next = strchr(part, ',');
+        if (next != NULL) *next++ = '\0';
+        char *value = strchr(part, '=');
+        if (first) {
+            int type = value == NULL ? dtype_from_name(part) : -1;
+            if (type < 0) return mixed_precision_bad(text, part, "is not a param_dtype", error, error_size);
+            mp.param_dtype = (dtype)type;
+            continue;
+        }
+        if (value == NULL) return mixed_precision_bad(text, part, "is not name=value", error, error_size);
+        *value++ = '\0';
+        if (strcmp(part, "keep_low_precision_grads") == 0) {
+            if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
+                return mixed_precision_bad(text, value, "is not 0 or 1 (keep_low_precision_grads)", error, error_size);
+            mp.keep_low_precision_grads = value[0] == '1';
+            continue;
+        }
+        int type = dtype_from_name(value);
+        if (type < 0 || type > DTYPE_BFLOAT16)
+            return mixed_precision_bad(text, value, "is not a dtype", error, error_size);
+        if (strcmp(part, "reduce") == 0) mp.reduce_dtype = (dtype)type, reduce_given = 1;
+        else if (strcmp(part, "buffer") == 0 && type == DTYPE_FLOAT32) mp.buffer_dtype = DTYPE_FLOAT32;
+        else if (strcmp(part, "buffer") == 0)
+            return mixed_precision_bad(text, value, "is not supported as buffer dtype (RoPE's inv_freq stays float32, "
+                                       "as HF computes it)", error, error_size);
+        else return mixed_precision_bad(text, part, "is not a setting (reduce, buffer, keep_low_precision_grads)",
+                                        error, error_size);
+    }
+    if (!reduce_given) mp.reduce_dtype = mp.param_dtype;
+    *out = mp;
+    return 0;
+}
+
+void fsdp_mixed_precision_from_env(context *ctx, fsdp_options *options) {
+    const char *text = cfg_env_text(ctx, "MP");
+    if (fsdp_mixed_precision_parse(text, &options->mixed_precision, ctx->error, sizeof ctx->error) != 0)
+        ctx_exit_all(ctx, 2, "%s", ctx->error);
+}
+
+const char *fsdp_mixed_precision_label(const fp_mixed_precision *mixed_precision, char *out, size_t out_size) {
+    const fp_mixed_precision *mp = mixed_precision;
+    const char *param = mp->param_dtype == DTYPE_BFLOAT16 ? "bf16" : "fp32";
+    int used = snprintf(out, out_size, "%s", param);
+    if (mp->reduce_dtype != mp->param_dtype && used >= 0 && (size_t)used < out_size)
+        used += snprintf(out + used, out_size - (size_t)used, ",reduce=%s",
+                         mp->reduce_dtype == DTYPE_BFLOAT16 ? "bf16" : "fp32");
+    if (mp->keep_low_precision_grads && used >= 0 && (size_t)used < out_size)
+        snprintf(out + used, out_size - (size_t)used, ",keep_low_precision_grads=1");
+    return out;
+}
+
 /* ---------------------------------------------------------------- wrap policy */
 
 int fsdp_wrap_by_type(const module_node *module, size_t unwrapped_numel, void *user) {
@@ -376,6 +446,8 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
     for (int piece = 0; piece < pieces; piece++)
         runtime->checkpointed[piece] =
             options->activation_checkpointing && model->ops->piece_checkpointable(model->self, piece);
+    for (int unit = 0; unit < units; unit++)
+        if (fp_set_mixed_precision(unit_param(runtime, unit), &options->mixed_precision) != 0) return -1;
     for (int unit = 0; options->offload_params && unit < units; unit++) /* CPUOffload: the shards go to the host */
         if (fp_offload_params(&model->units[unit]) != 0) return -1;
     stream_kind comm_kind = options->comm_streams ? STREAM_WORKER : STREAM_HOST;
@@ -397,6 +469,13 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
         .unit_count = units,
         .offload_params = options->offload_params,
     };
+    const fp_mixed_precision *mp = &options->mixed_precision;
+    if (fp_mixed_precision_enabled(mp)) {
+        info.param_dtype = dtype_name(mp->param_dtype);
+        info.reduce_dtype = dtype_name(mp->reduce_dtype);
+        info.buffer_dtype = dtype_name(mp->buffer_dtype);
+        info.keep_low_precision_grads = mp->keep_low_precision_grads;
+    }
     trace_fsdp(&ctx->trace, &info);
     return 0;
 }

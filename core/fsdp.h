@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "context.h"
+#include "flat_param.h"
 #include "module.h"
 #include "stream.h"
 
@@ -96,6 +97,7 @@ typedef struct fsdp_options {
     int offload_params;           /* CPUOffload(offload_params=True): shards, gradient shards and AdamW state in the
                                      host pool, copied to the device for the all-gather and back after the
                                      reduce-scatter (core/offload.h; env OFFLOAD) */
+    fp_mixed_precision mixed_precision; /* torch's MixedPrecision (core/flat_param.h); zeroed: all float32, off */
 } fsdp_options;
 /* torch's defaults: FULL_SHARD, BACKWARD_PRE, no forward prefetch, limit_all_gathers on; comm streams on; ACC 1.
  * A zeroed fsdp_options is lab 05's runtime: FULL_SHARD, blocking collectives, no prefetch. */
@@ -104,6 +106,15 @@ fsdp_options fsdp_default_options(void);
 /* The prefetch settings from the environment, over `defaults`: BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST),
  * FORWARD_PREFETCH, LIMIT_ALL_GATHERS and COMM_STREAMS (0/1 each). A bad value stops every rank naming it. */
 void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options);
+/* MixedPrecision from text: "fp32" (or "none": off), or "<param_dtype>[,reduce=<dtype>][,buffer=<dtype>]
+ * [,keep_low_precision_grads=0|1]" with dtypes bf16/bfloat16 or fp32/float32; reduce_dtype defaults to param_dtype
+ * (as torch's: a None reduce_dtype follows param_dtype). "bf16" is param and reduce in bfloat16; "bf16,reduce=fp32"
+ * gathers bfloat16 and reduces float32. 0, or -1 with a message naming the text, the part and what is allowed. */
+int fsdp_mixed_precision_parse(const char *text, fp_mixed_precision *out, char *error, size_t error_size);
+/* MP from the environment (default fp32: off) into options->mixed_precision; a bad value stops every rank naming it. */
+void fsdp_mixed_precision_from_env(context *ctx, fsdp_options *options);
+/* "bf16", "bf16,reduce=fp32", "fp32": the short form of a MixedPrecision, as MP takes it (out_size >= 64). */
+const char *fsdp_mixed_precision_label(const fp_mixed_precision *mixed_precision, char *out, size_t out_size);
 
 typedef struct fsdp_unit {
     fsdp_training_state training_state;

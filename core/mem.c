@@ -8,7 +8,7 @@
 static const char *const category_names[MEM_CATEGORY_COUNT] = {
     "param_shard", "param_unsharded", "grad_unsharded", "grad_shard",  "optim_state",
     "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
-    "kv_cache",
+    "kv_cache",    "param_shard_low_precision",
 };
 
 const char *mem_category_name(mem_category category) {
@@ -98,6 +98,7 @@ static void emit(mem_tracker *tracker, const mem_block *block, int is_alloc) {
         .id = block->id,
         .bytes = block->bytes,
         .category = mem_category_name(block->category),
+        .dtype = dtype_name(block->dtype),
         .owner = block->owner,
         .live_bytes = tracker->live_bytes,
         .category_live_bytes = tracker->category_live_bytes[block->category],
@@ -112,7 +113,8 @@ static void emit(mem_tracker *tracker, const mem_block *block, int is_alloc) {
     else trace_free(tracker->trace, &info);
 }
 
-static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner, int zeroed) {
+static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category, dtype type, const char *owner,
+                      int zeroed) {
     if ((int)category < 0 || category >= MEM_CATEGORY_COUNT) {
         fprintf(stderr, "rank %d: mem_alloc for '%s': invalid category %d\n", tracker->rank, owner, (int)category);
         abort();
@@ -153,6 +155,7 @@ static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category,
     block->block = served;
     block->bytes = bytes;
     block->category = category;
+    block->dtype = type;
     block->id = tracker->next_id++;
     snprintf(block->owner, sizeof block->owner, "%s", owner);
 
@@ -165,12 +168,24 @@ static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category,
     return ptr;
 }
 
+/* What an untyped request holds: token ids in data, float32 everywhere else. */
+static dtype default_dtype(mem_category category) { return category == MEM_DATA ? DTYPE_INT32 : DTYPE_FLOAT32; }
+
 void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner) {
-    return allocate(tracker, bytes, category, owner, 1);
+    return allocate(tracker, bytes, category, default_dtype(category), owner, 1);
 }
 
 void *mem_alloc_uninitialized(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner) {
-    return allocate(tracker, bytes, category, owner, 0);
+    return allocate(tracker, bytes, category, default_dtype(category), owner, 0);
+}
+
+void *mem_alloc_typed(mem_tracker *tracker, size_t bytes, mem_category category, dtype type, const char *owner) {
+    return allocate(tracker, bytes, category, type, owner, 1);
+}
+
+void *mem_alloc_uninitialized_typed(mem_tracker *tracker, size_t bytes, mem_category category, dtype type,
+                                    const char *owner) {
+    return allocate(tracker, bytes, category, type, owner, 0);
 }
 
 static mem_block *find_live(const mem_tracker *tracker, const void *ptr) {

@@ -28,6 +28,7 @@
 
 #include "../trace/trace.h"
 #include "allocator.h"
+#include "dtype.h"
 
 typedef enum mem_category {
     MEM_PARAM_SHARD,
@@ -41,6 +42,8 @@ typedef enum mem_category {
     MEM_COMM_BUFFER,
     MEM_DATA,
     MEM_KV_CACHE,                 /* generation's keys and values of the positions so far (qwen2_kv_cache) */
+    MEM_PARAM_SHARD_LOW_PRECISION, /* mixed precision: the local shard cast to param_dtype for the all-gather
+                                      (torch's _mp_shard), from pre_unshard until the all-gather is done */
     MEM_CATEGORY_COUNT
 } mem_category;
 
@@ -51,6 +54,7 @@ typedef struct mem_block {
     void *ptr;
     size_t bytes;
     mem_category category;
+    dtype dtype;                             /* what its elements are (the `alloc` event's dtype) */
     uint64_t id;
     allocator_block *block;                  /* the allocator's block that holds it */
     char owner[MEM_OWNER_MAX];
@@ -95,6 +99,11 @@ void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const
 /* Like mem_alloc but the contents are undefined: for buffers the caller overwrites completely (forward
  * activations), where zeroing would only cost time. */
 void *mem_alloc_uninitialized(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner);
+/* The same with the elements' type named (the `alloc` event's dtype). mem_alloc's blocks are float32, except in
+ * category data (int32: token ids). */
+void *mem_alloc_typed(mem_tracker *tracker, size_t bytes, mem_category category, dtype type, const char *owner);
+void *mem_alloc_uninitialized_typed(mem_tracker *tracker, size_t bytes, mem_category category, dtype type,
+                                    const char *owner);
 /* Frees a block from mem_alloc. NULL is a no-op (like free). Aborts on a double free or an unknown pointer. */
 void mem_free(mem_tracker *tracker, void *ptr);
 /* Like mem_free but returns -1 and fills tracker->error instead of aborting (tests use it). */

@@ -50,6 +50,63 @@ typedef struct unit_sizes {
     count padded_unsharded_numel, sharded_numel;
 } unit_sizes;
 
+/* Mixed precision (core/flat_param.h) changes four categories; the float32 shard, its gradient and AdamW's states do
+ * not change (16 bytes per parameter / N together). With p = param_dtype's size, r = reduce_dtype's (2 for bfloat16):
+ *   param_unsharded   an unsharded unit holds its p-byte gathered buffer and, on CPU, the 4-byte copy the layers read
+ *                     (made when the all-gather is waited for): 4 + p bytes per element. A prefetched neighbour whose
+ *                     all-gather is still in flight on its stream holds only its p bytes: a pair x (in use), y
+ *                     (prefetched) costs (4 + p) x + p y. Without comm streams every gather completes at once.
+ *   param_shard_low_precision   the _mp_shard, pre_unshard to post_unshard: one unit's shard, or two neighbours' when a
+ *                     prefetch is issued before the unit in use was waited for (streams and prefetch).
+ *   grad_unsharded    when reduce_dtype is not float32: at the reduce the float32 gradient (4 bytes) and its r-byte
+ *                     copy live together for a moment, then only the r-byte copy until the wait (in the next unit's
+ *                     _post_backward_hook with streams, beside that unit's float32 gradient).
+ *   comm_buffer       the reduce-scatter's r-byte output shard (always: it is cast and added into grad_shard) and the
+ *                     ring's running sums (3+ ranks) in r bytes. */
+static void predict_mixed_precision(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options,
+                                    int world_size, int forward_passes) {
+    count p = (count)dtype_size(options->mixed_precision.param_dtype);
+    count r = (count)dtype_size(options->mixed_precision.reduce_dtype), f = sizeof(float);
+    int streams = options->comm_streams;
+    int param_pairs = options->backward_prefetch == BACKWARD_PRE || (options->forward_prefetch && forward_passes > 1);
+    count root = units[0].padded_unsharded_numel, all = 0, largest_shard = 0, shard_pair = 0;
+    count one_unit = 0, unit_pair = 0; /* param_unsharded of the non-root units in flight, in bytes */
+    for (int unit = 0; unit < unit_count; unit++) {
+        count x = units[unit].padded_unsharded_numel;
+        all += x;
+        largest_shard = max_of(largest_shard, units[unit].sharded_numel);
+        if (unit > 0) shard_pair = max_of(shard_pair, units[unit].sharded_numel + units[unit - 1].sharded_numel);
+        if (unit > 0) one_unit = max_of(one_unit, (f + p) * x);
+        if (unit > 1) {
+            count y = units[unit - 1].padded_unsharded_numel;
+            unit_pair = max_of(unit_pair, streams ? (f + p) * max_of(x, y) + p * (x + y - max_of(x, y))
+                                                  : (f + p) * (x + y));
+        }
+    }
+    if (unit_count <= 2) unit_pair = one_unit;
+    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = (f + p) * all;
+    else peak[MEM_PARAM_UNSHARDED] = (f + p) * root + (param_pairs ? unit_pair : one_unit);
+    peak[MEM_PARAM_SHARD_LOW_PRECISION] = p * (streams && param_pairs ? max_of(shard_pair, largest_shard)
+                                                                      : largest_shard);
+    if (options->mixed_precision.reduce_dtype == DTYPE_FLOAT32) return; /* gradients reduce as without it */
+    /* Backward meets units L .. 1, the root last (its float32 gradient lives from the first backward piece). A unit's
+     * reduce: its float32 gradient + its r-byte copy, beside the float32 gradients still held (the root's; under
+     * no_sync every unit's not yet reduced) and, with streams, the previous unit's r-byte copy until its wait. */
+    int keeps_all = options->no_sync && options->accumulation_steps > 1;
+    count held = keeps_all ? all : root, grad_peak = f * held, previous = 0;
+    for (int unit = unit_count - 1; unit >= 0; unit--) {
+        count x = units[unit].padded_unsharded_numel;
+        count others = unit == 0 ? 0 : (keeps_all ? 0 : f * x);          /* this unit's float32 gradient, if not held */
+        grad_peak = max_of(grad_peak, f * held + others + (streams ? r * previous : 0)); /* its backward */
+        grad_peak = max_of(grad_peak, f * held + others + r * x);         /* its reduce starts (previous waited) */
+        if (keeps_all || unit == 0) held -= x;                              /* its float32 gradient is freed */
+        previous = x;
+    }
+    peak[MEM_GRAD_UNSHARDED] = grad_peak;
+    count ring_buffers = world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
+    peak[MEM_COMM_BUFFER] = largest_shard * r * (1 + ring_buffers);
+}
+
 static void predict(memory_prediction *p, const qwen2_config *c, const unit_sizes *units, int unit_count,
                     int replicated, const fsdp_options *options, int world_size, int B, int T,
                     size_t data_stream_bytes, int forward_passes) {
@@ -114,6 +171,8 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     count rope = 2 * (count)T * c->head_dim;
     peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T), N * C)) * f;
     peak[MEM_DATA] = 4 * N * sizeof(int) + (count)data_stream_bytes; /* the lab's batch + the model's copy */
+    if (fp_mixed_precision_enabled(&options->mixed_precision))
+        predict_mixed_precision(peak, units, unit_count, options, world_size, forward_passes);
     /* CPU offload (core/offload.h): the shards, gradient shards, moments and the accumulation buffer move to the host
      * pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one gradient
      * shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time. */
@@ -252,7 +311,7 @@ memory_prediction memory_model_host_part(const memory_prediction *prediction) {
 void memory_model_report(const memory_prediction *p, const size_t *measured, size_t measured_total,
                          size_t measured_reserved, char *out, size_t out_size) {
     size_t used = (size_t)snprintf(out, out_size, "memory per rank, analytic model vs measured peak:\n"
-                                                  "  %-17s %12s %12s %7s %12s\n", "category", "predicted",
+                                                  "  %-25s %12s %12s %7s %12s\n", "category", "predicted",
                                    "measured", "ratio", "difference");
     char predicted_text[32], measured_text[32];
     for (int category = 0; category < MEM_CATEGORY_COUNT && used < out_size; category++) {
@@ -260,7 +319,7 @@ void memory_model_report(const memory_prediction *p, const size_t *measured, siz
         double ratio = p->category_peak[category] ? (double)measured[category] / (double)p->category_peak[category] : 0.0;
         /* in bytes, exactly: the model counts the very buffers the code allocates, so anything but 0 is a bug */
         long long difference = (long long)measured[category] - (long long)p->category_peak[category];
-        used += (size_t)snprintf(out + used, out_size - used, "  %-17s %12s %12s %7.3f %+10lld B\n",
+        used += (size_t)snprintf(out + used, out_size - used, "  %-25s %12s %12s %7.3f %+10lld B\n",
                                  mem_category_name((mem_category)category),
                                  mem_format_bytes(p->category_peak[category], predicted_text, sizeof predicted_text),
                                  mem_format_bytes(measured[category], measured_text, sizeof measured_text), ratio,
@@ -268,13 +327,13 @@ void memory_model_report(const memory_prediction *p, const size_t *measured, siz
     }
     if (used < out_size)
         used += (size_t)snprintf(out + used, out_size - used,
-                                 "  %-17s %12s %12s   (allocated peak <= sum of category peaks)\n", "total",
+                                 "  %-25s %12s %12s   (allocated peak <= sum of category peaks)\n", "total",
                                  mem_format_bytes(p->sum_of_peaks, predicted_text, sizeof predicted_text),
                                  mem_format_bytes(measured_total, measured_text, sizeof measured_text));
     /* Reserved bytes (segments): exact figures, so a check can read them. */
     if (used < out_size)
         snprintf(out + used, out_size - used,
-                 "  %-17s %12s %12s   (allocated <= reserved <= bound: 1.5 x sum of peaks + 22 MiB)\n"
+                 "  %-25s %12s %12s   (allocated <= reserved <= bound: 1.5 x sum of peaks + 22 MiB)\n"
                  "  reserved bytes: measured %zu, allocated peak %zu, bound %zu\n",
                  "reserved", mem_format_bytes(p->reserved_bound, predicted_text, sizeof predicted_text),
                  mem_format_bytes(measured_reserved, measured_text, sizeof measured_text), measured_reserved,

@@ -24,7 +24,9 @@
  *   env: MODEL (tiny, qwen2-0.5b or its seed name qwen2), MBS (sequences per rank per micro-batch), ACC, STEPS, SEQ, EVAL (every N steps
  *   print a generated story; 0 off), STRATEGY (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, and lab 08's HYBRID_SHARD and
  *   _HYBRID_SHARD_ZERO2 with SHARD_GROUP: ranks per shard group, default the ranks per node), CKPT (activation
- *   checkpointing 0/1), NO_SYNC (0/1), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
+ *   checkpointing 0/1), NO_SYNC (0/1),
+ *   MP (mixed precision, torch's MixedPrecision: fp32, the default, off; bf16: bfloat16 parameters and gradient
+ *   reduction; bf16,reduce=fp32; see lab 07), LR, CLIP (max grad norm, 0 off), SEED, DATA (text or .bin token file;
  *   default: generated stories), TOKENIZER (how text becomes ids: auto, the default, is Qwen2's BPE for qwen2-0.5b
  *   when data/qwen2/qwen.tiktoken is there and bytes for tiny; bytes; qwen2; or a vocabulary's path), OUT (run dir), SAVE (write an HF checkpoint there at the end), GRADS (write step 1's
  *   gradients there, as the optimizer sees them, in checkpoint form: what check-05 compares), THREADS, CONFIG
@@ -133,6 +135,7 @@ static fsdp_options make_options(context *ctx, const settings *s) {
                             .activation_checkpointing = s->checkpointing, .no_sync = s->no_sync,
                             .accumulation_steps = s->accumulation, .offload_params = s->offload};
     fsdp_prefetch_options_from_env(ctx, &options);
+    fsdp_mixed_precision_from_env(ctx, &options);
     return options;
 }
 
@@ -329,6 +332,30 @@ static int resume(context *ctx, const settings *s, qwen2_model *model, adamw_sta
     return (int)progress.step + 1;
 }
 
+/* Mixed precision: every parameter's sum over ranks of |local gradient| as it went into the reduce (sum_r ||t_r||_1,
+ * flat_param's local_grad_l1), beside GRADS' gradients in local_grad_l1.json: what the bound of a bfloat16 sum over
+ * ranks needs (tests/check_mixed_grads.py). Collective. */
+static void save_local_grad_l1(context *ctx, qwen2_model *model, const fsdp_options *options, const char *directory) {
+    for (int unit = 0; unit < model->unit_count; unit++)
+        ctx_allreduce(ctx, model->units[unit].local_grad_l1, model->units[unit].param_count, MPI_DOUBLE, MPI_SUM,
+                      "the local gradients' sums");
+    if (ctx->rank != 0) return;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/local_grad_l1.json", directory);
+    FILE *file = fopen(path, "w");
+    if (file == NULL) ctx_fatal(ctx, "GRADS='%s': cannot write %s", directory, path);
+    fprintf(file, "{\"world\": %d, \"param_dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"local_grad_l1\": {",
+            ctx->world_size, dtype_name(options->mixed_precision.param_dtype),
+            dtype_name(options->mixed_precision.reduce_dtype));
+    for (int p = 0; p < model->tree.param_count; p++) {
+        qwen2_location at = model->locations[p];
+        fprintf(file, "%s\n  \"%s\": %.17g", p ? "," : "", model->tree.params[p].name,
+                model->units[at.unit].local_grad_l1[at.index]);
+    }
+    fprintf(file, "\n}}\n");
+    if (fclose(file) != 0) ctx_fatal(ctx, "GRADS='%s': writing %s failed", directory, path);
+}
+
 int main(int argc, char **argv) {
     context ctx;
     ctx_init(&ctx, &argc, &argv, "05_full_step", "runs/05_full_step");
@@ -363,6 +390,9 @@ int main(int argc, char **argv) {
     int *targets = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
     if (ctx.rank == 0) {
         printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx.world_size, s.accumulation);
+        if (fp_mixed_precision_enabled(&options.mixed_precision))
+            printf("(mixed precision: param_dtype %s, reduce_dtype %s; float32 master shards and AdamW)\n",
+                   dtype_name(options.mixed_precision.param_dtype), dtype_name(options.mixed_precision.reduce_dtype));
         char mesh_text[64] = "";
         if (ctx.mesh) snprintf(mesh_text, sizeof mesh_text, " (%d replicate x %d shard ranks)", mesh.replicate_size,
                                mesh.shard_size);
@@ -391,6 +421,8 @@ int main(int argc, char **argv) {
         }
         if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && ckpt_save_gradients(&model, s.grads) != 0)
             ctx_fatal(&ctx, "GRADS='%s': %s", s.grads, ctx.error);
+        if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && fp_mixed_precision_enabled(&options.mixed_precision))
+            save_local_grad_l1(&ctx, &model, &options, s.grads);
         /* Divergence stops the run before the optimizer writes NaN into the parameters (and before SAVE). */
         double step_loss = loss_sum;
         ctx_allreduce(&ctx, &step_loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");

@@ -1,4 +1,4 @@
-/* lesson_trainer.h — what labs 06 and 08 build for each mode they compare: a fresh tiny (or CONFIG) Qwen2 from SEED,
+/* lesson_trainer.h — what labs 06, 07 and 08 build for each mode they compare: a fresh tiny (or CONFIG) Qwen2 from SEED,
  * one FSDP unit per decoder layer under the given options, its runtime, AdamW on the shards and the generated
  * stories; then optimizer steps of one micro-batch each. Each mode starts from the same parameters and batches, so
  * the modes differ only in what the lab compares. */
@@ -29,7 +29,7 @@ typedef struct lesson_trainer {
 
 /* Refuses (every rank exits) a run the memory model says cannot fit, before anything is allocated (MEMORY_CHECK=0
  * skips it); then builds everything. A hybrid strategy shards over ctx->mesh's shard group, so set it first. */
-static void lesson_trainer_open(lesson_trainer *t, context *ctx, const fsdp_options *options, int micro_batch,
+static inline void lesson_trainer_open(lesson_trainer *t, context *ctx, const fsdp_options *options, int micro_batch,
                                 int seq_len, uint64_t seed, int steps) {
     *t = (lesson_trainer){.ctx = ctx, .options = *options, .micro_batch = micro_batch, .seq_len = seq_len,
                           .steps = steps};
@@ -59,7 +59,7 @@ static void lesson_trainer_open(lesson_trainer *t, context *ctx, const fsdp_opti
 
 /* One optimizer step of one micro-batch: the next batch, forward and backward with the FSDP hooks, AdamW on every
  * unit's shard, zero_grad. Returns this rank's loss. */
-static float lesson_trainer_step(lesson_trainer *t) {
+static inline float lesson_trainer_step(lesson_trainer *t) {
     data_next_batch(&t->loader, t->tokens, t->targets);
     float loss = fsdp_forward_backward(&t->runtime, t->tokens, t->targets, t->micro_batch, t->seq_len,
                                        FSDP_MICRO_BATCH_LAST);
@@ -71,13 +71,13 @@ static float lesson_trainer_step(lesson_trainer *t) {
 }
 
 /* The memory model's prediction for what ran (per category, to set beside the measured peaks). */
-static void lesson_trainer_predict(const lesson_trainer *t, memory_prediction *predicted) {
+static inline void lesson_trainer_predict(const lesson_trainer *t, memory_prediction *predicted) {
     memory_model_predict(predicted, &t->model, &t->options, t->ctx->world_size, t->micro_batch, t->seq_len,
                          t->loader.token_bytes, t->steps);
 }
 
 /* Frees everything, and empties the allocator's cache: the next mode starts from nothing reserved. */
-static void lesson_trainer_close(lesson_trainer *t) {
+static inline void lesson_trainer_close(lesson_trainer *t) {
     context *ctx = t->ctx;
     mem_free(&ctx->mem, t->tokens);
     mem_free(&ctx->mem, t->targets);

@@ -35,11 +35,13 @@ MS = 1e3  # event times are microseconds
 
 # Memory categories in trace/EVENTS.md's order, each with one colour in every notebook.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state", "activation",
-              "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]
+              "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache",
+              "param_shard_low_precision"]
 CATEGORY_COLORS = {
     "param_shard": "#1f77b4", "param_unsharded": "#9ecae1", "grad_unsharded": "#fdae6b", "grad_shard": "#e6550d",
     "optim_state": "#756bb1", "activation": "#31a354", "checkpoint_input": "#a1d99b", "workspace": "#bdbdbd",
     "comm_buffer": "#f768a1", "data": "#636363", "kv_cache": "#17becf",
+    "param_shard_low_precision": "#bcbd22",
 }
 OP_COLORS = {"all_gather": "#3182bd", "reduce_scatter": "#e6550d", "all_reduce": "#756bb1", "broadcast": "#31a354",
              "barrier": "#969696"}

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, ShardingStrategy
+from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from transformers import Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
@@ -53,7 +53,34 @@ def arguments():
     parser.add_argument("--backward-prefetch", default="BACKWARD_PRE", choices=sorted(BACKWARD_PREFETCH))
     parser.add_argument("--forward-prefetch", type=int, default=0, choices=(0, 1))
     parser.add_argument("--limit-all-gathers", type=int, default=1, choices=(0, 1))
+    parser.add_argument("--mp", default="fp32", help="lab 05's MP: fp32 (off), bf16, bf16,reduce=fp32, "
+                        "bf16,keep_low_precision_grads=1")
     return parser.parse_args()
+
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def mixed_precision(text):
+    """lab 05's MP setting as torch's MixedPrecision (None when off); the same grammar as fsdp_mixed_precision_parse:
+    <param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1], reduce_dtype following
+    param_dtype when not given (torch's None does the same)."""
+    if text in ("", "none", "fp32", "float32"):
+        return None
+    first, *settings = text.split(",")
+    fields = {"param_dtype": DTYPES[first]}
+    for setting in settings:
+        name, value = setting.split("=")
+        if name == "reduce":
+            fields["reduce_dtype"] = DTYPES[value]
+        elif name == "buffer":
+            fields["buffer_dtype"] = DTYPES[value]
+        elif name == "keep_low_precision_grads":
+            fields["keep_low_precision_grads"] = value == "1"
+        else:
+            raise SystemExit(f"--mp '{text}': '{name}' is not reduce, buffer or keep_low_precision_grads")
+    fields.setdefault("reduce_dtype", fields["param_dtype"])
+    return MixedPrecision(**fields)
 
 
 def my_batches(path, rank, world, mbs, seq, count):
@@ -92,11 +119,13 @@ def main():
         device_mesh=hybrid_mesh(args, world),
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}),
         backward_prefetch=BACKWARD_PREFETCH[args.backward_prefetch], forward_prefetch=bool(args.forward_prefetch),
-        limit_all_gathers=bool(args.limit_all_gathers))
+        limit_all_gathers=bool(args.limit_all_gathers), mixed_precision=mixed_precision(args.mp))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
     batches = my_batches(args.batches, rank, world, args.mbs, args.seq, args.steps * args.acc)
     if rank == 0:
         print(f"Ranks = {world}, FSDP = torch, Acc = {args.acc}", flush=True)
+        if args.mp not in ("", "none", "fp32", "float32"):
+            print(f"(mixed precision: {mixed_precision(args.mp)})", flush=True)
     for step in range(1, args.steps + 1):
         start, loss_sum = time.perf_counter(), 0.0
         for micro in range(args.acc):

@@ -8,7 +8,8 @@
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
 # CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
 # SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node, for both),
-# EVAL (fsdplab: print a generated story every EVAL steps), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
+# EVAL (fsdplab: print a generated story every EVAL steps), MP (mixed precision as torch's MixedPrecision, both sides:
+# fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
 # BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), COMM_STREAMS (fsdplab only:
 # 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), OFFLOAD
 # (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
@@ -26,6 +27,8 @@ BACKEND=${BACKEND:-mpi}
 export MODEL=${MODEL:-tiny} MBS=${MBS:-4} ACC=${ACC:-2} STEPS=${STEPS:-3} SEQ=${SEQ:-128} LR=${LR:-1e-3}
 export SEED=${SEED:-1234} STRATEGY=${STRATEGY:-FULL_SHARD} CLIP=${CLIP:-0} EVAL=${EVAL:-0} DATA=${DATA:-}
 export CONFIG=${CONFIG:-}
+# Mixed precision, torch's MixedPrecision for both sides: fp32 (off), bf16 (param and reduce), bf16,reduce=fp32, ...
+export MP=${MP:-fp32}
 # torch's FullyShardedDataParallel defaults, for both sides (lab 05 alone runs blocking; lab 06 teaches these)
 export BACKWARD_PREFETCH=${BACKWARD_PREFETCH:-BACKWARD_PRE} FORWARD_PREFETCH=${FORWARD_PREFETCH:-0}
 export LIMIT_ALL_GATHERS=${LIMIT_ALL_GATHERS:-1} COMM_STREAMS=${COMM_STREAMS:-1}
@@ -42,6 +45,11 @@ case "$BACKEND" in
   *) fail "BACKEND='$BACKEND' is not allowed; choose one of: mpi, gloo, nccl" ;;
 esac
 [[ "$PROCESSES" =~ ^[1-9][0-9]*$ ]] || fail "PROCESSES='$PROCESSES' is not a positive integer"
+# The grammar of MP (core/fsdp.h fsdp_mixed_precision_parse), checked here so the torch side gets only what lab 05
+# takes.
+dtype_re='(bf16|bfloat16|fp32|float32)'
+[[ "$MP" =~ ^(none|$dtype_re(,reduce=$dtype_re|,buffer=(fp32|float32)|,keep_low_precision_grads=[01])*)$ ]] ||
+  fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or <param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, e.g. bf16,reduce=fp32"
 # The same names core/qwen2.c accepts (qwen2, the seed's name, is Qwen2-0.5B); checked here so a typo fails before make.
 case "$MODEL" in
   tiny | qwen2-0.5b | qwen2) ;;
@@ -82,7 +90,7 @@ run_torch() {
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --shard-group "${SHARD_GROUP:-0}" \
     --backward-prefetch "$BACKWARD_PREFETCH" \
-    --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" 2> "$work/torch/stderr.log" ||
+    --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --mp "$MP" 2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }
 

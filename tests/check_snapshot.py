@@ -36,7 +36,8 @@ VIEWER_OPCODES = {"PROTO", "STOP", "MARK", "EMPTY_DICT", "SETITEMS", "SETITEM", 
 ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "snapshot", "oom"}
 BLOCK_STATES = {"active_allocated", "active_pending_free", "inactive"}
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state", "activation",
-              "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]
+              "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache",
+              "param_shard_low_precision"]
 
 
 def is_int(value):

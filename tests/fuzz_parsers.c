@@ -553,19 +553,19 @@ static int jsonl_seed(fuzz_state *state) {
         trace_reset_t0(&sink);
         mem_tracker mem;
         mem_init(&mem, rank, &sink, NULL);
-        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 2, 0};
+        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 2, 0, NULL, NULL, NULL, 0};
         trace_fsdp(&sink, &options);
         void *shard = mem_alloc(&mem, 1000 * (size_t)(rank + 1), MEM_PARAM_SHARD, "layers.0.flat_param");
         trace_state(&sink, "layers.0", "HandleTrainingState", "IDLE", "FORWARD", "_pre_forward");
         void *full = mem_alloc(&mem, 2 << 20, MEM_PARAM_UNSHARDED, "layers.0._full_param_padded");
         trace_collective_info gather = {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 0, "all_gather",
-                                        10, 12, 20, NULL, 0, NULL};
+                                        10, 12, 20, NULL, 0, NULL, "float32"};
         trace_collective(&sink, &gather);
         trace_wait_info waited = {"all_gather", "all_gather", "layers.0", 0, "_pre_forward", 12, 20};
         trace_wait(&sink, &waited);
         trace_compute(&sink, "layers.0.forward", "layers.0", "forward", 32, 5);
         trace_collective_info scatter = {"reduce_scatter", "layers.0", "avg", 1024, 4096, 2048, 2048, 1, "compute",
-                                         40, 40, 6, NULL, 0, NULL};
+                                         40, 40, 6, NULL, 0, NULL, "float32"};
         trace_collective(&sink, &scatter);
         mem_free(&mem, full);
         trace_mark(&sink, "after backward");

@@ -477,6 +477,49 @@ START_TEST(test_streams_keep_order_and_wait_for_events) {
 }
 END_TEST
 
+/* bfloat16 (mixed precision): the all-gather moves the 2-byte elements bit for bit, half the bytes; the ring
+ * reduce-scatter's result is, bit for bit, the bfloat16 sum in the ring's order (chunk c starts at rank c + 1, each
+ * hop rounding received + mine once, as c10::BFloat16's a + b), then for a mean times 1/N rounded once. Every rank's
+ * input is computable anywhere (input_value), so the reference needs no communication. */
+START_TEST(test_bfloat16_collectives) {
+    int world = ctx.world_size;
+    for (size_t c = 0; c < COUNT_OF(chunk_counts); c++) {
+        size_t chunk = chunk_counts[c], full_count = chunk * (size_t)world;
+        bf16 *shard = mem_alloc_typed(&ctx.mem, chunk * 2, MEM_WORKSPACE, DTYPE_BFLOAT16, "test.bf16_shard");
+        bf16 *full = mem_alloc_typed(&ctx.mem, full_count * 2, MEM_WORKSPACE, DTYPE_BFLOAT16, "test.bf16_full");
+        for (size_t i = 0; i < chunk; i++) shard[i] = bf16_from_float(input_value(31, ctx.rank, i));
+        ck_assert_int_eq(comm_all_gather_typed(&ctx, NULL, NULL, shard, full, full_count, DTYPE_BFLOAT16, "test", NULL), 0);
+        int same = 1;
+        for (size_t i = 0; i < full_count; i++)
+            same &= full[i] == bf16_from_float(input_value(31, (int)(i / chunk), i % chunk));
+        const trace_collective_info *info = &ctx.last_collective;
+        CK_ASSERT_ALL(&ctx, same && info->bytes == full_count * 2 && strcmp(info->dtype, "bfloat16") == 0 &&
+                      info->bytes_sent == (uint64_t)(world - 1) * chunk * 2,
+                      "bfloat16 all_gather of %zu: same %d, bytes %llu", full_count, same,
+                      (unsigned long long)info->bytes);
+        for (int reduce = COMM_SUM; reduce <= COMM_AVG; reduce++) {
+            for (size_t i = 0; i < full_count; i++) full[i] = bf16_from_float(input_value(41, ctx.rank, i));
+            ck_assert_int_eq(comm_reduce_scatter_typed(&ctx, NULL, NULL, full, shard, full_count, DTYPE_BFLOAT16,
+                                                       (comm_reduce)reduce, "test", NULL), 0);
+            int exact = 1;
+            for (size_t i = 0; i < chunk; i++) {
+                size_t at = (size_t)ctx.rank * chunk + i;
+                bf16 sum = bf16_from_float(input_value(41, (ctx.rank + 1) % world, at));
+                for (int k = 2; k <= world; k++)
+                    sum = bf16_add(sum, bf16_from_float(input_value(41, (ctx.rank + k) % world, at)));
+                if (reduce == COMM_AVG && world > 1) sum = bf16_from_float(bf16_to_float(sum) * (1.0f / (float)world));
+                exact &= shard[i] == sum;
+            }
+            CK_ASSERT_ALL(&ctx, exact && ctx.last_collective.bytes == full_count * 2,
+                          "bfloat16 reduce_scatter (%s) of %zu differs from the ring's bfloat16 sum",
+                          reduce == COMM_AVG ? "avg" : "sum", full_count);
+        }
+        mem_free(&ctx.mem, shard);
+        mem_free(&ctx.mem, full);
+    }
+}
+END_TEST
+
 int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "test_comm", "runs/check/test_comm");
     Suite *suite = suite_create("comm");
@@ -496,6 +539,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_start_wait_on_streams_equals_blocking);
     tcase_add_test(tc, test_streams_keep_order_and_wait_for_events);
     tcase_add_test(tc, test_group_collectives_match_their_members_inputs);
+    tcase_add_test(tc, test_bfloat16_collectives);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }

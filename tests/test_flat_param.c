@@ -157,6 +157,79 @@ START_TEST(test_reduce_scattered_gradient_is_the_mean_and_accumulates) {
 }
 END_TEST
 
+/* Mixed precision (bfloat16 param and reduce): the gathered unit is exactly the float32 master rounded to bfloat16
+ * (not shifted, not left in float32), the master is untouched, the low-precision shard is gone after the unshard and
+ * param_unsharded holds the 2-byte buffer plus the 4-byte copy; the gradient shard is, bit for bit, the ring's
+ * bfloat16 mean of the ranks' bfloat16-rounded gradients (chunk r summed from rank r + 1 on, one rounding per hop,
+ * times 1/N rounded once), widened and accumulated in float32 over two micro-batches. */
+START_TEST(test_mixed_precision_unshard_and_reduce) {
+    fp_mixed_precision bf16_everywhere = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
+    int world = ctx.world_size;
+    for (uint64_t seed = 300; seed < 300 + SHAPE_LISTS; seed++) {
+        shape_list list;
+        make_shape_list(&list, seed);
+        flat_param fp;
+        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        ck_assert_int_eq(fp_set_mixed_precision(&fp, &bf16_everywhere), 0);
+        fp_fill_local_shard(&fp, fill_values, &seed);
+        size_t live_sharded = ctx.mem.live_bytes;
+        ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
+        ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * (2 + sizeof(float)));
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_PARAM_SHARD_LOW_PRECISION], 0);
+        int ok = 1;
+        for (int i = 0; i < list.count; i++) {
+            float expected[9 * 9 * 9];
+            fill_values(list.names[i], 0, fp.params[i].numel, expected, &seed);
+            const float *view = fp_param_view(&fp, list.names[i]);
+            const bf16 *low = (const bf16 *)fp.low_precision_full_param + fp.params[i].offset;
+            for (size_t k = 0; k < fp.params[i].numel; k++)
+                ok &= view[k] == bf16_round(expected[k]) && low[k] == bf16_from_float(expected[k]);
+        }
+        size_t begin, end;
+        fp_shard_range(&fp, ctx.rank, &begin, &end);
+        float *master = mem_alloc(&ctx.mem, fp.sharded_numel * sizeof(float), MEM_WORKSPACE, "master");
+        fp_fill_flat_range(&fp, fill_values, &seed, begin, end, master);
+        ok &= memcmp(master, fp.local_shard, fp.sharded_numel * sizeof(float)) == 0;
+        CK_ASSERT_ALL(&ctx, ok, "shape list %llu: the gathered unit is not the bfloat16-rounded master",
+                      (unsigned long long)seed);
+        fp_reshard(&fp, "test");
+        ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.sharded_numel * sizeof(float));
+        mem_free(&ctx.mem, master);
+
+        float *expected = mem_alloc(&ctx.mem, fp.sharded_numel * sizeof(float), MEM_WORKSPACE, "expected");
+        float *theirs = mem_alloc(&ctx.mem, fp.padded_unsharded_numel * (size_t)world * sizeof(float), MEM_WORKSPACE,
+                                  "every rank's gradient");
+        for (int micro = 0; micro < 2; micro++) {
+            gradient_key mine = {seed, ctx.rank, micro};
+            fp_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, fp_alloc_full_grad(&fp));
+            ck_assert_int_eq(fp_reduce_scatter_grad(&fp, COMM_AVG), 0);
+            for (int rank = 0; rank < world; rank++) {
+                gradient_key key = {seed, rank, micro};
+                fp_fill_flat_range(&fp, fill_gradient, &key, 0, fp.padded_unsharded_numel,
+                                   theirs + (size_t)rank * fp.padded_unsharded_numel);
+            }
+            for (size_t i = 0; i < fp.sharded_numel; i++) {
+                size_t at = begin + i;
+                bf16 sum = bf16_from_float(theirs[(size_t)((ctx.rank + 1) % world) * fp.padded_unsharded_numel + at]);
+                for (int k = 2; k <= world; k++)
+                    sum = bf16_add(sum, bf16_from_float(theirs[(size_t)((ctx.rank + k) % world) *
+                                                               fp.padded_unsharded_numel + at]));
+                if (world > 1) sum = bf16_from_float(bf16_to_float(sum) * (1.0f / (float)world));
+                expected[i] = micro == 0 ? 0.0f + bf16_to_float(sum) : expected[i] + bf16_to_float(sum);
+            }
+        }
+        CK_ASSERT_ALL(&ctx, memcmp(expected, fp.grad_shard, fp.sharded_numel * sizeof(float)) == 0,
+                      "shape list %llu: the gradient shard is not the ring's bfloat16 mean, accumulated in float32",
+                      (unsigned long long)seed);
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_COMM_BUFFER], 0);
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_GRAD_UNSHARDED], 0);
+        mem_free(&ctx.mem, expected);
+        mem_free(&ctx.mem, theirs);
+        fp_free(&fp);
+    }
+}
+END_TEST
+
 START_TEST(test_bad_specs_are_refused_with_names) {
     flat_param fp;
     fp_tensor_spec repeated[] = {{"a.weight", 1, {3}}, {"a.weight", 1, {4}}};
@@ -179,6 +252,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_views_alias_the_right_offsets);
     tcase_add_test(tc, test_reduce_scattered_gradient_is_the_mean_and_accumulates);
     tcase_add_test(tc, test_bad_specs_are_refused_with_names);
+    tcase_add_test(tc, test_mixed_precision_unshard_and_reduce);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }

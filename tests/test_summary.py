@@ -162,7 +162,7 @@ STREAM_FSDP_LINE = ("fsdp (line 6): Qwen2ForCausalLM FULL_SHARD, backward_prefet
                     "limit_all_gathers on, activation_checkpointing off, no_sync off, 1 accumulation steps, 2 units")
 
 
-def write_run(rundir, world, events, version=3):
+def write_run(rundir, world, events, version=4):
     os.makedirs(rundir, exist_ok=True)
     for rank in range(world):
         with open(os.path.join(rundir, f"rank{rank}.jsonl"), "w", encoding="utf-8") as file:
@@ -183,6 +183,8 @@ def write_run(rundir, world, events, version=3):
                         line.setdefault("issue_ts", ts)
                 if kind == "compute" and version >= 3:
                     line.setdefault("stream", "compute")
+                if kind in ("alloc", "free", "collective") and version >= 4:  # float32 (data: int32) unless said
+                    line.setdefault("dtype", "int32" if fields.get("category") == "data" else "float32")
                 if kind in ("alloc", "free"):  # the block, and the one segment's bytes as reserved
                     address, size = BLOCKS.get(fields["id"], (SEGMENT + 1048576, 512))
                     line.update({"addr": address, "size": size, "segment": SEGMENT, "stream": 0, "reserved": 2097152})
@@ -217,7 +219,8 @@ def peak_problems(section):
         problems.append(f"peak line says {found}, expected {wanted}")
     rows = dict(re.findall(r"^  (\w+)\s+([\d,]+)\s+[\d.]+%$", section, re.M))
     for category in ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
-                     "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]:
+                     "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache",
+                     "param_shard_low_precision"]:
         wanted_bytes = PEAK["categories"].get(category, 0)
         if category not in rows or number(rows[category]) != wanted_bytes:
             problems.append(f"{category} at peak: {rows.get(category)}, expected {wanted_bytes}")

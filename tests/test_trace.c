@@ -18,11 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { WORLD = 2, CATEGORY_COUNT = 11 };
+enum { WORLD = 2, CATEGORY_COUNT = 12 };
 static const char *const categories[CATEGORY_COUNT] = {
     "param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
     "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
-    "kv_cache",
+    "kv_cache",    "param_shard_low_precision",
 };
 enum { PARAM_SHARD = 0, PARAM_UNSHARDED = 1, GRAD_SHARD = 3, ACTIVATION = 5 };
 
@@ -89,7 +89,7 @@ static void collective_write(trace_sink *sink, const char *op, const char *unit,
     trace_collective_info info = {op,    unit,      strcmp(op, "reduce_scatter") == 0 ? "avg" : NULL,
                                   count, bytes,     bytes / 2,
                                   bytes / 2, seq,   "compute", start_us, start_us,
-                                  trace_now_us(sink) - start_us, NULL, 0, NULL};
+                                  trace_now_us(sink) - start_us, NULL, 0, NULL, "float32"};
     trace_collective(sink, &info);
 }
 
@@ -450,7 +450,7 @@ START_TEST(test_flows_start_at_the_first_rank) {
         trace_reset_t0(&sink);
         for (int seq = 0; seq < 3; seq++) {
             trace_collective_info info = {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, (uint64_t)seq,
-                                          "compute", starts[seq][rank], starts[seq][rank], 5, NULL, 0, NULL};
+                                          "compute", starts[seq][rank], starts[seq][rank], 5, NULL, 0, NULL, "float32"};
             trace_collective(&sink, &info);
         }
         trace_close(&sink);
@@ -515,20 +515,20 @@ static char *streams_run_write(void) {
         trace_sink sink;
         ck_assert_int_eq(trace_open(&sink, dir, rank, WORLD), 0);
         trace_reset_t0(&sink);
-        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 3, 0};
+        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 3, 0, NULL, NULL, NULL, 0};
         trace_fsdp(&sink, &options);
         trace_collective_info gathers[2] = {
-            {"all_gather", "root", NULL, 1024, 4096, 2048, 2048, 0, "all_gather", 10, 10, 20, NULL, 0, NULL},
-            {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 1, "all_gather", 12, 30, 20, NULL, 0, NULL}};
+            {"all_gather", "root", NULL, 1024, 4096, 2048, 2048, 0, "all_gather", 10, 10, 20, NULL, 0, NULL, "float32"},
+            {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 1, "all_gather", 12, 30, 20, NULL, 0, NULL, "float32"}};
         trace_collective(&sink, &gathers[0]);
         trace_wait_info waited = {"all_gather", "all_gather", "root", 0, "_pre_forward", 12, 19};
         trace_wait(&sink, &waited);
         trace_compute(&sink, "root.forward", "root", "forward", 31, 14);
         trace_collective(&sink, &gathers[1]);
         trace_collective_info scatter = {"reduce_scatter", "layers.0", "avg", 1024, 4096, 2048, 2048, 2,
-                                         "reduce_scatter", 50, 50, 10, NULL, 0, NULL};
+                                         "reduce_scatter", 50, 50, 10, NULL, 0, NULL, "float32"};
         trace_collective(&sink, &scatter);
-        trace_collective_info loss = {"all_reduce", "loss", "sum", 1, 4, 4, 4, 3, "compute", 60, 60, 5, NULL, 0, NULL};
+        trace_collective_info loss = {"all_reduce", "loss", "sum", 1, 4, 4, 4, 3, "compute", 60, 60, 5, NULL, 0, NULL, "float32"};
         trace_collective(&sink, &loss);
         trace_wait_info limiter = {"compute", NULL, NULL, -1, NULL, 65, 1};
         trace_wait(&sink, &limiter);

@@ -17,6 +17,7 @@ sum, so over a million gradient elements and every variant of `make check` the c
     python3 tests/tolerances.py loss CONFIG_JSON TOKENS SEQ        relative bound on the first step's loss
     python3 tests/tolerances.py adamw LR STEPS                     absolute bound on parameters after STEPS steps
     python3 tests/tolerances.py drift GRADS_DIR TOKENS SEQ LR      absolute loss drift per AdamW step (derived)
+    python3 tests/tolerances.py torch_bf16_loss CONFIG_JSON TOKENS relative bound, step 1's loss, MP=bf16 vs torch
 
 TOKENS is the number of target tokens in one optimizer step (global batch x SEQ x accumulation).
 """
@@ -173,6 +174,75 @@ def derived_loss_drift(gradients, config, tokens, seq, lr):
     return lr / 4.0 * sum(len(g) * tol * max(abs(x) for x in g) for g in gradients.values())
 
 
+# bfloat16 (8 significant bits): unit roundoff of round-to-nearest-even, what one cast or one bfloat16 add costs.
+U_BF16 = 2.0 ** -8
+
+
+def bf16_sum_over_ranks_l1(local_l1_sum, world):
+    """Per tensor, an L1 bound on |G_N - G_1| from bfloat16 rounding alone, where G_N is the gradient N ranks reduce
+    in bfloat16 (MP=bf16) and G_1 the one 1 rank computes on the same global batch, both from the same bfloat16
+    weights. Let g_r be rank r's float32 local gradient and S = (1/N) sum_r g_r the exact global one (float32
+    differences between the runs are the separate gradient_tolerance term). Per element, with u = 2^-8:
+      1 rank:  G_1 = bf16(g), |G_1 - S| <= u |g|.
+      N ranks: t_r = bf16(g_r), |t_r - g_r| <= u |g_r| <= u/(1-u) |t_r|; the ring adds N - 1 partial sums, each
+               rounded to bfloat16 (comm.c, as c10::BFloat16's a + b): |ring - sum t_r| <= (N-1) u (1+u)^N sum|t_r|;
+               the mean's scaling rounds once more: u |G_N|.
+    With |G_N|, |g| <= (1+u)^(N+1) (1/N) sum_r |t_r| and A = sum over the tensor's elements of sum_r |t_r| (each
+    rank's ||t_r||_1, summed: lab 05 writes it beside GRADS as local_grad_l1.json):
+      ||G_N - G_1||_1 <= [(N-1) u (1+u)^N + u/(1-u) + 2 u (1+u)^(N+1)] A / N      (about (N+2) u ||G||_1)
+    Deterministic (worst case), for any order the ring or gloo adds in. Gradient accumulation (ACC > 1) adds the
+    same bound per micro-batch, which A already sums."""
+    u, n = U_BF16, world
+    return ((n - 1) * u * (1 + u) ** n + u / (1 - u) + 2 * u * (1 + u) ** (n + 1)) * local_l1_sum / n
+
+
+def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss, config, tokens, seq):
+    """|loss_MP(t) - loss_fp32(t)| for the same init and batches (lab 07). Three parts:
+      - computing on bfloat16 weights: L(bf16(w)) - L(w) = g . (bf16(w) - w) to first order, at most
+        r_t = sum_i |g_i| |w_i - bf16(w_i)| (the lab measures it each step on the master weights); the factor 2
+        leaves room for the second-order term, which is below the first while |bf16(w) - w| <= 2^-8 |w| is as
+        small as it is (an assumption, not a theorem: a loss flat to first order would break it);
+      - the trajectories: AdamW's updates from the two runs' gradients differ; later_loss_allowance's argument
+        (|g du| <= |dg| / 4 per element) with the step-1 gradient difference D = sum |g_MP - g_fp32|:
+        (t - 1) lr / 4 D;
+      - float32 rounding of the loss itself: loss_tolerance x |loss|.
+      bound_t = 2 r_t + (t - 1) lr / 4 D + loss_tolerance |loss|"""
+    return 2.0 * rounding + (step - 1) * lr / 4.0 * gradient_l1_difference + \
+        loss_tolerance(config, tokens, seq) * abs(loss)
+
+
+def bf16_forward_roundings(config):
+    """The tensors torch's bfloat16 forward (HF Qwen2, eager attention, MixedPrecision(param_dtype=bfloat16)) rounds
+    to bfloat16 on one value's way from the embedding to the logits. Per layer: input_layernorm (the float32 norm
+    cast back, then times the weight: 2), the q/k/v projection (1), RoPE (q cos, rotate_half(q) sin, their sum: 3),
+    the scores q k^T and their scaling (2), the mask added (1), softmax's float32 result cast back (1), probs times V
+    (1), o_proj (1), the residual add (1), post_attention_layernorm (2), gate and up (1 each on their paths: 1), SiLU
+    (1), SiLU times up (1), down_proj (1), the residual add (1): 20. Then the final norm (2) and lm_head (1); the
+    cross-entropy runs on logits.float()."""
+    return 20 * config["num_hidden_layers"] + 3
+
+
+def torch_bf16_loss_tolerance(config, tokens):
+    """Relative bound on the first optimizer step's loss, fsdplab MP=bf16 vs torch FSDP with
+    MixedPrecision(param_dtype=bfloat16): both start from the same float32 bytes and round them to the same bfloat16
+    weights (round to nearest even on both sides), but fsdplab keeps activations in float32 (core/flat_param.h)
+    while torch rounds each op's output to bfloat16 (bf16_forward_roundings: R per value's path). Model, as
+    loss_tolerance's: each rounding is an independent relative error of at most u = 2^-8 with mean zero, so one
+    token's cross-entropy moves by at most lambda u sqrt(R) x 2 l_i (the factor 2 as in loss_tolerance) with
+    probability 1 - 2 exp(-lambda^2 / 2); the n tokens' roundings are of different values, independent, so their mean
+    moves by at most lambda / sqrt(n) times the largest (Hoeffding); the largest token loss at initialisation is
+    taken as at most twice the mean (logits near 0: every l_i near ln V). Float32's own rounding is far below.
+
+      tol = 4 lambda^2 u sqrt(R) / sqrt(n)
+
+    For the tiny model (R = 83, n = 2048) that is 0.2: it catches a step that goes wrong as a whole (garbage
+    gathered, a unit computed in the wrong precision throughout), not a subtle one; lab 07's checks are the tight
+    ones. Later steps are not bounded: AdamW's updates from gradients whose bfloat16 rounding differs (torch rounds
+    every backward tensor too) differ by up to 2 lr per element (adamw_parameter_tolerance), which bounds the loss
+    only by ||g||_1 2 lr per step, larger than the loss on this model."""
+    return 4.0 * LAMBDA ** 2 * U_BF16 * math.sqrt(bf16_forward_roundings(config)) / math.sqrt(tokens)
+
+
 def main(argv):
     if len(argv) == 5 and argv[1] in ("gradients", "loss"):
         config, tokens, seq = load_config(argv[2]), int(argv[3]), int(argv[4])
@@ -184,6 +254,9 @@ def main(argv):
         config = load_config(f"{grads_dir}/config.json")
         gradients = read_safetensors(f"{grads_dir}/model.safetensors")
         print(f"{derived_loss_drift(gradients, config, tokens, seq, lr):.6e}")
+        return 0
+    if len(argv) == 4 and argv[1] == "torch_bf16_loss":
+        print(f"{torch_bf16_loss_tolerance(load_config(argv[2]), int(argv[3])):.6e}")
         return 0
     if len(argv) == 4 and argv[1] == "adamw":
         print(f"{adamw_parameter_tolerance(float(argv[2]), int(argv[3])):.6e}")

@@ -23,7 +23,10 @@ SCHEMA_VERSION = 4
 READABLE_VERSIONS = (3, 4)
 # EVENTS.md's order; every memory counter sample carries all of them, in this order.
 CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state",
-              "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache"]
+              "activation", "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache",
+              "param_shard_low_precision"]
+# EVENTS.md version 4: the element types and their sizes in bytes.
+DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "int32": 4, "uint16": 2, "uint8": 1}
 # A rank's tracks; the tid of track T in process pid is pid * 10 + T (tid_of), never the pid itself. compute, comm
 # and memory are always named; a stream's track only when the rank has a collective on it.
 TRACK_NAMES = {1: "compute", 2: "comm", 3: "memory", 4: "all_gather stream", 5: "reduce_scatter stream"}
@@ -302,6 +305,10 @@ def check_memory_jsonl(ranks, report):
             where = f"rank {rank} {pool} pool line {number} ({line['kind']} {line.get('bytes')} B {line.get('category')!r})"
             if line.get("category") not in CATEGORIES:
                 problems.append(f"{where}: category is not one of EVENTS.md's {len(CATEGORIES)}")
+            if line.get("dtype") not in DTYPE_SIZES:
+                problems.append(f"{where}: dtype {line.get('dtype')!r} is not one of {sorted(DTYPE_SIZES)}")
+            elif line.get("bytes", 0) % DTYPE_SIZES[line["dtype"]] != 0:
+                problems.append(f"{where}: {line.get('bytes')} bytes is not a whole number of {line['dtype']}")
             if line.get("category_live") != live[line.get("category")]:
                 problems.append(f"{where}: category_live {line.get('category_live')}, running sum "
                                 f"{live[line.get('category')]}")
@@ -508,17 +515,23 @@ def check_collectives(ranks, world, report):
             seq = line.get("seq")
             if rank in seen[seq]:
                 problems.append(f"rank {rank} line {number}: seq {seq} again (first at line {seen[seq][rank][0]})")
-            seen[seq][rank] = (number, line.get("op"), line.get("count"))
+            seen[seq][rank] = (number, line.get("op"), line.get("count"), line.get("dtype"))
+            size = DTYPE_SIZES.get(line.get("dtype")) if line.get("dtype") in ("float32", "bfloat16") else None
+            if size is None or line.get("bytes") != line.get("count", -1) * size:
+                problems.append(f"rank {rank} line {number}: {line.get('op')} dtype {line.get('dtype')!r}, count "
+                                f"{line.get('count')}, bytes {line.get('bytes')}: bytes must be count x the element "
+                                f"size of float32 or bfloat16")
     for seq in sorted(seen, key=str):
         missing = sorted(set(range(world)) - set(seen[seq]))
         if missing:
             problems.append(f"seq {seq}: missing on rank(s) {missing}")
-        shapes = {(op, count) for _, op, count in seen[seq].values()}
+        shapes = {(op, count, dtype) for _, op, count, dtype in seen[seq].values()}
         if len(shapes) > 1:
-            detail = ", ".join(f"rank {rank} line {number}: {op} count {count}"
-                               for rank, (number, op, count) in sorted(seen[seq].items()))
+            detail = ", ".join(f"rank {rank} line {number}: {op} count {count} {dtype}"
+                               for rank, (number, op, count, dtype) in sorted(seen[seq].items()))
             problems.append(f"seq {seq}: ranks disagree ({detail})")
-    report.check(f"each collective seq appears once on every rank with the same op and count ({len(seen)} seqs)",
+    report.check(f"each collective seq appears once on every rank with the same op, count and dtype, bytes = count x "
+                 f"its size ({len(seen)} seqs)",
                  problems)
     check_groups(ranks, world, report)
 

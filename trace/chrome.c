@@ -172,6 +172,7 @@ static cJSON *collective_convert(const trace_run *run, const run_rank *rank, con
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     string_arg(args, run, event, RUN_HAS_UNIT, "unit", event->unit);
     string_arg(args, run, event, RUN_HAS_REDUCE, "reduce", event->reduce);
+    string_arg(args, run, event, RUN_HAS_DTYPE, "dtype", event->dtype);
     if (event->present & RUN_HAS_COUNT) cJSON_AddNumberToObject(args, "count", (double)event->count);
     cJSON_AddNumberToObject(args, "bytes", (double)event->bytes);
     cJSON_AddNumberToObject(args, "bytes_sent", (double)event->bytes_sent);

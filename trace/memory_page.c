@@ -29,8 +29,9 @@ static int allocations_add(cJSON *rows, const run_rank *rank) {
         const run_event *event = &rank->events[index];
         if (event->kind != RUN_ALLOC) continue;
         double free_line = event->partner == RUN_NONE ? 0 : (double)rank->events[event->partner].line;
-        double values[5] = {(double)event->line, free_line, (double)event->bytes, event->category, event->label};
-        if (row_add(rows, values, 5) != 0) return -1;
+        double values[6] = {(double)event->line, free_line, (double)event->bytes, event->category, event->label,
+                            event->dtype};
+        if (row_add(rows, values, 6) != 0) return -1;
     }
     return 0;
 }

@@ -22,7 +22,7 @@
 const char *const run_categories[RUN_CATEGORY_COUNT] = {
     "param_shard", "param_unsharded", "grad_unsharded", "grad_shard",  "optim_state",
     "activation",  "checkpoint_input", "workspace",     "comm_buffer", "data",
-    "kv_cache",
+    "kv_cache",    "param_shard_low_precision",
 };
 
 const char *const run_stream_names[RUN_STREAM_COUNT] = {"compute", "all_gather", "reduce_scatter"};
@@ -227,6 +227,7 @@ static int collective_parse(rank_reader *reader, const cJSON *line, run_event *e
     if (string_field(reader, line, "collective", "op", 1, &event->label) != 0) return -1;
     if (optional_string(reader, line, "collective", "unit", RUN_HAS_UNIT, event, &event->unit) != 0) return -1;
     if (optional_string(reader, line, "collective", "reduce", RUN_HAS_REDUCE, event, &event->reduce) != 0) return -1;
+    if (optional_string(reader, line, "collective", "dtype", RUN_HAS_DTYPE, event, &event->dtype) != 0) return -1;
     if (cJSON_GetObjectItemCaseSensitive(line, "count") != NULL) {
         event->present |= RUN_HAS_COUNT;
         if (count_field(reader, line, "collective", "count", &event->count) != 0) return -1;
@@ -268,6 +269,7 @@ static int memory_parse(rank_reader *reader, const cJSON *line, run_event *event
     if (event->category == RUN_NONE)
         return line_fail(reader, "%s of category '%s', which EVENTS.md does not list", kind,
                          run_string(reader->run, category));
+    if (optional_string(reader, line, kind, "dtype", RUN_HAS_DTYPE, event, &event->dtype) != 0) return -1;
     if (count_field(reader, line, kind, "addr", &event->address) != 0) return -1;
     if (count_field(reader, line, kind, "size", &event->size) != 0) return -1;
     if (count_field(reader, line, kind, "segment", &event->segment) != 0) return -1;
@@ -413,6 +415,11 @@ static int fsdp_parse(rank_reader *reader, const cJSON *line, run_event *event) 
         if (fsdp_flag(reader, line, flags[i].key, flags[i].value) != 0) return -1;
     if (integer_field(reader, line, "fsdp", "accumulation_steps", &options.accumulation_steps) != 0) return -1;
     if (integer_field(reader, line, "fsdp", "unit_count", &options.unit_count) != 0) return -1;
+    const cJSON *mixed = cJSON_GetObjectItemCaseSensitive(line, "mixed_precision");
+    if (cJSON_IsObject(mixed) &&
+        (fsdp_text(reader, mixed, "param_dtype", 1, options.param_dtype, sizeof options.param_dtype) != 0 ||
+         fsdp_text(reader, mixed, "reduce_dtype", 1, options.reduce_dtype, sizeof options.reduce_dtype) != 0))
+        return -1;
     run_rank *rank = reader->rank;
     run_fsdp *grown = realloc(rank->fsdp, (rank->fsdp_count + 1) * sizeof *grown);
     if (grown == NULL) return line_fail(reader, "out of memory holding %zu fsdp events", rank->fsdp_count + 1);
@@ -506,7 +513,8 @@ static int rank_push(rank_reader *reader, const run_event *event) {
 static int event_parse(rank_reader *reader, const cJSON *line) {
     run_event event = {.line = reader->line_number, .label = RUN_NONE, .unit = RUN_NONE, .machine = RUN_NONE,
                        .from = RUN_NONE, .to = RUN_NONE, .hook = RUN_NONE, .phase = RUN_NONE,
-                       .reduce = RUN_NONE, .category = RUN_NONE, .partner = RUN_NONE, .pool = RUN_NONE};
+                       .reduce = RUN_NONE, .category = RUN_NONE, .partner = RUN_NONE, .pool = RUN_NONE,
+                       .dtype = RUN_NONE};
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(line, "kind");
     if (!cJSON_IsString(kind)) return line_fail(reader, "event has no string field 'kind'");
     if (strcmp(kind->valuestring, "meta") == 0) return line_fail(reader, "a second 'meta' line (only line 1 may be one)");
@@ -549,7 +557,8 @@ static int meta_check(rank_reader *reader, const cJSON *line) {
     /* Version 3 added streams (collectives' `stream` and `issue_ts`, `wait` and `fsdp` events); a version-2 run
      * reads as one whose collectives all blocked on the compute stream. */
     /* Version 4 added process groups (collectives' `group`, `group_size`, `group_ranks`) and the pools (`device` on
-     * memory events, `copy`); a version-3 run's collectives all ran in the world, on the device pool alone. */
+     * memory events, `copy`) and dtypes (mixed precision); a version-3 run's collectives all ran in the world, on the
+     * device pool alone, in float32. */
     if (version != TRACE_SCHEMA_VERSION && version != 3 && version != 2)
         return line_fail(reader, "schema version %g, this tool reads versions 2 to %d", version, TRACE_SCHEMA_VERSION);
     if (world < 1 || world > 1e6 || (double)(int)world != world)

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 /* EVENTS.md's memory categories, in its order: views list and color them in this order. */
-enum { RUN_CATEGORY_COUNT = 11 };
+enum { RUN_CATEGORY_COUNT = 12 };
 extern const char *const run_categories[RUN_CATEGORY_COUNT];
 
 typedef enum run_event_kind {
@@ -52,6 +52,7 @@ enum {
     RUN_HAS_REDUCE = 1 << 2,  /* collective */
     RUN_HAS_COUNT = 1 << 3,   /* collective */
     RUN_HAS_HOOK = 1 << 4,    /* state, wait */
+    RUN_HAS_DTYPE = 1 << 5,   /* collective, alloc, free (version 4) */
 };
 
 /* One JSONL line. Which fields mean something depends on the kind (EVENTS.md): the rest are 0 or RUN_NONE. */
@@ -74,6 +75,7 @@ typedef struct run_event {
     int group_ranks;      /* string: collective, its group's world ranks as "0,2" (RUN_NONE: the world); with
                              `group` and `seq` it names one collective (version 4: the shard groups run a seq at once) */
     int group_size;       /* collective: ranks in its group (the world size for the world) */
+    int dtype;            /* string: collective, alloc/free: the elements' type (version 4), or RUN_NONE */
     int category;         /* alloc/free: index into run_categories; segment events: the request's, or RUN_NONE */
     int pool;             /* string: segment events' pool ("small", "large") */
     int stream;           /* alloc/free/segment events */
@@ -107,6 +109,7 @@ typedef struct run_fsdp {
     char backward_prefetch[16];   /* "BACKWARD_PRE", "BACKWARD_POST" or "" (null: torch's None) */
     int forward_prefetch, limit_all_gathers, activation_checkpointing, no_sync;
     int accumulation_steps, unit_count;
+    char param_dtype[16], reduce_dtype[16]; /* version 4's mixed_precision; "" when off (null) or absent */
 } run_fsdp;
 
 typedef struct run_rank {

@@ -76,6 +76,20 @@ static void moment_describe(const run_rank *rank, size_t index, char *text, size
     snprintf(text, size, "after the last step");
 }
 
+/* Bytes live at event `index` in blocks of the given dtype (version 4; 0 for older runs). */
+static uint64_t dtype_bytes_at(const trace_run *run, const run_rank *rank, size_t index, const char *type) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i <= index && i < rank->event_count; i++) {
+        const run_event *event = &rank->events[i];
+        if ((event->kind != RUN_ALLOC && event->kind != RUN_FREE) || event->dtype == RUN_NONE ||
+            strcmp(run_string(run, event->dtype), type) != 0)
+            continue;
+        if (event->kind == RUN_ALLOC) bytes += event->bytes;
+        else bytes -= event->bytes;
+    }
+    return bytes;
+}
+
 static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank, memory_peak peak) {
     char exact[32], readable[32], moment[96];
     if (peak.line == 0) {
@@ -92,6 +106,11 @@ static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank,
                 grouped(peak.category_bytes[category], exact, sizeof exact),
                 share((double)peak.category_bytes[category], (double)peak.bytes));
     fprintf(stream, "  %-18s %16s %7.1f%%\n", "total", grouped(peak.bytes, exact, sizeof exact), 100.0);
+    /* Mixed precision: how much of the peak is 2-byte elements (the gathered units, the low-precision shard). */
+    uint64_t low = dtype_bytes_at(run, rank, peak.index, "bfloat16");
+    if (low > 0)
+        fprintf(stream, "  dtypes at the peak: bfloat16 %s B (%.1f%%), the rest float32 and token ids\n",
+                grouped(low, exact, sizeof exact), share((double)low, (double)peak.bytes));
 }
 
 /* CPU offload (version 4): the host pool's peak and composition, and the copies between the pools. */
@@ -204,6 +223,7 @@ static int fragmentation_print(FILE *stream, const trace_run *run, const run_ran
 typedef struct op_total {
     int op;
     int group;            /* the process group (version 4), RUN_NONE for the world: a row per op and group */
+    int dtype;            /* string index of the elements' type, RUN_NONE before version 4: a row per op and dtype */
     size_t count;
     uint64_t bytes, bytes_sent;
     double dur;
@@ -211,8 +231,11 @@ typedef struct op_total {
 
 static void op_add(op_total *totals, size_t *total_count, const run_event *event) {
     size_t index = 0;
-    while (index < *total_count && (totals[index].op != event->label || totals[index].group != event->group)) index++;
-    if (index == *total_count) totals[(*total_count)++] = (op_total){.op = event->label, .group = event->group};
+    while (index < *total_count && (totals[index].op != event->label || totals[index].group != event->group ||
+                                    totals[index].dtype != event->dtype))
+        index++;
+    if (index == *total_count)
+        totals[(*total_count)++] = (op_total){.op = event->label, .group = event->group, .dtype = event->dtype};
     totals[index].count++;
     totals[index].bytes += event->bytes;
     totals[index].bytes_sent += event->bytes_sent;
@@ -221,7 +244,7 @@ static void op_add(op_total *totals, size_t *total_count, const run_event *event
 
 static void op_row_print(FILE *stream, const char *name, const op_total *total) {
     char bytes[32], sent[32];
-    fprintf(stream, "  %-22s %7zu %16s %16s %10.3f\n", name, total->count, grouped(total->bytes, bytes, sizeof bytes),
+    fprintf(stream, "  %-24s %7zu %16s %16s %10.3f\n", name, total->count, grouped(total->bytes, bytes, sizeof bytes),
             grouped(total->bytes_sent, sent, sizeof sent), total->dur / 1000.0);
 }
 
@@ -240,13 +263,18 @@ static int collectives_print(FILE *stream, const trace_run *run, const run_rank 
         all.bytes_sent += event->bytes_sent;
         all.dur += event->dur;
     }
-    fprintf(stream, "  %-22s %7s %16s %16s %10s\n", "collective", "count", "bytes", "bytes sent", "time ms");
+    fprintf(stream, "  %-24s %7s %16s %16s %10s\n", "collective", "count", "bytes", "bytes sent", "time ms");
+    /* One row per op, group and dtype: "all_reduce (replicate)" as the Chrome export names a group's collectives, and
+     * a type other than float32 after a colon, "all_gather:bfloat16". */
     for (size_t index = 0; index < total_count; index++) {
-        char name[64]; /* "all_reduce (replicate)": as the Chrome export names a group's collectives */
+        char name[128];
+        const char *type = totals[index].dtype == RUN_NONE ? "float32" : run_string(run, totals[index].dtype);
+        int typed = strcmp(type, "float32") != 0;
         if (totals[index].group != RUN_NONE)
-            snprintf(name, sizeof name, "%s (%s)", run_string(run, totals[index].op), run_string(run, totals[index].group));
+            snprintf(name, sizeof name, "%s%s%s (%s)", run_string(run, totals[index].op), typed ? ":" : "",
+                     typed ? type : "", run_string(run, totals[index].group));
         else
-            snprintf(name, sizeof name, "%s", run_string(run, totals[index].op));
+            snprintf(name, sizeof name, "%s%s%s", run_string(run, totals[index].op), typed ? ":" : "", typed ? type : "");
         op_row_print(stream, name, &totals[index]);
     }
     op_row_print(stream, "total", &all);
@@ -414,6 +442,9 @@ static void fsdp_print(FILE *stream, const run_rank *rank) {
                 options->forward_prefetch ? "on" : "off", options->limit_all_gathers ? "on" : "off",
                 options->activation_checkpointing ? "on" : "off", options->no_sync ? "on" : "off",
                 options->accumulation_steps, options->unit_count);
+        if (options->param_dtype[0])
+            fprintf(stream, "  mixed precision: param_dtype %s, reduce_dtype %s (float32 master shards and AdamW)\n",
+                    options->param_dtype, options->reduce_dtype);
     }
     if (rank->fsdp_count > 0) fputc('\n', stream);
 }

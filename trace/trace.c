@@ -146,6 +146,7 @@ void trace_collective(trace_sink *sink, const trace_collective_info *info) {
     add_string_or_null(event, "reduce", info->reduce);
     cJSON_AddNumberToObject(event, "count", (double)info->count);
     cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
+    cJSON_AddStringToObject(event, "dtype", info->dtype ? info->dtype : "float32");
     cJSON_AddNumberToObject(event, "bytes_sent", (double)info->bytes_sent);
     cJSON_AddNumberToObject(event, "bytes_recv", (double)info->bytes_recv);
     cJSON_AddNumberToObject(event, "world", sink->world_size);
@@ -185,6 +186,15 @@ void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info) {
     cJSON_AddNumberToObject(event, "accumulation_steps", info->accumulation_steps);
     cJSON_AddNumberToObject(event, "unit_count", info->unit_count);
     cJSON_AddBoolToObject(event, "offload_params", info->offload_params);
+    if (info->param_dtype == NULL) {
+        cJSON_AddNullToObject(event, "mixed_precision");
+    } else {
+        cJSON *mixed = cJSON_AddObjectToObject(event, "mixed_precision");
+        cJSON_AddStringToObject(mixed, "param_dtype", info->param_dtype);
+        cJSON_AddStringToObject(mixed, "reduce_dtype", info->reduce_dtype);
+        cJSON_AddStringToObject(mixed, "buffer_dtype", info->buffer_dtype);
+        cJSON_AddBoolToObject(mixed, "keep_low_precision_grads", info->keep_low_precision_grads);
+    }
     event_write(sink, event);
 }
 
@@ -194,6 +204,7 @@ static void memory_event(trace_sink *sink, const char *kind, const trace_memory_
     cJSON_AddNumberToObject(event, "id", (double)info->id);
     cJSON_AddNumberToObject(event, "bytes", (double)info->bytes);
     cJSON_AddStringToObject(event, "category", info->category);
+    if (info->dtype != NULL) cJSON_AddStringToObject(event, "dtype", info->dtype);
     cJSON_AddStringToObject(event, "owner", info->owner);
     cJSON_AddNumberToObject(event, "live", (double)info->live_bytes);
     cJSON_AddNumberToObject(event, "category_live", (double)info->category_live_bytes);

@@ -53,8 +53,8 @@ typedef struct trace_collective_info {
     const char *op;      /* all_gather, reduce_scatter, all_reduce, broadcast, barrier */
     const char *unit;
     const char *reduce;  /* "sum", "avg" or NULL when the op reduces nothing */
-    uint64_t count;      /* floats in the whole buffer */
-    uint64_t bytes;
+    uint64_t count;      /* elements in the whole buffer */
+    uint64_t bytes;      /* count x the element size */
     uint64_t bytes_sent;
     uint64_t bytes_recv;
     uint64_t seq;
@@ -65,6 +65,7 @@ typedef struct trace_collective_info {
     const char *group;       /* the process group it ran in: "world", "shard", "replicate" (NULL: "world") */
     int group_size;          /* its ranks (0: the world size) */
     const char *group_ranks; /* their world ranks, "0,2" (NULL: every rank) */
+    const char *dtype;   /* "float32", "bfloat16" (NULL: written as float32) */
 } trace_collective_info;
 void trace_collective(trace_sink *sink, const trace_collective_info *info);
 
@@ -74,6 +75,7 @@ typedef struct trace_memory_info {
     uint64_t id;
     uint64_t bytes;
     const char *category;
+    const char *dtype;   /* its elements: "float32", "bfloat16", "int32", ... (NULL: not written) */
     const char *owner;
     uint64_t live_bytes;
     uint64_t category_live_bytes;
@@ -156,6 +158,9 @@ typedef struct trace_fsdp_info {
     int accumulation_steps;
     int unit_count;
     int offload_params;            /* CPUOffload(offload_params=True) */
+    /* MixedPrecision: dtype names, or param_dtype NULL when it is off (written as "mixed_precision": null) */
+    const char *param_dtype, *reduce_dtype, *buffer_dtype;
+    int keep_low_precision_grads;
 } trace_fsdp_info;
 void trace_fsdp(trace_sink *sink, const trace_fsdp_info *info);
 

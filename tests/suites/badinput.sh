@@ -60,6 +60,16 @@ check_fails "09_offload_and_init INIT_MODELS=gpt2 names the presets" "INIT_MODEL
   env OUT=$BAD/09 INIT_MODELS=gpt2 STEPS=1 $MPIRUN -np 2 lab/09_offload_and_init
 bad05 "BACKWARD_PREFETCH=PRE" "BACKWARD_PREFETCH='PRE' is not allowed; choose one of: NONE, BACKWARD_PRE, BACKWARD_POST" \
   BACKWARD_PREFETCH=PRE
+# Mixed precision (MP): every part checked, the message names MP, the part and what is allowed.
+bad05 "MP=bf8" "MP='bf8': 'bf8' is not a param_dtype; allowed: fp32 \(off\), bf16" MP=bf8
+bad05 "MP=bf16,reduce=fp16" "MP='bf16,reduce=fp16': 'fp16' is not a dtype; allowed:" MP=bf16,reduce=fp16
+bad05 "MP=bf16,reduce" "MP='bf16,reduce': 'reduce' is not name=value" MP=bf16,reduce
+bad05 "MP=bf16,gather=fp32" "MP='bf16,gather=fp32': 'gather' is not a setting \(reduce, buffer, keep_low_precision_grads\)" \
+  MP=bf16,gather=fp32
+bad05 "MP=bf16,keep_low_precision_grads=yes" "MP='bf16,keep_low_precision_grads=yes': 'yes' is not 0 or 1" \
+  MP=bf16,keep_low_precision_grads=yes
+bad05 "MP=bf16,buffer=bf16" "MP='bf16,buffer=bf16': 'bf16' is not supported as buffer dtype" MP=bf16,buffer=bf16
+bad05 "MP=bf16 with NO_SHARD" "mixed precision with NO_SHARD is not supported yet" MP=bf16 STRATEGY=NO_SHARD
 bad05 "FORWARD_PREFETCH=on" "FORWARD_PREFETCH='on' is not an integer in 0\.\.1" FORWARD_PREFETCH=on
 # SHARD_GROUP (HYBRID_SHARD's shard group size): an integer that divides the world size, checked whatever the strategy.
 bad05 "SHARD_GROUP=two" "SHARD_GROUP='two' is not an integer" SHARD_GROUP=two

@@ -2,6 +2,9 @@
 check "train.sh FSDP=both: fsdplab's losses equal PyTorch FSDP's (derived bound)" tests/check_train_parity.sh
 check "train.sh FSDP=both on Qwen2's vocabulary and tokenizer: losses equal PyTorch FSDP's (derived bound)" \
   tests/check_train_parity.sh qwen2
+check "train.sh FSDP=both MP=bf16: fsdplab's mixed precision vs torch's MixedPrecision (derived bound)" \
+  tests/check_train_parity.sh bf16
+check_fails "train.sh MP=fp16 is refused, naming the value" "MP='fp16' is not allowed" env MP=fp16 scripts/train.sh
 check "train.sh FSDP=edufsdp runs lab 05" bash -c 'TRAIN_DIR=runs/check/train_edu FSDP=edufsdp STEPS=1 scripts/train.sh | grep -q "^1/1: Loss = "'
 check_fails "train.sh FSDP=deepspeed is refused, naming the value" "FSDP='deepspeed' is not allowed" \
   env FSDP=deepspeed scripts/train.sh
