@@ -521,7 +521,8 @@ def check_groups(ranks, world, report):
             groups[(line.get("seq"), rank)] = (group, members)
             lines_of.append((where, line, len(members), group, members))
             n, count = len(members), line.get("count", 0)
-            expected = {"all_gather": count // max(n, 1) * 4 * (n - 1), "reduce_scatter": count // max(n, 1) * 4 * (n - 1),
+            ring = count // max(n, 1) * 4 * (n - 1)
+            expected = {"all_gather": ring, "reduce_scatter": ring,
                         "all_reduce": int(2.0 * (n - 1) / n * count * 4)}.get(line.get("op"))
             # the ring bytes of the group's size, for lines of a version 4 writer (a `group` field; hand-made
             # version 3 runs carry whatever bytes their author chose)

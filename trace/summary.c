@@ -219,7 +219,8 @@ static int collectives_print(FILE *stream, const trace_run *run, const run_rank 
     for (size_t index = 0; index < total_count; index++) {
         char name[64]; /* "all_reduce (replicate)": as the Chrome export names a group's collectives */
         if (totals[index].group != RUN_NONE)
-            snprintf(name, sizeof name, "%s (%s)", run_string(run, totals[index].op), run_string(run, totals[index].group));
+            snprintf(name, sizeof name, "%s (%s)", run_string(run, totals[index].op),
+                     run_string(run, totals[index].group));
         else
             snprintf(name, sizeof name, "%s", run_string(run, totals[index].op));
         op_row_print(stream, name, &totals[index]);
