@@ -123,7 +123,8 @@ static int agree(context *ctx, const call *c) {
             snprintf(ctx->error, sizeof ctx->error,
                      "rank %d: %s on unit '%s' (%s %lld) but rank %d called %s (%s %lld): every rank must call "
                      "the same collective", ctx->rank, op_names[c->op], c->unit, detail_name(c->op),
-                     (long long)c->detail, world_rank_of(c, rank), theirs->op <= OP_BARRIER ? op_names[theirs->op] : "an unknown op",
+                     (long long)c->detail, world_rank_of(c, rank),
+                     theirs->op <= OP_BARRIER ? op_names[theirs->op] : "an unknown op",
                      detail_name(c->op), (long long)theirs->detail);
             status = -1;
         } else if (theirs->count != mine.count) {

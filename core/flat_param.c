@@ -321,7 +321,7 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
         fp->reduce_target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
     }
     int status;
-    if (fp->replicate_group != NULL) /* hybrid: the shard group's reduce-scatter, then the replicate group's all-reduce */
+    if (fp->replicate_group != NULL) /* hybrid: the shard group's reduce-scatter, then the replicate all-reduce */
         status = hybrid_reduce_start(fp, reduce, on);
     else if (on != NULL)
         status = fp->replicated ? comm_all_reduce_start(ctx, on, fp->full_grad_padded, fp->padded_unsharded_numel,
@@ -401,7 +401,7 @@ int fp_gather_grad(flat_param *fp) {
         memcpy(full, fp->grad_shard, fp->sharded_numel * sizeof(float));
         return 0;
     }
-    if (fp->shard_group != NULL) { /* hybrid: every replicate holds the same gradient shard; gather in the shard group */
+    if (fp->shard_group != NULL) { /* hybrid: the replicas hold the same gradient shard; gather in the shard group */
         comm_handle handle;
         return group_all_gather(fp, NULL, fp->grad_shard, full, &handle, NULL);
     }

@@ -397,9 +397,11 @@ static int hybrid_streams(fsdp_runtime *runtime) {
     int hybrid = fsdp_strategy_is_hybrid(runtime->options.strategy);
     if (hybrid != (root->shard_group != NULL))
         return ctx_error(ctx->error, sizeof ctx->error, "rank %d: strategy %s, but the model's units are sharded over "
-                         "%s: set ctx->mesh (core/group.h) before building the model for a hybrid strategy, and only "
-                         "then", ctx->rank, strategy_names[runtime->options.strategy],
-                         root->shard_group ? "a shard group" : root->replicated ? "no group (replicated)" : "the world");
+                         "%s: set ctx->mesh (core/group.h) before building the model for a hybrid strategy, and leave "
+                         "it NULL for the others", ctx->rank, strategy_names[runtime->options.strategy],
+                         root->shard_group  ? "a shard group"
+                         : root->replicated ? "no group (replicated)"
+                                            : "the world");
     if (!hybrid) return 0;
     stream *streams[] = {&runtime->all_gather_stream, &runtime->reduce_scatter_stream};
     for (int i = 0; i < 2; i++)

@@ -112,6 +112,7 @@ char *group_ranks_text(const comm_group *group, char *out, size_t out_size) {
     size_t used = 0;
     out[0] = '\0';
     for (int member = 0; member < group->size && used < out_size; member++)
-        used += (size_t)snprintf(out + used, out_size - used, "%s%d", member ? "," : "", group_world_rank(group, member));
+        used += (size_t)snprintf(out + used, out_size - used, "%s%d", member ? "," : "",
+                                 group_world_rank(group, member));
     return out;
 }

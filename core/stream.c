@@ -133,10 +133,10 @@ int stream_add_group(stream *s, const comm_group *group) {
     MPI_Comm comm = group->comm;
     if (s->kind == STREAM_WORKER) {
         int rc = MPI_Comm_dup(group->comm, &comm);
+        if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
         if (rc != MPI_SUCCESS)
             return ctx_error(ctx->error, sizeof ctx->error, "rank %d: stream '%s': MPI_Comm_dup of group '%s' failed "
                              "(code %d)", ctx->rank, s->name, group->name, rc);
-        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     }
     s->groups[s->group_count] = group;
     s->group_comms[s->group_count++] = comm;

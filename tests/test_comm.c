@@ -358,7 +358,8 @@ START_TEST(test_group_collectives_match_their_members_inputs) {
             comm_handle handle;
             /* all-gather in the shard group: member m's shard at m * chunk */
             float *mine = make_input(60, ctx.rank, chunk), *full = make_zeros(full_count);
-            ck_assert_int_eq(comm_all_gather_group_start(&ctx, shard, NULL, mine, full, full_count, "test", &handle), 0);
+            ck_assert_int_eq(comm_all_gather_group_start(&ctx, shard, NULL, mine, full, full_count, "test", &handle),
+                             0);
             ck_assert_int_eq(comm_wait(&ctx, &handle, NULL), 0);
             int gathered = ctx.last_collective.bytes_sent == (uint64_t)(shard_size - 1) * chunk * 4;
             for (int m = 0; m < shard_size; m++)
@@ -406,8 +407,8 @@ START_TEST(test_group_collectives_match_their_members_inputs) {
             comm_handle handle;
             int status = comm_all_gather_group_start(&ctx, shard, NULL, mine, full, count, "mismatch", &handle);
             char expected[128];
-            snprintf(expected, sizeof expected, "rank %d passed %zu floats",
-                     shard->rank == shard_size - 1 ? group_world_rank(shard, 0) : group_world_rank(shard, shard_size - 1),
+            int other = shard->rank == shard_size - 1 ? 0 : shard_size - 1; /* the member whose count differs */
+            snprintf(expected, sizeof expected, "rank %d passed %zu floats", group_world_rank(shard, other),
                      (size_t)shard_size * (shard->rank == shard_size - 1 ? 7 : 8));
             CK_ASSERT_ALL(&ctx, status == -1 && strstr(ctx.error, expected) != NULL,
                           "a count mismatch in a shard group: status %d, '%s' (expected it to name '%s')", status,

@@ -195,7 +195,8 @@ static int group_fields(rank_reader *reader, const cJSON *line, run_event *event
     event->group = event->group_ranks = RUN_NONE;
     event->group_size = reader->run->world;
     if (string_field(reader, line, "collective", "group", 0, &event->group) != 0) return -1;
-    if (event->group != RUN_NONE && strcmp(run_string(reader->run, event->group), "world") == 0) event->group = RUN_NONE;
+    if (event->group != RUN_NONE && strcmp(run_string(reader->run, event->group), "world") == 0)
+        event->group = RUN_NONE;
     if (event->group == RUN_NONE) return 0;
     const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(line, "group_ranks"), *item;
     if (!cJSON_IsArray(ranks) || cJSON_GetArraySize(ranks) < 1)

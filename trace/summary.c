@@ -274,7 +274,8 @@ static int collectives_print(FILE *stream, const trace_run *run, const run_rank 
             snprintf(name, sizeof name, "%s%s%s (%s)", run_string(run, totals[index].op), typed ? ":" : "",
                      typed ? type : "", run_string(run, totals[index].group));
         else
-            snprintf(name, sizeof name, "%s%s%s", run_string(run, totals[index].op), typed ? ":" : "", typed ? type : "");
+            snprintf(name, sizeof name, "%s%s%s", run_string(run, totals[index].op), typed ? ":" : "",
+                     typed ? type : "");
         op_row_print(stream, name, &totals[index]);
     }
     op_row_print(stream, "total", &all);
