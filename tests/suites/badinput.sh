@@ -70,6 +70,9 @@ bad05 "MP=bf16,keep_low_precision_grads=yes" "MP='bf16,keep_low_precision_grads=
   MP=bf16,keep_low_precision_grads=yes
 bad05 "MP=bf16,buffer=bf16" "MP='bf16,buffer=bf16': 'bf16' is not supported as buffer dtype" MP=bf16,buffer=bf16
 bad05 "MP=bf16 with NO_SHARD" "mixed precision with NO_SHARD is not supported yet" MP=bf16 STRATEGY=NO_SHARD
+bad05 "MP=bf16 with HYBRID_SHARD" "mixed precision with HYBRID_SHARD is not supported yet" MP=bf16 \
+  STRATEGY=HYBRID_SHARD SHARD_GROUP=1
+bad05 "MP=bf16 with OFFLOAD=1" "CPU offload with mixed precision is not supported yet" MP=bf16 OFFLOAD=1
 bad05 "FORWARD_PREFETCH=on" "FORWARD_PREFETCH='on' is not an integer in 0\.\.1" FORWARD_PREFETCH=on
 # SHARD_GROUP (HYBRID_SHARD's shard group size): an integer that divides the world size, checked whatever the strategy.
 bad05 "SHARD_GROUP=two" "SHARD_GROUP='two' is not an integer" SHARD_GROUP=two

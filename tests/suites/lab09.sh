@@ -14,17 +14,17 @@ check "09_offload_and_init -np 3: memory.html draws each rank's device pool as b
   python3 tests/check_memory_page.py runs/check/09_np3
 # OFFLOAD=1 in lab 05 (scripts/train.sh passes it on): the same losses and the same saved parameters, bit for bit,
 # under other strategies, no_sync, checkpointing and the overlap options.
-same09() { # same09 NAME ENV...: lab 05 with OFFLOAD=0 and OFFLOAD=1, losses and SAVE compared byte for byte
-  local name=$1 tag
-  shift
+same09() { # same09 NAME RANKS ENV...: lab 05 with OFFLOAD=0 and OFFLOAD=1, losses and SAVE compared byte for byte
+  local name=$1 ranks=$2 tag
+  shift 2
   tag=$(echo "$name" | tr -c 'A-Za-z0-9_' '_')
   for offload in 0 1; do
-    run_lab "05_full_step $name OFFLOAD=$offload" 2 "runs/check/09_05_${tag}_$offload" 05_full_step STEPS=3 \
+    run_lab "05_full_step $name OFFLOAD=$offload" "$ranks" "runs/check/09_05_${tag}_$offload" 05_full_step STEPS=3 \
       SAVE="runs/check/09_05_${tag}_$offload/checkpoint" OFFLOAD=$offload "$@"
   done
   check "05_full_step $name: OFFLOAD=1 gives the same losses and parameters, bit for bit" python3 -c "
 import json, sys
-def losses(d): return [(e['step'], e['micro'], e['loss']) for r in (0, 1)
+def losses(d): return [(e['step'], e['micro'], e['loss']) for r in range($ranks)
                        for e in map(json.loads, open(f'{d}/rank{r}.jsonl')) if e['kind'] == 'step']
 a, b = losses('runs/check/09_05_${tag}_0'), losses('runs/check/09_05_${tag}_1')
 same = a == b and len(a) > 0
@@ -33,9 +33,12 @@ same = same and open('runs/check/09_05_${tag}_0/checkpoint/model.safetensors', '
 print('same' if same else f'different: {a} vs {b}')
 sys.exit(0 if same else 1)"
 }
-same09 "FULL_SHARD ACC=2" STRATEGY=FULL_SHARD ACC=2
-same09 "SHARD_GRAD_OP NO_SYNC CKPT streams" STRATEGY=SHARD_GRAD_OP NO_SYNC=1 CKPT=1 COMM_STREAMS=1 \
+same09 "FULL_SHARD ACC=2" 2 STRATEGY=FULL_SHARD ACC=2
+same09 "SHARD_GRAD_OP NO_SYNC CKPT streams" 2 STRATEGY=SHARD_GRAD_OP NO_SYNC=1 CKPT=1 COMM_STREAMS=1 \
   BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1
+# Offload under lab 08's HYBRID_SHARD (2 x 2): the h2d copy lands in the shard group's chunk, the all-gather in place
+# runs in the shard group, the d2h copy follows the replicate group's all-reduce.
+same09 "HYBRID_SHARD 2x2 streams" 4 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE
 # The device pool's budget: tiny's step needs 44 MiB reserved on the device; with offload 38 MiB.
 check_fails "05_full_step DEVICE_MEMORY_MB=40 without offload runs out of device memory, naming the budget" \
   "device pool out of memory allocating [0-9]+ bytes of [a-z_]+ for '[^']+': its budget is 41943040 bytes \(DEVICE_MEMORY_MB=40\)" \
