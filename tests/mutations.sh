@@ -9,6 +9,12 @@
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
+# The tree is copied from here: a copy of this script run from elsewhere (/tmp) would take / for the tree and copy the
+# whole filesystem. Refuse anything that is not the repository.
+if [ ! -f "$root/Makefile" ] || [ ! -f "$root/core/fsdp.h" ]; then
+  echo "tests/mutations.sh: $root is not the fsdplab repository; run the script in place (tests/mutations.sh)" >&2
+  exit 2
+fi
 
 # name | file | python expression turning the file's text into the mutant's (must change it) [| the make target that
 # must catch it: check-05 when absent]
