@@ -92,7 +92,8 @@ $(O)trace/fsdptrace: trace/fsdptrace.c $(O)trace/libfsdptrace.a
 	@mkdir -p $(@D)
 	$(LINK) $< $(O)trace/libfsdptrace.a $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
-$(O)lab/%: lab/%.c $(LIBS) $(HEADERS)
+# A lab also depends on the labs' shared headers (lab/lesson_trainer.h, lab/lesson_layer.h).
+$(O)lab/%: lab/%.c $(LIBS) $(HEADERS) $(wildcard lab/*.h)
 	@mkdir -p $(@D)
 	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
