@@ -53,6 +53,15 @@ sanitized_mpi "sanitize 05_full_step -np 1 RESUME from 2 ranks' step 1" 1 runs/c
 # Generation (EVAL) with the KV cache; text through Qwen2's tokenizer when its vocabulary is here.
 sanitized_mpi "sanitize 05_full_step -np 2 EVAL=1 (generation with the KV cache)" 2 runs/check/san_05_eval \
   $SAN/lab/05_full_step STEPS=1 ACC=1 SEQ=32 MBS=2 EVAL=1
+# Labs 07-09's paths through the core: bfloat16 casts and typed collectives on streams with prefetch; process groups
+# with CPU offload's host pool, h2d copies into the in-place all-gather and d2h copies after the replicate all-reduce;
+# lab 09's naive and deferred initialisation.
+sanitized_mpi "sanitize 05_full_step -np 2 MP=bf16, comm streams, prefetch" 2 runs/check/san_05_mp $SAN/lab/05_full_step \
+  STEPS=2 ACC=2 SEQ=32 MBS=2 MP=bf16 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1
+sanitized_mpi "sanitize 05_full_step -np 4 HYBRID_SHARD 2x2, OFFLOAD=1, comm streams" 4 runs/check/san_05_hybrid \
+  $SAN/lab/05_full_step STEPS=1 ACC=2 SEQ=32 MBS=2 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 OFFLOAD=1 COMM_STREAMS=1
+sanitized_mpi "sanitize 09_offload_and_init -np 2 (tiny, 1 step)" 2 runs/check/san_09 $SAN/lab/09_offload_and_init \
+  INIT_MODELS=tiny STEPS=1 MBS=2 SEQ=32
 if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ]; then
   sanitized_mpi "sanitize 05_full_step -np 2 on Qwen2's vocabulary and tokenizer" 2 runs/check/san_05_qwen2 \
     $SAN/lab/05_full_step MODEL=qwen2-0.5b STEPS=1 ACC=1 SEQ=32 MBS=1 \
