@@ -120,8 +120,8 @@ def read_collectives(rundir):
                     starts[(event["seq"], *group)][rank] = event["ts"]
                     if event.get("stream") in STREAM_THREADS:
                         threads[rank + 1].add(STREAM_THREADS[event["stream"]])
-                if event["kind"] in ("segment_alloc", "segment_free"):
-                    reserved.append((rank + 1, event["reserved"]))
+                if event["kind"] in ("segment_alloc", "segment_free") and event.get("device", "device") == "device":
+                    reserved.append((rank + 1, event["reserved"]))  # the host pool's are "host reserved"
                 if event["kind"] == "wait":  # EVENTS.md: a slice "wait <on>[ <unit>]" on the compute track
                     unit = f" {event['unit']}" if event.get("unit") is not None else ""
                     waits[(rank + 1, f"wait {event['on']}{unit}")] += 1

@@ -248,9 +248,10 @@ static cJSON *step_convert(const run_rank *rank, const run_event *event) {
  * emit a sample of every category, in EVENTS.md's order: the viewer then stacks the same series in the same order
  * at every sample and draws a category that drops to 0 as 0, not as its last value. The counter is recomputed, not
  * copied from `live`, so a wrong `live` in the JSONL shows. */
-static cJSON *memory_convert(const run_rank *rank, const run_event *event, int64_t category_live[RUN_CATEGORY_COUNT]) {
+static cJSON *memory_convert(const run_rank *rank, const run_event *event, int64_t category_live[RUN_CATEGORY_COUNT],
+                             const char *name) {
     category_live[event->category] += event->kind == RUN_ALLOC ? (int64_t)event->bytes : -(int64_t)event->bytes;
-    cJSON *chrome = chrome_event("C", "memory", "memory", pid_of(rank), tid_of(pid_of(rank), TRACK_MEMORY), event->ts);
+    cJSON *chrome = chrome_event("C", "memory", name, pid_of(rank), tid_of(pid_of(rank), TRACK_MEMORY), event->ts);
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     for (int each = 0; each < RUN_CATEGORY_COUNT; each++)
         cJSON_AddNumberToObject(args, run_categories[each], (double)category_live[each]);
@@ -260,10 +261,9 @@ static cJSON *memory_convert(const run_rank *rank, const run_event *event, int64
 /* segment_alloc and segment_free move the reserved bytes (the segments the caching allocator holds): a second counter,
  * `reserved`, on the memory track, drawn beside the stacked categories so the gap between them is the cache. Also
  * recomputed from the segment sizes, not copied. */
-static cJSON *reserved_convert(const run_rank *rank, const run_event *event, int64_t *reserved) {
+static cJSON *reserved_convert(const run_rank *rank, const run_event *event, int64_t *reserved, const char *name) {
     *reserved += event->kind == RUN_SEGMENT_ALLOC ? (int64_t)event->bytes : -(int64_t)event->bytes;
-    cJSON *chrome =
-        chrome_event("C", "memory", "reserved", pid_of(rank), tid_of(pid_of(rank), TRACK_MEMORY), event->ts);
+    cJSON *chrome = chrome_event("C", "memory", name, pid_of(rank), tid_of(pid_of(rank), TRACK_MEMORY), event->ts);
     cJSON *args = cJSON_AddObjectToObject(chrome, "args");
     cJSON_AddNumberToObject(args, "reserved", (double)*reserved);
     return chrome;
@@ -279,9 +279,9 @@ static cJSON *event_convert(const trace_run *run, const run_rank *rank, const ru
     case RUN_MARK: return instant_event("mark", run_string(run, event->label), pid_of(rank), "p", event->ts);
     case RUN_STEP: return step_convert(rank, event);
     case RUN_ALLOC:
-    case RUN_FREE: return memory_convert(rank, event, category_live);
+    case RUN_FREE: return memory_convert(rank, event, category_live, "memory");
     case RUN_SEGMENT_ALLOC:
-    case RUN_SEGMENT_FREE: return reserved_convert(rank, event, reserved);
+    case RUN_SEGMENT_FREE: return reserved_convert(rank, event, reserved, "reserved");
     case RUN_WAIT: return wait_convert(run, rank, event);
     case RUN_FSDP: return fsdp_convert(rank, event);
     case RUN_END: return instant_event("mark", "end of run", pid_of(rank), "p", event->ts);
@@ -429,7 +429,8 @@ static int rank_write(const trace_run *run, const run_rank *rank, const flow_pla
                       char *error, size_t error_size) {
     int out_of_memory = 0;
     size_t flow_count = rank_flows(plan, rank->rank, NULL, &out_of_memory);
-    pending_event *pending = malloc((rank->event_count + flow_count + 1) * sizeof *pending);  /* never malloc(0) */
+    size_t host_count = rank->host != NULL ? rank->host->event_count : 0;
+    pending_event *pending = malloc((rank->event_count + host_count + flow_count + 1) * sizeof *pending); /* never 0 */
     if (pending == NULL) {
         snprintf(error, error_size, "%s: out of memory holding %zu events and %zu flow events", rank->path,
                  rank->event_count, flow_count);
@@ -442,6 +443,26 @@ static int rank_write(const trace_run *run, const run_rank *rank, const flow_pla
         const run_event *event = &rank->events[index];
         if (event->kind == RUN_ALLOCATOR) continue; /* the settings: the snapshot and summary.txt show them */
         cJSON *chrome = event_convert(run, rank, event, category_live, &reserved);
+        if (chrome == NULL) {
+            snprintf(error, error_size, "%s line %zu: out of memory building the Chrome event", rank->path,
+                     event->line);
+            status = -1;
+        } else {
+            pending[count++] = (pending_event){event->ts, event->line, 0, chrome};
+        }
+    }
+    /* CPU offload's host pool (version 4): its own two counters on the memory track, "host memory" (stacked by
+     * category) and "host reserved", beside the device pool's: what lives where, and when it moves. */
+    int64_t host_live[RUN_CATEGORY_COUNT] = {0}, host_reserved = 0;
+    for (size_t index = 0; status == 0 && rank->host != NULL && index < rank->host->event_count; index++) {
+        const run_event *event = &rank->host->events[index];
+        cJSON *chrome = NULL;
+        if (event->kind == RUN_ALLOC || event->kind == RUN_FREE)
+            chrome = memory_convert(rank, event, host_live, "host memory");
+        else if (event->kind == RUN_SEGMENT_ALLOC || event->kind == RUN_SEGMENT_FREE)
+            chrome = reserved_convert(rank, event, &host_reserved, "host reserved");
+        else
+            continue; /* its allocator settings: summary.txt shows them */
         if (chrome == NULL) {
             snprintf(error, error_size, "%s line %zu: out of memory building the Chrome event", rank->path,
                      event->line);

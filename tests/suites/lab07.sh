@@ -17,6 +17,8 @@ lab07 "07_mixed_precision -np 3 MP=bf16,reduce=fp32" 3 runs/check/07_np3_reduce_
 lab07 "07_mixed_precision -np 4 MP=bf16 (ring buffers)" 4 runs/check/07_np4 STEPS=6
 lab07 "07_mixed_precision -np 2 MP=bf16 streams, BACKWARD_PRE, forward prefetch" 2 runs/check/07_np2_streams \
   STEPS=6 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1
+check "07_mixed_precision -np 2 MP=bf16 streams: trace.json opens in Perfetto UI and Catapult (every arrow)" \
+  python3 tests/check_trace_viewers.py runs/check/07_np2_streams
 # N ranks vs 1 rank: step 1's gradients of lab 05 with MP=bf16 on the same global batch (8 sequences, ACC 1).
 mixed05() { # mixed05 NAME RANKS DIR ENV...
   local name=$1 ranks=$2 dir=$3

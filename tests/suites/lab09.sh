@@ -12,6 +12,8 @@ check "09_offload_and_init -np 3: memory model per pool, same arithmetic, the co
   --init-models tiny
 check "09_offload_and_init -np 3: memory.html draws each rank's device pool as before (host pool views after them)" \
   python3 tests/check_memory_page.py runs/check/09_np3
+check "09_offload_and_init -np 3: trace.json opens in Perfetto UI and Catapult (copies, host counters, every arrow)" \
+  python3 tests/check_trace_viewers.py runs/check/09_np3
 # OFFLOAD=1 in lab 05 (scripts/train.sh passes it on): the same losses and the same saved parameters, bit for bit,
 # under other strategies, no_sync, checkpointing and the overlap options.
 same09() { # same09 NAME RANKS ENV...: lab 05 with OFFLOAD=0 and OFFLOAD=1, losses and SAVE compared byte for byte
