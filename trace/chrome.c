@@ -423,6 +423,17 @@ static void metadata_write(trace_writer *writer, const run_rank *rank) {
     }
 }
 
+/* Queues one converted line for ordering: 0, or -1 with `error` when the conversion ran out of memory (chrome NULL). */
+static int pending_add(pending_event *pending, size_t *count, cJSON *chrome, const run_rank *rank,
+                       const run_event *event, char *error, size_t error_size) {
+    if (chrome == NULL) {
+        snprintf(error, error_size, "%s line %zu: out of memory building the Chrome event", rank->path, event->line);
+        return -1;
+    }
+    pending[(*count)++] = (pending_event){event->ts, event->line, 0, chrome};
+    return 0;
+}
+
 /* Converts, orders and writes one rank with its flow events. ts is already 0 for the lines before the t0 mark
  * (run_load). */
 static int rank_write(const trace_run *run, const run_rank *rank, const flow_plan *plan, trace_writer *writer,
@@ -443,13 +454,7 @@ static int rank_write(const trace_run *run, const run_rank *rank, const flow_pla
         const run_event *event = &rank->events[index];
         if (event->kind == RUN_ALLOCATOR) continue; /* the settings: the snapshot and summary.txt show them */
         cJSON *chrome = event_convert(run, rank, event, category_live, &reserved);
-        if (chrome == NULL) {
-            snprintf(error, error_size, "%s line %zu: out of memory building the Chrome event", rank->path,
-                     event->line);
-            status = -1;
-        } else {
-            pending[count++] = (pending_event){event->ts, event->line, 0, chrome};
-        }
+        status = pending_add(pending, &count, chrome, rank, event, error, error_size);
     }
     /* CPU offload's host pool (version 4): its own two counters on the memory track, "host memory" (stacked by
      * category) and "host reserved", beside the device pool's: what lives where, and when it moves. */
@@ -463,13 +468,7 @@ static int rank_write(const trace_run *run, const run_rank *rank, const flow_pla
             chrome = reserved_convert(rank, event, &host_reserved, "host reserved");
         else
             continue; /* its allocator settings: summary.txt shows them */
-        if (chrome == NULL) {
-            snprintf(error, error_size, "%s line %zu: out of memory building the Chrome event", rank->path,
-                     event->line);
-            status = -1;
-        } else {
-            pending[count++] = (pending_event){event->ts, event->line, 0, chrome};
-        }
+        status = pending_add(pending, &count, chrome, rank, event, error, error_size);
     }
     if (status == 0) {
         count += rank_flows(plan, rank->rank, pending + count, &out_of_memory);
