@@ -154,14 +154,6 @@ static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_stat
     trace_state(&fp->ctx->trace, fp->unit, "ShardState", fp_shard_state_name(from), fp_shard_state_name(to), hook);
 }
 
-/* An all-gather of a shard in the shard group: issued on `on`, or (NULL) run on the host and waited for. */
-static int group_all_gather(flat_param *fp, stream *on, const float *shard, float *full, comm_handle *handle,
-                            const char *hook) {
-    int status = comm_all_gather_group_start(fp->ctx, fp->shard_group, on, shard, full, fp->padded_unsharded_numel,
-                                             fp->unit, handle);
-    return status == 0 && on == NULL ? comm_wait(fp->ctx, handle, hook) : status;
-}
-
 static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook);
 
 int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
@@ -189,14 +181,9 @@ int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
                      owner, NULL);
         shard = chunk;
     }
-    int status;
-    if (fp->shard_group != NULL) /* hybrid: inside the shard group; blocking (on NULL) when waited for at once */
-        status = group_all_gather(fp, on, shard, fp->full_param_padded, &fp->unshard_handle, hook);
-    else
-        status = on ? comm_all_gather_start(fp->ctx, on, shard, fp->full_param_padded,
-                                            fp->padded_unsharded_numel, fp->unit, &fp->unshard_handle)
-                    : comm_all_gather(fp->ctx, shard, fp->full_param_padded, fp->padded_unsharded_numel,
-                                      fp->unit);
+    /* In the world, or (hybrid) in the shard group; on NULL: blocking. */
+    int status = comm_all_gather_typed(fp->ctx, fp->shard_group, on, shard, fp->full_param_padded,
+                                       fp->padded_unsharded_numel, DTYPE_FLOAT32, fp->unit, &fp->unshard_handle);
     if (status != 0) {
         mem_free(&fp->ctx->mem, fp->full_param_padded);
         fp->full_param_padded = NULL;
@@ -268,18 +255,6 @@ float *fp_grad_view(const flat_param *fp, const char *name) {
     return fp->full_grad_padded + info->offset;
 }
 
-/* HYBRID_SHARD's gradient reduction, as torch's _reduce_grad: reduce-scatter in the shard group into reduce_target,
- * then all-reduce that shard across the replicate group, queued behind it on the same stream (so it starts once the
- * shard is complete; on the host, one after the other). Each is a mean in its group, S and R ranks: 1/S * 1/R = the
- * mean over all W = S R ranks, as torch's pre- and post-divide factors multiply to W. With W a power of two every
- * factor is a power of two, exact in float, so where the division happens changes no bit. */
-static int hybrid_reduce_start(flat_param *fp, comm_reduce reduce, stream *on) {
-    int status = comm_reduce_scatter_group_start(fp->ctx, fp->shard_group, on, fp->full_grad_padded, fp->reduce_target,
-                                                 fp->padded_unsharded_numel, reduce, fp->unit, &fp->reduce_handle);
-    if (status != 0) return status;
-    return comm_all_reduce_group_start(fp->ctx, fp->replicate_group, on, fp->reduce_target, fp->sharded_numel, reduce,
-                                       fp->unit, &fp->replicate_handle);
-}
 
 static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream *on);
 static int reduce_low_precision_wait(flat_param *fp, const char *hook);
@@ -321,18 +296,22 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
         fp->reduce_target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
     }
     int status;
-    if (fp->replicate_group != NULL) /* hybrid: the shard group's reduce-scatter, then the replicate all-reduce */
-        status = hybrid_reduce_start(fp, reduce, on);
-    else if (on != NULL)
-        status = fp->replicated ? comm_all_reduce_start(ctx, on, fp->full_grad_padded, fp->padded_unsharded_numel,
-                                                        reduce, fp->unit, &fp->reduce_handle)
-                                : comm_reduce_scatter_start(ctx, on, fp->full_grad_padded, fp->reduce_target,
-                                                            fp->padded_unsharded_numel, reduce, fp->unit,
-                                                            &fp->reduce_handle);
+    if (fp->replicated) /* NO_SHARD: the whole gradient all-reduced, copied into grad_shard at the wait */
+        status = on ? comm_all_reduce_start(ctx, on, fp->full_grad_padded, fp->padded_unsharded_numel, reduce,
+                                            fp->unit, &fp->reduce_handle)
+                    : comm_all_reduce(ctx, fp->full_grad_padded, fp->padded_unsharded_numel, reduce, fp->unit);
     else
-        status = fp->replicated ? comm_all_reduce(ctx, fp->full_grad_padded, fp->padded_unsharded_numel, reduce, fp->unit)
-                                : comm_reduce_scatter(ctx, fp->full_grad_padded, fp->reduce_target,
-                                                      fp->padded_unsharded_numel, reduce, fp->unit);
+        status = comm_reduce_scatter_typed(ctx, fp->shard_group, on, fp->full_grad_padded, fp->reduce_target,
+                                           fp->padded_unsharded_numel, DTYPE_FLOAT32, reduce, fp->unit,
+                                           &fp->reduce_handle);
+    /* HYBRID_SHARD's gradient reduction, as torch's _reduce_grad: the reduce-scatter above ran in the shard group;
+     * the shard is then all-reduced across the replicate group, queued behind it on the same stream (so it starts
+     * once the shard is complete; on the host, one after the other). Each is a mean in its group, S and R ranks:
+     * 1/S * 1/R = the mean over all W = S R ranks, as torch's pre- and post-divide factors multiply to W. With W a
+     * power of two every factor is a power of two, exact in float, so where the division happens changes no bit. */
+    if (status == 0 && fp->replicate_group != NULL)
+        status = comm_all_reduce_group_start(ctx, fp->replicate_group, on, fp->reduce_target, fp->sharded_numel,
+                                             reduce, fp->unit, &fp->replicate_handle);
     fp->reduce_started = 1;
     fp->reduce_status = status;
     return status;
@@ -401,11 +380,9 @@ int fp_gather_grad(flat_param *fp) {
         memcpy(full, fp->grad_shard, fp->sharded_numel * sizeof(float));
         return 0;
     }
-    if (fp->shard_group != NULL) { /* hybrid: the replicas hold the same gradient shard; gather in the shard group */
-        comm_handle handle;
-        return group_all_gather(fp, NULL, fp->grad_shard, full, &handle, NULL);
-    }
-    return comm_all_gather(fp->ctx, fp->grad_shard, full, fp->padded_unsharded_numel, fp->unit);
+    /* hybrid: the replicas hold the same gradient shard; gather in the shard group */
+    return comm_all_gather_typed(fp->ctx, fp->shard_group, NULL, fp->grad_shard, full, fp->padded_unsharded_numel,
+                                 DTYPE_FLOAT32, fp->unit, NULL);
 }
 
 void fp_free_full_grad(flat_param *fp) {

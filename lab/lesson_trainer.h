@@ -29,8 +29,8 @@ typedef struct lesson_trainer {
 
 /* Refuses (every rank exits) a run the memory model says cannot fit, before anything is allocated (MEMORY_CHECK=0
  * skips it); then builds everything. A hybrid strategy shards over ctx->mesh's shard group, so set it first. */
-static inline void lesson_trainer_open(lesson_trainer *t, context *ctx, const fsdp_options *options, int micro_batch,
-                                int seq_len, uint64_t seed, int steps) {
+static inline void lesson_trainer_open(lesson_trainer *t, context *ctx, const fsdp_options *options,
+                                       int micro_batch, int seq_len, uint64_t seed, int steps) {
     *t = (lesson_trainer){.ctx = ctx, .options = *options, .micro_batch = micro_batch, .seq_len = seq_len,
                           .steps = steps};
     qwen2_config config;

@@ -25,8 +25,8 @@ mutations=(
   "padding-rounds-down|core/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * world;', 'fp->padded_unsharded_numel = offset / world * world;')"
   "post-forward-keeps-layer-0|core/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
   # HYBRID_SHARD (lab 08)
-  "hybrid-skips-replicate-all-reduce|core/flat_param.c|s.replace('    if (status != 0) return status;\n    return comm_all_reduce_group_start(', '    if (status != 0) return status;\n    return 0; (void)comm_all_reduce_group_start(')|check-08"
-  "hybrid-replicate-sum-for-mean|core/flat_param.c|s.replace('fp->sharded_numel, reduce,\n', 'fp->sharded_numel, COMM_SUM,\n')|check-08"
+  "hybrid-skips-replicate-all-reduce|core/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != NULL)\n        status = comm_all_reduce', 'if (0)\n        status = comm_all_reduce')|check-08"
+  "hybrid-replicate-sum-for-mean|core/flat_param.c|s.replace('fp->sharded_numel,\n                                             reduce,', 'fp->sharded_numel,\n                                             COMM_SUM,')|check-08"
   "hybrid-shards-over-world|core/flat_param.c|s.replace('world = (size_t)fp->shard_group->size;', 'world = (size_t)ctx->world_size;')|check-08"
   "hybrid-chunk-of-world-rank|core/flat_param.c|s.replace('rank % fp->shard_group->size : rank', 'rank : rank')|check-08"
   "hybrid-clip-norm-over-world|core/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', 'NULL')|check-08"
