@@ -30,7 +30,7 @@ static void host_segment_free(void *state, void *ptr, size_t bytes) {
     free(ptr);
 }
 
-const allocator_backend allocator_host_backend = {"host", host_segment_alloc, host_segment_free, NULL};
+const allocator_backend allocator_host_backend = {"host", host_segment_alloc, host_segment_free, NULL, NULL};
 
 /* ---- 1. sizes and pools ---- */
 

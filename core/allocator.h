@@ -50,6 +50,9 @@ typedef struct allocator_backend {
     void *(*segment_alloc)(void *state, size_t bytes);
     void (*segment_free)(void *state, void *ptr, size_t bytes);
     void *state;
+    /* Sets bytes to zero (mem_alloc's zeroed blocks); NULL: memset, the memory is the host's. The CUDA device's
+     * segments are GPU memory: cudaMemsetAsync on its compute stream. */
+    void (*zero)(void *state, void *ptr, size_t bytes);
 } allocator_backend;
 
 /* Page-aligned host memory (posix_memalign / free). */

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "../trace/trace.h"
+#include "device.h"
 #include "mem.h"
 
 /* A collective's signature that every rank has agreed on (core/comm.c): the op, the buffer's float count, the detail
@@ -41,6 +42,10 @@ typedef struct context {
     double timeout_seconds;    /* TIMEOUT: a collective not complete after this long aborts the run (0: never) */
     const struct group_mesh *mesh; /* HYBRID_SHARD's shard x replicate groups (core/group.h), set by the program before
                                   it builds the model; NULL: one group, the world (every other strategy) */
+    device device;             /* the compute device (core/device.h): cpu, or cuda (DEVICE=cuda, BACKEND=nccl) */
+    enum { CTX_BACKEND_MPI, CTX_BACKEND_NCCL } backend; /* BACKEND: who moves collectives' bytes (mpi = gloo) */
+    void *nccl;                /* BACKEND=nccl: the NCCL communicators (core/cuda/nccl_comm.h), else NULL */
+    int local_rank, local_size; /* this rank among the ranks of its node (MPI_COMM_TYPE_SHARED): picks the GPU */
     int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */
     char outdir[512];          /* where rank<R>.jsonl and trace.json go */
