@@ -48,12 +48,12 @@ static void on_segment(void *state, allocator_event event, const allocator_segme
 static void *budget_segment_alloc(void *state, size_t bytes) {
     mem_tracker *tracker = state;
     if (tracker->allocator.reserved_bytes + bytes > tracker->budget) return NULL;
-    return allocator_host_backend.segment_alloc(allocator_host_backend.state, bytes);
+    return tracker->segments.segment_alloc(tracker->segments.state, bytes);
 }
 
 static void budget_segment_free(void *state, void *ptr, size_t bytes) {
-    (void)state;
-    allocator_host_backend.segment_free(allocator_host_backend.state, ptr, bytes);
+    mem_tracker *tracker = state;
+    tracker->segments.segment_free(tracker->segments.state, ptr, bytes);
 }
 
 void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings) {
@@ -62,22 +62,28 @@ void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator
 
 void mem_init_pool(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings,
                    const char *device, size_t budget) {
+    mem_init_pool_on(tracker, rank, trace, settings, device, budget, &allocator_host_backend);
+}
+
+void mem_init_pool_on(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings,
+                      const char *device, size_t budget, const allocator_backend *segments) {
     memset(tracker, 0, sizeof *tracker);
+    tracker->segments = *segments;
     tracker->rank = rank;
     tracker->trace = trace;
     tracker->next_id = 1;
     tracker->device = device;
     tracker->budget = budget;
-    tracker->budget_backend = (allocator_backend){allocator_host_backend.name, budget_segment_alloc,
-                                                  budget_segment_free, tracker};
+    tracker->budget_backend = (allocator_backend){segments->name, budget_segment_alloc, budget_segment_free, tracker,
+                                                  NULL};
     allocator_settings defaults = {.caching = 1, .max_split_size = SIZE_MAX};
-    allocator_init(&tracker->allocator, budget > 0 ? &tracker->budget_backend : &allocator_host_backend,
+    allocator_init(&tracker->allocator, budget > 0 ? &tracker->budget_backend : &tracker->segments,
                    settings ? settings : &defaults, on_segment, tracker);
     if (trace != NULL) {
         const allocator_settings *used = &tracker->allocator.settings;
         trace_allocator_info info = {
             .mode = used->caching ? "caching" : "malloc",
-            .backend = allocator_host_backend.name,
+            .backend = segments->name,
             .round = ALLOCATOR_ROUND,
             .small_size = ALLOCATOR_SMALL_SIZE,
             .small_segment = ALLOCATOR_SMALL_SEGMENT,
@@ -149,7 +155,8 @@ static void *allocate(mem_tracker *tracker, size_t bytes, mem_category category,
         abort();
     }
     void *ptr = served->ptr;
-    if (zeroed) memset(ptr, 0, bytes);
+    if (zeroed && tracker->segments.zero != NULL) tracker->segments.zero(tracker->segments.state, ptr, bytes);
+    else if (zeroed) memset(ptr, 0, bytes);
     mem_block *block = &tracker->live_blocks[tracker->live_count++];
     block->ptr = ptr;
     block->block = served;

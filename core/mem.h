@@ -67,7 +67,8 @@ typedef struct mem_tracker {
     int rank;
     const char *device;                      /* MEM_DEVICE or MEM_HOST: which pool this tracker is */
     size_t budget;                           /* reserved bytes the pool may hold; 0: no limit */
-    allocator_backend budget_backend;        /* the host backend behind the budget (segment_alloc checks it) */
+    allocator_backend segments;              /* where segments come from: host memory, cudaMalloc, pinned memory */
+    allocator_backend budget_backend;        /* `segments` behind the budget (segment_alloc checks it) */
     trace_sink *trace;                       /* may be NULL: no events */
     mem_block *live_blocks;                  /* unordered table of live blocks */
     size_t live_count, live_capacity;
@@ -94,6 +95,9 @@ void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator
  * without a budget. Exceeding the budget aborts as an out of memory does, naming the budget. */
 void mem_init_pool(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings,
                    const char *device, size_t budget);
+/* The same over another backend's segments (core/device.h: the CUDA device's cudaMalloc, pinned host memory). */
+void mem_init_pool_on(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings,
+                      const char *device, size_t budget, const allocator_backend *segments);
 /* Zeroed block of `bytes` bytes. Aborts naming rank, owner and size when the system has no memory. */
 void *mem_alloc(mem_tracker *tracker, size_t bytes, mem_category category, const char *owner);
 /* Like mem_alloc but the contents are undefined: for buffers the caller overwrites completely (forward

@@ -66,7 +66,7 @@ typedef struct fixture {
 static void setup(fixture *f, int caching, size_t max_split_size, size_t capacity) {
     memset(f, 0, sizeof *f);
     f->counts.capacity = capacity;
-    f->backend = (allocator_backend){"counting", counting_alloc, counting_free, &f->counts};
+    f->backend = (allocator_backend){"counting", counting_alloc, counting_free, &f->counts, NULL};
     allocator_settings settings = {.caching = caching, .max_split_size = max_split_size};
     allocator_init(&f->a, &f->backend, &settings, log_segment, &f->log);
 }
