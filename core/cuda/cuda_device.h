@@ -1,0 +1,49 @@
+/* cuda_device.h — the CUDA device's state behind core/device.h (`device.impl`), for the files of core/cuda/ only.
+ *
+ * One GPU per rank, chosen from the node-local rank (core/context.h local_rank). Every kernel and GEMM runs on
+ * `compute`, the rank's compute stream; the all-gather and reduce-scatter streams of core/stream.h are other
+ * cudaStreams ordered against it with CUDA events. Only files compiled in a `make CUDA=1` build include this.
+ */
+#ifndef FSDPLAB_CUDA_DEVICE_H
+#define FSDPLAB_CUDA_DEVICE_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_device_state {
+    int rank;                     /* for messages */
+    int ordinal;                  /* cudaSetDevice's */
+    cudaStream_t compute;         /* the compute stream */
+    cublasHandle_t cublas;        /* bound to `compute` */
+    int allow_tf32;               /* ALLOW_TF32=1: cuBLAS may use TF32 tensor cores for float32 GEMMs (off: exact fp32) */
+    /* Reductions' partial results (sum_squares, sum_abs, first_nonfinite, the loss): a small device buffer and its
+     * pinned host twin, made once at init outside the caching allocator (like cuBLAS's own workspace; they are the
+     * device's tools, not tensors of the run). */
+    void *scratch;
+    size_t scratch_bytes;
+    void *host_scratch;
+} cuda_device_state;
+
+/* Aborts naming the rank, file, line, the call and CUDA's / cuBLAS's message when a call failed. */
+void cuda_check(int rank, cudaError_t status, const char *call, const char *file, int line);
+void cublas_check(int rank, cublasStatus_t status, const char *call, const char *file, int line);
+#define CUDA_CHECK(rank, call) cuda_check((rank), (call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(rank, call) cublas_check((rank), (call), #call, __FILE__, __LINE__)
+
+/* Sets the layer, vector and AdamW functions of the table (core/cuda/kernels.cu); the memory functions and the
+ * segments are cuda_device.c's. */
+void cuda_ops_install(device *d);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
