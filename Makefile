@@ -10,6 +10,11 @@
 #   make bench-tokenizer  Qwen2's tokenizer, ours vs HF tokenizers, tokens/s on one thread (scripts/bench_tokenizer.sh)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
 #   make sanitize     the same build with ASan + UBSan (float-cast-overflow too; UB aborts) into build/sanitize/
+#   make CUDA=1       the CUDA build into build/cuda/: the same programs with the CUDA device (DEVICE=cuda) and NCCL
+#                     (BACKEND=nccl); core/cuda/*.cu through nvcc for sm_80 and sm_90. CUDA_HOME (default
+#                     /usr/local/cuda), and NCCL_HOME, CUBLAS_HOME where NCCL and cuBLAS live elsewhere (pip's
+#                     nvidia-* wheels: site-packages/nvidia/nccl, .../nvidia/cu13)
+#   make check-cuda-build   `make CUDA=1` links here, GPU or not (tests/suites/cuda_build.sh; skipped without nvcc)
 #   make check-sanitize   labs 01-05, the unit tests, fsdptrace and the parser fuzzer from that build (tests/suites/sanitize.sh)
 #   make clean
 #   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
@@ -30,6 +35,45 @@ ifneq ($(HAVE_DEPS),yes)
   endif
 endif
 
+# The CUDA build (make CUDA=1): every program again, in build/cuda/, with FSDPLAB_CUDA defined, core/cuda/*.c through
+# mpicc and core/cuda/*.cu through nvcc, linked with the CUDA runtime, cuBLAS and NCCL. Each library is found by its
+# file under <home>/lib64 or <home>/lib, the unversioned name or a versioned one (pip's wheels ship libnccl.so.2
+# alone), linked by that path and found again at run time through an rpath, so no LD_LIBRARY_PATH is needed.
+comma := ,
+ifeq ($(CUDA),1)
+  BUILD ?= build/cuda
+  CUDA_HOME ?= /usr/local/cuda
+  NCCL_HOME ?= $(CUDA_HOME)
+  CUBLAS_HOME ?= $(CUDA_HOME)
+  NVCC ?= $(CUDA_HOME)/bin/nvcc
+  ifeq ($(wildcard $(NVCC)),)
+    $(error make CUDA=1: no nvcc at $(NVCC); set CUDA_HOME to the CUDA toolkit (or NVCC to the compiler))
+  endif
+  cuda_library = $(firstword $(wildcard $(addprefix $(1)/,lib64/$(2).so lib/$(2).so lib64/$(2).so.* lib/$(2).so.*)))
+  CUDART_LIBRARY := $(call cuda_library,$(CUDA_HOME),libcudart)
+  CUBLAS_LIBRARY := $(call cuda_library,$(CUBLAS_HOME),libcublas)
+  NCCL_LIBRARY := $(call cuda_library,$(NCCL_HOME),libnccl)
+  ifeq ($(CUDART_LIBRARY),)
+    $(error make CUDA=1: no libcudart.so under $(CUDA_HOME)/lib64 or $(CUDA_HOME)/lib; set CUDA_HOME)
+  endif
+  ifeq ($(CUBLAS_LIBRARY),)
+    $(error make CUDA=1: no libcublas.so under $(CUBLAS_HOME)/lib64 or $(CUBLAS_HOME)/lib; set CUBLAS_HOME)
+  endif
+  ifeq ($(NCCL_LIBRARY),)
+    $(error make CUDA=1: no libnccl.so under $(NCCL_HOME)/lib64 or $(NCCL_HOME)/lib; set NCCL_HOME)
+  endif
+  CUDA_LIBRARIES := $(CUDART_LIBRARY) $(CUBLAS_LIBRARY) $(NCCL_LIBRARY)
+  # -isystem: warnings in CUDA's headers are not ours to fix under -Werror.
+  CUDA_INCLUDES := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(CUBLAS_HOME)/include $(NCCL_HOME)/include))
+  REQUIRED_CFLAGS_CUDA := -DFSDPLAB_CUDA $(CUDA_INCLUDES)
+  REQUIRED_LDLIBS_CUDA := $(CUDA_LIBRARIES) $(addprefix -Wl$(comma)-rpath$(comma),$(patsubst %/,%,$(sort \
+    $(dir $(CUDA_LIBRARIES))))) -lstdc++
+  CUDA_ARCH_FLAGS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+  NVCCFLAGS ?= -O2 -g -lineinfo
+  REQUIRED_NVCCFLAGS := -std=c++17 $(CUDA_ARCH_FLAGS) -DFSDPLAB_CUDA $(CUDA_INCLUDES) \
+    $(shell mpicc --showme:compile 2>/dev/null) -Xcompiler -Wall,-Wextra --Werror all-warnings
+endif
+
 CC := mpicc
 # CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS and LDLIBS are the user's to set; what the build cannot do without is
 # in REQUIRED_CFLAGS and REQUIRED_LDLIBS, which every compile and link line uses as well. The user's flags come after
@@ -37,8 +81,8 @@ CC := mpicc
 CFLAGS ?= -O2 -g
 # Messages into fixed buffers may be cut short, on purpose: gcc's guesses about that are not errors here.
 REQUIRED_CFLAGS := -std=c11 -Wall -Wextra -Werror -Wno-format-truncation \
-  $(shell pkg-config --cflags libcjson openblas libpcre2-8 libutf8proc)
-REQUIRED_LDLIBS := $(shell pkg-config --libs libcjson openblas libpcre2-8 libutf8proc) -lm
+  $(shell pkg-config --cflags libcjson openblas libpcre2-8 libutf8proc) $(REQUIRED_CFLAGS_CUDA)
+REQUIRED_LDLIBS := $(shell pkg-config --libs libcjson openblas libpcre2-8 libutf8proc) -lm $(REQUIRED_LDLIBS_CUDA)
 COMPILE = $(CC) $(REQUIRED_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS)
 LINK = $(COMPILE) $(LDFLAGS)
 CHECK_CFLAGS := $(shell pkg-config --cflags check)
@@ -53,27 +97,42 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
   trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c
+CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c \
+  core/device_select.c $(if $(wildcard core/device_cpu.c),core/device_cpu.c,core/device_cpu_stub.c)
+
+# The CUDA build's sources: core/cuda/*.c (mpicc) and *.cu (nvcc), and the GPU test program.
+ifeq ($(CUDA),1)
+  CORE_SRC += $(filter-out core/cuda/kernels_stub.c,$(wildcard core/cuda/*.c)) \
+    $(if $(wildcard core/cuda/kernels.cu),,core/cuda/kernels_stub.c)
+  CUDA_SRC := $(wildcard core/cuda/*.cu)
+  GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers)
+endif
 # BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
 # second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
 O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
 TRACE_OBJ := $(addprefix $(O),$(TRACE_SRC:.c=.o))
-CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o))
+CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o) $(CUDA_SRC:.cu=.o))
 LABS := $(addprefix $(O),$(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c)))
 UNIT_TESTS := $(addprefix $(O),$(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c)))
 TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/bin/fuzz_parsers tests/bin/tokenize_tool)
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
+.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
-all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model
+all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model \
+  $(addprefix $(O),$(GPU_TESTS))
 
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
-HEADERS := $(wildcard core/*.h trace/*.h)
+HEADERS := $(wildcard core/*.h core/cuda/*.h trace/*.h)
 $(O)%.o: %.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(COMPILE) -c $< -o $@
+
+# The CUDA build's kernels (CUDA=1): nvcc, C++17, for sm_80 (A100) and sm_90 (H100, H200).
+$(O)%.o: %.cu $(HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(REQUIRED_NVCCFLAGS) $(NVCCFLAGS) -c $< -o $@
 
 # The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
 # llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
@@ -124,7 +183,8 @@ run: lab/05_full_step
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
-	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab07 lab08 lab09 train badinput notebooks
+	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab07 lab08 lab09 train \
+	  badinput notebooks cuda_build
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
 check-sanitize: sanitize
 	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
@@ -160,6 +220,8 @@ check-09: all
 	@tests/run_checks.sh lab09
 check-resume: all
 	@tests/run_checks.sh resume
+check-cuda-build: all
+	@tests/run_checks.sh cuda_build
 
 # The notebooks executed, as HTML with their outputs, for reading.
 notebooks: all

@@ -7,8 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum comm_op { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, OP_BARRIER } comm_op;
+#include "offload.h"
+
+#ifdef FSDPLAB_CUDA
+#include "cuda/cuda_stream.h"
+#include "cuda/nccl_comm.h"
+#endif
+
 static const char *const op_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+
+const char *comm_op_name(int op) { return (unsigned)op <= COMM_OP_BARRIER ? op_names[op] : "an unknown op"; }
 
 typedef comm_handle call;
 
@@ -22,7 +30,7 @@ static int mpi_failed(context *ctx, int rc, const call *c, const char *what) {
     return -1;
 }
 
-static const char *detail_name(comm_op op) { return op == OP_BROADCAST ? "root" : "reduction code"; }
+static const char *detail_name(comm_op op) { return op == COMM_OP_BROADCAST ? "root" : "reduction code"; }
 
 /* FNV-1a of the unit's name: the agreement compares names as one number, and the table stores no strings. */
 static uint64_t unit_hash(const char *unit) {
@@ -124,7 +132,7 @@ static int agree(context *ctx, const call *c) {
                      "rank %d: %s on unit '%s' (%s %lld) but rank %d called %s (%s %lld): every rank must call "
                      "the same collective", ctx->rank, op_names[c->op], c->unit, detail_name(c->op),
                      (long long)c->detail, world_rank_of(c, rank),
-                     theirs->op <= OP_BARRIER ? op_names[theirs->op] : "an unknown op",
+                     theirs->op <= COMM_OP_BARRIER ? op_names[theirs->op] : "an unknown op",
                      detail_name(c->op), (long long)theirs->detail);
             status = -1;
         } else if (theirs->count != mine.count) {
@@ -258,7 +266,7 @@ static int run_one(call *c) {
     MPI_Request request;
     int rc;
     switch ((comm_op)c->op) {
-    case OP_ALL_GATHER: {
+    case COMM_OP_ALL_GATHER: {
         /* In place when the shard already sits at its chunk of the output (CPU offload copies it there): MPI forbids
          * aliased buffers, MPI_IN_PLACE says the same thing legally (NCCL's in-place all-gather). */
         const char *own_chunk = (const char *)c->receive + (size_t)c->rank * c->chunk * dtype_size(c->dtype);
@@ -268,19 +276,19 @@ static int run_one(call *c) {
         if (work_failed(c, rc, "MPI_Iallgather")) return -1;
         return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Iallgather's completion");
     }
-    case OP_REDUCE_SCATTER: return ring_reduce_scatter(c);
-    case OP_ALL_REDUCE:
+    case COMM_OP_REDUCE_SCATTER: return ring_reduce_scatter(c);
+    case COMM_OP_ALL_REDUCE:
         rc = MPI_Iallreduce(MPI_IN_PLACE, c->receive, (int)c->count, MPI_FLOAT, MPI_SUM, c->comm, &request);
         if (work_failed(c, rc, "MPI_Iallreduce")) return -1;
         if (work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Iallreduce's completion")) return -1;
         if (c->factor != 1.0f)
             for (size_t i = 0; i < c->count; i++) c->receive[i] *= c->factor;
         return 0;
-    case OP_BROADCAST:
+    case COMM_OP_BROADCAST:
         rc = MPI_Ibcast(c->receive, (int)c->count, MPI_FLOAT, (int)c->detail, c->comm, &request);
         if (work_failed(c, rc, "MPI_Ibcast")) return -1;
         return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Ibcast's completion");
-    case OP_BARRIER:
+    case COMM_OP_BARRIER:
         rc = MPI_Ibarrier(c->comm, &request);
         if (work_failed(c, rc, "MPI_Ibarrier")) return -1;
         return work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Ibarrier's completion");
@@ -288,10 +296,68 @@ static int run_one(call *c) {
     return 0;
 }
 
+#ifdef FSDPLAB_CUDA
+/* ---- BACKEND=mpi on the CUDA device: staging through pinned host memory ----
+ * Open MPI here is not CUDA-aware: it cannot read or write GPU memory. So the collective runs on host buffers of the
+ * host pool (pinned, category comm_buffer): what it reads is copied down from the device first, what it wrote is
+ * copied up after, both on the stream that runs it and waited for there. The host allocates the buffers at issue and
+ * frees them in comm_wait (the allocator is the host thread's); a comm stream's thread only copies. The copy down
+ * waits for the compute stream's work queued before the issue (c->device_ready): that work wrote the input. It also
+ * lets two ranks share one GPU, which NCCL refuses. */
+static void stage_begin(context *ctx, call *c) {
+    mem_tracker *host = offload_host_pool(ctx);
+    size_t element = dtype_size(c->dtype);
+    c->staged = 1;
+    c->buffers = host;
+    c->device_send = c->send;
+    c->device_receive = c->receive;
+    void *whole = mem_alloc_uninitialized_typed(host, c->count * element, MEM_COMM_BUFFER, c->dtype, "comm.staging");
+    c->staging[0] = whole;
+    switch ((comm_op)c->op) {
+    case COMM_OP_ALL_GATHER: /* in place on the host: this rank's shard at its chunk of the whole */
+        c->receive = whole;
+        c->send = (const float *)((char *)whole + (size_t)c->rank * c->chunk * element);
+        break;
+    case COMM_OP_REDUCE_SCATTER:
+        c->send = whole;
+        c->staging[1] = mem_alloc_uninitialized_typed(host, c->chunk * element, MEM_COMM_BUFFER, c->dtype,
+                                                      "comm.staging");
+        c->receive = c->staging[1];
+        break;
+    case COMM_OP_ALL_REDUCE:
+    case COMM_OP_BROADCAST:
+    case COMM_OP_BARRIER: c->send = c->receive = whole; break;
+    }
+    c->device_ready = cuda_compute_record(ctx);
+}
+
+/* Down: what the collective reads (a broadcast's root only). */
+static void stage_in(call *c) {
+    size_t element = dtype_size(c->dtype);
+    const void *from = c->op == COMM_OP_ALL_GATHER || c->op == COMM_OP_REDUCE_SCATTER ? c->device_send
+                                                                                       : c->device_receive;
+    size_t count = c->op == COMM_OP_ALL_GATHER ? c->chunk : c->count;
+    if (c->op == COMM_OP_BROADCAST && c->rank != (int)c->detail) count = 0;
+    cuda_stage_copy(c->ctx, c->stream, (void *)c->send, from, count * element, 1, c->device_ready);
+}
+
+/* Up: what it wrote (the whole buffer, or a reduce-scatter's shard). */
+static void stage_out(call *c) {
+    size_t count = c->op == COMM_OP_REDUCE_SCATTER ? c->chunk : c->count;
+    cuda_stage_copy(c->ctx, c->stream, c->device_receive, c->receive, count * dtype_size(c->dtype), 0, NULL);
+}
+#endif
+
 static void run_on_stream(void *arg) {
     call *c = arg;
     c->start_us = trace_now_us(&c->ctx->trace);
+#ifdef FSDPLAB_CUDA
+    if (c->staged) stage_in(c);
+#endif
     c->status = run_one(c);
+#ifdef FSDPLAB_CUDA
+    if (c->staged && c->status == 0) stage_out(c);
+#endif
     c->end_us = trace_now_us(&c->ctx->trace);
 }
 
@@ -307,11 +373,23 @@ static void issue(context *ctx, call *c, stream *on) {
     c->error[0] = '\0';
     c->active = 1;
     c->ring_buffers[0] = c->ring_buffers[1] = NULL;
-    if (c->op == OP_REDUCE_SCATTER) /* every element is received before it is read: no zeroing */
-        for (int i = 0; i < 2 && i < c->size - 2; i++)
-            c->ring_buffers[i] = mem_alloc_uninitialized_typed(&ctx->mem, c->chunk * dtype_size(c->dtype),
-                                                               MEM_COMM_BUFFER, c->dtype, "reduce_scatter.ring_buffer");
+    c->buffers = &ctx->mem;
     c->done = (stream_event){0};
+#ifdef FSDPLAB_CUDA
+    /* The CUDA device: NCCL queues it on a cudaStream (core/cuda/nccl_comm.c); MPI runs it on host copies. A barrier
+     * has no buffers: MPI's, either way. */
+    if (ctx->device.kind == DEVICE_CUDA && c->op != COMM_OP_BARRIER) {
+        if (ctx->backend == CTX_BACKEND_NCCL) {
+            nccl_comm_issue(ctx, c, on);
+            return;
+        }
+        stage_begin(ctx, c);
+    }
+#endif
+    if (c->op == COMM_OP_REDUCE_SCATTER) /* every element is received before it is read: no zeroing */
+        for (int i = 0; i < 2 && i < c->size - 2; i++)
+            c->ring_buffers[i] = mem_alloc_uninitialized_typed(c->buffers, c->chunk * dtype_size(c->dtype),
+                                                               MEM_COMM_BUFFER, c->dtype, "reduce_scatter.ring_buffer");
     if (on == NULL || on->kind == STREAM_HOST) {
         run_on_stream(c);
     } else {
@@ -326,14 +404,26 @@ int comm_wait(context *ctx, comm_handle *c, const char *hook) {
     if (!c->active) return 0;
     if (!event_query(&c->done)) {
         double start = trace_now_us(&ctx->trace);
-        event_synchronize(&c->done);
+#ifdef FSDPLAB_CUDA
+        if (c->nccl != NULL) nccl_comm_wait(ctx, c); /* polls: TIMEOUT and NCCL's errors end the wait */
+        else
+#endif
+            event_synchronize(&c->done);
         trace_wait_info wait = {.on = c->stream->name, .op = op_names[c->op], .unit = c->unit, .seq = (int64_t)c->seq,
                                 .hook = hook, .start_us = start, .dur_us = trace_now_us(&ctx->trace) - start};
         trace_wait(&ctx->trace, &wait);
     }
+#ifdef FSDPLAB_CUDA
+    if (c->nccl != NULL) nccl_comm_finish(ctx, c); /* the compute stream waits for it; its device times */
+    if (c->staged) {
+        mem_free(c->buffers, c->staging[0]);
+        mem_free(c->buffers, c->staging[1]);
+        c->staging[0] = c->staging[1] = NULL;
+    }
+#endif
     c->active = 0;
-    mem_free(&ctx->mem, c->ring_buffers[0]);
-    mem_free(&ctx->mem, c->ring_buffers[1]);
+    mem_free(c->buffers, c->ring_buffers[0]);
+    mem_free(c->buffers, c->ring_buffers[1]);
     c->ring_buffers[0] = c->ring_buffers[1] = NULL;
     if (c->status != 0) {
         snprintf(ctx->error, sizeof ctx->error, "%s", c->error);
@@ -378,8 +468,8 @@ static void in_group(const context *ctx, call *c, const comm_group *group) {
 
 static int all_gather_begin(context *ctx, call *c, const comm_group *group, const void *shard, void *full,
                             size_t full_count, dtype type, const char *unit) {
-    *c = (call){.op = OP_ALL_GATHER, .unit = unit, .count = full_count, .send = shard, .receive = full, .factor = 1.0f,
-                .dtype = type};
+    *c = (call){.op = COMM_OP_ALL_GATHER, .unit = unit, .count = full_count, .send = shard, .receive = full,
+                .factor = 1.0f, .dtype = type};
     in_group(ctx, c, group);
     c->chunk = full_count / (size_t)c->size;
     c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count, type);
@@ -390,7 +480,7 @@ static int all_gather_begin(context *ctx, call *c, const comm_group *group, cons
 
 static int reduce_scatter_begin(context *ctx, call *c, const comm_group *group, const void *full, void *shard,
                                 size_t full_count, dtype type, comm_reduce reduce, const char *unit) {
-    *c = (call){.op = OP_REDUCE_SCATTER, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
+    *c = (call){.op = COMM_OP_REDUCE_SCATTER, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
                 .count = full_count, .send = full, .receive = shard, .dtype = type};
     in_group(ctx, c, group);
     c->chunk = full_count / (size_t)c->size;
@@ -405,7 +495,7 @@ static int reduce_scatter_begin(context *ctx, call *c, const comm_group *group, 
  * product truncated to bytes (EVENTS.md). */
 static int all_reduce_begin(context *ctx, call *c, const comm_group *group, float *buffer, size_t count,
                             comm_reduce reduce, const char *unit) {
-    *c = (call){.op = OP_ALL_REDUCE, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
+    *c = (call){.op = COMM_OP_ALL_REDUCE, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
                 .count = count, .send = buffer, .receive = buffer, .chunk = count};
     in_group(ctx, c, group);
     c->factor = reduce == COMM_AVG ? 1.0f / (float)c->size : 1.0f;
@@ -440,7 +530,7 @@ int comm_all_reduce(context *ctx, float *buffer, size_t count, comm_reduce reduc
 }
 
 int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const char *unit) {
-    call c = {.op = OP_BROADCAST, .unit = unit, .detail = root, .count = count, .receive = buffer, .chunk = count,
+    call c = {.op = COMM_OP_BROADCAST, .unit = unit, .detail = root, .count = count, .receive = buffer, .chunk = count,
               .factor = 1.0f};
     in_group(ctx, &c, NULL);
     if (ctx->world_size > 1) {
@@ -457,7 +547,7 @@ int comm_broadcast(context *ctx, float *buffer, size_t count, int root, const ch
 }
 
 int comm_barrier(context *ctx, const char *unit) {
-    call c = {.op = OP_BARRIER, .unit = unit, .factor = 1.0f};
+    call c = {.op = COMM_OP_BARRIER, .unit = unit, .factor = 1.0f};
     in_group(ctx, &c, NULL);
     if (begin(ctx, &c, 0) != 0) return -1;
     return blocking(ctx, &c);

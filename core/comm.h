@@ -35,6 +35,12 @@
 
 typedef enum comm_reduce { COMM_SUM, COMM_AVG } comm_reduce;
 
+/* The collectives, as a handle's `op` names them. */
+typedef enum comm_op { COMM_OP_ALL_GATHER, COMM_OP_REDUCE_SCATTER, COMM_OP_ALL_REDUCE, COMM_OP_BROADCAST,
+                       COMM_OP_BARRIER } comm_op;
+/* "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier": the events' `op`. */
+const char *comm_op_name(int op);
+
 /* One collective, from issue to wait. The caller owns it; comm.c fills it. */
 typedef struct comm_handle {
     context *ctx;
@@ -60,6 +66,15 @@ typedef struct comm_handle {
     stream_event done;
     int active;                   /* issued and not yet waited for */
     dtype dtype;                  /* the elements' type (the float forms: float32); count and chunk are elements */
+    mem_tracker *buffers;         /* the pool of its temporary buffers: the device pool, or the host pool (staged) */
+    /* The CUDA device (make CUDA=1, core/cuda/): */
+    void *nccl;                   /* BACKEND=nccl: the ncclComm_t it runs on (NULL: MPI moves the bytes) */
+    void *device_start, *device_end; /* BACKEND=nccl: cudaEvents before and after it on its cudaStream */
+    int staged;                   /* BACKEND=mpi on the CUDA device: MPI runs on pinned host copies of the buffers */
+    const void *device_send;      /* then: the caller's device buffers, */
+    void *device_receive;
+    void *staging[2];             /* the host pool's blocks that stand in for them, */
+    void *device_ready;           /* and a cudaEvent on the compute stream at issue: the inputs are written */
 } comm_handle;
 
 /* shard (full_count / world floats) from every rank → full (full_count floats) on every rank, rank r's shard at

@@ -16,6 +16,11 @@
 #include "../trace/export.h"
 #include "layers.h"
 
+#ifdef FSDPLAB_CUDA
+#include "cuda/cuda_device.h"
+#include "cuda/nccl_comm.h"
+#endif
+
 void ctx_check_mpi(context *ctx, int rc, const char *call, const char *file, int line) {
     if (rc == MPI_SUCCESS) return;
     char reason[MPI_MAX_ERROR_STRING];
@@ -112,6 +117,66 @@ static int remove_stale_outputs(const char *outdir, int world) {
     return removed;
 }
 
+/* This rank's place among the ranks of its node (MPI_COMM_TYPE_SHARED: the ranks that share memory), which picks its
+ * GPU: node-local rank r takes GPU r (mod the node's GPUs). */
+static void find_local_rank(context *ctx) {
+    MPI_Comm node;
+    CTX_MPI(ctx, MPI_Comm_split_type(ctx->comm, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &node));
+    CTX_MPI(ctx, MPI_Comm_rank(node, &ctx->local_rank));
+    CTX_MPI(ctx, MPI_Comm_size(node, &ctx->local_size));
+    CTX_MPI(ctx, MPI_Comm_free(&node));
+}
+
+/* DEVICE (cpu, cuda) says where tensors live and compute runs; BACKEND (mpi, gloo: the same; nccl) who moves the
+ * collectives' bytes. BACKEND=nccl works on device buffers, so it implies DEVICE=cuda. ALLOW_TF32 (0, 1) lets cuBLAS
+ * round float32 GEMMs' inputs to TF32 on the CUDA device. Read on every rank in the same order, whatever the build
+ * (the cfg_env calls are collective); a failure on any rank ends every rank with the first failing rank's reason. */
+static void choose_device(context *ctx) {
+    static const char *const backends[] = {"mpi", "gloo", "nccl", NULL};
+    static const char *const devices[] = {"cpu", "cuda", NULL};
+    int nccl = strcmp(cfg_env_choice(ctx, "BACKEND", "mpi", backends), "nccl") == 0;
+    int cuda = strcmp(cfg_env_choice(ctx, "DEVICE", nccl ? "cuda" : "cpu", devices), "cuda") == 0;
+    int allow_tf32 = (int)cfg_env_int(ctx, "ALLOW_TF32", 0, 0, 1);
+    if (nccl && !cuda)
+        ctx_exit_all(ctx, 2, "BACKEND=nccl moves GPU buffers: it needs DEVICE=cuda (or DEVICE unset), not DEVICE=cpu; "
+                     "the CPU device's collectives are BACKEND=mpi (or gloo)");
+    ctx->backend = nccl ? CTX_BACKEND_NCCL : CTX_BACKEND_MPI;
+    find_local_rank(ctx);
+    if (!cuda) {
+        device_cpu_init(&ctx->device);
+        return;
+    }
+    char reason[512];
+    int ok = device_cuda_init(&ctx->device, ctx->local_rank, ctx->local_size, reason, sizeof reason) == 0;
+    if (!ok)
+        snprintf(ctx->error, sizeof ctx->error, "rank %d: DEVICE=cuda%s: %s", ctx->rank, nccl ? " (BACKEND=nccl)" : "",
+                 reason);
+#ifdef FSDPLAB_CUDA
+    /* NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): say so, and what does work, before it does. */
+    if (ok && nccl) {
+        int gpus = ((cuda_device_state *)ctx->device.impl)->device_count;
+        if (ctx->local_size > gpus) {
+            snprintf(ctx->error, sizeof ctx->error, "rank %d: BACKEND=nccl with %d ranks on this node but %d GPU%s: "
+                     "NCCL refuses two ranks on one GPU; run at most %d rank%s per node, or use BACKEND=mpi (MPI on "
+                     "pinned host copies), which lets ranks share a GPU", ctx->rank, ctx->local_size, gpus,
+                     gpus == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s");
+            ok = 0;
+        }
+    }
+    if (ok) cuda_device_allow_tf32(&ctx->device, allow_tf32);
+#else
+    (void)allow_tf32;
+#endif
+    if (!ctx_all_true(ctx, ok)) ctx_exit_all(ctx, 2, "%s", ctx->error);
+#ifdef FSDPLAB_CUDA
+    if (nccl && nccl_comm_create(ctx, ctx->comm, "world", &ctx->nccl) != 0) ctx_fatal(ctx, "%s", ctx->error);
+    char what[160];
+    snprintf(what, sizeof what, "device cuda:%d (node-local rank %d of %d), backend %s, allow_tf32 %d",
+             ctx->device.ordinal, ctx->local_rank, ctx->local_size, nccl ? "nccl" : "mpi", allow_tf32);
+    trace_mark(&ctx->trace, what);
+#endif
+}
+
 void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const char *default_outdir) {
     memset(ctx, 0, sizeof *ctx);
     snprintf(ctx->program, sizeof ctx->program, "%s", program);
@@ -166,6 +231,7 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
     CTX_MPI(ctx, MPI_Bcast(run_id, sizeof run_id, MPI_CHAR, 0, ctx->comm));
     if (trace_open_run(&ctx->trace, ctx->outdir, ctx->rank, ctx->world_size, run_id) != 0)
         ctx_fatal(ctx, "cannot open the event file in %s", ctx->outdir);
+    choose_device(ctx);
     /* ALLOC=malloc turns the caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): one segment per request.
      * MAX_SPLIT_SIZE_MB is PyTorch's max_split_size_mb (0 or unset: no limit). Like PyTorch, it must exceed the
      * 20 MiB large segment: below that, a fully freed 20 MiB segment could never serve the requests it was cut for. */
@@ -182,7 +248,7 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
      * a model fit in less. */
     size_t device_budget = (size_t)cfg_env_int(ctx, "DEVICE_MEMORY_MB", 0, 0, 1L << 30) << 20;
     ctx->allocation = allocation;
-    mem_init_pool(&ctx->mem, ctx->rank, &ctx->trace, &allocation, MEM_DEVICE, device_budget);
+    mem_init_pool_on(&ctx->mem, ctx->rank, &ctx->trace, &allocation, MEM_DEVICE, device_budget, &ctx->device.segments);
     /* t0 right after a barrier, so every rank's timestamps start together. */
     CTX_MPI(ctx, MPI_Barrier(ctx->comm));
     trace_reset_t0(&ctx->trace);
@@ -234,6 +300,11 @@ void ctx_print_ordered(context *ctx, const char *text) {
 int ctx_finish(context *ctx) {
     size_t leaks = mem_shutdown(&ctx->mem);
     if (ctx->host_mem_ready) leaks += mem_shutdown(&ctx->host_mem);
+#ifdef FSDPLAB_CUDA
+    nccl_comm_destroy(ctx->nccl);
+    ctx->nccl = NULL;
+#endif
+    device_destroy(&ctx->device); /* after the pools: their segments went back to it */
     trace_end(&ctx->trace);
     trace_close(&ctx->trace);
     int clean = ctx_all_true(ctx, leaks == 0);

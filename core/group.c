@@ -6,6 +6,10 @@
 
 #include "config.h"
 
+#ifdef FSDPLAB_CUDA
+#include "cuda/nccl_comm.h"
+#endif
+
 static int mpi_failed(context *ctx, int rc, const char *what) {
     if (rc == MPI_SUCCESS) return 0;
     char reason[MPI_MAX_ERROR_STRING];
@@ -26,6 +30,9 @@ static int group_make(comm_group *group, context *ctx, const char *name, int ind
         mpi_failed(ctx, MPI_Comm_rank(group->comm, &group->rank), "MPI_Comm_rank") ||
         mpi_failed(ctx, MPI_Comm_size(group->comm, &group->size), "MPI_Comm_size"))
         return -1;
+#ifdef FSDPLAB_CUDA
+    if (ctx->backend == CTX_BACKEND_NCCL && nccl_comm_create(ctx, group->comm, name, &group->nccl) != 0) return -1;
+#endif
     return 0;
 }
 
@@ -53,6 +60,10 @@ int group_mesh_init(group_mesh *mesh, context *ctx, int shard_size) {
 }
 
 void group_mesh_free(group_mesh *mesh) {
+#ifdef FSDPLAB_CUDA
+    nccl_comm_destroy(mesh->shard.nccl);
+    nccl_comm_destroy(mesh->replicate.nccl);
+#endif
     if (mesh->shard.comm != MPI_COMM_NULL) MPI_Comm_free(&mesh->shard.comm);
     if (mesh->replicate.comm != MPI_COMM_NULL) MPI_Comm_free(&mesh->replicate.comm);
     memset(mesh, 0, sizeof *mesh);

@@ -13,9 +13,10 @@
  *                                                         the gradient shard is all-reduced across it (the slow
  *                                                         link between nodes)
  *
- * Each group is an MPI communicator from MPI_Comm_split (ncclCommSplit of the world's communicator on the CUDA
- * build); the host uses it for the agreement check and the blocking forms, and every comm stream makes its own
- * duplicate (stream_add_group, core/stream.h), as it does of the world's.
+ * Each group is an MPI communicator from MPI_Comm_split; the host uses it for the agreement check and the blocking
+ * forms, and every comm stream makes its own duplicate (stream_add_group, core/stream.h), as it does of the world's.
+ * With BACKEND=nccl a group also has an NCCL communicator (its rank 0's ncclUniqueId broadcast over the MPI one), and
+ * every comm stream makes its own of it.
  */
 #ifndef FSDPLAB_GROUP_H
 #define FSDPLAB_GROUP_H
@@ -33,6 +34,8 @@ typedef struct comm_group {
     int index;              /* which group of its kind this rank is in (shard group i: i = rank / S) */
     int first_world_rank;   /* member m is world rank first_world_rank + m * world_stride */
     int world_stride;
+    void *nccl;             /* BACKEND=nccl: its NCCL communicator (ncclComm_t, core/cuda/nccl_comm.h), for the
+                               collectives on the compute stream; NULL otherwise */
 } comm_group;
 
 /* HYBRID_SHARD's mesh: replicate_size x shard_size = world size. */

@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef FSDPLAB_CUDA
+#include "cuda/cuda_stream.h"
+#endif
+
 static void event_complete(stream *s, stream_event *event) {
     pthread_mutex_lock(&s->mutex);
     event->complete_us = trace_now_us(&s->ctx->trace);
@@ -17,13 +21,23 @@ static void event_complete(stream *s, stream_event *event) {
 }
 
 int event_query(const stream_event *event) {
-    return event->recorded_on == NULL || atomic_load_explicit(&event->complete, memory_order_acquire);
+    if (event->recorded_on == NULL) return 1;
+#ifdef FSDPLAB_CUDA
+    if (event->device_event != NULL) return cuda_event_query(event);
+#endif
+    return atomic_load_explicit(&event->complete, memory_order_acquire);
 }
 
 double event_synchronize(stream_event *event) {
     if (event_query(event)) return 0.0;
     stream *s = event->recorded_on;
     double start = trace_now_us(&s->ctx->trace);
+#ifdef FSDPLAB_CUDA
+    if (event->device_event != NULL) {
+        cuda_event_synchronize(event);
+        return trace_now_us(&s->ctx->trace) - start;
+    }
+#endif
     atomic_fetch_add(&s->host_waiting, 1); /* the stream's polls go full speed while the host waits */
     pthread_mutex_lock(&s->mutex);
     while (!atomic_load_explicit(&event->complete, memory_order_acquire)) pthread_cond_wait(&s->done, &s->mutex);
@@ -36,6 +50,9 @@ double event_synchronize(stream_event *event) {
 
 static void *worker_main(void *arg) {
     stream *s = arg;
+#ifdef FSDPLAB_CUDA
+    if (s->device_side != NULL) cuda_stream_thread_start(s); /* a thread's CUDA calls go to its current device */
+#endif
     for (;;) {
         pthread_mutex_lock(&s->mutex);
         while (s->count == 0 && !s->stop) pthread_cond_wait(&s->work, &s->mutex);
@@ -83,6 +100,12 @@ int stream_init(stream *s, context *ctx, const char *name, stream_kind kind) {
     pthread_mutex_init(&s->mutex, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->done, NULL);
+#ifdef FSDPLAB_CUDA
+    if (ctx->device.kind == DEVICE_CUDA) {
+        if (cuda_stream_init(s) != 0) return -1;
+        if (s->device_ordered) return 0; /* a cudaStream: no thread, and the context's communicator for agreements */
+    }
+#endif
     if (kind == STREAM_HOST) return 0;
     if (!ctx->thread_multiple) {
         snprintf(ctx->error, sizeof ctx->error, "rank %d: stream '%s' needs MPI_THREAD_MULTIPLE, which this MPI does "
@@ -115,9 +138,13 @@ void stream_destroy(stream *s) {
         pthread_mutex_unlock(&s->mutex);
         pthread_join(s->thread, NULL);
     }
-    if (s->kind == STREAM_WORKER && s->comm != MPI_COMM_NULL && s->comm != s->ctx->comm) MPI_Comm_free(&s->comm);
+    int own_communicators = s->kind == STREAM_WORKER && !s->device_ordered; /* the duplicates a thread made */
+    if (own_communicators && s->comm != MPI_COMM_NULL && s->comm != s->ctx->comm) MPI_Comm_free(&s->comm);
     for (int i = 0; i < s->group_count; i++)
-        if (s->kind == STREAM_WORKER && s->group_comms[i] != MPI_COMM_NULL) MPI_Comm_free(&s->group_comms[i]);
+        if (own_communicators && s->group_comms[i] != MPI_COMM_NULL) MPI_Comm_free(&s->group_comms[i]);
+#ifdef FSDPLAB_CUDA
+    if (s->device_side != NULL) cuda_stream_destroy(s);
+#endif
     pthread_mutex_destroy(&s->mutex);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->done);
@@ -131,7 +158,10 @@ int stream_add_group(stream *s, const comm_group *group) {
         return ctx_error(ctx->error, sizeof ctx->error, "rank %d: stream '%s': more than %d process groups", ctx->rank,
                          s->name, STREAM_GROUPS_MAX);
     MPI_Comm comm = group->comm;
-    if (s->kind == STREAM_WORKER) {
+#ifdef FSDPLAB_CUDA
+    if (s->device_ordered && cuda_stream_add_group(s, group, s->group_count) != 0) return -1;
+#endif
+    if (s->kind == STREAM_WORKER && !s->device_ordered) {
         int rc = MPI_Comm_dup(group->comm, &comm);
         if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
         if (rc != MPI_SUCCESS)
@@ -151,24 +181,46 @@ MPI_Comm stream_comm(const stream *s, const comm_group *group) {
 }
 
 void stream_launch(stream *s, stream_fn fn, void *arg) {
-    if (s->kind == STREAM_HOST) fn(arg);
+    if (s->kind == STREAM_HOST || s->device_ordered) fn(arg); /* a device stream's fn queues the device's work */
     else enqueue(s, (stream_task){.kind = TASK_RUN, .fn = fn, .arg = arg});
 }
 
 void event_record(stream_event *event, stream *s) {
     event->recorded_on = s;
+    event->device_event = NULL;
     atomic_store_explicit(&event->complete, 0, memory_order_release);
+#ifdef FSDPLAB_CUDA
+    if (s->device_ordered) {
+        cuda_event_record(event, s);
+        return;
+    }
+#endif
     if (s->kind == STREAM_HOST) event_complete(s, event);
     else enqueue(s, (stream_task){.kind = TASK_RECORD, .event = event});
 }
 
 double stream_wait(stream *s, stream_event *event) {
+#ifdef FSDPLAB_CUDA
+    if (s->device_ordered) {
+        /* A cudaEvent: the device orders it, the host goes on. A host flag (a BACKEND=mpi comm stream's): the host
+         * waits for it, so whatever it queues on s afterwards comes after. */
+        if (event->device_event == NULL || event->recorded_on == NULL) return event_synchronize(event);
+        cuda_stream_wait_event(s, event);
+        return 0.0;
+    }
+#endif
     if (s->kind == STREAM_HOST) return event_synchronize(event);
     if (!event_query(event)) enqueue(s, (stream_task){.kind = TASK_WAIT, .event = event});
     return 0.0;
 }
 
 void stream_synchronize(stream *s) {
+#ifdef FSDPLAB_CUDA
+    if (s->device_ordered) {
+        cuda_stream_synchronize(s);
+        return;
+    }
+#endif
     if (s->kind == STREAM_HOST) return;
     pthread_mutex_lock(&s->mutex);
     while (s->count > 0) pthread_cond_wait(&s->done, &s->mutex);

@@ -15,7 +15,13 @@
  * Why a thread and not MPI non-blocking calls alone: Open MPI moves a large shared-memory message only while some
  * thread is inside MPI, so a collective started by the host would make no progress while the host computes.
  *
- * On a GPU (the CUDA backend) the same functions map to cudaStream_t, cudaEventRecord and cudaStreamWaitEvent.
+ * On the CUDA device (make CUDA=1, DEVICE=cuda; core/cuda/cuda_stream.c) the same functions map to cudaStream_t,
+ * cudaEventRecord and cudaStreamWaitEvent. The compute stream is the device's compute cudaStream; with BACKEND=nccl a
+ * comm stream is a cudaStream of its own (no thread: the host queues NCCL's kernels on it). Work launched on such a
+ * *device stream* runs on the host at once and queues device work on its cudaStream; an event recorded on it is a
+ * cudaEvent, and stream_wait of one device stream for another's event does not block the host. With BACKEND=mpi a
+ * comm stream stays a progress thread (MPI runs on pinned host copies of the buffers, core/comm.c), whose events are
+ * host flags: a device stream waiting for one makes the host wait.
  */
 #ifndef FSDPLAB_STREAM_H
 #define FSDPLAB_STREAM_H
@@ -46,6 +52,7 @@ typedef struct stream_event {
     stream *recorded_on;          /* the stream that completes it; NULL when never recorded */
     atomic_int complete;
     double complete_us;           /* trace clock, once complete */
+    void *device_event;           /* recorded on a device stream: its cudaEvent_t (else NULL, and `complete` says) */
 } stream_event;
 
 typedef void (*stream_fn)(void *arg);
@@ -73,6 +80,9 @@ struct stream {
     size_t capacity, head, count;
     int stop, started;
     atomic_int host_waiting;      /* the host is blocked on an event of this stream (event_synchronize) */
+    /* The CUDA device (core/cuda/cuda_stream.c); 0 and NULL on the CPU device: */
+    int device_ordered;           /* a device stream: its work is ordered by its cudaStream, no thread */
+    void *device_side;            /* its cudaStream, event pool and NCCL communicators */
 };
 
 /* A host stream, or a worker stream with its own thread and communicator (collective over ctx->comm: every rank

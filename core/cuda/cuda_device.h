@@ -30,6 +30,11 @@ typedef struct cuda_device_state {
     void *scratch;
     size_t scratch_bytes;
     void *host_scratch;
+    /* The runtime's (cuda_device.c, cuda_stream.c): */
+    int device_count;             /* GPUs this rank sees (BACKEND=nccl needs one per rank of a node) */
+    struct cuda_event_pool *compute_events; /* the compute stream's events (core/cuda/cuda_stream.h) */
+    cudaStream_t clock;           /* an idle stream: an event recorded on it completes at once (the trace clock) */
+    cudaEvent_t clock_event;
 } cuda_device_state;
 
 /* Aborts naming the rank, file, line, the call and CUDA's / cuBLAS's message when a call failed. */
@@ -37,6 +42,12 @@ void cuda_check(int rank, cudaError_t status, const char *call, const char *file
 void cublas_check(int rank, cublasStatus_t status, const char *call, const char *file, int line);
 #define CUDA_CHECK(rank, call) cuda_check((rank), (call), #call, __FILE__, __LINE__)
 #define CUBLAS_CHECK(rank, call) cublas_check((rank), (call), #call, __FILE__, __LINE__)
+
+/* ALLOW_TF32 (core/context.c reads it): cuBLAS's math mode for float32 GEMMs. */
+void cuda_device_allow_tf32(device *d, int allow);
+/* device_destroy of the CUDA device: the cuBLAS handle, streams, events, scratch buffers. Every segment of the
+ * caching allocators must have gone back first (mem_shutdown). */
+void cuda_device_destroy(device *d);
 
 /* Sets the layer, vector and AdamW functions of the table (core/cuda/kernels.cu); the memory functions and the
  * segments are cuda_device.c's. */

@@ -1,0 +1,216 @@
+/* cuda_device.c — the CUDA device of core/device.h: the rank's GPU, its compute stream and cuBLAS handle, and where
+ * the caching allocators' segments come from (cudaMalloc for the device pool, pinned host memory for the host pool).
+ * The layer, vector and AdamW functions are core/cuda/kernels.cu's (cuda_ops_install). See cuda_device.h. */
+#include "cuda_device.h"
+
+#include <mpi.h>
+#include <string.h>
+
+#include "cuda_stream.h"
+
+/* The reductions' partial results (cuda_device.h `scratch`): 1 MiB holds 65,536 blocks' 16-byte partials. */
+#define CUDA_SCRATCH_BYTES ((size_t)1 << 20)
+
+/* Ends every rank: MPI_Abort when MPI is running (a rank that stops alone would leave the others waiting in a
+ * collective), abort() in a program without MPI. */
+static void abort_run(void) {
+    fflush(stderr);
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+    abort();
+}
+
+void cuda_check(int rank, cudaError_t status, const char *call, const char *file, int line) {
+    if (status == cudaSuccess) return;
+    fprintf(stderr, "rank %d: %s:%d: %s failed: %s (%s)\n", rank, file, line, call, cudaGetErrorString(status),
+            cudaGetErrorName(status));
+    abort_run();
+}
+
+void cublas_check(int rank, cublasStatus_t status, const char *call, const char *file, int line) {
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "rank %d: %s:%d: %s failed: %s (%s)\n", rank, file, line, call, cublasGetStatusString(status),
+            cublasGetStatusName(status));
+    abort_run();
+}
+
+/* ---- segments ---- */
+
+/* A cudaMalloc segment. Out of memory returns NULL: the caching allocator then empties its cache and asks once more,
+ * as torch's does, and mem_alloc names the request if that fails too. Any other failure aborts. */
+static void *device_segment_alloc(void *state, size_t bytes) {
+    cuda_device_state *device = state;
+    void *ptr = NULL;
+    cudaError_t status = cudaMalloc(&ptr, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* clear it, so a later kernel launch's check does not report this refusal */
+        return NULL;
+    }
+    char call[96];
+    snprintf(call, sizeof call, "cudaMalloc of a %zu-byte segment", bytes);
+    cuda_check(device->rank, status, call, __FILE__, __LINE__);
+    return ptr;
+}
+
+/* A segment goes back when none of its blocks is allocated; work queued before the blocks were freed may still read
+ * or write it, so the device finishes its work first. Rare (empty_cache, a retry after out of memory, shutdown). */
+static void device_segment_free(void *state, void *ptr, size_t bytes) {
+    cuda_device_state *device = state;
+    (void)bytes;
+    CUDA_CHECK(device->rank, cudaDeviceSynchronize());
+    CUDA_CHECK(device->rank, cudaFree(ptr));
+}
+
+/* mem_alloc's zeroed blocks: queued on the compute stream, before any kernel the caller queues after it. */
+static void device_segment_zero(void *state, void *ptr, size_t bytes) {
+    cuda_device_state *device = state;
+    CUDA_CHECK(device->rank, cudaMemsetAsync(ptr, 0, bytes, device->compute));
+}
+
+/* Pinned (page-locked) host memory: the host pool of CPU offload and the staging buffers of BACKEND=mpi, so copies to
+ * and from the GPU run at the bus's speed without a bounce through a driver buffer. */
+static void *pinned_segment_alloc(void *state, size_t bytes) {
+    cuda_device_state *device = state;
+    void *ptr = NULL;
+    cudaError_t status = cudaMallocHost(&ptr, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    char call[96];
+    snprintf(call, sizeof call, "cudaMallocHost of a %zu-byte segment", bytes);
+    cuda_check(device->rank, status, call, __FILE__, __LINE__);
+    return ptr;
+}
+
+static void pinned_segment_free(void *state, void *ptr, size_t bytes) {
+    cuda_device_state *device = state;
+    (void)bytes;
+    CUDA_CHECK(device->rank, cudaDeviceSynchronize()); /* no copy in flight may still read or write it */
+    CUDA_CHECK(device->rank, cudaFreeHost(ptr));
+}
+
+/* ---- the memory functions of the table ---- */
+
+static void cuda_zero(device *d, void *ptr, size_t bytes) {
+    cuda_device_state *device = d->impl;
+    if (bytes == 0) return;
+    CUDA_CHECK(device->rank, cudaMemsetAsync(ptr, 0, bytes, device->compute));
+}
+
+/* Every copy is queued on the compute stream, so it comes after the kernels that wrote its source and before those
+ * that read its destination. One that ends in host memory is waited for: the host reads it next. One that starts in
+ * host memory is waited for too: the caller may write that memory again at once (a pinned source is read by the
+ * copy engine when the copy runs, not when it is queued). A device-to-device copy stays queued. */
+static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, device_copy_kind kind) {
+    cuda_device_state *device = d->impl;
+    if (bytes == 0) return;
+    switch (kind) {
+    case DEVICE_H2H:
+        memcpy(dst, src, bytes); /* no queued work touches host memory: every copy above that does was waited for */
+        return;
+    case DEVICE_H2D:
+        CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute));
+        CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
+        return;
+    case DEVICE_D2H:
+        CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, device->compute));
+        CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
+        return;
+    case DEVICE_D2D:
+        CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, device->compute));
+        return;
+    }
+    fprintf(stderr, "rank %d: device copy of %zu bytes: unknown direction %d\n", device->rank, bytes, (int)kind);
+    abort_run();
+}
+
+static void cuda_synchronize(device *d) {
+    cuda_device_state *device = d->impl;
+    CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
+}
+
+/* ---- making and ending the device ---- */
+
+void cuda_device_allow_tf32(device *d, int allow) {
+    cuda_device_state *device = d->impl;
+    device->allow_tf32 = allow;
+    /* CUBLAS_DEFAULT_MATH computes float32 GEMMs in float32; the TF32 mode may round their inputs to 10 mantissa
+     * bits on the tensor cores (torch.backends.cuda.matmul.allow_tf32). */
+    CUBLAS_CHECK(device->rank,
+                 cublasSetMathMode(device->cublas, allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+int device_cuda_init(device *d, int local_rank, int local_size, char *error, size_t error_size) {
+    memset(d, 0, sizeof *d);
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank); /* for messages only */
+    int count = 0;
+    cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        snprintf(error, error_size, "no CUDA GPU here (cudaGetDeviceCount: %s): run where there is one, or with "
+                 "DEVICE=cpu", status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
+        return -1;
+    }
+    /* The node's ranks take the node's GPUs in turn; more ranks than GPUs share them (BACKEND=mpi only: NCCL refuses
+     * two ranks on one GPU, which core/context.c says before NCCL would). */
+    int ordinal = local_rank % count;
+    status = cudaSetDevice(ordinal);
+    if (status == cudaSuccess) status = cudaFree(NULL); /* makes the GPU's context now: a busy GPU fails here */
+    if (status != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(error, error_size, "cannot use GPU %d (node-local rank %d of %d, %d GPUs): %s", ordinal, local_rank,
+                 local_size, count, cudaGetErrorString(status));
+        return -1;
+    }
+    cuda_device_state *device = calloc(1, sizeof *device);
+    if (device == NULL) {
+        snprintf(error, error_size, "out of memory for the CUDA device's state");
+        return -1;
+    }
+    device->rank = rank;
+    device->ordinal = ordinal;
+    device->device_count = count;
+    CUDA_CHECK(rank, cudaStreamCreateWithFlags(&device->compute, cudaStreamNonBlocking));
+    CUBLAS_CHECK(rank, cublasCreate(&device->cublas));
+    CUBLAS_CHECK(rank, cublasSetStream(device->cublas, device->compute));
+    device->scratch_bytes = CUDA_SCRATCH_BYTES;
+    CUDA_CHECK(rank, cudaMalloc(&device->scratch, device->scratch_bytes));
+    CUDA_CHECK(rank, cudaMallocHost(&device->host_scratch, device->scratch_bytes));
+    CUDA_CHECK(rank, cudaStreamCreateWithFlags(&device->clock, cudaStreamNonBlocking));
+    CUDA_CHECK(rank, cudaEventCreate(&device->clock_event));
+    device->compute_events = cuda_event_pool_create(rank);
+
+    d->name = "cuda";
+    d->kind = DEVICE_CUDA;
+    d->ordinal = ordinal;
+    d->impl = device;
+    d->segments = (allocator_backend){"cuda", device_segment_alloc, device_segment_free, device,
+                                      device_segment_zero};
+    d->host_segments = (allocator_backend){"pinned", pinned_segment_alloc, pinned_segment_free, device, NULL};
+    d->zero = cuda_zero;
+    d->copy = cuda_copy;
+    d->synchronize = cuda_synchronize;
+    cuda_device_allow_tf32(d, 0);
+    cuda_ops_install(d);
+    return 0;
+}
+
+void cuda_device_destroy(device *d) {
+    cuda_device_state *device = d->impl;
+    if (device == NULL) return;
+    int rank = device->rank;
+    CUDA_CHECK(rank, cudaDeviceSynchronize());
+    cuda_event_pool_destroy(device->compute_events);
+    CUDA_CHECK(rank, cudaEventDestroy(device->clock_event));
+    CUDA_CHECK(rank, cudaStreamDestroy(device->clock));
+    CUDA_CHECK(rank, cudaFreeHost(device->host_scratch));
+    CUDA_CHECK(rank, cudaFree(device->scratch));
+    CUBLAS_CHECK(rank, cublasDestroy(device->cublas));
+    CUDA_CHECK(rank, cudaStreamDestroy(device->compute));
+    free(device);
+    d->impl = NULL;
+}

@@ -1,0 +1,167 @@
+/* cuda_stream.c — core/stream.h on the CUDA device. See cuda_stream.h. */
+#include "cuda_stream.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_device.h"
+#include "nccl_comm.h"
+
+struct cuda_event_pool {
+    int rank;                     /* for messages */
+    size_t next;                  /* records so far: the next event is events[next % CUDA_EVENT_POOL] */
+    cudaEvent_t events[CUDA_EVENT_POOL];
+};
+
+/* What a stream is on the device (stream.device_side). */
+typedef struct cuda_stream_state {
+    cudaStream_t stream;          /* the compute stream's, or its own */
+    int owns_stream;
+    cuda_event_pool *events;      /* that cudaStream's pool: the device's for compute, else its own */
+    void *nccl;                   /* BACKEND=nccl comm stream: its ncclComm_t of the world */
+    void *group_nccl[STREAM_GROUPS_MAX]; /* and of its groups, by the stream's group number */
+} cuda_stream_state;
+
+static cuda_device_state *device_of(const stream *s) { return s->ctx->device.impl; }
+static cuda_stream_state *state_of(const stream *s) { return s->device_side; }
+
+cuda_event_pool *cuda_event_pool_create(int rank) {
+    cuda_event_pool *pool = calloc(1, sizeof *pool);
+    if (pool == NULL) {
+        fprintf(stderr, "rank %d: out of memory for a pool of %d CUDA events\n", rank, CUDA_EVENT_POOL);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    pool->rank = rank;
+    return pool;
+}
+
+void cuda_event_pool_destroy(cuda_event_pool *pool) {
+    if (pool == NULL) return;
+    for (size_t i = 0; i < CUDA_EVENT_POOL; i++)
+        if (pool->events[i] != NULL) CUDA_CHECK(pool->rank, cudaEventDestroy(pool->events[i]));
+    free(pool);
+}
+
+/* The pool's next event, recorded on `stream` now. With timing (cudaEventElapsedTime needs it). */
+static cudaEvent_t pool_record(cuda_event_pool *pool, cudaStream_t stream) {
+    cudaEvent_t *event = &pool->events[pool->next++ % CUDA_EVENT_POOL];
+    if (*event == NULL) CUDA_CHECK(pool->rank, cudaEventCreate(event));
+    CUDA_CHECK(pool->rank, cudaEventRecord(*event, stream));
+    return *event;
+}
+
+/* ---- core/stream.c's device side ---- */
+
+int cuda_stream_init(stream *s) {
+    context *ctx = s->ctx;
+    cuda_device_state *device = ctx->device.impl;
+    cuda_stream_state *state = calloc(1, sizeof *state);
+    if (state == NULL)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: stream '%s': out of memory", ctx->rank, s->name);
+    s->device_side = state;
+    if (s->kind == STREAM_HOST) { /* the compute stream: the host's work is the GPU's compute stream */
+        state->stream = device->compute;
+        state->events = device->compute_events;
+        s->device_ordered = 1;
+        return 0;
+    }
+    /* A comm stream: a cudaStream of its own that does not synchronize with the legacy default stream. */
+    CUDA_CHECK(ctx->rank, cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking));
+    state->owns_stream = 1;
+    state->events = cuda_event_pool_create(ctx->rank);
+    if (ctx->backend != CTX_BACKEND_NCCL) return 0; /* BACKEND=mpi: stream.c makes the thread; this is for its copies */
+    s->device_ordered = 1;
+    char name[64];
+    snprintf(name, sizeof name, "%s/world", s->name);
+    return nccl_comm_create(ctx, ctx->comm, name, &state->nccl);
+}
+
+int cuda_stream_add_group(stream *s, const comm_group *group, int index) {
+    context *ctx = s->ctx;
+    cuda_stream_state *state = state_of(s);
+    if (ctx->backend != CTX_BACKEND_NCCL || s->kind != STREAM_WORKER || index < 0 || index >= STREAM_GROUPS_MAX)
+        return 0; /* the compute stream's collectives use the group's own communicator (group.h `nccl`) */
+    char name[64];
+    snprintf(name, sizeof name, "%s/%s", s->name, group->name);
+    return nccl_comm_create(ctx, group->comm, name, &state->group_nccl[index]);
+}
+
+void cuda_stream_destroy(stream *s) {
+    cuda_stream_state *state = state_of(s);
+    int rank = s->ctx->rank;
+    if (state->owns_stream) {
+        CUDA_CHECK(rank, cudaStreamSynchronize(state->stream));
+        for (int i = 0; i < STREAM_GROUPS_MAX; i++) nccl_comm_destroy(state->group_nccl[i]);
+        nccl_comm_destroy(state->nccl);
+        cuda_event_pool_destroy(state->events);
+        CUDA_CHECK(rank, cudaStreamDestroy(state->stream));
+    }
+    free(state);
+    s->device_side = NULL;
+    s->device_ordered = 0;
+}
+
+void cuda_stream_thread_start(stream *s) { CUDA_CHECK(s->ctx->rank, cudaSetDevice(device_of(s)->ordinal)); }
+
+void cuda_event_record(stream_event *event, stream *s) {
+    cuda_stream_state *state = state_of(s);
+    event->device_event = pool_record(state->events, state->stream);
+}
+
+int cuda_event_query(const stream_event *event) {
+    cudaError_t status = cudaEventQuery((cudaEvent_t)event->device_event);
+    if (status == cudaErrorNotReady) return 0;
+    CUDA_CHECK(event->recorded_on->ctx->rank, status);
+    return 1;
+}
+
+void cuda_event_synchronize(const stream_event *event) {
+    CUDA_CHECK(event->recorded_on->ctx->rank, cudaEventSynchronize((cudaEvent_t)event->device_event));
+}
+
+void cuda_stream_wait_event(stream *s, const stream_event *event) {
+    CUDA_CHECK(s->ctx->rank, cudaStreamWaitEvent(state_of(s)->stream, (cudaEvent_t)event->device_event, 0));
+}
+
+void cuda_stream_synchronize(stream *s) { CUDA_CHECK(s->ctx->rank, cudaStreamSynchronize(state_of(s)->stream)); }
+
+/* ---- for the collectives ---- */
+
+void *cuda_stream_handle(const stream *s) { return state_of(s)->stream; }
+
+void *cuda_stream_nccl(const stream *s, const comm_group *group) {
+    cuda_stream_state *state = state_of(s);
+    if (group == NULL) return state->nccl;
+    for (int i = 0; i < s->group_count; i++)
+        if (s->groups[i] == group) return state->group_nccl[i];
+    ctx_fatal(s->ctx, "stream '%s' has no NCCL communicator of group '%s' (stream_add_group)", s->name, group->name);
+}
+
+void *cuda_compute_record(context *ctx) {
+    cuda_device_state *device = ctx->device.impl;
+    return pool_record(device->compute_events, device->compute);
+}
+
+void cuda_stage_copy(context *ctx, const stream *s, void *dst, const void *src, size_t bytes, int to_host,
+                     void *after) {
+    cuda_device_state *device = ctx->device.impl;
+    int own = s != NULL && s->device_side != NULL && s->kind == STREAM_WORKER;
+    cudaStream_t stream = own ? state_of(s)->stream : device->compute;
+    if (after != NULL) CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(stream, (cudaEvent_t)after, 0));
+    enum cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    if (bytes > 0) CUDA_CHECK(ctx->rank, cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    CUDA_CHECK(ctx->rank, cudaStreamSynchronize(stream));
+}
+
+void cuda_event_times(context *ctx, void *start_event, void *end_event, double *start_us, double *end_us) {
+    cuda_device_state *device = ctx->device.impl;
+    CUDA_CHECK(ctx->rank, cudaEventRecord(device->clock_event, device->clock));
+    CUDA_CHECK(ctx->rank, cudaEventSynchronize(device->clock_event));
+    double now_us = trace_now_us(&ctx->trace);
+    float since_start_ms = 0.0f, since_end_ms = 0.0f;
+    CUDA_CHECK(ctx->rank, cudaEventElapsedTime(&since_start_ms, (cudaEvent_t)start_event, device->clock_event));
+    CUDA_CHECK(ctx->rank, cudaEventElapsedTime(&since_end_ms, (cudaEvent_t)end_event, device->clock_event));
+    *start_us = now_us - 1000.0 * (double)since_start_ms;
+    *end_us = now_us - 1000.0 * (double)since_end_ms;
+}

@@ -1,0 +1,172 @@
+/* nccl_comm.c — NCCL communicators from an MPI-broadcast ncclUniqueId; the collectives queued on cudaStreams. See
+ * nccl_comm.h. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#include "nccl_comm.h"
+
+#include <math.h>
+#include <nccl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_device.h"
+#include "cuda_stream.h"
+
+/* Aborts naming the rank, what was being done (the collective and unit, or the communicator), the call and NCCL's
+ * reason with its last message, when an NCCL call failed. */
+static void nccl_check(int rank, ncclResult_t result, const char *what, const char *call, ncclComm_t comm,
+                       const char *file, int line) {
+    if (result == ncclSuccess) return;
+    const char *detail = ncclGetLastError(comm);
+    fprintf(stderr, "rank %d: %s:%d: %s: %s failed: %s%s%s\n", rank, file, line, what, call,
+            ncclGetErrorString(result), detail != NULL && detail[0] != '\0' ? ": " : "", detail ? detail : "");
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1); /* not reached */
+}
+#define NCCL_CHECK(rank, what, comm, call) nccl_check((rank), (call), (what), #call, (comm), __FILE__, __LINE__)
+
+int nccl_comm_create(context *ctx, MPI_Comm mpi, const char *name, void **out) {
+    *out = NULL;
+    int rank = 0, size = 0;
+    CTX_MPI(ctx, MPI_Comm_rank(mpi, &rank));
+    CTX_MPI(ctx, MPI_Comm_size(mpi, &size));
+    /* Rank 0's id and whether it got one, in one broadcast: every rank learns of a failure there. */
+    struct {
+        ncclUniqueId id;
+        int status;
+    } offer;
+    memset(&offer, 0, sizeof offer);
+    if (rank == 0) offer.status = (int)ncclGetUniqueId(&offer.id);
+    CTX_MPI(ctx, MPI_Bcast(&offer, (int)sizeof offer, MPI_BYTE, 0, mpi));
+    if (offer.status != (int)ncclSuccess)
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: NCCL communicator '%s': ncclGetUniqueId failed on "
+                         "its rank 0: %s", ctx->rank, name, ncclGetErrorString((ncclResult_t)offer.status));
+    ncclComm_t comm = NULL;
+    ncclResult_t result = ncclCommInitRank(&comm, size, offer.id, rank);
+    if (result != ncclSuccess) {
+        const char *detail = ncclGetLastError(NULL);
+        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: NCCL communicator '%s' (%d ranks; this one is its "
+                         "rank %d): ncclCommInitRank failed: %s%s%s", ctx->rank, name, size, rank,
+                         ncclGetErrorString(result), detail && detail[0] ? ": " : "", detail ? detail : "");
+    }
+    *out = comm;
+    return 0;
+}
+
+void nccl_comm_destroy(void *comm) {
+    if (comm == NULL) return;
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    NCCL_CHECK(rank, "destroying an NCCL communicator", NULL, ncclCommDestroy((ncclComm_t)comm));
+}
+
+/* ---- the collectives ---- */
+
+static ncclDataType_t nccl_type(context *ctx, const comm_handle *c) {
+    switch (c->dtype) {
+    case DTYPE_FLOAT32: return ncclFloat32;
+    case DTYPE_BFLOAT16: return ncclBfloat16;
+    default:
+        ctx_fatal(ctx, "%s on unit '%s': NCCL moves float32 or bfloat16 here, not %s", comm_op_name(c->op), c->unit,
+                  dtype_name(c->dtype));
+    }
+}
+
+void nccl_comm_issue(context *ctx, comm_handle *c, stream *on) {
+    cuda_device_state *device = ctx->device.impl;
+    int own = on != NULL && on->device_ordered && on->kind == STREAM_WORKER; /* a comm stream; else compute */
+    cudaStream_t stream = own ? (cudaStream_t)cuda_stream_handle(on) : device->compute;
+    ncclComm_t comm = own ? cuda_stream_nccl(on, c->group) : c->group ? c->group->nccl : ctx->nccl;
+    if (comm == NULL)
+        ctx_fatal(ctx, "%s on unit '%s': no NCCL communicator for %s", comm_op_name(c->op), c->unit,
+                  c->group ? c->group->name : "the world");
+    char what[160];
+    snprintf(what, sizeof what, "%s on unit '%s' (seq %llu, stream %s)", comm_op_name(c->op), c->unit,
+             (unsigned long long)c->seq, own ? on->name : "compute");
+    /* Its input was written by kernels queued on the compute stream so far: it starts after them. */
+    if (own) CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(stream, (cudaEvent_t)cuda_compute_record(ctx), 0));
+    c->nccl = comm;
+    if (own) {
+        stream_event started = {0};
+        event_record(&started, on);
+        c->device_start = started.device_event;
+    } else {
+        c->device_start = cuda_compute_record(ctx);
+    }
+    ncclDataType_t type = nccl_type(ctx, c);
+    ncclRedOp_t reduce = c->detail == 1 + COMM_AVG ? ncclAvg : ncclSum; /* comm.c's detail: 1 + the reduction */
+    switch ((comm_op)c->op) {
+    case COMM_OP_ALL_GATHER: /* in place when the shard sits at its chunk of the output, as NCCL allows */
+        NCCL_CHECK(ctx->rank, what, comm, ncclAllGather(c->send, c->receive, c->chunk, type, comm, stream));
+        break;
+    case COMM_OP_REDUCE_SCATTER:
+        NCCL_CHECK(ctx->rank, what, comm, ncclReduceScatter(c->send, c->receive, c->chunk, type, reduce, comm, stream));
+        break;
+    case COMM_OP_ALL_REDUCE:
+        NCCL_CHECK(ctx->rank, what, comm, ncclAllReduce(c->receive, c->receive, c->count, type, reduce, comm, stream));
+        break;
+    case COMM_OP_BROADCAST:
+        NCCL_CHECK(ctx->rank, what, comm,
+                   ncclBroadcast(c->receive, c->receive, c->count, type, (int)c->detail, comm, stream));
+        break;
+    case COMM_OP_BARRIER: ctx_fatal(ctx, "%s: a barrier runs on MPI, not NCCL", what);
+    }
+    if (own) {
+        event_record(&c->done, on);
+        c->device_end = c->done.device_event;
+    } else {
+        c->device_end = cuda_compute_record(ctx);
+    }
+}
+
+/* Polls back to back for STREAM_POLL_SPIN_US (yielding the core), then sleeps between polls, from 1 us doubling to
+ * STREAM_POLL_MAX_US: the host has nothing else to do, and a wait of a few microseconds stays that short. */
+int nccl_comm_wait(context *ctx, comm_handle *c) {
+    double start = MPI_Wtime();
+    double deadline = ctx->timeout_seconds > 0 ? start + ctx->timeout_seconds : INFINITY;
+    long sleep_ns = 0;
+    for (;;) {
+        cudaError_t status = cudaEventQuery((cudaEvent_t)c->device_end);
+        if (status == cudaSuccess) return 0;
+        if (status != cudaErrorNotReady) CUDA_CHECK(ctx->rank, status);
+        ncclResult_t async = ncclSuccess;
+        NCCL_CHECK(ctx->rank, comm_op_name(c->op), (ncclComm_t)c->nccl,
+                   ncclCommGetAsyncError((ncclComm_t)c->nccl, &async));
+        if (async != ncclSuccess && async != ncclInProgress) {
+            const char *detail = ncclGetLastError((ncclComm_t)c->nccl);
+            snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu): NCCL failed: %s%s%s", ctx->rank,
+                     comm_op_name(c->op), c->unit, (unsigned long long)c->seq, ncclGetErrorString(async),
+                     detail && detail[0] ? ": " : "", detail ? detail : "");
+            c->status = -1;
+            return -1;
+        }
+        double now = MPI_Wtime();
+        if (now > deadline) { /* the watchdog (TIMEOUT), as the MPI path's and NCCL's own in torch */
+            snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu, NCCL) timed out: not complete "
+                     "after %g s (TIMEOUT); a rank has stopped, died or fallen behind by more than that", ctx->rank,
+                     comm_op_name(c->op), c->unit, (unsigned long long)c->seq, ctx->timeout_seconds);
+            c->status = -1;
+            return -1;
+        }
+        if (now - start < STREAM_POLL_SPIN_US * 1e-6) {
+            sched_yield();
+            continue;
+        }
+        sleep_ns = sleep_ns == 0 ? 1000 : sleep_ns * 2;
+        if (sleep_ns > STREAM_POLL_MAX_US * 1000L) sleep_ns = STREAM_POLL_MAX_US * 1000L;
+        struct timespec pause = {0, sleep_ns};
+        nanosleep(&pause, NULL);
+    }
+}
+
+void nccl_comm_finish(context *ctx, comm_handle *c) {
+    if (c->status != 0 || nccl_comm_wait(ctx, c) != 0) return;
+    cuda_device_state *device = ctx->device.impl;
+    /* Kernels queued on the compute stream from now on read what it wrote (redundant once the host has waited, and
+     * cheap: the dependency is stated where it is). */
+    CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(device->compute, (cudaEvent_t)c->device_end, 0));
+    cuda_event_times(ctx, c->device_start, c->device_end, &c->start_us, &c->end_us);
+}
