@@ -69,7 +69,8 @@ typedef struct comm_handle {
     mem_tracker *buffers;         /* the pool of its temporary buffers: the device pool, or the host pool (staged) */
     /* The CUDA device (make CUDA=1, core/cuda/): */
     void *nccl;                   /* BACKEND=nccl: the ncclComm_t it runs on (NULL: MPI moves the bytes) */
-    void *device_start, *device_end; /* BACKEND=nccl: cudaEvents before and after it on its cudaStream */
+    void *device_start, *device_end; /* BACKEND=nccl: cudaEvents before and after it on its cudaStream, */
+    double seen_us;               /* and when the host first saw it complete (its end is no later) */
     int staged;                   /* BACKEND=mpi on the CUDA device: MPI runs on pinned host copies of the buffers */
     const void *device_send;      /* then: the caller's device buffers, */
     void *device_receive;

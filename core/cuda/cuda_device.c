@@ -145,8 +145,9 @@ void cuda_device_allow_tf32(device *d, int allow) {
 
 int device_cuda_init(device *d, int local_rank, int local_size, char *error, size_t error_size) {
     memset(d, 0, sizeof *d);
-    int rank = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank); /* for messages only */
+    int rank = 0, initialized = 0; /* the world rank, for messages only (a test program may run without MPI) */
+    MPI_Initialized(&initialized);
+    if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0) {

@@ -20,6 +20,7 @@ typedef struct cuda_stream_state {
     cuda_event_pool *events;      /* that cudaStream's pool: the device's for compute, else its own */
     void *nccl;                   /* BACKEND=nccl comm stream: its ncclComm_t of the world */
     void *group_nccl[STREAM_GROUPS_MAX]; /* and of its groups, by the stream's group number */
+    double last_end_us;           /* cuda_stream_last_end_us */
 } cuda_stream_state;
 
 static cuda_device_state *device_of(const stream *s) { return s->ctx->device.impl; }
@@ -27,11 +28,7 @@ static cuda_stream_state *state_of(const stream *s) { return s->device_side; }
 
 cuda_event_pool *cuda_event_pool_create(int rank) {
     cuda_event_pool *pool = calloc(1, sizeof *pool);
-    if (pool == NULL) {
-        fprintf(stderr, "rank %d: out of memory for a pool of %d CUDA events\n", rank, CUDA_EVENT_POOL);
-        fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    if (pool == NULL) CUDA_CHECK(rank, cudaErrorMemoryAllocation); /* the host's memory: aborts, naming the rank */
     pool->rank = rank;
     return pool;
 }
@@ -137,6 +134,8 @@ void *cuda_stream_nccl(const stream *s, const comm_group *group) {
         if (s->groups[i] == group) return state->group_nccl[i];
     ctx_fatal(s->ctx, "stream '%s' has no NCCL communicator of group '%s' (stream_add_group)", s->name, group->name);
 }
+
+double *cuda_stream_last_end_us(const stream *s) { return &state_of(s)->last_end_us; }
 
 void *cuda_compute_record(context *ctx) {
     cuda_device_state *device = ctx->device.impl;

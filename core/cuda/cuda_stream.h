@@ -68,5 +68,8 @@ void cuda_stage_copy(context *ctx, const stream *s, void *dst, const void *src, 
                      void *after);
 /* Two completed cudaEvents' times on the trace clock (see the clock above). */
 void cuda_event_times(context *ctx, void *start_event, void *end_event, double *start_us, double *end_us);
+/* Where the last span timed on s's own cudaStream ended on the trace clock (0 before the first): the next one on it
+ * starts no earlier, as the GPU ran them (nccl_comm.c keeps the converted times in that order). */
+double *cuda_stream_last_end_us(const stream *s);
 
 #endif

@@ -3,12 +3,8 @@
  * It refuses to start rather than run a model without them. Delete it once kernels.cu is in the tree. */
 #include "cuda_device.h"
 
-#include <mpi.h>
-
 void cuda_ops_install(device *d) {
     cuda_device_state *state = d->impl;
-    fprintf(stderr, "rank %d: this CUDA build has no kernels (core/cuda/kernels.cu is missing): the CUDA device "
-            "cannot run layers\n", state->rank);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    cuda_check(state->rank, cudaErrorNotSupported, "cuda_ops_install (this build has no kernels: core/cuda/kernels.cu "
+               "is missing)", __FILE__, __LINE__);
 }

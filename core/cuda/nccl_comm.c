@@ -130,7 +130,11 @@ int nccl_comm_wait(context *ctx, comm_handle *c) {
     long sleep_ns = 0;
     for (;;) {
         cudaError_t status = cudaEventQuery((cudaEvent_t)c->device_end);
-        if (status == cudaSuccess) return 0;
+        if (status == cudaSuccess) {
+            double now_us = trace_now_us(&ctx->trace);
+            if (c->seen_us == 0.0 || now_us < c->seen_us) c->seen_us = now_us;
+            return 0;
+        }
         if (status != cudaErrorNotReady) CUDA_CHECK(ctx->rank, status);
         ncclResult_t async = ncclSuccess;
         NCCL_CHECK(ctx->rank, comm_op_name(c->op), (ncclComm_t)c->nccl,
@@ -168,5 +172,20 @@ void nccl_comm_finish(context *ctx, comm_handle *c) {
     /* Kernels queued on the compute stream from now on read what it wrote (redundant once the host has waited, and
      * cheap: the dependency is stated where it is). */
     CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(device->compute, (cudaEvent_t)c->device_end, 0));
-    cuda_event_times(ctx, c->device_start, c->device_end, &c->start_us, &c->end_us);
+    /* Its times on the trace clock, each off by the few microseconds of the conversion, then kept within what is
+     * known for sure: it started no earlier than it was issued, nor before the one queued ahead of it on its stream
+     * ended, and ended no later than the host saw it done. Moved (its duration kept) or, where the bounds pinch,
+     * trimmed, so the trace never shows a stream's collectives overlap or a wait end before what it waited for. */
+    double start_us = 0.0, end_us = 0.0;
+    cuda_event_times(ctx, c->device_start, c->device_end, &start_us, &end_us);
+    int own = c->stream != NULL && c->stream->device_ordered && c->stream->kind == STREAM_WORKER;
+    double *previous_end = own ? cuda_stream_last_end_us(c->stream) : NULL;
+    double earliest = c->issue_us;
+    if (previous_end != NULL && *previous_end > earliest) earliest = *previous_end;
+    if (end_us > c->seen_us) start_us -= end_us - c->seen_us, end_us = c->seen_us;
+    if (start_us < earliest) start_us = earliest;
+    if (end_us < start_us) end_us = start_us;
+    if (previous_end != NULL) *previous_end = end_us;
+    c->start_us = start_us;
+    c->end_us = end_us;
 }
