@@ -3,13 +3,24 @@
 # exactly as the CPU build's, and both builds refuse what they cannot do, saying why. (The GPU's own checks are
 # scripts/gpu_check.sh, on a machine that has one.)
 CUDA_BUILD=build/cuda
+
+# The collectives on the context's device memory (tests/test_device_comm.c), here on the CPU device, data in and out
+# through device copies only; a GPU runs the same program with DEVICE=cuda (BACKEND=mpi, BACKEND=nccl).
+for ranks in 1 2 3 4; do
+  rm -rf runs/check/test_device_comm_np$ranks
+  check "test_device_comm -np $ranks: collectives on device memory, blocking, on streams, in groups (CPU device)" \
+    env OUT=runs/check/test_device_comm_np$ranks $MPIRUN -np $ranks tests/bin/test_device_comm
+  check "test_device_comm -np $ranks: trace valid" \
+    python3 tests/validate_trace.py --expect-ranks $ranks runs/check/test_device_comm_np$ranks
+done
 NVCC_AT=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 CUDA_LABS=$(echo lab/[0-9][0-9]_*.c | sed 's|\.c\b||g')
 # A GPU is here when nvidia-smi lists one (then the CUDA device starts, and "no GPU" cannot be checked).
 HAVE_GPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 
 if [ ! -x "$NVCC_AT" ]; then
-  check "make CUDA=1" bash -c "echo 'skipped: no nvcc at $NVCC_AT (install the CUDA toolkit, or set CUDA_HOME)'; exit 77"
+  check "make CUDA=1" bash -c \
+    "echo 'skipped: no nvcc at $NVCC_AT (install the CUDA toolkit, or set CUDA_HOME)'; exit 77"
 else
   # The make of `make check` passes its jobserver in MAKEFLAGS; this make is a program of its own.
   check "make CUDA=1 builds every program into $CUDA_BUILD/ (nvcc for sm_80 and sm_90)" \
@@ -22,7 +33,8 @@ else
     check "make CUDA=1 built tests/bin/gpu_layers (the kernels vs the CPU layers, on a GPU)" \
       test -x $CUDA_BUILD/tests/bin/gpu_layers
   else
-    check "make CUDA=1 built tests/bin/gpu_layers" bash -c "echo 'skipped: tests/gpu_layers.c is not in this tree'; exit 77"
+    check "make CUDA=1 built tests/bin/gpu_layers" bash -c \
+      "echo 'skipped: tests/gpu_layers.c is not in this tree'; exit 77"
   fi
   # Linked, not just compiled: every lab holds the CUDA device, the CUDA streams and NCCL, and calls into the CUDA
   # runtime, cuBLAS and NCCL (dynamic symbols, found through the rpath).
@@ -44,8 +56,8 @@ else
     bash -c "rm -rf runs/check/cuda_build_cpu runs/check/cuda_build_cuda
       OUT=runs/check/cuda_build_cpu SAVE=runs/check/cuda_build_cpu/model $MPIRUN -np 2 lab/05_full_step > \
         runs/check/cuda_build_cpu.log 2>&1 || exit 1
-      OUT=runs/check/cuda_build_cuda SAVE=runs/check/cuda_build_cuda/model $MPIRUN -np 2 $CUDA_BUILD/lab/05_full_step > \
-        runs/check/cuda_build_cuda.log 2>&1 || exit 1
+      OUT=runs/check/cuda_build_cuda SAVE=runs/check/cuda_build_cuda/model $MPIRUN -np 2 \
+        $CUDA_BUILD/lab/05_full_step > runs/check/cuda_build_cuda.log 2>&1 || exit 1
       losses() { grep -o '^[0-9]*/[0-9]*: Loss = [^,]*' \$1; }
       [ \$(losses runs/check/cuda_build_cpu.log | wc -l) -gt 0 ] || { echo 'no losses printed'; exit 1; }
       diff <(losses runs/check/cuda_build_cpu.log) <(losses runs/check/cuda_build_cuda.log) &&
