@@ -53,7 +53,7 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
   trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c
+CORE_SRC := core/allocator.c core/mem.c core/device_cpu.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c
 # BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
 # second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
 O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)

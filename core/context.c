@@ -182,7 +182,10 @@ void ctx_init(context *ctx, int *argc, char ***argv, const char *program, const 
      * a model fit in less. */
     size_t device_budget = (size_t)cfg_env_int(ctx, "DEVICE_MEMORY_MB", 0, 0, 1L << 30) << 20;
     ctx->allocation = allocation;
-    mem_init_pool(&ctx->mem, ctx->rank, &ctx->trace, &allocation, MEM_DEVICE, device_budget);
+    /* The compute device (core/device.h) and the host as a device (offload's AdamW). */
+    device_cpu_init(&ctx->device);
+    device_cpu_init(&ctx->host);
+    mem_init_pool_on(&ctx->mem, ctx->rank, &ctx->trace, &allocation, MEM_DEVICE, device_budget, &ctx->device.segments);
     /* t0 right after a barrier, so every rank's timestamps start together. */
     CTX_MPI(ctx, MPI_Barrier(ctx->comm));
     trace_reset_t0(&ctx->trace);
