@@ -118,7 +118,9 @@ case "$FSDP" in
   fsdplab | edufsdp) run_fsdplab ;;
   torch) run_torch ;;
   both)
-    PEAK=rss run_fsdplab | tee "$work/fsdplab.log"
+    # the same measure on both sides: process max RSS on the CPU; on the GPU the tracked device peak, beside torch's
+    # torch.cuda.max_memory_allocated()
+    if [ "$BACKEND" = nccl ]; then run_fsdplab | tee "$work/fsdplab.log"; else PEAK=rss run_fsdplab | tee "$work/fsdplab.log"; fi
     echo
     run_torch | tee "$work/torch.log"
     echo
