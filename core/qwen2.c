@@ -642,6 +642,7 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
     }
     acts->B = B;
     acts->T = T;
+    acts->loss_gradient_scale = 1.0f;
     size_t N = (size_t)B * T;
     acts->tokens = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.tokens");
     device *d = &ctx->device;
@@ -757,6 +758,63 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     d->add_inplace(d, out, a->mid, (size_t)N * C);
 }
 
+/* The loss in chunks (model->loss_chunk rows at a time; LOSS_CHUNK): N x V logits never exist at once. The forward
+ * computes each chunk's logits and loss and keeps neither; the backward recomputes them (one more lm_head GEMM per
+ * chunk) and adds the chunk's gradient into dnorm and the tied embedding's gradient. Each chunk's cross-entropy is a
+ * mean over its own counted tokens; weighted by count_c / count it becomes its share of the batch's mean. */
+static int chunked_loss(const qwen2_model *model, const qwen2_activations *acts) {
+    return acts->targets != NULL && model->loss_chunk > 0 && model->loss_chunk < acts->B * acts->T;
+}
+
+/* One chunk's logits (rows first .. first + rows - 1) and d(chunk mean)/d(logits) into the two chunk buffers;
+ * returns the chunk's mean loss, its counted tokens in *count. */
+static float head_chunk(qwen2_model *model, qwen2_activations *acts, float *logits, float *dlogits, int first, int rows,
+                        int *count) {
+    device *d = &model->ctx->device;
+    int C = model->config.hidden_size, V = model->config.vocab_size;
+    d->linear_forward(d, logits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), NULL,
+                      rows, C, V);
+    return d->cross_entropy_forward_backward(d, dlogits, logits, acts->targets + first, rows, V, QWEN2_IGNORE_INDEX,
+                                             count);
+}
+
+static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
+    int N = acts->B * acts->T, V = model->config.vocab_size, rows = model->loss_chunk;
+    float *logits = output_buffer(model, (size_t)rows * V, "lm_head.logits_chunk", -1, MEM_WORKSPACE);
+    float *dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
+    double loss_sum = 0.0;
+    int count = 0;
+    for (int first = 0; first < N; first += rows) {
+        int chunk_count = 0, n = N - first < rows ? N - first : rows;
+        loss_sum += (double)head_chunk(model, acts, logits, dlogits, first, n, &chunk_count) * chunk_count;
+        count += chunk_count;
+    }
+    release(model, &logits);
+    release(model, &dlogits);
+    acts->target_count = count;
+    acts->loss = count > 0 ? (float)(loss_sum / count) : 0.0f;
+    return acts->loss;
+}
+
+static void head_backward_chunked(qwen2_model *model, qwen2_activations *acts, float *dnorm) {
+    device *d = &model->ctx->device;
+    int N = acts->B * acts->T, C = model->config.hidden_size, V = model->config.vocab_size, rows = model->loss_chunk;
+    float *logits = output_buffer(model, (size_t)rows * V, "lm_head.logits_chunk", -1, MEM_WORKSPACE);
+    float *dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
+    for (int first = 0; first < N; first += rows) {
+        int chunk_count = 0, n = N - first < rows ? N - first : rows;
+        head_chunk(model, acts, logits, dlogits, first, n, &chunk_count);
+        if (chunk_count == 0) continue; /* every target ignored: no gradient */
+        /* the chunk's mean -> its share of the batch's mean, times the accumulation factor (scale_loss_gradient) */
+        d->scale(d, dlogits, (float)((double)chunk_count / acts->target_count) * acts->loss_gradient_scale,
+                 (size_t)n * V);
+        d->linear_backward(d, dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
+                           acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), n, C, V);
+    }
+    release(model, &logits);
+    release(model, &dlogits);
+}
+
 float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     device *d = &model->ctx->device;
     const qwen2_config *c = &model->config;
@@ -765,6 +823,7 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     acts->final_rstd = output_buffer(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
     d->rmsnorm_forward(d, acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
                     qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
+    if (chunked_loss(model, acts)) return head_forward_chunked(model, acts);
     acts->logits = output_buffer(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
     /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
     d->linear_forward(d, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);
@@ -786,10 +845,14 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     device *d = &model->ctx->device;
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
-    if (acts->dlogits == NULL) ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
+    if (acts->dlogits == NULL && !chunked_loss(model, acts))
+        ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
     float *dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
-    d->linear_backward(d, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
-                    qwen2_param_data(model, embed_param()), N, C, V);
+    if (chunked_loss(model, acts))
+        head_backward_chunked(model, acts, dnorm);
+    else
+        d->linear_backward(d, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
+                           qwen2_param_data(model, embed_param()), N, C, V);
     release(model, &acts->dlogits);
     release(model, &acts->logits);
     acts->dresiduals[L] = sum_buffer(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
@@ -1083,6 +1146,10 @@ static float qwen2_batch_loss(const void *self, const void *batch_pointer) {
 static void qwen2_scale_loss_gradient(void *self, void *batch_pointer, float factor) {
     qwen2_model *model = self;
     qwen2_activations *acts = &((qwen2_batch *)batch_pointer)->acts;
+    if (chunked_loss(model, acts)) { /* no dlogits are kept: the backward applies the factor chunk by chunk */
+        acts->loss_gradient_scale *= factor;
+        return;
+    }
     size_t logits = (size_t)acts->B * (size_t)acts->T * (size_t)model->config.vocab_size;
     device *d = &model->ctx->device;
     d->scale(d, acts->dlogits, factor, logits);
