@@ -97,8 +97,8 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
   trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c \
-  core/device_select.c $(if $(wildcard core/device_cpu.c),core/device_cpu.c,core/device_cpu_stub.c)
+CORE_SRC := core/allocator.c core/mem.c core/device_cpu.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c \
+  core/device_select.c
 
 # The CUDA build's sources: core/cuda/*.c (mpicc) and *.cu (nvcc), and the GPU test program.
 ifeq ($(CUDA),1)

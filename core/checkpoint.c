@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dcp.h"
+#include "offload.h"
 #include "safetensors.h"
 
 static void path_in(char *out, size_t size, const char *directory, const char *file) {
@@ -29,15 +30,29 @@ static int write_files(qwen2_model *model, const char *directory, float *(*tenso
     const qwen2_tree *tree = &model->tree;
     st_tensor_ref *refs = calloc((size_t)tree->param_count, sizeof *refs);
     if (refs == NULL) ctx_fatal(ctx, "out of memory listing %d tensors", tree->param_count);
+    /* On a GPU the tensors are device memory: the file is written from a host copy of them (one staging buffer). */
+    device *d = &ctx->device;
+    size_t total = 0;
+    for (int p = 0; p < tree->param_count; p++) total += qwen2_param_numel(&tree->params[p]);
+    float *staging = d->kind == DEVICE_CPU ? NULL : mem_alloc_uninitialized(offload_host_pool(ctx), total * sizeof(float),
+                                                                             MEM_WORKSPACE, "checkpoint.staging");
+    size_t at = 0;
     for (int p = 0; p < tree->param_count; p++) {
         const qwen2_param *param = &tree->params[p];
-        refs[p] = (st_tensor_ref){param->name, param->ndim, {param->shape[0], param->shape[1]},
-                                  tensor(model, p)};
+        const float *data = tensor(model, p);
+        if (staging != NULL) {
+            size_t numel = qwen2_param_numel(param);
+            d->copy(d, staging + at, data, numel * sizeof(float), DEVICE_D2H);
+            data = staging + at;
+            at += numel;
+        }
+        refs[p] = (st_tensor_ref){param->name, param->ndim, {param->shape[0], param->shape[1]}, data};
     }
     path_in(path, sizeof path, directory, "model.safetensors");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int status = st_write(tmp, refs, tree->param_count, "pt", ctx->error, sizeof ctx->error);
     free(refs);
+    if (staging != NULL) mem_free(offload_host_pool(ctx), staging);
     if (status == 0) status = dcp_commit_file(tmp, path, ctx->error, sizeof ctx->error);
     if (status == 0) {
         path_in(path, sizeof path, directory, "config.json");

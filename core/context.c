@@ -142,6 +142,7 @@ static void choose_device(context *ctx) {
                      "the CPU device's collectives are BACKEND=mpi (or gloo)");
     ctx->backend = nccl ? CTX_BACKEND_NCCL : CTX_BACKEND_MPI;
     find_local_rank(ctx);
+    device_cpu_init(&ctx->host); /* the host as a device: CPU offload's accumulation and AdamW run there */
     if (!cuda) {
         device_cpu_init(&ctx->device);
         return;

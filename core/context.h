@@ -43,6 +43,7 @@ typedef struct context {
     const struct group_mesh *mesh; /* HYBRID_SHARD's shard x replicate groups (core/group.h), set by the program before
                                   it builds the model; NULL: one group, the world (every other strategy) */
     device device;             /* the compute device (core/device.h): cpu, or cuda (DEVICE=cuda, BACKEND=nccl) */
+    device host;               /* the host as a device (a CPU device): CPU offload's accumulation and AdamW run here */
     enum { CTX_BACKEND_MPI, CTX_BACKEND_NCCL } backend; /* BACKEND: who moves collectives' bytes (mpi = gloo) */
     void *nccl;                /* BACKEND=nccl: the NCCL communicators (core/cuda/nccl_comm.h), else NULL */
     int local_rank, local_size; /* this rank among the ranks of its node (MPI_COMM_TYPE_SHARED): picks the GPU */

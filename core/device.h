@@ -90,6 +90,9 @@ struct device {
 
     /* ---- vectors (the runtime's element loops) ---- */
     void (*add_inplace)(device *d, float *out, const float *inp, size_t count);          /* out += inp */
+    /* out += inp widened to float32 (inp of `type`: float32 or bfloat16): a low-precision gradient into the float32
+     * gradient shard. */
+    void (*accumulate)(device *d, float *out, const void *inp, dtype type, size_t count);
     void (*scale)(device *d, float *x, float factor, size_t count);                      /* x *= factor */
     double (*sum_squares)(device *d, const float *x, size_t count);  /* sum of x^2 in double, to the host */
     double (*sum_abs)(device *d, const float *x, size_t count);      /* sum of |x| in double, to the host */

@@ -138,16 +138,38 @@ void fp_fill_flat_range(const flat_param *fp, fp_fill_fn fill, void *user, size_
     }
 }
 
+/* The device of a unit's shards: the host when offloaded (a CPU device), else the rank's device. Unsharded
+ * buffers are always on the rank's device (fp->ctx->device). */
+static device *shard_device(const flat_param *fp) {
+    return fp->offload_params ? &fp->ctx->host : &fp->ctx->device;
+}
+
 void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user) {
+    context *ctx = fp->ctx;
     size_t begin, end;
-    fp_shard_range(fp, fp->ctx->rank, &begin, &end);
-    fp_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
+    fp_shard_range(fp, ctx->rank, &begin, &end);
+    device *d = shard_device(fp);
+    if (d->kind == DEVICE_CPU) {
+        fp_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
+        return;
+    }
+    /* A GPU shard: the values are drawn on the host (the fill functions are host code), then copied over. */
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s.init_staging", fp->unit);
+    float *staging = mem_alloc_uninitialized(offload_host_pool(ctx), (end - begin) * sizeof(float), MEM_WORKSPACE,
+                                             owner);
+    fp_fill_flat_range(fp, fill, user, begin, end, staging);
+    d->copy(d, fp->local_shard, staging, (end - begin) * sizeof(float), DEVICE_H2D);
+    d->synchronize(d);
+    mem_free(offload_host_pool(ctx), staging);
 }
 
 void fp_shard_from_full(flat_param *fp, const float *full) {
     size_t begin, end;
     fp_shard_range(fp, fp->ctx->rank, &begin, &end);
-    memcpy(fp->local_shard, full + begin, (end - begin) * sizeof(float));
+    device *d = shard_device(fp);
+    d->copy(d, fp->local_shard, full + begin, (end - begin) * sizeof(float),
+            d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D);
 }
 
 static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_state to, const char *hook) {
@@ -268,13 +290,10 @@ int fp_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on)
                   fp->unit, (unsigned long long)fp->reduce_handle.seq);
     if (fp_mixed_precision_enabled(&fp->mixed_precision)) {
         /* The gradient torch's autograd leaves: param_dtype values (backward ran in float32 here, see the header). */
-        dtype_round_to(fp->full_grad_padded, fp->padded_unsharded_numel, fp->mixed_precision.param_dtype);
-        for (int i = 0; i < fp->param_count; i++) {
-            double sum = 0.0;
-            const float *grad = fp->full_grad_padded + fp->params[i].offset;
-            for (size_t k = 0; k < fp->params[i].numel; k++) sum += fabs((double)grad[k]);
-            fp->local_grad_l1[i] += sum;
-        }
+        device *d = &ctx->device;
+        d->round_to(d, fp->full_grad_padded, fp->padded_unsharded_numel, fp->mixed_precision.param_dtype);
+        for (int i = 0; i < fp->param_count; i++)
+            fp->local_grad_l1[i] += d->sum_abs(d, fp->full_grad_padded + fp->params[i].offset, fp->params[i].numel);
         if (fp->mixed_precision.reduce_dtype != DTYPE_FLOAT32) return reduce_low_precision_start(fp, reduce, on);
     }
     char owner[MEM_OWNER_MAX];
@@ -329,12 +348,12 @@ static void offloaded_gradient_to_host(flat_param *fp, int status) {
         snprintf(staging_owner, sizeof staging_owner, "%s.reduce_scatter_output", fp->unit);
         float *staging = mem_alloc_uninitialized(fp_shard_pool(fp), bytes, MEM_COMM_BUFFER, staging_owner);
         offload_copy(ctx, staging, fp->reduce_target, bytes, OFFLOAD_D2H, fp->unit, owner, NULL);
-        for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += staging[i];
+        ctx->host.add_inplace(&ctx->host, fp->grad_shard, staging, fp->sharded_numel);
         mem_free(fp_shard_pool(fp), staging);
     } else if (status == 0) {
         offload_copy(ctx, fp->grad_shard, fp->reduce_target, bytes, OFFLOAD_D2H, fp->unit, owner, NULL);
     } else if (!fp->reduce_accumulate) {
-        memset(fp->grad_shard, 0, bytes); /* no garbage gradient */
+        ctx->host.zero(&ctx->host, fp->grad_shard, bytes); /* no garbage gradient */
     }
     mem_free(&ctx->mem, fp->reduce_target);
     fp->reduce_target = NULL;
@@ -353,17 +372,17 @@ int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
         return status;
     }
     size_t bytes = fp->sharded_numel * sizeof(float);
-    if (fp->replicated && status == 0) memcpy(fp->reduce_target, fp->full_grad_padded, bytes);
-    if (status != 0 && !fp->reduce_accumulate) memset(fp->reduce_target, 0, bytes); /* no garbage gradient */
+    device *d = &ctx->device;
+    if (fp->replicated && status == 0) d->copy(d, fp->reduce_target, fp->full_grad_padded, bytes, DEVICE_D2D);
+    if (status != 0 && !fp->reduce_accumulate) d->zero(d, fp->reduce_target, bytes); /* no garbage gradient */
     if (fp->reduce_accumulate) {
-        if (status == 0)
-            for (size_t i = 0; i < fp->sharded_numel; i++) fp->grad_shard[i] += fp->reduce_target[i];
+        if (status == 0) d->add_inplace(d, fp->grad_shard, fp->reduce_target, fp->sharded_numel);
         mem_free(&ctx->mem, fp->reduce_target);
     }
     fp->reduce_target = NULL;
     fp_free_full_grad(fp);
     if (status == 0 && fp->mixed_precision.keep_low_precision_grads)
-        dtype_round_to(fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
+        d->round_to(d, fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
     return status;
 }
 
@@ -377,7 +396,8 @@ int fp_gather_grad(flat_param *fp) {
     float *full = fp_alloc_full_grad(fp);
     if (fp->grad_shard == NULL) return 0; /* the buffer starts zeroed */
     if (fp->replicated) {
-        memcpy(full, fp->grad_shard, fp->sharded_numel * sizeof(float));
+        device *d = &fp->ctx->device;
+        d->copy(d, full, fp->grad_shard, fp->sharded_numel * sizeof(float), DEVICE_D2D);
         return 0;
     }
     /* hybrid: the replicas hold the same gradient shard; gather in the shard group */
@@ -447,7 +467,7 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
     snprintf(owner, sizeof owner, "%s._mp_shard", fp->unit);
     fp->mp_shard = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
                                                  MEM_PARAM_SHARD_LOW_PRECISION, type, owner);
-    dtype_convert(fp->mp_shard, type, fp->local_shard, DTYPE_FLOAT32, fp->sharded_numel);
+    ctx->device.convert(&ctx->device, fp->mp_shard, type, fp->local_shard, DTYPE_FLOAT32, fp->sharded_numel);
     snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
     /* Unzeroed: the all-gather writes every element before any read. */
     fp->low_precision_full_param = mem_alloc_uninitialized_typed(
@@ -479,8 +499,8 @@ static void post_unshard(flat_param *fp) {
     snprintf(owner, sizeof owner, "%s._full_param_padded.compute_float32", fp->unit);
     fp->full_param_padded = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
                                                     MEM_PARAM_UNSHARDED, owner);
-    dtype_convert(fp->full_param_padded, DTYPE_FLOAT32, fp->low_precision_full_param, fp->mixed_precision.param_dtype,
-                  fp->padded_unsharded_numel);
+    ctx->device.convert(&ctx->device, fp->full_param_padded, DTYPE_FLOAT32, fp->low_precision_full_param,
+                        fp->mixed_precision.param_dtype, fp->padded_unsharded_numel);
 }
 
 /* The reduce-scatter in reduce_dtype (torch casts the gradient to it first): the float32 gradient backward computed
@@ -497,7 +517,8 @@ static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream
     snprintf(owner, sizeof owner, "%s.full_grad_padded.%s", fp->unit, dtype_name(type));
     fp->low_precision_grad = mem_alloc_uninitialized_typed(&ctx->mem, fp->padded_unsharded_numel * dtype_size(type),
                                                            MEM_GRAD_UNSHARDED, type, owner);
-    dtype_convert(fp->low_precision_grad, type, fp->full_grad_padded, DTYPE_FLOAT32, fp->padded_unsharded_numel);
+    ctx->device.convert(&ctx->device, fp->low_precision_grad, type, fp->full_grad_padded, DTYPE_FLOAT32,
+                        fp->padded_unsharded_numel);
     fp_free_full_grad(fp);
     snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
     fp->low_precision_reduce_output = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
@@ -514,16 +535,11 @@ static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
     if (status == 0) {
         /* _accumulate_sharded_grad after _cast_grad_to_param_dtype: float32 += the reduce_dtype result, widened */
-        float widened[256];
-        dtype type = fp->mixed_precision.reduce_dtype;
-        const char *output = fp->low_precision_reduce_output;
-        for (size_t first = 0; first < fp->sharded_numel; first += 256) {
-            size_t count = fp->sharded_numel - first < 256 ? fp->sharded_numel - first : 256;
-            dtype_convert(widened, DTYPE_FLOAT32, output + first * dtype_size(type), type, count);
-            for (size_t i = 0; i < count; i++) fp->grad_shard[first + i] += widened[i];
-        }
+        device *d = &ctx->device;
+        d->accumulate(d, fp->grad_shard, fp->low_precision_reduce_output, fp->mixed_precision.reduce_dtype,
+                      fp->sharded_numel);
         if (fp->mixed_precision.keep_low_precision_grads)
-            dtype_round_to(fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
+            d->round_to(d, fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
     }
     mem_free(&ctx->mem, fp->low_precision_grad);
     mem_free(&ctx->mem, fp->low_precision_reduce_output);

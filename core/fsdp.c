@@ -539,10 +539,16 @@ static const char *const phase_names[] = {"forward", "recompute", "backward"};
 static void run_piece(fsdp_runtime *runtime, void *batch, int piece, piece_phase phase) {
     module *model = runtime->model;
     char name[96], piece_label[64];
+    /* On a GPU the layers only queue kernels: the span is the piece's time on the device, so the host waits for the
+     * compute stream at both ends (a no-op on the CPU, where the work is done when the call returns). The comm
+     * streams keep running meanwhile; the cost is one launch latency per piece. */
+    device *d = &runtime->ctx->device;
+    d->synchronize(d);
     double start = trace_now_us(&runtime->ctx->trace);
     if (phase == PHASE_FORWARD) model->ops->forward(model->self, batch, piece, runtime->checkpointed[piece]);
     else if (phase == PHASE_RECOMPUTE) model->ops->recompute(model->self, batch, piece);
     else model->ops->backward(model->self, batch, piece);
+    d->synchronize(d);
     model->ops->piece_name(model->self, piece, piece_label, sizeof piece_label);
     snprintf(name, sizeof name, "%s.%s", piece_label, phase_names[phase]);
     trace_compute(&runtime->ctx->trace, name, piece_unit(runtime, piece), phase_names[phase], start,

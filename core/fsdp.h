@@ -98,6 +98,8 @@ typedef struct fsdp_options {
                                      host pool, copied to the device for the all-gather and back after the
                                      reduce-scatter (core/offload.h; env OFFLOAD) */
     fp_mixed_precision mixed_precision; /* torch's MixedPrecision (core/flat_param.h); zeroed: all float32, off */
+    int loss_chunk;               /* the model's loss this many rows at a time (LOSS_CHUNK; qwen2_model.loss_chunk):
+                                     the runtime passes it on to the memory model; 0, all rows at once */
 } fsdp_options;
 /* torch's defaults: FULL_SHARD, BACKWARD_PRE, no forward prefetch, limit_all_gathers on; comm streams on; ACC 1.
  * A zeroed fsdp_options is lab 05's runtime: FULL_SHARD, blocking collectives, no prefetch. */

@@ -157,7 +157,11 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
      * norm, logits and their gradient). With it, each layer's input becomes checkpoint_input and only one layer's
      * saved tensors live at a time (in forward, and again when backward recomputes it). */
     count layer = layer_activation_floats(c, N, B, T);
-    count head = N * C + N + 2 * N * V;
+    /* LOSS_CHUNK (k < N rows at a time): no N x V logits or gradient kept; two k x V workspace buffers instead */
+    int chunked = options->loss_chunk > 0 && options->loss_chunk < N;
+    /* the head's saved tensors (final norm, rstd) plus the larger of the logits and their gradient (unchunked) and
+     * the gradient the head's backward hands the last layer (N x C, allocated once those are freed) */
+    count head = N * C + N + max_of(chunked ? 0 : 2 * N * V, N * C);
     count embedding = N * C;
     if (options->activation_checkpointing) {
         peak[MEM_CHECKPOINT_INPUT] = L * N * C * f;
@@ -169,7 +173,8 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
         peak[MEM_ACTIVATION] = (embedding + L * layer + head) * f;
     }
     count rope = 2 * (count)T * c->head_dim;
-    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T), N * C)) * f;
+    count head_workspace = N * C + (chunked ? 2 * (count)options->loss_chunk * V : 0); /* dnorm + the chunks */
+    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T), head_workspace)) * f;
     peak[MEM_DATA] = 4 * N * sizeof(int) + (count)data_stream_bytes; /* the lab's batch + the model's copy */
     if (fp_mixed_precision_enabled(&options->mixed_precision))
         predict_mixed_precision(peak, units, unit_count, options, world_size, forward_passes);

@@ -1,7 +1,6 @@
 /* offload.c — the host pool and the copies of CPU offload. See offload.h. */
 #include "offload.h"
 
-#include <string.h>
 
 const char *offload_direction_name(offload_direction direction) { return direction == OFFLOAD_H2D ? "h2d" : "d2h"; }
 

@@ -67,9 +67,11 @@ static inline float lerp_like_torch(float start, float end, float weight) {
 #define ADAMW_TARGETS
 #endif
 ADAMW_TARGETS
-static void adamw_update(float *restrict param, const float *restrict grad, float *restrict exp_avg,
-                         float *restrict exp_avg_sq, size_t count, float decay, float lerp_weight, float beta2,
-                         float one_minus_beta2, float bias_correction2_sqrt, float eps, float negative_step_size) {
+void adamw_update_host(float *restrict param, const float *restrict grad, float *restrict exp_avg,
+                       float *restrict exp_avg_sq, size_t count, const device_adamw_scalars *scalars) {
+    const float decay = scalars->decay, lerp_weight = scalars->lerp_weight, beta2 = scalars->beta2;
+    const float one_minus_beta2 = scalars->one_minus_beta2, bias_correction2_sqrt = scalars->bias_correction2_sqrt;
+    const float eps = scalars->eps, negative_step_size = scalars->negative_step_size;
     for (size_t i = 0; i < count; i++) {
         /* Every torch op is a separate pass over the tensor; per element they compose in the same order, so one
          * pass here gives the same numbers. The padding (grad 0, param 0) stays 0: 0 * decay + step * 0 / eps. */
@@ -83,15 +85,18 @@ static void adamw_update(float *restrict param, const float *restrict grad, floa
     }
 }
 
+/* The device that holds a unit's shards: the host (a CPU device) when offloaded, else the rank's device. */
+static device *shard_device(const flat_param *fp) {
+    return fp->offload_params ? &fp->ctx->host : &fp->ctx->device;
+}
+
 int adamw_first_nonfinite_gradient(context *ctx, const flat_param *units, int unit_count) {
     int first = unit_count; /* none */
     for (int unit = 0; unit < unit_count && first == unit_count; unit++) {
         const float *grad = units[unit].grad_shard;
-        for (size_t i = 0; grad != NULL && i < units[unit].sharded_numel; i++)
-            if (!isfinite(grad[i])) {
-                first = unit;
-                break;
-            }
+        device *d = shard_device(&units[unit]);
+        if (grad != NULL && d->first_nonfinite(d, grad, units[unit].sharded_numel) < units[unit].sharded_numel)
+            first = unit;
     }
     ctx_allreduce(ctx, &first, 1, MPI_INT, MPI_MIN, "first non-finite gradient");
     return first < unit_count ? first : -1;
@@ -110,8 +115,8 @@ double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, dou
     for (int unit = 0; unit < unit_count; unit++) {
         const float *grad = units[unit].grad_shard;
         if (grad == NULL) continue;
-        double sum = 0.0;
-        for (size_t i = 0; i < units[unit].sharded_numel; i++) sum += (double)grad[i] * grad[i];
+        device *d = shard_device(&units[unit]);
+        double sum = d->sum_squares(d, grad, units[unit].sharded_numel);
         if (units[unit].replicated) replicated_sum_of_squares += sum;
         else sharded_sum_of_squares += sum;
     }
@@ -143,7 +148,8 @@ double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, dou
         for (int unit = 0; unit < unit_count; unit++) {
             float *grad = units[unit].grad_shard;
             if (grad == NULL) continue;
-            for (size_t i = 0; i < units[unit].sharded_numel; i++) grad[i] *= scale;
+            device *d = shard_device(&units[unit]);
+            d->scale(d, grad, scale, units[unit].sharded_numel);
         }
         trace_compute(&ctx->trace, "clip_grad_norm.scale", NULL, "optimizer", start_us,
                       trace_now_us(&ctx->trace) - start_us);
@@ -197,16 +203,18 @@ void adamw_step(adamw_state *state, flat_param *fp, const adamw_config *config) 
     double bias_correction2_sqrt = pow(bias_correction2, 0.5); /* Python: bias_correction2 ** 0.5 */
 
     /* Each rounded to float once, where torch passes it to a float32 kernel. */
-    float decay = (float)(1.0 - config->lr * config->weight_decay); /* param.mul_(1 - lr * weight_decay) */
-    float lerp_weight = (float)(1.0 - config->beta1);                /* exp_avg.lerp_(grad, 1 - beta1) */
-    float beta2 = (float)config->beta2;                              /* exp_avg_sq.mul_(beta2) */
-    float one_minus_beta2 = (float)(1.0 - config->beta2);            /* .addcmul_(grad, grad, value=1 - beta2) */
-    float bias_correction2_sqrt_float = (float)bias_correction2_sqrt; /* exp_avg_sq.sqrt() / bias_correction2_sqrt */
-    float eps = (float)config->eps;                                   /* .add_(eps) */
-    float negative_step_size = (float)-step_size;                     /* addcdiv_(exp_avg, denom, value=-step_size) */
-
-    adamw_update(fp->local_shard, fp->grad_shard, state->exp_avg, state->exp_avg_sq, fp->sharded_numel, decay,
-                 lerp_weight, beta2, one_minus_beta2, bias_correction2_sqrt_float, eps, negative_step_size);
+    device_adamw_scalars scalars = {
+        .decay = (float)(1.0 - config->lr * config->weight_decay), /* param.mul_(1 - lr * weight_decay) */
+        .lerp_weight = (float)(1.0 - config->beta1),                /* exp_avg.lerp_(grad, 1 - beta1) */
+        .beta2 = (float)config->beta2,                              /* exp_avg_sq.mul_(beta2) */
+        .one_minus_beta2 = (float)(1.0 - config->beta2),            /* .addcmul_(grad, grad, value=1 - beta2) */
+        .bias_correction2_sqrt = (float)bias_correction2_sqrt,      /* exp_avg_sq.sqrt() / bias_correction2_sqrt */
+        .eps = (float)config->eps,                                  /* .add_(eps) */
+        .negative_step_size = (float)-step_size,                    /* addcdiv_(exp_avg, denom, value=-step_size) */
+    };
+    device *d = shard_device(fp);
+    d->adamw_update(d, fp->local_shard, fp->grad_shard, state->exp_avg, state->exp_avg_sq, fp->sharded_numel,
+                    &scalars);
 
     char name[96];
     snprintf(name, sizeof name, "%s.adamw", fp->unit);

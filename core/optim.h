@@ -79,5 +79,9 @@ void adamw_state_prepare(adamw_state *state, flat_param *fp, int64_t step);
 
 /* Frees the moments (a no-op for a state that never stepped); the state is empty again. */
 void adamw_free(adamw_state *state);
+/* The element loop of one AdamW step on host memory (the CPU device's adamw_update): torch's ops per element, in
+ * their order, every one correctly rounded, so any instruction set gives the same bits. */
+void adamw_update_host(float *restrict param, const float *restrict grad, float *restrict exp_avg,
+                       float *restrict exp_avg_sq, size_t count, const device_adamw_scalars *scalars);
 
 #endif

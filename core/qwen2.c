@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "layers.h"
+#include "offload.h"
 #include "rng.h"
 
 /* Parameters of one decoder layer, in HF's registration order (self_attn, mlp, then the two norms). */
@@ -600,20 +601,22 @@ static const float *stacked_pair(qwen2_model *model, const float *first, const f
                                  float **copy, int layer) {
     if (second == first + count) return first;
     *copy = output_buffer(model, 2 * count, "mlp.gate_up_weight", layer, MEM_WORKSPACE);
-    memcpy(*copy, first, count * sizeof(float));
-    memcpy(*copy + count, second, count * sizeof(float));
+    device *d = &model->ctx->device;
+    d->copy(d, *copy, first, count * sizeof(float), DEVICE_D2D);
+    d->copy(d, *copy + count, second, count * sizeof(float), DEVICE_D2D);
     return *copy;
 }
 
 /* RoPE tables cover at least T positions. */
 static void ensure_rope(qwen2_model *model, int T) {
+    device *d = &model->ctx->device;
     if (T <= model->rope_positions) return;
     release(model, &model->rope_cos);
     release(model, &model->rope_sin);
     size_t count = (size_t)T * model->config.head_dim;
     model->rope_cos = output_buffer(model, count, "rope.cos", -1, MEM_WORKSPACE);
     model->rope_sin = output_buffer(model, count, "rope.sin", -1, MEM_WORKSPACE);
-    rope_tables(model->rope_cos, model->rope_sin, T, model->config.head_dim, (float)model->config.rope_theta);
+    d->rope_tables(d, model->rope_cos, model->rope_sin, T, model->config.head_dim, (float)model->config.rope_theta);
     model->rope_positions = T;
 }
 
@@ -639,12 +642,14 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
     }
     acts->B = B;
     acts->T = T;
+    acts->loss_gradient_scale = 1.0f;
     size_t N = (size_t)B * T;
     acts->tokens = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.tokens");
-    memcpy(acts->tokens, tokens, N * sizeof(int));
+    device *d = &ctx->device;
+    d->copy(d, acts->tokens, tokens, N * sizeof(int), d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D);
     if (targets != NULL) {
         acts->targets = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.targets");
-        memcpy(acts->targets, targets, N * sizeof(int));
+        d->copy(d, acts->targets, targets, N * sizeof(int), d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D);
     }
     int L = c->num_hidden_layers;
     acts->residuals = calloc((size_t)L + 1, sizeof *acts->residuals); /* pointer tables: metadata, not tensors */
@@ -690,13 +695,15 @@ static mem_category residual_category(const qwen2_model *model, const qwen2_acti
 }
 
 void qwen2_embed_forward(qwen2_model *model, qwen2_activations *acts) {
+    device *d = &model->ctx->device;
     size_t N = (size_t)acts->B * acts->T;
     int C = model->config.hidden_size;
     acts->residuals[0] = output_buffer(model, N * C, "embed_tokens.output", -1, residual_category(model, acts, 0));
-    embedding_forward(acts->residuals[0], acts->tokens, qwen2_param_data(model, embed_param()), (int)N, C);
+    d->embedding_forward(d, acts->residuals[0], acts->tokens, qwen2_param_data(model, embed_param()), (int)N, C);
 }
 
 void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
+    device *d = &model->ctx->device;
     const qwen2_config *c = &model->config;
     int B = acts->B, T = acts->T, N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     int H = c->num_attention_heads, KVH = c->num_key_value_heads;
@@ -707,63 +714,122 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
 
     a->ln1 = output_buffer(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
     a->ln1_rstd = output_buffer(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
-    rmsnorm_forward(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    d->rmsnorm_forward(d, a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
     a->q = output_buffer(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
     a->k = output_buffer(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
     a->v = output_buffer(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
-    linear_forward(a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
-    linear_forward(a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
-    linear_forward(a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
+    d->linear_forward(d, a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
+    d->linear_forward(d, a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
+    d->linear_forward(d, a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
     /* With a KV cache these T tokens are positions past .. past + T - 1: RoPE from there, and attention over every
      * cached position (this batch's k, v appended first). */
     qwen2_kv_cache *cache = acts->cache;
     int past = cache != NULL ? cache->length : 0;
     const float *rope_cos = model->rope_cos + (size_t)past * D, *rope_sin = model->rope_sin + (size_t)past * D;
-    rope_forward(a->q, rope_cos, rope_sin, B, T, H, D);
-    rope_forward(a->k, rope_cos, rope_sin, B, T, KVH, D);
+    d->rope_forward(d, a->q, rope_cos, rope_sin, B, T, H, D);
+    d->rope_forward(d, a->k, rope_cos, rope_sin, B, T, KVH, D);
     const float *keys = a->k, *values = a->v;
     if (cache != NULL) {
         size_t at = (size_t)past * KVH * D, count = (size_t)T * KVH * D;
-        memcpy(cache->k[l] + at, a->k, count * sizeof(float));
-        memcpy(cache->v[l] + at, a->v, count * sizeof(float));
+        d->copy(d, cache->k[l] + at, a->k, count * sizeof(float), DEVICE_D2D);
+        d->copy(d, cache->v[l] + at, a->v, count * sizeof(float), DEVICE_D2D);
         keys = cache->k[l];
         values = cache->v[l];
     }
     a->probs = output_buffer(model, (size_t)B * H * T * (past + T), "self_attn.probs", l, MEM_ACTIVATION);
     a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
-    attention_forward_at(a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
+    d->attention_forward_at(d, a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
-    linear_forward(a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
-    add_inplace(a->mid, x, (size_t)N * C);
+    d->linear_forward(d, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
+    d->add_inplace(d, a->mid, x, (size_t)N * C);
 
     a->ln2 = output_buffer(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
     a->ln2_rstd = output_buffer(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
-    rmsnorm_forward(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    d->rmsnorm_forward(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
     a->gate_up = output_buffer(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
     a->swiglu = output_buffer(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
     float *stacked = NULL;
-    linear_forward(a->gate_up, a->ln2, stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l),
+    d->linear_forward(d, a->gate_up, a->ln2, stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l),
                    NULL, N, C, 2 * I);
     release(model, &stacked);
-    swiglu_forward(a->swiglu, a->gate_up, N, I);
+    d->swiglu_forward(d, a->swiglu, a->gate_up, N, I);
     float *out = acts->residuals[l + 1] = output_buffer(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
-    linear_forward(out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
-    add_inplace(out, a->mid, (size_t)N * C);
+    d->linear_forward(d, out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
+    d->add_inplace(d, out, a->mid, (size_t)N * C);
+}
+
+/* The loss in chunks (model->loss_chunk rows at a time; LOSS_CHUNK): N x V logits never exist at once. The forward
+ * computes each chunk's logits and loss and keeps neither; the backward recomputes them (one more lm_head GEMM per
+ * chunk) and adds the chunk's gradient into dnorm and the tied embedding's gradient. Each chunk's cross-entropy is a
+ * mean over its own counted tokens; weighted by count_c / count it becomes its share of the batch's mean. */
+static int chunked_loss(const qwen2_model *model, const qwen2_activations *acts) {
+    return acts->targets != NULL && model->loss_chunk > 0 && model->loss_chunk < acts->B * acts->T;
+}
+
+/* One chunk's logits (rows first .. first + rows - 1) and d(chunk mean)/d(logits) into the two chunk buffers;
+ * returns the chunk's mean loss, its counted tokens in *count. */
+static float head_chunk(qwen2_model *model, qwen2_activations *acts, float *logits, float *dlogits, int first, int rows,
+                        int *count) {
+    device *d = &model->ctx->device;
+    int C = model->config.hidden_size, V = model->config.vocab_size;
+    d->linear_forward(d, logits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), NULL,
+                      rows, C, V);
+    return d->cross_entropy_forward_backward(d, dlogits, logits, acts->targets + first, rows, V, QWEN2_IGNORE_INDEX,
+                                             count);
+}
+
+static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
+    int N = acts->B * acts->T, V = model->config.vocab_size, rows = model->loss_chunk;
+    float *logits = output_buffer(model, (size_t)rows * V, "lm_head.logits_chunk", -1, MEM_WORKSPACE);
+    float *dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
+    double loss_sum = 0.0;
+    int count = 0;
+    for (int first = 0; first < N; first += rows) {
+        int chunk_count = 0, n = N - first < rows ? N - first : rows;
+        loss_sum += (double)head_chunk(model, acts, logits, dlogits, first, n, &chunk_count) * chunk_count;
+        count += chunk_count;
+    }
+    release(model, &logits);
+    release(model, &dlogits);
+    acts->target_count = count;
+    acts->loss = count > 0 ? (float)(loss_sum / count) : 0.0f;
+    return acts->loss;
+}
+
+static void head_backward_chunked(qwen2_model *model, qwen2_activations *acts, float *dnorm) {
+    device *d = &model->ctx->device;
+    int N = acts->B * acts->T, C = model->config.hidden_size, V = model->config.vocab_size, rows = model->loss_chunk;
+    float *logits = output_buffer(model, (size_t)rows * V, "lm_head.logits_chunk", -1, MEM_WORKSPACE);
+    float *dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
+    for (int first = 0; first < N; first += rows) {
+        int chunk_count = 0, n = N - first < rows ? N - first : rows;
+        head_chunk(model, acts, logits, dlogits, first, n, &chunk_count);
+        if (chunk_count == 0) continue; /* every target ignored: no gradient */
+        /* the chunk's mean -> its share of the batch's mean, times the accumulation factor (scale_loss_gradient) */
+        d->scale(d, dlogits, (float)((double)chunk_count / acts->target_count) * acts->loss_gradient_scale,
+                 (size_t)n * V);
+        d->linear_backward(d, dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
+                           acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), n, C, V);
+    }
+    release(model, &logits);
+    release(model, &dlogits);
 }
 
 float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
+    device *d = &model->ctx->device;
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size;
     acts->final_norm = output_buffer(model, (size_t)N * C, "norm.output", -1, MEM_ACTIVATION);
     acts->final_rstd = output_buffer(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
-    rmsnorm_forward(acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
+    d->rmsnorm_forward(d, acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
                     qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
+    if (chunked_loss(model, acts)) return head_forward_chunked(model, acts);
     acts->logits = output_buffer(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
     /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
-    linear_forward(acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);
+    d->linear_forward(d, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);
     if (acts->targets == NULL) return 0.0f;
     acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
-    acts->loss = cross_entropy_forward_backward(acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
+    acts->loss = d->cross_entropy_forward_backward(d, acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
                                                 &acts->target_count);
     return acts->loss;
 }
@@ -776,16 +842,21 @@ void qwen2_layer_recompute(qwen2_model *model, qwen2_activations *acts, int l) {
 /* ---------------------------------------------------------------- backward */
 
 void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
+    device *d = &model->ctx->device;
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
-    if (acts->dlogits == NULL) ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
+    if (acts->dlogits == NULL && !chunked_loss(model, acts))
+        ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
     float *dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
-    linear_backward(dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
-                    qwen2_param_data(model, embed_param()), N, C, V);
+    if (chunked_loss(model, acts))
+        head_backward_chunked(model, acts, dnorm);
+    else
+        d->linear_backward(d, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
+                           qwen2_param_data(model, embed_param()), N, C, V);
     release(model, &acts->dlogits);
     release(model, &acts->logits);
     acts->dresiduals[L] = sum_buffer(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
-    rmsnorm_backward(acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
+    d->rmsnorm_backward(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
                      qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
     release(model, &dnorm);
     release(model, &acts->final_norm);
@@ -794,6 +865,7 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
 }
 
 void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
+    device *d = &model->ctx->device;
     const qwen2_config *c = &model->config;
     int B = acts->B, T = acts->T, N = B * T, C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     int H = c->num_attention_heads, KVH = c->num_key_value_heads;
@@ -806,11 +878,11 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     }
     /* MLP half: out = mid + down(swiglu(gate(ln2), up(ln2))), ln2 = norm(mid) */
     float *dmid = output_buffer(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE);
-    memcpy(dmid, dout, (size_t)N * C * sizeof(float));
+    d->copy(d, dmid, dout, (size_t)N * C * sizeof(float), DEVICE_D2D);
     float *dswiglu = sum_buffer(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
-    linear_backward(dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
+    d->linear_backward(d, dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
     float *dgate_up = sum_buffer(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
-    swiglu_backward(dgate_up, dswiglu, a->gate_up, N, I);
+    d->swiglu_backward(d, dgate_up, dswiglu, a->gate_up, N, I);
     release(model, &dswiglu);
     float *dln2 = sum_buffer(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
     float *stacked = NULL, *stacked_grad = NULL;
@@ -818,40 +890,40 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *gate_up_grad = g[UP_WEIGHT] == g[GATE_WEIGHT] + (size_t)I * C
                               ? g[GATE_WEIGHT]
                               : (stacked_grad = sum_buffer(model, (size_t)2 * I * C, "mlp.gate_up_grad", l, MEM_WORKSPACE));
-    linear_backward(dln2, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
+    d->linear_backward(d, dln2, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
     if (stacked_grad != NULL) { /* the rare split case: hand each half back */
-        add_inplace(g[GATE_WEIGHT], stacked_grad, (size_t)I * C);
-        add_inplace(g[UP_WEIGHT], stacked_grad + (size_t)I * C, (size_t)I * C);
+        d->add_inplace(d, g[GATE_WEIGHT], stacked_grad, (size_t)I * C);
+        d->add_inplace(d, g[UP_WEIGHT], stacked_grad + (size_t)I * C, (size_t)I * C);
     }
     release(model, &stacked);
     release(model, &stacked_grad);
     release(model, &dgate_up);
-    rmsnorm_backward(dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
+    d->rmsnorm_backward(d, dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
     release(model, &dln2);
 
     /* attention half: mid = x + o_proj(attention(rope(q), rope(k), v)), q,k,v = proj(ln1), ln1 = norm(x) */
     float *dattention = sum_buffer(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
-    linear_backward(dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
+    d->linear_backward(d, dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
     float *dq = sum_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
     float *dk = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
     float *dv = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
     float *scratch = output_buffer(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
-    attention_backward(dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
+    d->attention_backward(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
     release(model, &scratch);
     release(model, &dattention);
-    rope_backward(dq, model->rope_cos, model->rope_sin, B, T, H, D);
-    rope_backward(dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
+    d->rope_backward(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
+    d->rope_backward(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     float *dln1 = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput", l, MEM_WORKSPACE);
-    linear_backward(dln1, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
-    linear_backward(dln1, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
-    linear_backward(dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
+    d->linear_backward(d, dln1, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
+    d->linear_backward(d, dln1, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
+    d->linear_backward(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
     release(model, &dq);
     release(model, &dk);
     release(model, &dv);
     /* dx = dmid (the residual path) + the norm's backward */
     float *dx = acts->dresiduals[l] = output_buffer(model, (size_t)N * C, "dresidual", l - 1, MEM_ACTIVATION);
-    memcpy(dx, dmid, (size_t)N * C * sizeof(float));
-    rmsnorm_backward(dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+    d->copy(d, dx, dmid, (size_t)N * C * sizeof(float), DEVICE_D2D);
+    d->rmsnorm_backward(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
     release(model, &dln1);
     release(model, &dmid);
     release(model, &acts->dresiduals[l + 1]);
@@ -860,8 +932,9 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
 }
 
 void qwen2_embed_backward(qwen2_model *model, qwen2_activations *acts) {
+    device *d = &model->ctx->device;
     int N = acts->B * acts->T;
-    embedding_backward(qwen2_param_grad(model, embed_param()), acts->dresiduals[0], acts->tokens, N,
+    d->embedding_backward(d, qwen2_param_grad(model, embed_param()), acts->dresiduals[0], acts->tokens, N,
                        model->config.hidden_size);
     release(model, &acts->dresiduals[0]);
     release(model, &acts->residuals[0]);
@@ -952,7 +1025,12 @@ static int generate(qwen2_model *model, const int *prompt, int prompt_length, in
                          max_new, positions);
     /* prompt + new tokens stop at max_position_embeddings (computed without adding, so no int overflows) */
     int capacity = prompt_length + (max_new < positions - prompt_length ? max_new : positions - prompt_length);
-    int *sequence = mem_alloc(&model->ctx->mem, (size_t)capacity * sizeof(int), MEM_DATA, "generate.sequence");
+    /* The tokens so far are the host's (the sampler reads them); on the CPU device the host pool is the device's. */
+    device *d = &model->ctx->device;
+    mem_tracker *host = d->kind == DEVICE_CPU ? &model->ctx->mem : offload_host_pool(model->ctx);
+    int *sequence = mem_alloc(host, (size_t)capacity * sizeof(int), MEM_DATA, "generate.sequence");
+    float *last_logits = d->kind == DEVICE_CPU ? NULL : mem_alloc(host, (size_t)V * sizeof(float), MEM_WORKSPACE,
+                                                                  "generate.last_logits");
     memcpy(sequence, prompt, (size_t)prompt_length * sizeof(int));
     qwen2_kv_cache cache = {0};
     if (cached) qwen2_kv_cache_init(model, &cache, capacity);
@@ -962,14 +1040,20 @@ static int generate(qwen2_model *model, const int *prompt, int prompt_length, in
         int first = cache.length; /* 0 without a cache */
         if (forward_all(model, &acts, sequence + first, NULL, 1, length - first, cached ? &cache : NULL) != 0)
             ctx_fatal(model->ctx, "%s", model->ctx->error);
-        int token = next_token(acts.logits + (size_t)(length - first - 1) * V, V, temperature, seed, (uint64_t)produced);
+        const float *row = acts.logits + (size_t)(length - first - 1) * V;
+        if (last_logits != NULL) { /* the last position's logits, to the host */
+            d->copy(d, last_logits, row, (size_t)V * sizeof(float), DEVICE_D2H);
+            row = last_logits;
+        }
+        int token = next_token(row, V, temperature, seed, (uint64_t)produced);
         qwen2_activations_end(model, &acts);
         out[produced++] = token;
         sequence[length++] = token;
         if (token == model->config.eos_token_id) break;
     }
     if (cached) qwen2_kv_cache_free(model, &cache);
-    mem_free(&model->ctx->mem, sequence);
+    mem_free(host, sequence);
+    mem_free(host, last_logits);
     return produced;
 }
 
@@ -1062,8 +1146,13 @@ static float qwen2_batch_loss(const void *self, const void *batch_pointer) {
 static void qwen2_scale_loss_gradient(void *self, void *batch_pointer, float factor) {
     qwen2_model *model = self;
     qwen2_activations *acts = &((qwen2_batch *)batch_pointer)->acts;
+    if (chunked_loss(model, acts)) { /* no dlogits are kept: the backward applies the factor chunk by chunk */
+        acts->loss_gradient_scale *= factor;
+        return;
+    }
     size_t logits = (size_t)acts->B * (size_t)acts->T * (size_t)model->config.vocab_size;
-    for (size_t i = 0; i < logits; i++) acts->dlogits[i] *= factor;
+    device *d = &model->ctx->device;
+    d->scale(d, acts->dlogits, factor, logits);
 }
 
 static const module_ops qwen2_module_ops = {

@@ -121,6 +121,10 @@ typedef struct qwen2_model {
     module_tree module_tree;      /* the same tree, as the runtime sees it */
     int rope_positions;           /* rows in the RoPE tables (grown on demand) */
     float *rope_cos, *rope_sin;   /* (rope_positions, head_dim), category workspace */
+    int loss_chunk;               /* LOSS_CHUNK: 0, the loss over all N = B x T rows at once (logits and their
+                                     gradient saved, N x V floats each: activations); k > 0, k rows at a time, so N x V
+                                     logits never exist: the forward keeps only the loss, the backward recomputes each
+                                     chunk's logits (one more lm_head GEMM); two k x V workspace buffers */
 } qwen2_model;
 
 /* Builds the tree and one FlatParameter per unit of the given assignment (unit_of_param[i]: the unit of tree
@@ -166,6 +170,7 @@ typedef struct qwen2_activations {
     float **dresiduals;           /* gradient flowing back; [l] exists between layer l's and l-1's backward */
     float loss;
     int target_count;
+    float loss_gradient_scale;    /* chunked loss: the factor the runtime asked dlogits to be scaled by (1 at first) */
     const int *checkpointed;      /* per layer, or NULL: layer l's input is kept as checkpoint_input memory (the
                                      only thing activation checkpointing keeps of a layer) */
     struct qwen2_kv_cache *cache; /* generation only (B = 1), or NULL: the tokens are positions cache->length ..

@@ -34,7 +34,9 @@
  *   for the size-based policy), PEAK (tracked: the tracked allocator's peak, the default; rss: the process's max RSS),
  *   ALLOC (caching, the default, or malloc), MAX_SPLIT_SIZE_MB (PyTorch's max_split_size_mb; 0: no limit),
  *   OFFLOAD (1: CPUOffload(offload_params=True), lab 09: shards, gradients and AdamW in the host pool),
- *   DEVICE_MEMORY_MB (the device pool's budget; 0, the default: none),
+ *   DEVICE_MEMORY_MB (the device pool's budget; 0, the default: none), LOSS_CHUNK (rows of the loss at a time, so
+ *   the B x T x vocabulary logits never exist at once; 0: all at once, the CPU's default; 1024 on a GPU),
+ *   DEVICE (cpu, the default; cuda: the GPU, in a `make CUDA=1` build) and BACKEND (mpi = gloo; nccl, on the GPU),
  *   MEMORY_CHECK (1, the default: refuse a run whose predicted peak exceeds the memory available; 0: skip);
  *   lab 06's overlap settings, off here: COMM_STREAMS (1: collectives on an all-gather and a reduce-scatter stream),
  *   BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST), FORWARD_PREFETCH, LIMIT_ALL_GATHERS (scripts/train.sh turns
@@ -136,6 +138,9 @@ static fsdp_options make_options(context *ctx, const settings *s) {
                             .accumulation_steps = s->accumulation, .offload_params = s->offload};
     fsdp_prefetch_options_from_env(ctx, &options);
     fsdp_mixed_precision_from_env(ctx, &options);
+    /* LOSS_CHUNK: the loss this many rows at a time (core/qwen2.h); on a GPU 1024 by default, so the B x T x V logits
+     * of a 151,936-word vocabulary never exist at once; on the CPU 0, all at once. */
+    options.loss_chunk = (int)cfg_env_int(ctx, "LOSS_CHUNK", ctx->device.kind == DEVICE_CPU ? 0 : 1024, 0, 1 << 30);
     return options;
 }
 
@@ -369,6 +374,7 @@ int main(int argc, char **argv) {
     qwen2_model model;
     build_model(&ctx, &s, &model);
     fsdp_options options = make_options(&ctx, &s);
+    model.loss_chunk = options.loss_chunk;
     fsdp_runtime runtime;
     module view;
     qwen2_as_module(&model, &view);

@@ -9,7 +9,9 @@ by `qwen2_tool batches`), so the two runs differ only in who implements FSDP. Pr
 
     1/3: Loss = 5.551234, Peak = 12.3 MB, Time = 0.0123s
 
-where Loss is the mean over micro-batches and ranks and Peak the largest process max-RSS over ranks.
+where Loss is the mean over micro-batches and ranks and Peak the largest process max-RSS over ranks (with
+--backend nccl: on the GPU, rank r on cuda:LOCAL_RANK, Peak the largest torch.cuda.max_memory_allocated() of the
+step over ranks, the GPU memory fsdplab's tracked peak measures, and Time after torch.cuda.synchronize()).
 
     torchrun --nproc_per_node 2 scripts/torch_fsdp_train.py --model-dir D --batches B.bin --mbs 4 --acc 2 --steps 3
 """
@@ -50,6 +52,8 @@ def arguments():
     parser.add_argument("--shard-group", type=int, default=0,
                         help="HYBRID_SHARD: ranks per shard group (0: the ranks per node, LOCAL_WORLD_SIZE)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                        help="gloo: CPU; nccl: each rank on GPU LOCAL_RANK (train.sh BACKEND=nccl)")
     parser.add_argument("--backward-prefetch", default="BACKWARD_PRE", choices=sorted(BACKWARD_PREFETCH))
     parser.add_argument("--forward-prefetch", type=int, default=0, choices=(0, 1))
     parser.add_argument("--limit-all-gathers", type=int, default=1, choices=(0, 1))
@@ -105,17 +109,27 @@ def hybrid_mesh(args, world):
     shard = args.shard_group or int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if shard < 1 or world % shard != 0:
         raise SystemExit(f"--shard-group {shard} does not divide the world size {world}")
-    return init_device_mesh("cpu", (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+    device_type = "cuda" if args.backend == "nccl" else "cpu"
+    return init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
 
 
 def main():
     args = arguments()
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
+    gpu = args.backend == "nccl"
+    if gpu:
+        if not torch.cuda.is_available():
+            raise SystemExit("--backend nccl needs a CUDA GPU; torch sees none")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # float32 GEMMs as fsdplab's default (TF32 off), so the two compute the same arithmetic
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     model = Qwen2ForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     model = FullyShardedDataParallel(
-        model, sharding_strategy=STRATEGIES[args.strategy], device_id=torch.device("cpu"),  # CPU + gloo, named outright
+        model, sharding_strategy=STRATEGIES[args.strategy], device_id=device,  # CPU + gloo or GPU + nccl, named
         device_mesh=hybrid_mesh(args, world),
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}),
         backward_prefetch=BACKWARD_PREFETCH[args.backward_prefetch], forward_prefetch=bool(args.forward_prefetch),
@@ -127,9 +141,12 @@ def main():
         if args.mp not in ("", "none", "fp32", "float32"):
             print(f"(mixed precision: {mixed_precision(args.mp)})", flush=True)
     for step in range(1, args.steps + 1):
+        if gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         start, loss_sum = time.perf_counter(), 0.0
         for micro in range(args.acc):
-            tokens, targets = batches[(step - 1) * args.acc + micro]
+            tokens, targets = (t.to(device) for t in batches[(step - 1) * args.acc + micro])
             logits = model(input_ids=tokens).logits
             # mean cross-entropy over every position's given target, as fsdplab (HF's `labels=` would drop the last)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
@@ -139,10 +156,13 @@ def main():
             model.clip_grad_norm_(args.clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if gpu:
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-        stats = torch.tensor([loss_sum / args.acc, 0.0, 0.0], dtype=torch.float64)
+        stats = torch.tensor([loss_sum / args.acc, 0.0, 0.0], dtype=torch.float64, device=device)
         dist.all_reduce(stats[:1])  # sum of the ranks' losses
-        peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0, elapsed], dtype=torch.float64)
+        used = torch.cuda.max_memory_allocated() if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+        peak = torch.tensor([float(used), elapsed], dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if rank == 0:
             print(f"{step}/{args.steps}: Loss = {stats[0].item() / world:.6f}, Peak = {peak[0].item() / 1e6:.1f} MB, "

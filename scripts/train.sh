@@ -5,8 +5,9 @@
 #   ... FSDP=torch ./scripts/train.sh       PyTorch FSDP1 (FullyShardedDataParallel) on HF's Qwen2ForCausalLM
 #   ... FSDP=both  ./scripts/train.sh       both, then a side-by-side table: loss difference, time and peak ratios
 #
-# Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo on
-# CPU; nccl needs the GPU build), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
+# Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo: the
+# CPU; nccl: one GPU per rank, fsdplab's CUDA build (make CUDA=1, built here on demand into build/cuda/) and torch on
+# cuda:LOCAL_RANK with NCCL), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
 # SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node, for both),
 # EVAL (fsdplab: print a generated story every EVAL steps), MP (mixed precision as torch's MixedPrecision, both sides:
 # fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
@@ -41,9 +42,27 @@ fail() { echo "train.sh: error: $*" >&2; exit 2; }
 case "$FSDP" in fsdplab | edufsdp | torch | both) ;; *) fail "FSDP='$FSDP' is not allowed; choose one of: fsdplab, edufsdp, torch, both" ;; esac
 case "$BACKEND" in
   mpi | gloo) ;;
-  nccl) fail "BACKEND=nccl needs the GPU build (make CUDA=1), which this checkout does not have yet; use mpi or gloo" ;;
+  nccl) ;;
   *) fail "BACKEND='$BACKEND' is not allowed; choose one of: mpi, gloo, nccl" ;;
 esac
+# BACKEND=nccl: fsdplab's CUDA build, one GPU per rank (NCCL refuses two ranks on one GPU: lab 05 says so and names
+# DEVICE=cuda BACKEND=mpi, which shares one). Checked before anything builds: a machine without a GPU or without the
+# CUDA toolkit gets one line that says which.
+lab=lab/05_full_step
+if [ "$BACKEND" = nccl ]; then
+  have_gpu=0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then have_gpu=1; fi
+  [ "$have_gpu" = 1 ] || fail "BACKEND=nccl needs an NVIDIA GPU and none is visible here (nvidia-smi -L lists none); use BACKEND=mpi or gloo on the CPU"
+  if [ "$FSDP" != torch ]; then
+    nvcc_bin=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+    command -v nvcc >/dev/null 2>&1 || [ -x "$nvcc_bin" ] ||
+      fail "BACKEND=nccl needs fsdplab's CUDA build, and the CUDA toolkit (nvcc) is not installed here (CUDA_HOME=${CUDA_HOME:-/usr/local/cuda})"
+    make -s CUDA=1 >/dev/null || fail "the CUDA build (make CUDA=1) failed; run it to see why"
+    lab=build/cuda/lab/05_full_step
+    export DEVICE=cuda
+  fi
+fi
+export BACKEND
 [[ "$PROCESSES" =~ ^[1-9][0-9]*$ ]] || fail "PROCESSES='$PROCESSES' is not a positive integer"
 # The grammar of MP (core/fsdp.h fsdp_mixed_precision_parse), checked here so the torch side gets only what lab 05
 # takes.
@@ -72,7 +91,7 @@ timed() {
 }
 
 run_fsdplab() {
-  OUT="$work/fsdplab" timed fsdplab mpirun "${mpirun_flags[@]}" -np "$PROCESSES" lab/05_full_step
+  OUT="$work/fsdplab" timed fsdplab mpirun "${mpirun_flags[@]}" -np "$PROCESSES" "$lab"
 }
 
 run_torch() {
@@ -90,7 +109,8 @@ run_torch() {
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --shard-group "${SHARD_GROUP:-0}" \
     --backward-prefetch "$BACKWARD_PREFETCH" \
-    --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --mp "$MP" 2> "$work/torch/stderr.log" ||
+    --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --mp "$MP" \
+    --backend "$([ "$BACKEND" = nccl ] && echo nccl || echo gloo)" 2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }
 
@@ -98,7 +118,9 @@ case "$FSDP" in
   fsdplab | edufsdp) run_fsdplab ;;
   torch) run_torch ;;
   both)
-    PEAK=rss run_fsdplab | tee "$work/fsdplab.log"
+    # the same measure on both sides: process max RSS on the CPU; on the GPU the tracked device peak, beside torch's
+    # torch.cuda.max_memory_allocated()
+    if [ "$BACKEND" = nccl ]; then run_fsdplab | tee "$work/fsdplab.log"; else PEAK=rss run_fsdplab | tee "$work/fsdplab.log"; fi
     echo
     run_torch | tee "$work/torch.log"
     echo

@@ -34,6 +34,7 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: qwen2_tool params <preset>\n"
+                    "       qwen2_tool flops <preset|config.json> <B> <T>\n"
                     "       qwen2_tool init <preset|config.json> <seed> <out_dir> [field=value,...]\n"
                     "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>\n"
                     "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n"
@@ -94,6 +95,23 @@ static int command_params(context *ctx, const char *preset) {
     }
     printf("total %zu\n", total);
     qwen2_tree_free(&tree);
+    return 0;
+}
+
+/* One training step's matrix-multiply FLOPs over B x T tokens (forward + backward = 3 x qwen2_forward_flops), and
+ * 6 x params x tokens beside it: what gpu_check.sh and the benchmarks divide by the step time. */
+static int command_flops(context *ctx, const char *what, const char *B_text, const char *T_text) {
+    qwen2_config config;
+    load_config(ctx, what, &config);
+    int B = (int)integer_argument(ctx, "flops: B", B_text, 1, 1 << 20);
+    int T = (int)integer_argument(ctx, "flops: T", T_text, 1, 1 << 24);
+    qwen2_tree tree;
+    if (qwen2_tree_build(&tree, &config) != 0) ctx_fatal(ctx, "out of memory");
+    size_t params = 0;
+    for (int p = 0; p < tree.param_count; p++) params += qwen2_param_numel(&tree.params[p]);
+    qwen2_tree_free(&tree);
+    printf("step_flops %.0f\nsix_n_tokens %.0f\nparams %zu\n", 3.0 * qwen2_forward_flops(&config, B, T, 0),
+           6.0 * (double)params * B * T, params);
     return 0;
 }
 
@@ -370,6 +388,7 @@ int main(int argc, char **argv) {
     ctx_require_world_size(&ctx, 1, 1);
     int status;
     if (argc == 3 && strcmp(argv[1], "params") == 0) status = command_params(&ctx, argv[2]);
+    else if (argc == 5 && strcmp(argv[1], "flops") == 0) status = command_flops(&ctx, argv[2], argv[3], argv[4]);
     else if ((argc == 5 || argc == 6) && strcmp(argv[1], "init") == 0)
         status = command_init(&ctx, argv[2], argv[3], argv[4], argc == 6 ? argv[5] : NULL);
     else if (argc == 5 && strcmp(argv[1], "run") == 0) status = command_run(&ctx, argv[2], argv[3], argv[4]);

@@ -56,6 +56,10 @@ check_fails "05_full_step MAX_SPLIT_SIZE_MB=4 is refused, naming the value" "MAX
   env OUT=runs/check/05_bad MAX_SPLIT_SIZE_MB=4 $MPIRUN -np 2 lab/05_full_step
 lab05 "05_full_step -np 2 FULL_SHARD THREADS=2" 2 runs/check/05_threads2 STRATEGY=FULL_SHARD THREADS=2
 equal05 "05_full_step -np 2 FULL_SHARD THREADS=2" runs/check/05_threads2
+# LOSS_CHUNK: the loss 100 rows at a time (the GPU's default is 1024), its logits recomputed in backward; the same
+# losses, gradients and parameters as the reference within the same bounds (only sums' order changes).
+lab05 "05_full_step -np 2 FULL_SHARD LOSS_CHUNK=100" 2 runs/check/05_loss_chunk STRATEGY=FULL_SHARD LOSS_CHUNK=100
+equal05 "05_full_step -np 2 FULL_SHARD LOSS_CHUNK=100" runs/check/05_loss_chunk
 # Padding: the tiny model's units are multiples of 64 floats, so only an odd world size pads (a decoder layer is
 # 184,832 floats: 2 short of a multiple of 3). A global batch of 6 sequences, against its own 1-rank reference.
 GLOBAL05=6 REFERENCE05=runs/check/05_reference_6
@@ -70,6 +74,7 @@ run_lab "05_full_step -np 2 ACC=1 one step, BACKWARD_PRE on comm streams: for th
 check "05_full_step BACKWARD_PRE: prefetched units' transitions in PyTorch FSDP1's order" \
   python3 tests/check_state_order.py runs/check/05_states_prefetch 4 BACKWARD_PRE
 for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "WRAP=size:100000" "ALLOC=malloc" "MAX_SPLIT_SIZE_MB=21" \
+  "LOSS_CHUNK=100 CONFIG=vocab_size=4096" "LOSS_CHUNK=100 CKPT=1 CONFIG=vocab_size=4096" \
   "CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408 MBS=2 SEQ=64"; do
   name="05_full_step memory model exact to the byte, reserved within its bound (${variant:-tiny})"
   check "$name" bash -c "env OUT=runs/check/05_memory STEPS=2 $variant $MPIRUN -np 2 lab/05_full_step > runs/check/05_memory.log &&

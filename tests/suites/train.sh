@@ -8,8 +8,10 @@ check_fails "train.sh MP=fp16 is refused, naming the value" "MP='fp16' is not al
 check "train.sh FSDP=edufsdp runs lab 05" bash -c 'TRAIN_DIR=runs/check/train_edu FSDP=edufsdp STEPS=1 scripts/train.sh | grep -q "^1/1: Loss = "'
 check_fails "train.sh FSDP=deepspeed is refused, naming the value" "FSDP='deepspeed' is not allowed" \
   env FSDP=deepspeed scripts/train.sh
-check_fails "train.sh BACKEND=nccl is refused on this build" "BACKEND=nccl needs the GPU build" \
+check_fails "train.sh BACKEND=nccl without a GPU is refused, saying so" "BACKEND=nccl needs an NVIDIA GPU and none is visible" \
   env BACKEND=nccl scripts/train.sh
+check_fails "train.sh FSDP=torch BACKEND=nccl without a GPU is refused, saying so" "BACKEND=nccl needs an NVIDIA GPU" \
+  env BACKEND=nccl FSDP=torch scripts/train.sh
 # The seed's own command line says MODEL=qwen2: lab 05 must take it as Qwen2-0.5B (cut to one layer and a byte vocab
 # by CONFIG, so the check takes a second, not minutes).
 check "train.sh MODEL=qwen2 runs lab 05 on qwen2-0.5b" bash -c 'TRAIN_DIR=runs/check/train_qwen2 FSDP=edufsdp MODEL=qwen2 \
