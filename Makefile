@@ -142,10 +142,12 @@ $(O)core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 # writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/optim.c says why).
 $(O)core/optim.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 
+# Made afresh each time: `ar r` keeps members whose source left the build (a stand-in replaced by the real file), and
+# the linker would take the first definition it finds.
 $(O)trace/libfsdptrace.a: $(TRACE_OBJ)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 $(O)core/libfsdplab.a: $(CORE_OBJ)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 $(O)trace/fsdptrace: trace/fsdptrace.c $(O)trace/libfsdptrace.a
 	@mkdir -p $(@D)
