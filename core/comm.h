@@ -1,4 +1,4 @@
-/* comm.h — the collectives FSDP is made of, on float buffers, over MPI (host memory), blocking or on a stream.
+/* comm.h — the collectives FSDP is made of, on the device's buffers, over MPI or NCCL, blocking or on a stream.
  *
  *   all_gather      every rank has a shard; afterwards every rank has the whole buffer     (unshard)
  *   reduce_scatter  every rank has a whole buffer; afterwards rank r has chunk r of the sum  (gradient sync)
@@ -10,6 +10,9 @@
  *
  * all_gather, all_reduce, broadcast and barrier are Open MPI's own (non-blocking) collectives; reduce_scatter is a
  * ring written out over MPI_Isend/MPI_Irecv in comm.c (read it: it is the algorithm the bytes in the trace assume).
+ * On the CUDA device (make CUDA=1, DEVICE=cuda) the buffers are GPU memory: BACKEND=nccl queues NCCL's collectives on
+ * the streams' cudaStreams (core/cuda/nccl_comm.h; the barrier stays MPI's), and BACKEND=mpi runs the same MPI code
+ * on pinned host copies of the buffers (comm.c, "staging"). Either way the agreement check below is MPI's, on the host.
  *
  * Two forms. The blocking ones (labs 01-03) return when the data is there. The start/wait ones are FSDP's: `_start`
  * queues the collective on a stream (core/stream.h) and returns at once with a handle; the host computes meanwhile;

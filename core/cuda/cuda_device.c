@@ -38,20 +38,27 @@ void cublas_check(int rank, cublasStatus_t status, const char *call, const char 
 
 /* ---- segments ---- */
 
-/* A cudaMalloc segment. Out of memory returns NULL: the caching allocator then empties its cache and asks once more,
- * as torch's does, and mem_alloc names the request if that fails too. Any other failure aborts. */
-static void *device_segment_alloc(void *state, size_t bytes) {
-    cuda_device_state *device = state;
-    void *ptr = NULL;
-    cudaError_t status = cudaMalloc(&ptr, bytes);
+/* A segment from cudaMalloc or cudaMallocHost (`status`, `ptr`). Out of memory returns NULL: the caching allocator
+ * then empties its cache and asks once more, as torch's does, and mem_alloc names the request if that fails too. Any
+ * other failure aborts. */
+static void *segment_or_null(const cuda_device_state *device, cudaError_t status, void *ptr, const char *call,
+                             size_t bytes) {
     if (status == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError(); /* clear it, so a later kernel launch's check does not report this refusal */
         return NULL;
     }
-    char call[96];
-    snprintf(call, sizeof call, "cudaMalloc of a %zu-byte segment", bytes);
-    cuda_check(device->rank, status, call, __FILE__, __LINE__);
+    if (status != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "%s of a %zu-byte segment", call, bytes);
+        cuda_check(device->rank, status, what, __FILE__, __LINE__);
+    }
     return ptr;
+}
+
+static void *device_segment_alloc(void *state, size_t bytes) {
+    void *ptr = NULL;
+    cudaError_t status = cudaMalloc(&ptr, bytes);
+    return segment_or_null(state, status, ptr, "cudaMalloc", bytes);
 }
 
 /* A segment goes back when none of its blocks is allocated; work queued before the blocks were freed may still read
@@ -72,17 +79,9 @@ static void device_segment_zero(void *state, void *ptr, size_t bytes) {
 /* Pinned (page-locked) host memory: the host pool of CPU offload and the staging buffers of BACKEND=mpi, so copies to
  * and from the GPU run at the bus's speed without a bounce through a driver buffer. */
 static void *pinned_segment_alloc(void *state, size_t bytes) {
-    cuda_device_state *device = state;
     void *ptr = NULL;
     cudaError_t status = cudaMallocHost(&ptr, bytes);
-    if (status == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    char call[96];
-    snprintf(call, sizeof call, "cudaMallocHost of a %zu-byte segment", bytes);
-    cuda_check(device->rank, status, call, __FILE__, __LINE__);
-    return ptr;
+    return segment_or_null(state, status, ptr, "cudaMallocHost", bytes);
 }
 
 static void pinned_segment_free(void *state, void *ptr, size_t bytes) {
