@@ -63,11 +63,13 @@ ifeq ($(CUDA),1)
     $(error make CUDA=1: no libnccl.so under $(NCCL_HOME)/lib64 or $(NCCL_HOME)/lib; set NCCL_HOME)
   endif
   CUDA_LIBRARIES := $(CUDART_LIBRARY) $(CUBLAS_LIBRARY) $(NCCL_LIBRARY)
-  # -isystem: warnings in CUDA's headers are not ours to fix under -Werror.
-  CUDA_INCLUDES := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(CUBLAS_HOME)/include $(NCCL_HOME)/include))
+  # -isystem: warnings in CUDA's headers are not ours to fix under -Werror. The toolkit's headers first (its
+  # cuda_runtime.h matches nvcc), then cuBLAS's and NCCL's homes. At run time the other way round: NCCL's and cuBLAS's
+  # homes first, so a library you named is the one loaded even where the toolkit ships its own.
+  CUDA_INCLUDES := $(addprefix -isystem ,$(CUDA_HOME)/include $(CUBLAS_HOME)/include $(NCCL_HOME)/include)
   REQUIRED_CFLAGS_CUDA := -DFSDPLAB_CUDA $(CUDA_INCLUDES)
-  REQUIRED_LDLIBS_CUDA := $(CUDA_LIBRARIES) $(addprefix -Wl$(comma)-rpath$(comma),$(patsubst %/,%,$(sort \
-    $(dir $(CUDA_LIBRARIES))))) -lstdc++
+  REQUIRED_LDLIBS_CUDA := $(CUDA_LIBRARIES) -lstdc++ $(addprefix -Wl$(comma)-rpath$(comma),$(patsubst %/,%,\
+    $(dir $(NCCL_LIBRARY) $(CUBLAS_LIBRARY) $(CUDART_LIBRARY))))
   CUDA_ARCH_FLAGS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
   NVCCFLAGS ?= -O2 -g -lineinfo
   REQUIRED_NVCCFLAGS := -std=c++17 $(CUDA_ARCH_FLAGS) -DFSDPLAB_CUDA $(CUDA_INCLUDES) \
