@@ -23,16 +23,16 @@
 
 #define U 0x1p-24
 static double gamma_n(int n) { return n * U / (1.0 - n * U); }
-#define UNDERFLOW(n, K) ((n) * 0x1p-150 * (K))
+#define UNDERFLOW(n, K) ((n)*0x1p-150 * (K))
 
 static float uniform(uint64_t stream, uint64_t index, float scale) {
     return scale * (2.0f * rng_uniform(2024, stream, index) - 1.0f);
 }
 
 /* |got - want| <= bound, with the values in the message. */
-#define CHECK_WITHIN(what, got, want, bound)                                                                 \
-    ck_assert_msg(fabs((double)(got) - (double)(want)) <= (bound),                                             \
-                  "%s: got %.9g, want %.9g, |diff| %.3g > bound %.3g", (what), (double)(got), (double)(want), \
+#define CHECK_WITHIN(what, got, want, bound)                                                                           \
+    ck_assert_msg(fabs((double)(got) - (double)(want)) <= (bound),                                                     \
+                  "%s: got %.9g, want %.9g, |diff| %.3g > bound %.3g", (what), (double)(got), (double)(want),          \
                   fabs((double)(got) - (double)(want)), (double)(bound))
 
 /* ---- bfloat16 ---- */
@@ -46,9 +46,12 @@ static uint16_t bf16_reference(float x) {
     double value = fabs((double)x), low_value = (double)km_bits_float(low);
     double high_value = high >= 0x7f800000u ? ldexp(1.0, 128) : (double)km_bits_float(high);
     uint32_t chosen;
-    if (value - low_value < high_value - value) chosen = low;
-    else if (value - low_value > high_value - value) chosen = high;
-    else chosen = (low & 0x10000u) ? high : low; /* the tie: the even one */
+    if (value - low_value < high_value - value)
+        chosen = low;
+    else if (value - low_value > high_value - value)
+        chosen = high;
+    else
+        chosen = (low & 0x10000u) ? high : low; /* the tie: the even one */
     return (uint16_t)((sign | chosen) >> 16);
 }
 
@@ -67,8 +70,8 @@ START_TEST(test_bf16_round_to_nearest_even) {
                 ck_assert_int_eq(km_is_finite(x), 0);
                 continue;
             }
-            ck_assert_msg(km_bf16_from_float(x) == bf16_reference(x), "0x%08x -> 0x%04x, nearest-even is 0x%04x",
-                          bits, km_bf16_from_float(x), bf16_reference(x));
+            ck_assert_msg(km_bf16_from_float(x) == bf16_reference(x), "0x%08x -> 0x%04x, nearest-even is 0x%04x", bits,
+                          km_bf16_from_float(x), bf16_reference(x));
             ck_assert_int_eq(km_is_finite(x), isfinite(x) ? 1 : 0);
             checked++;
         }
@@ -302,10 +305,10 @@ START_TEST(test_adamw_element) {
         float b2 = (float)beta2, one_minus_b2 = (float)(1.0 - beta2);
         float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step)), eps = 1e-8f;
         float nss = (float)(-lr / (1.0 - pow(beta1, step)));
-        km_adamw_result got = km_adamw_element(param, grad, exp_avg, exp_avg_sq, decay, w, b2, one_minus_b2, bc2_sqrt,
-                                               eps, nss);
-        adamw_double want = adamw_reference(param, grad, exp_avg, exp_avg_sq, decay, w, b2, one_minus_b2, bc2_sqrt,
-                                            eps, nss);
+        km_adamw_result got =
+            km_adamw_element(param, grad, exp_avg, exp_avg_sq, decay, w, b2, one_minus_b2, bc2_sqrt, eps, nss);
+        adamw_double want =
+            adamw_reference(param, grad, exp_avg, exp_avg_sq, decay, w, b2, one_minus_b2, bc2_sqrt, eps, nss);
         /* m = fma(w, g - m0, m0) (first branch) or fma(w - 1, g - m0, g): g - m0 rounded, one fma rounding (w - 1
          * is exact for w in [0.5, 1]): within gamma(2) of |m0| + |w| (|g| + |m0|) (|g| in place of |m0| for the
          * second form, covered by the same sum plus |g|). */
@@ -325,8 +328,8 @@ START_TEST(test_adamw_element) {
     ck_assert_float_eq(km_lerp_like_torch(0.25f, 7.0f, 0.0f), 0.25f);
     ck_assert_float_eq(km_lerp_like_torch(0.25f, 7.0f, 1.0f), 7.0f);
     /* The padding: zero param and gradient stay zero, and so do the moments. */
-    km_adamw_result zero = km_adamw_element(0.0f, 0.0f, 0.0f, 0.0f, 0.99999f, 0.1f, 0.999f, 0.001f, 0.0316f, 1e-8f,
-                                            -1e-3f);
+    km_adamw_result zero =
+        km_adamw_element(0.0f, 0.0f, 0.0f, 0.0f, 0.99999f, 0.1f, 0.999f, 0.001f, 0.0316f, 1e-8f, -1e-3f);
     ck_assert(zero.param == 0.0f && zero.exp_avg == 0.0f && zero.exp_avg_sq == 0.0f);
 }
 END_TEST

@@ -52,8 +52,8 @@ static void cuda_embedding_backward(device *d, float *dweight, const float *dout
     LAUNCH(s, embedding_backward_launch(dweight, dout, tokens, N, C, s->compute));
 }
 
-static void cuda_rmsnorm_forward(device *d, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
-                                 float eps) {
+static void cuda_rmsnorm_forward(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                 int C, float eps) {
     cuda_device_state *s = state_of(d);
     LAUNCH(s, rmsnorm_forward_launch(out, rstd, inp, weight, N, C, eps, s->compute));
 }
@@ -146,8 +146,8 @@ static void cuda_attention_forward_at(device *d, float *out, float *probs, const
             const float *k_head = k + (size_t)b * keys * kv_stride + (size_t)kv * D;
             float *p_group = probs + ((size_t)b * H + (size_t)kv * group) * T * keys;
             CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, keys, T, D, &scale,
-                                                            k_head, (int)kv_stride, 0, q_group, (int)q_stride, D,
-                                                            &zero, p_group, keys, (long long)T * keys, group));
+                                                            k_head, (int)kv_stride, 0, q_group, (int)q_stride, D, &zero,
+                                                            p_group, keys, (long long)T * keys, group));
         }
     }
     LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
@@ -156,10 +156,9 @@ static void cuda_attention_forward_at(device *d, float *out, float *probs, const
             const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)kv * D;
             const float *p_group = probs + ((size_t)b * H + (size_t)kv * group) * T * keys;
             float *o_group = out + (size_t)b * T * q_stride + (size_t)kv * group * D;
-            CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, keys, &one,
-                                                            v_head, (int)kv_stride, 0, p_group, keys,
-                                                            (long long)T * keys, &zero, o_group, (int)q_stride, D,
-                                                            group));
+            CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(
+                                      s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, keys, &one, v_head, (int)kv_stride, 0,
+                                      p_group, keys, (long long)T * keys, &zero, o_group, (int)q_stride, D, group));
         }
     }
 }

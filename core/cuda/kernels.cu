@@ -329,7 +329,8 @@ __global__ void softmax_backward_kernel(float *dp, const float *probs, int T) {
     double dot = 0.0;
     for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += km_softmax_dot_term(p_row[j], row[j]);
     dot = block_sum(dot);
-    for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= t ? km_softmax_backward(p_row[j], row[j], dot) : 0.0f;
+    for (int j = threadIdx.x; j < T; j += blockDim.x)
+        row[j] = j <= t ? km_softmax_backward(p_row[j], row[j], dot) : 0.0f;
 }
 
 cudaError_t softmax_backward_launch(float *dp, const float *probs, int T, cudaStream_t stream) {
@@ -569,9 +570,9 @@ cudaError_t round_to_bf16_launch(float *x, size_t count, cudaStream_t stream) {
 __global__ void adamw_kernel(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
                              device_adamw_scalars s) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        km_adamw_result r = km_adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s.decay, s.lerp_weight,
-                                             s.beta2, s.one_minus_beta2, s.bias_correction2_sqrt, s.eps,
-                                             s.negative_step_size);
+        km_adamw_result r =
+            km_adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s.decay, s.lerp_weight, s.beta2,
+                             s.one_minus_beta2, s.bias_correction2_sqrt, s.eps, s.negative_step_size);
         param[i] = r.param;
         exp_avg[i] = r.exp_avg;
         exp_avg_sq[i] = r.exp_avg_sq;

@@ -31,10 +31,10 @@ typedef float floatX;
 
 /* What the reductions leave at the scratch's start (copied to the host scratch by the caller). */
 typedef struct kernels_result {
-    double value;      /* sum_squares, sum_abs; cross-entropy's summed loss */
-    uint64_t index;    /* first_nonfinite */
-    float mean_loss;   /* cross-entropy: loss / count, or 0 when count is 0 */
-    int count;         /* cross-entropy: the targets counted */
+    double value;    /* sum_squares, sum_abs; cross-entropy's summed loss */
+    uint64_t index;  /* first_nonfinite */
+    float mean_loss; /* cross-entropy: loss / count, or 0 when count is 0 */
+    int count;       /* cross-entropy: the targets counted */
 } kernels_result;
 
 /* ---- layers (core/layers.h's meaning, device pointers) ---- */
