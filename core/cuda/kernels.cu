@@ -380,7 +380,8 @@ cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const f
 /* ---- cross-entropy ---- */
 
 /* One block: the count of targets that are not ignore_index (an integer sum: any order gives the same). */
-__global__ void cross_entropy_count_kernel(const int *targets, int N, int ignore_index, void *scratch) {
+__global__ void __launch_bounds__(1024)
+    cross_entropy_count_kernel(const int *targets, int N, int ignore_index, void *scratch) {
     double counted = 0.0; /* exact: N < 2^53 */
     for (int n = threadIdx.x; n < N; n += blockDim.x) counted += targets[n] != ignore_index;
     counted = block_sum(counted);
@@ -390,8 +391,9 @@ __global__ void cross_entropy_count_kernel(const int *targets, int N, int ignore
 /* Block b takes rows b, b + gridDim.x, ... in order: per row the max, the double sum of exps, log_sum, the row's
  * loss (log_sum - x_target) added to the block's partial, and the row's dlogits (the CPU's formulas). An ignored
  * row's dlogits are 0. */
-__global__ void cross_entropy_rows_kernel(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
-                                          int ignore_index, void *scratch) {
+__global__ void __launch_bounds__(1024)
+    cross_entropy_rows_kernel(floatX *dlogits, const floatX *logits, const int *targets, int N, int V, int ignore_index,
+                              void *scratch) {
     int count = scratch_result(scratch)->count;
     double block_loss = 0.0;
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
