@@ -31,72 +31,40 @@ static unsigned grid_for(size_t count, unsigned threads) {
 
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
 
-template <typename T>
-__device__ T warp_sum(T value) {
-    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_down_sync(FULL_MASK, value, offset);
-    return value;
-}
-
-/* The block's sum, returned to every thread. The first __syncthreads lets a second call in the same kernel reuse the
- * shared words only once every thread has read the previous result. */
-__device__ double block_sum(double value) {
-    __shared__ double partial[32];
-    __shared__ double total;
+/* The block's reduction of `value` by `combine` (identity: what a missing lane contributes), returned to every
+ * thread: each warp by shuffles, then warp 0 over the warps' results. The first __syncthreads lets a second call in
+ * the same kernel reuse the shared words only once every thread has read the previous result. */
+template <typename T, typename Combine>
+__device__ T block_reduce(T value, T identity, Combine combine) {
+    __shared__ T partial[32];
+    __shared__ T total;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    value = warp_sum(value);
+    for (int offset = 16; offset > 0; offset >>= 1) value = combine(value, __shfl_down_sync(FULL_MASK, value, offset));
     __syncthreads();
     if (lane == 0) partial[warp] = value;
     __syncthreads();
     if (warp == 0) {
-        double w = lane < warps ? partial[lane] : 0.0;
-        w = warp_sum(w);
+        T w = lane < warps ? partial[lane] : identity;
+        for (int offset = 16; offset > 0; offset >>= 1) w = combine(w, __shfl_down_sync(FULL_MASK, w, offset));
         if (lane == 0) total = w;
     }
     __syncthreads();
     return total;
 }
 
-/* The block's max (km_max: no NaNs reach it), returned to every thread. */
-__device__ float block_max(float value) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int offset = 16; offset > 0; offset >>= 1) value = km_max(value, __shfl_down_sync(FULL_MASK, value, offset));
-    __syncthreads();
-    if (lane == 0) partial[warp] = value;
-    __syncthreads();
-    if (warp == 0) {
-        float w = lane < warps ? partial[lane] : -INFINITY;
-        for (int offset = 16; offset > 0; offset >>= 1) w = km_max(w, __shfl_down_sync(FULL_MASK, w, offset));
-        if (lane == 0) total = w;
-    }
-    __syncthreads();
-    return total;
-}
+struct sum_of {
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct max_of { /* km_max: no NaNs reach it */
+    __device__ float operator()(float a, float b) const { return km_max(a, b); }
+};
+struct min_of {
+    __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return b < a ? b : a; }
+};
 
-/* The block's minimum of 64-bit indices, returned to every thread. */
-__device__ uint64_t block_min_index(uint64_t value) {
-    __shared__ uint64_t partial[32];
-    __shared__ uint64_t total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        uint64_t other = __shfl_down_sync(FULL_MASK, value, offset);
-        value = other < value ? other : value;
-    }
-    __syncthreads();
-    if (lane == 0) partial[warp] = value;
-    __syncthreads();
-    if (warp == 0) {
-        uint64_t w = lane < warps ? partial[lane] : UINT64_MAX;
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            uint64_t other = __shfl_down_sync(FULL_MASK, w, offset);
-            w = other < w ? other : w;
-        }
-        if (lane == 0) total = w;
-    }
-    __syncthreads();
-    return total;
-}
+__device__ double block_sum(double value) { return block_reduce(value, 0.0, sum_of()); }
+__device__ float block_max(float value) { return block_reduce(value, -INFINITY, max_of()); }
+__device__ uint64_t block_min_index(uint64_t value) { return block_reduce(value, (uint64_t)UINT64_MAX, min_of()); }
 
 /* The scratch's parts: the result, then the partial doubles, then the partial indices / counts. */
 __device__ __host__ static inline kernels_result *scratch_result(void *scratch) { return (kernels_result *)scratch; }
