@@ -7,9 +7,10 @@
  * (round to nearest even), against float32's 2^-24. Mixed precision (torch's MixedPrecision) stores and moves
  * parameters and gradients in bfloat16 and keeps the optimizer's master copy in float32.
  *
- * The conversions are static inline so every backend (the CPU loops here, a future CUDA build's kernels) rounds the
- * same bits: float32 -> bfloat16 rounds to nearest, ties to even, and keeps a NaN a (quiet) NaN, as c10::BFloat16's
- * round_to_nearest_even; bfloat16 -> float32 is exact (the 16 bits become the top half).
+ * The conversions are kernel_math.h's, static inline and callable on the GPU too, so every backend (the CPU loops
+ * here, the CUDA kernels) rounds the same bits: float32 -> bfloat16 rounds to nearest, ties to even, and keeps a NaN
+ * a (quiet) NaN, as c10::BFloat16's round_to_nearest_even; bfloat16 -> float32 is exact (the 16 bits become the top
+ * half).
  */
 #ifndef FSDPLAB_DTYPE_H
 #define FSDPLAB_DTYPE_H
@@ -17,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kernel_math.h"
 
 /* DTYPE_FLOAT32 is 0, so a zeroed struct with a dtype field means float32 (every buffer before mixed precision).
  * The integer types only name what memory holds (token ids, file bytes): nothing computes or reduces in them. */
@@ -42,30 +45,17 @@ static inline int dtype_from_name(const char *name) {
     return -1;
 }
 
-static inline uint32_t dtype_float_bits(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
+static inline uint32_t dtype_float_bits(float value) { return km_float_bits(value); }
 
-/* float32 -> bfloat16, round to nearest even; NaN stays NaN (quiet, sign kept); infinities stay infinite. */
-static inline bf16 bf16_from_float(float value) {
-    uint32_t bits = dtype_float_bits(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16)((bits >> 16) | 0x0040u); /* NaN: keep it quiet NaN */
-    uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
-    return (bf16)((bits + rounding_bias) >> 16);
-}
+/* float32 -> bfloat16, round to nearest even; NaN stays NaN (quiet, sign kept); infinities stay infinite. The bit
+ * arithmetic is kernel_math.h's, which the CUDA kernels call too. */
+static inline bf16 bf16_from_float(float value) { return km_bf16_from_float(value); }
 
 /* bfloat16 -> float32, exact. */
-static inline float bf16_to_float(bf16 value) {
-    uint32_t bits = (uint32_t)value << 16;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
+static inline float bf16_to_float(bf16 value) { return km_bf16_to_float(value); }
 
 /* The float32 nearest to value that bfloat16 can hold: what a round trip through a bfloat16 tensor gives. */
-static inline float bf16_round(float value) { return bf16_to_float(bf16_from_float(value)); }
+static inline float bf16_round(float value) { return km_bf16_round(value); }
 
 /* bfloat16 sum of two bfloat16 values, as c10::BFloat16's operator+: computed in float32, rounded once. */
 static inline bf16 bf16_add(bf16 a, bf16 b) { return bf16_from_float(bf16_to_float(a) + bf16_to_float(b)); }
@@ -75,12 +65,12 @@ static inline void dtype_convert(void *dst, dtype to, const void *src, dtype fro
     if (to == from) {
         memmove(dst, src, count * dtype_size(to));
     } else if (to == DTYPE_BFLOAT16) {
-        const float *in = src;
-        bf16 *out = dst;
+        const float *in = (const float *)src;
+        bf16 *out = (bf16 *)dst;
         for (size_t i = 0; i < count; i++) out[i] = bf16_from_float(in[i]);
     } else {
-        const bf16 *in = src;
-        float *out = dst;
+        const bf16 *in = (const bf16 *)src;
+        float *out = (float *)dst;
         for (size_t i = 0; i < count; i++) out[i] = bf16_to_float(in[i]);
     }
 }

@@ -10,10 +10,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float silu(float x) { return x * sigmoidf_(x); }
-/* fmaxf without the library call (no NaNs reach it: NaN logits would already be a bug upstream). */
-static inline float max_of(float a, float b) { return a > b ? a : b; }
+#include "kernel_math.h"
 
 void layers_set_threads(int threads) { openblas_set_num_threads(threads); }
 
@@ -42,11 +39,10 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
         double sum_squares = 0.0;
-        for (int c = 0; c < C; c++) sum_squares += (double)x[c] * x[c];
-        float r = (float)(1.0 / sqrt(sum_squares / C + (double)eps));
+        for (int c = 0; c < C; c++) sum_squares += km_square(x[c]);
+        float r = km_rmsnorm_rstd(sum_squares, C, eps);
         rstd[n] = r;
-        /* HF: weight * (x * rstd), in that order. */
-        for (int c = 0; c < C; c++) y[c] = weight[c] * (x[c] * r);
+        for (int c = 0; c < C; c++) y[c] = km_rmsnorm_scale(x[c], weight[c], r);
     }
 }
 
@@ -59,11 +55,11 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
         float r = rstd[n];
         double dot = 0.0;
         for (int c = 0; c < C; c++) {
-            dot += (double)weight[c] * dy[c] * x[c];
-            dweight[c] += dy[c] * x[c] * r;
+            dot += km_rmsnorm_dot_term(weight[c], dy[c], x[c]);
+            dweight[c] += km_rmsnorm_dweight(dy[c], x[c], r);
         }
-        float coefficient = (float)(dot * r * r * r / C);
-        for (int c = 0; c < C; c++) dx[c] += r * weight[c] * dy[c] - x[c] * coefficient;
+        float coefficient = km_rmsnorm_coefficient(dot, r, C);
+        for (int c = 0; c < C; c++) dx[c] += km_rmsnorm_dinp(r, weight[c], dy[c], x[c], coefficient);
     }
 }
 
@@ -102,8 +98,8 @@ static inline void rotate(float *x, const float *cos_row, const float *sin_row, 
     int half = D / 2;
     for (int i = 0; i < half; i++) {
         float x1 = x[i], x2 = x[i + half];
-        x[i] = x1 * cos_row[i] - direction * x2 * sin_row[i];
-        x[i + half] = x2 * cos_row[i + half] + direction * x1 * sin_row[i + half];
+        x[i] = km_rope_first(x1, x2, cos_row[i], sin_row[i], direction);
+        x[i + half] = km_rope_second(x1, x2, cos_row[i + half], sin_row[i + half], direction);
     }
 }
 
@@ -132,13 +128,13 @@ static void causal_softmax_rows(float *scores, int T, int past) {
         float *row = scores + (size_t)t * width;
         int last = past + t;
         float max_value = row[0];
-        for (int j = 1; j <= last; j++) max_value = max_of(max_value, row[j]);
+        for (int j = 1; j <= last; j++) max_value = km_max(max_value, row[j]);
         double sum = 0.0;
         for (int j = 0; j <= last; j++) {
-            row[j] = expf(row[j] - max_value);
+            row[j] = km_softmax_exp(row[j], max_value);
             sum += row[j];
         }
-        float inverse = (float)(1.0 / sum);
+        float inverse = km_softmax_inverse(sum);
         for (int j = 0; j <= last; j++) row[j] *= inverse;
         for (int j = last + 1; j < width; j++) row[j] = 0.0f;
     }
@@ -192,8 +188,8 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
                 const float *p_row = p + (size_t)t * T;
                 float *row = dp + (size_t)t * T;
                 double dot = 0.0;
-                for (int j = 0; j <= t; j++) dot += (double)p_row[j] * row[j];
-                for (int j = 0; j <= t; j++) row[j] = p_row[j] * (row[j] - (float)dot);
+                for (int j = 0; j <= t; j++) dot += km_softmax_dot_term(p_row[j], row[j]);
+                for (int j = 0; j <= t; j++) row[j] = km_softmax_backward(p_row[j], row[j], dot);
                 for (int j = t + 1; j < T; j++) row[j] = 0.0f;
             }
             /* dq += scale * ds @ k;  dk += scale * ds^T @ q */
@@ -209,7 +205,7 @@ void swiglu_forward(float *out, const float *gate_up, int N, int width) {
     for (int n = 0; n < N; n++) {
         const float *gate = gate_up + (size_t)n * 2 * width, *up = gate + width;
         float *row = out + (size_t)n * width;
-        for (int i = 0; i < width; i++) row[i] = silu(gate[i]) * up[i];
+        for (int i = 0; i < width; i++) row[i] = km_silu(gate[i]) * up[i];
     }
 }
 
@@ -218,9 +214,9 @@ void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, i
         const float *gate = gate_up + (size_t)n * 2 * width, *up = gate + width, *dy = dout + (size_t)n * width;
         float *dgate = dgate_up + (size_t)n * 2 * width, *dup = dgate + width;
         for (int i = 0; i < width; i++) {
-            float s = sigmoidf_(gate[i]); /* one exp serves silu and its derivative s (1 + x (1 - s)) */
-            dgate[i] += dy[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
-            dup[i] += dy[i] * gate[i] * s;
+            float s = km_sigmoid(gate[i]); /* one exp serves silu and its derivative s (1 + x (1 - s)) */
+            dgate[i] += km_swiglu_dgate(dy[i], up[i], s, gate[i]);
+            dup[i] += km_swiglu_dup(dy[i], gate[i], s);
         }
     }
 }
@@ -239,15 +235,15 @@ float cross_entropy_forward_backward(float *dlogits, const float *logits, const 
             continue;
         }
         float max_value = row[0];
-        for (int j = 1; j < V; j++) max_value = max_of(max_value, row[j]);
+        for (int j = 1; j < V; j++) max_value = km_max(max_value, row[j]);
         double sum = 0.0;
-        for (int j = 0; j < V; j++) sum += exp((double)(row[j] - max_value));
-        double log_sum = log(sum) + max_value;
+        for (int j = 0; j < V; j++) sum += km_cross_entropy_exp(row[j], max_value);
+        double log_sum = km_cross_entropy_log_sum(sum, max_value);
         loss += log_sum - row[targets[n]];
         if (drow != NULL) {
             /* d(mean loss)/d(logit j) = (softmax_j - [j == target]) / count */
-            float inverse_count = 1.0f / (float)count;
-            for (int j = 0; j < V; j++) drow[j] = (float)exp((double)row[j] - log_sum) * inverse_count;
+            float inverse_count = km_cross_entropy_inverse_count(count);
+            for (int j = 0; j < V; j++) drow[j] = km_cross_entropy_dlogit(row[j], log_sum, inverse_count);
             drow[targets[n]] -= inverse_count;
         }
     }

@@ -21,6 +21,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernel_math.h"
+
 adamw_config adamw_default_config(void) {
     return (adamw_config){.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-2};
 }
@@ -47,13 +49,6 @@ void adamw_init(adamw_state *state) {
     memset(state, 0, sizeof *state);
 }
 
-/* torch.lerp(start, end, weight) as ATen's vectorised kernel computes it: from whichever end is nearer, so a weight
- * near 1 does not lose the small difference (end - start) to rounding, in one fused multiply-add. AdamW's weight is
- * 1 - beta1 = 0.1: the first branch. */
-static inline float lerp_like_torch(float start, float end, float weight) {
-    return fabsf(weight) < 0.5f ? fmaf(weight, end - start, start) : fmaf(weight - 1.0f, end - start, end);
-}
-
 /* The element loop: one pass over the shard's four arrays (read param, grad, exp_avg, exp_avg_sq; write three), all
  * of torch's ops per element in their order. Every op in it is correctly rounded by IEEE 754 (multiply, divide,
  * sqrtf, fmaf), so any instruction set gives the same bits: where the CPU has AVX2 and FMA (x86-64-v3), GCC builds a
@@ -74,14 +69,12 @@ void adamw_update_host(float *restrict param, const float *restrict grad, float 
     const float eps = scalars->eps, negative_step_size = scalars->negative_step_size;
     for (size_t i = 0; i < count; i++) {
         /* Every torch op is a separate pass over the tensor; per element they compose in the same order, so one
-         * pass here gives the same numbers. The padding (grad 0, param 0) stays 0: 0 * decay + step * 0 / eps. */
-        float p = param[i] * decay;
-        float m = lerp_like_torch(exp_avg[i], grad[i], lerp_weight);
-        float v = fmaf(one_minus_beta2 * grad[i], grad[i], exp_avg_sq[i] * beta2); /* addcmul, fused */
-        float denom = sqrtf(v) / bias_correction2_sqrt + eps;
-        param[i] = p + negative_step_size * m / denom;
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
+         * pass here gives the same numbers (kernel_math.h, the GPU's kernel too). */
+        km_adamw_result r = km_adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], decay, lerp_weight, beta2,
+                                             one_minus_beta2, bias_correction2_sqrt, eps, negative_step_size);
+        param[i] = r.param;
+        exp_avg[i] = r.exp_avg;
+        exp_avg_sq[i] = r.exp_avg_sq;
     }
 }
 

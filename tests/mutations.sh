@@ -32,6 +32,10 @@ mutations=(
   "hybrid-clip-norm-over-world|core/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', 'NULL')|check-08"
   "hybrid-memory-model-world-ring|core/memory_model.c|s.replace('shard_group ? shard_group->size : world_size', 'shard_group ? world_size : world_size')|check-08"
   "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
+  # The CUDA backend, run on the CUDA emulator by the unit suite (tests/cuda_emulator), and the math it shares
+  "cuda-causal-mask-off-by-one|core/cuda/kernels.cu|s.replace('row[j] = j <= last ? row[j] * inverse : 0.0f;', 'row[j] = j < last ? row[j] * inverse : 0.0f;')|check-unit"
+  "cuda-dlogit-keeps-target|core/cuda/kernels.cu|s.replace('if (j == target) d -= inverse_count;', '')|check-unit"
+  "lerp-from-the-wrong-end|core/kernel_math.h|s.replace('fmaf(weight, end - start, start)', 'fmaf(weight, start - end, start)')|check-unit"
 )
 
 wanted=("$@")

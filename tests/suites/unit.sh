@@ -13,6 +13,10 @@ check "test_safetensors: round trip, HF-written file, refusals" tests/bin/test_s
 check "test_tokenizer: merges by rank, specials, NFC, decode, tokenizer.json, bad files named by line" tests/bin/test_tokenizer
 check "test_rng: counter-based, any range alone, normal statistics" tests/bin/test_rng
 check "test_dtype: bfloat16 round to nearest even, NaN kept, every value round-trips" tests/bin/test_dtype
+check "test_kernel_math: the per-element math CPU and GPU share vs double references within derived bounds" \
+  tests/bin/test_kernel_math
+check "gpu_layers on the CUDA emulator: core/cuda's kernels and cuBLAS calls vs the CPU layers, derived bounds" \
+  tests/cuda_emulator/run.sh runs/check/cuda_emulator
 mpi_suite "test_comm: collectives vs Send/Recv reference" tests/bin/test_comm 1 2 3 4
 mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_flat_param 1 2 3 4
 mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batches" tests/bin/test_data 1 2 4

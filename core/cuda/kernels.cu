@@ -1,0 +1,557 @@
+/* kernels.cu — the compute device's CUDA kernels (see kernels.cuh): every element loop of core/layers.c and of the
+ * runtime's vectors, on the GPU, calling core/kernel_math.h for the arithmetic.
+ *
+ * Shapes and layouts are core/layers.h's. Each kernel says how its work is split and in which order it sums:
+ *   - element-wise kernels (RoPE, SwiGLU, add, scale, casts, AdamW): one thread per element (per pair for RoPE),
+ *     grid-stride, each element's formula the CPU's;
+ *   - row kernels (RMSNorm, the softmaxes, cross-entropy): one block per row, a block reduction (warp shuffles,
+ *     then one warp over the warps' results) for the row's max or its double sum;
+ *   - column sums into a weight gradient (RMSNorm's dweight, a bias's gradient): 16 row groups per column each sum
+ *     their rows in order, then one thread adds the 16 partials in order: no atomics, the same bits every run;
+ *   - the embedding's gradient: each destination row is summed by one thread in the order of the tokens, exactly
+ *     the CPU's order (the same bits as the CPU).
+ * Nothing here uses atomics; every result is deterministic run to run.
+ */
+#include <float.h>
+#include <math.h>
+
+#include "../kernel_math.h"
+#include "kernels.cuh"
+
+#define THREADS 256
+#define FULL_MASK 0xffffffffu
+
+/* Blocks for a grid-stride loop over count items: enough to fill the GPU, capped so the grid stays legal. */
+static unsigned grid_for(size_t count, unsigned threads) {
+    size_t blocks = (count + threads - 1) / threads;
+    if (blocks < 1) blocks = 1;
+    if (blocks > (1u << 20)) blocks = 1u << 20;
+    return (unsigned)blocks;
+}
+
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
+
+/* The block's reduction of `value` by `combine` (identity: what a missing lane contributes), returned to every
+ * thread: each warp by shuffles, then warp 0 over the warps' results. The first __syncthreads lets a second call in
+ * the same kernel reuse the shared words only once every thread has read the previous result. */
+template <typename T, typename Combine>
+__device__ T block_reduce(T value, T identity, Combine combine) {
+    __shared__ T partial[32];
+    __shared__ T total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int offset = 16; offset > 0; offset >>= 1) value = combine(value, __shfl_down_sync(FULL_MASK, value, offset));
+    __syncthreads();
+    if (lane == 0) partial[warp] = value;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? partial[lane] : identity;
+        for (int offset = 16; offset > 0; offset >>= 1) w = combine(w, __shfl_down_sync(FULL_MASK, w, offset));
+        if (lane == 0) total = w;
+    }
+    __syncthreads();
+    return total;
+}
+
+struct sum_of {
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct max_of { /* km_max: no NaNs reach it */
+    __device__ float operator()(float a, float b) const { return km_max(a, b); }
+};
+struct min_of {
+    __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return b < a ? b : a; }
+};
+
+__device__ double block_sum(double value) { return block_reduce(value, 0.0, sum_of()); }
+__device__ float block_max(float value) { return block_reduce(value, -INFINITY, max_of()); }
+__device__ uint64_t block_min_index(uint64_t value) { return block_reduce(value, (uint64_t)UINT64_MAX, min_of()); }
+
+/* The scratch's parts: the result, then the partial doubles, then the partial indices / counts. */
+__device__ __host__ static inline kernels_result *scratch_result(void *scratch) { return (kernels_result *)scratch; }
+__device__ __host__ static inline double *scratch_partials(void *scratch) {
+    return (double *)((char *)scratch + KERNELS_RESULT_BYTES);
+}
+__device__ __host__ static inline uint64_t *scratch_indices(void *scratch) {
+    return (uint64_t *)((char *)scratch + KERNELS_RESULT_BYTES + KERNELS_REDUCE_BLOCKS * sizeof(double));
+}
+
+/* ---- embedding ---- */
+
+/* One block per token row: out[n] = weight[tokens[n]]. */
+__global__ void embedding_forward_kernel(floatX *out, const int *tokens, const floatX *weight, int C) {
+    int n = blockIdx.x;
+    const floatX *row = weight + (size_t)tokens[n] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) out[(size_t)n * C + c] = row[c];
+}
+
+cudaError_t embedding_forward_launch(floatX *out, const int *tokens, const floatX *weight, int N, int C,
+                                     cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    embedding_forward_kernel<<<N, THREADS, 0, stream>>>(out, tokens, weight, C);
+    return cudaGetLastError();
+}
+
+/* dweight[tokens[n]] += dout[n] for every n, in the order of n per destination row (the CPU's order, so the CPU's
+ * bits): thread (column c, token class s) takes the rows whose token is s modulo EMBEDDING_CLASSES, in increasing
+ * n. All rows with one token fall in one class, so each destination element has one writer, which adds in order.
+ * The tokens pass through shared memory a block's width at a time; a warp shares its class, so it branches alike. */
+#define EMBEDDING_CLASSES 32
+__global__ void embedding_backward_kernel(floatX *dweight, const floatX *dout, const int *tokens, int N, int C) {
+    __shared__ int chunk[THREADS];
+    int c = blockIdx.x * blockDim.x + threadIdx.x, token_class = blockIdx.y;
+    for (int first = 0; first < N; first += blockDim.x) {
+        int count = min((int)blockDim.x, N - first);
+        __syncthreads();
+        if ((int)threadIdx.x < count) chunk[threadIdx.x] = tokens[first + threadIdx.x];
+        __syncthreads();
+        if (c >= C) continue;
+        for (int k = 0; k < count; k++) {
+            int token = chunk[k];
+            if (token % EMBEDDING_CLASSES != token_class) continue;
+            size_t at = (size_t)token * C + c;
+            dweight[at] = (floatX)((float)dweight[at] + (float)dout[(size_t)(first + k) * C + c]);
+        }
+    }
+}
+
+cudaError_t embedding_backward_launch(floatX *dweight, const floatX *dout, const int *tokens, int N, int C,
+                                      cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    dim3 grid((unsigned)((C + THREADS - 1) / THREADS), EMBEDDING_CLASSES);
+    embedding_backward_kernel<<<grid, THREADS, 0, stream>>>(dweight, dout, tokens, N, C);
+    return cudaGetLastError();
+}
+
+/* ---- RMSNorm ---- */
+
+/* One block per row: the sum of squares in double (a block reduction: other order than the CPU's loop, each
+ * square exact), rstd from it, then each element's scale (the CPU's formula). */
+__global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int C,
+                                       float eps) {
+    int n = blockIdx.x;
+    const floatX *x = inp + (size_t)n * C;
+    floatX *y = out + (size_t)n * C;
+    double sum_squares = 0.0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) sum_squares += km_square((float)x[c]);
+    sum_squares = block_sum(sum_squares);
+    float r = km_rmsnorm_rstd(sum_squares, C, eps);
+    if (threadIdx.x == 0) rstd[n] = r;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = (floatX)km_rmsnorm_scale((float)x[c], (float)weight[c], r);
+}
+
+cudaError_t rmsnorm_forward_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N, int C,
+                                   float eps, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    rmsnorm_forward_kernel<<<N, THREADS, 0, stream>>>(out, rstd, inp, weight, C, eps);
+    return cudaGetLastError();
+}
+
+/* One block per row: the dot sum_j w_j dy_j x_j in double, the coefficient r^3 / C * dot, then dx += ... */
+__global__ void rmsnorm_backward_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp, const floatX *weight,
+                                             const float *rstd, int C) {
+    int n = blockIdx.x;
+    const floatX *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    floatX *dx = dinp + (size_t)n * C;
+    float r = rstd[n];
+    double dot = 0.0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dot += km_rmsnorm_dot_term((float)weight[c], (float)dy[c], (float)x[c]);
+    dot = block_sum(dot);
+    float coefficient = km_rmsnorm_coefficient(dot, r, C);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dx[c] = (floatX)((float)dx[c] + km_rmsnorm_dinp(r, (float)weight[c], (float)dy[c], (float)x[c], coefficient));
+}
+
+/* Column sums into a weight gradient without atomics: a block covers 32 columns (threadIdx.x) and 16 row groups
+ * (threadIdx.y); group g sums rows g, g + 16, ... in order in float, then thread (c, 0) adds the 16 partials in
+ * order and adds that to out[c]. Term(n, c) gives the row's term. */
+#define COLUMN_GROUPS 16
+template <typename Term>
+__global__ void column_sum_kernel(floatX *out, int N, int C, Term term) {
+    __shared__ float partial[COLUMN_GROUPS][32];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (c < C)
+        for (int n = threadIdx.y; n < N; n += COLUMN_GROUPS) sum += term(n, c);
+    partial[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float total = partial[0][threadIdx.x];
+        for (int g = 1; g < COLUMN_GROUPS; g++) total += partial[g][threadIdx.x];
+        out[c] = (floatX)((float)out[c] + total);
+    }
+}
+
+struct rmsnorm_dweight_term {
+    const floatX *dout, *inp;
+    const float *rstd;
+    int C;
+    __device__ float operator()(int n, int c) const {
+        size_t at = (size_t)n * C + c;
+        return km_rmsnorm_dweight((float)dout[at], (float)inp[at], rstd[n]);
+    }
+};
+
+struct column_term {
+    const floatX *values;
+    int C;
+    __device__ float operator()(int n, int c) const { return (float)values[(size_t)n * C + c]; }
+};
+
+template <typename Term>
+static cudaError_t column_sum_launch(floatX *out, int N, int C, Term term, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    column_sum_kernel<<<(unsigned)((C + 31) / 32), dim3(32, COLUMN_GROUPS), 0, stream>>>(out, N, C, term);
+    return cudaGetLastError();
+}
+
+cudaError_t rmsnorm_backward_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
+                                    const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    rmsnorm_backward_dinp_kernel<<<N, THREADS, 0, stream>>>(dinp, dout, inp, weight, rstd, C);
+    cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    rmsnorm_dweight_term term = {dout, inp, rstd, C};
+    return column_sum_launch(dweight, N, C, term, stream);
+}
+
+/* ---- linear's bias ---- */
+
+__global__ void bias_broadcast_kernel(floatX *out, const floatX *bias, size_t count, int OC) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = bias[i % OC];
+}
+
+cudaError_t bias_broadcast_launch(floatX *out, const floatX *bias, int N, int OC, cudaStream_t stream) {
+    size_t count = (size_t)N * OC;
+    if (count == 0) return cudaSuccess;
+    bias_broadcast_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, bias, count, OC);
+    return cudaGetLastError();
+}
+
+cudaError_t bias_backward_launch(floatX *dbias, const floatX *dout, int N, int OC, cudaStream_t stream) {
+    column_term term = {dout, OC};
+    return column_sum_launch(dbias, N, OC, term, stream);
+}
+
+/* ---- RoPE ---- */
+
+/* One thread per pair (x[i], x[i + D/2]) of one head at one position: x is (B, T, H, D), the tables (T, D). */
+__global__ void rope_kernel(floatX *x, const float *cos_table, const float *sin_table, size_t pairs, int T, int H,
+                            int D, float direction) {
+    int half = D / 2;
+    for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < pairs; p += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(p % half);
+        size_t head = p / half; /* (b, t, h) flattened */
+        int t = (int)(head / H % T);
+        floatX *v = x + head * D;
+        const float *cos_row = cos_table + (size_t)t * D, *sin_row = sin_table + (size_t)t * D;
+        float x1 = (float)v[i], x2 = (float)v[i + half];
+        v[i] = (floatX)km_rope_first(x1, x2, cos_row[i], sin_row[i], direction);
+        v[i + half] = (floatX)km_rope_second(x1, x2, cos_row[i + half], sin_row[i + half], direction);
+    }
+}
+
+cudaError_t rope_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
+                        float direction, cudaStream_t stream) {
+    size_t pairs = (size_t)B * T * H * (D / 2);
+    if (pairs == 0) return cudaSuccess;
+    rope_kernel<<<grid_for(pairs, THREADS), THREADS, 0, stream>>>(x, cos_table, sin_table, pairs, T, H, D, direction);
+    return cudaGetLastError();
+}
+
+/* ---- attention's softmaxes ---- */
+
+/* One block per row of scores (blocks * T rows of width past + T): row t is query position past + t and keeps
+ * columns 0 .. past + t. The max (exact whatever the order), the exps and their double sum, then the scale. */
+__global__ void causal_softmax_kernel(float *scores, int T, int past) {
+    int width = past + T;
+    size_t row_index = blockIdx.x;
+    int t = (int)(row_index % T), last = past + t;
+    float *row = scores + row_index * width;
+    float max_value = -INFINITY;
+    for (int j = threadIdx.x; j <= last; j += blockDim.x) max_value = km_max(max_value, row[j]);
+    max_value = block_max(max_value);
+    double sum = 0.0;
+    for (int j = threadIdx.x; j <= last; j += blockDim.x) {
+        float e = km_softmax_exp(row[j], max_value);
+        row[j] = e;
+        sum += e;
+    }
+    float inverse = km_softmax_inverse(block_sum(sum));
+    for (int j = threadIdx.x; j < width; j += blockDim.x) row[j] = j <= last ? row[j] * inverse : 0.0f;
+}
+
+cudaError_t causal_softmax_launch(float *scores, int blocks, int T, int past, cudaStream_t stream) {
+    size_t rows = (size_t)blocks * T;
+    if (rows == 0) return cudaSuccess;
+    causal_softmax_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(scores, T, past);
+    return cudaGetLastError();
+}
+
+/* One block per row t of dp (T, T): ds_j = p_j (dp_j - sum_k p_k dp_k) for j <= t, 0 after. */
+__global__ void softmax_backward_kernel(float *dp, const float *probs, int T) {
+    int t = blockIdx.x;
+    float *row = dp + (size_t)t * T;
+    const float *p_row = probs + (size_t)t * T;
+    double dot = 0.0;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += km_softmax_dot_term(p_row[j], row[j]);
+    dot = block_sum(dot);
+    for (int j = threadIdx.x; j < T; j += blockDim.x)
+        row[j] = j <= t ? km_softmax_backward(p_row[j], row[j], dot) : 0.0f;
+}
+
+cudaError_t softmax_backward_launch(float *dp, const float *probs, int T, cudaStream_t stream) {
+    if (T <= 0) return cudaSuccess;
+    softmax_backward_kernel<<<T, THREADS, 0, stream>>>(dp, probs, T);
+    return cudaGetLastError();
+}
+
+/* ---- SwiGLU ---- */
+
+__global__ void swiglu_forward_kernel(floatX *out, const floatX *gate_up, size_t count, int width) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        size_t n = i / width, k = i % width;
+        const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
+        out[i] = (floatX)(km_silu((float)gate[k]) * (float)up[k]);
+    }
+}
+
+__global__ void swiglu_backward_kernel(floatX *dgate_up, const floatX *dout, const floatX *gate_up, size_t count,
+                                       int width) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        size_t n = i / width, k = i % width;
+        const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
+        floatX *dgate = dgate_up + n * 2 * width, *dup = dgate + width;
+        float g = (float)gate[k], u = (float)up[k], dy = (float)dout[i];
+        float s = km_sigmoid(g); /* one exp serves silu and its derivative */
+        dgate[k] = (floatX)((float)dgate[k] + km_swiglu_dgate(dy, u, s, g));
+        dup[k] = (floatX)((float)dup[k] + km_swiglu_dup(dy, g, s));
+    }
+}
+
+cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream) {
+    size_t count = (size_t)N * width;
+    if (count == 0) return cudaSuccess;
+    swiglu_forward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, gate_up, count, width);
+    return cudaGetLastError();
+}
+
+cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
+                                   cudaStream_t stream) {
+    size_t count = (size_t)N * width;
+    if (count == 0) return cudaSuccess;
+    swiglu_backward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dgate_up, dout, gate_up, count, width);
+    return cudaGetLastError();
+}
+
+/* ---- cross-entropy ---- */
+
+/* One block: the count of targets that are not ignore_index (an integer sum: any order gives the same). */
+__global__ void __launch_bounds__(1024)
+    cross_entropy_count_kernel(const int *targets, int N, int ignore_index, void *scratch) {
+    double counted = 0.0; /* exact: N < 2^53 */
+    for (int n = threadIdx.x; n < N; n += blockDim.x) counted += targets[n] != ignore_index;
+    counted = block_sum(counted);
+    if (threadIdx.x == 0) scratch_result(scratch)->count = (int)counted;
+}
+
+/* Block b takes rows b, b + gridDim.x, ... in order: per row the max, the double sum of exps, log_sum, the row's
+ * loss (log_sum - x_target) added to the block's partial, and the row's dlogits (the CPU's formulas). An ignored
+ * row's dlogits are 0. */
+__global__ void __launch_bounds__(1024)
+    cross_entropy_rows_kernel(floatX *dlogits, const floatX *logits, const int *targets, int N, int V, int ignore_index,
+                              void *scratch) {
+    int count = scratch_result(scratch)->count;
+    double block_loss = 0.0;
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        const floatX *row = logits + (size_t)n * V;
+        floatX *drow = dlogits != NULL ? dlogits + (size_t)n * V : NULL;
+        int target = targets[n];
+        if (target == ignore_index) {
+            if (drow != NULL)
+                for (int j = threadIdx.x; j < V; j += blockDim.x) drow[j] = (floatX)0.0f;
+            continue;
+        }
+        float max_value = -INFINITY;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) max_value = km_max(max_value, (float)row[j]);
+        max_value = block_max(max_value);
+        double sum = 0.0;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) sum += km_cross_entropy_exp((float)row[j], max_value);
+        double log_sum = km_cross_entropy_log_sum(block_sum(sum), max_value);
+        block_loss += log_sum - (float)row[target];
+        if (drow != NULL) {
+            float inverse_count = km_cross_entropy_inverse_count(count);
+            for (int j = threadIdx.x; j < V; j += blockDim.x) {
+                float d = km_cross_entropy_dlogit((float)row[j], log_sum, inverse_count);
+                if (j == target) d -= inverse_count;
+                drow[j] = (floatX)d;
+            }
+        }
+    }
+    if (threadIdx.x == 0) scratch_partials(scratch)[blockIdx.x] = block_loss;
+}
+
+/* One block: the partial losses summed in block order, the mean. */
+__global__ void cross_entropy_mean_kernel(int blocks, void *scratch) {
+    double loss = 0.0;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) loss += scratch_partials(scratch)[b];
+    loss = block_sum(loss);
+    if (threadIdx.x == 0) {
+        kernels_result *result = scratch_result(scratch);
+        result->value = loss;
+        result->mean_loss = result->count > 0 ? (float)(loss / result->count) : 0.0f;
+    }
+}
+
+cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
+                                 int ignore_index, void *scratch, cudaStream_t stream) {
+    int blocks = N < KERNELS_REDUCE_BLOCKS ? (N > 0 ? N : 1) : KERNELS_REDUCE_BLOCKS;
+    cross_entropy_count_kernel<<<1, 1024, 0, stream>>>(targets, N, ignore_index, scratch);
+    cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    cross_entropy_rows_kernel<<<blocks, 1024, 0, stream>>>(dlogits, logits, targets, N, V, ignore_index, scratch);
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    cross_entropy_mean_kernel<<<1, THREADS, 0, stream>>>(blocks, scratch);
+    return cudaGetLastError();
+}
+
+/* ---- vectors ---- */
+
+__global__ void add_inplace_kernel(floatX *out, const floatX *inp, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = (floatX)((float)out[i] + (float)inp[i]);
+}
+
+cudaError_t add_inplace_launch(floatX *out, const floatX *inp, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    add_inplace_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, inp, count);
+    return cudaGetLastError();
+}
+
+__global__ void scale_kernel(floatX *x, float factor, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = (floatX)((float)x[i] * factor);
+}
+
+cudaError_t scale_launch(floatX *x, float factor, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    scale_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(x, factor, count);
+    return cudaGetLastError();
+}
+
+/* Pass 1: block b sums its grid-stride share in double into partial b. Pass 2: one block sums the partials. */
+__global__ void sum_partials_kernel(const floatX *x, size_t count, int squares, void *scratch) {
+    double sum = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        float v = (float)x[i];
+        sum += squares ? km_square(v) : fabs((double)v);
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) scratch_partials(scratch)[blockIdx.x] = sum;
+}
+
+__global__ void sum_final_kernel(int blocks, void *scratch) {
+    double sum = 0.0;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) sum += scratch_partials(scratch)[b];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) scratch_result(scratch)->value = sum;
+}
+
+static int reduce_blocks(size_t count) {
+    unsigned blocks = grid_for(count, THREADS);
+    return blocks < KERNELS_REDUCE_BLOCKS ? (int)blocks : KERNELS_REDUCE_BLOCKS;
+}
+
+cudaError_t sum_launch(const floatX *x, size_t count, int squares, void *scratch, cudaStream_t stream) {
+    int blocks = reduce_blocks(count);
+    sum_partials_kernel<<<blocks, THREADS, 0, stream>>>(x, count, squares, scratch);
+    cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    sum_final_kernel<<<1, THREADS, 0, stream>>>(blocks, scratch);
+    return cudaGetLastError();
+}
+
+/* The first index whose value is not finite (km_is_finite: the exponent bits), or count. */
+__global__ void nonfinite_partials_kernel(const floatX *x, size_t count, void *scratch) {
+    uint64_t first = count;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count && first == count;
+         i += (size_t)gridDim.x * blockDim.x)
+        if (!km_is_finite((float)x[i])) first = i;
+    first = block_min_index(first);
+    if (threadIdx.x == 0) scratch_indices(scratch)[blockIdx.x] = first;
+}
+
+__global__ void nonfinite_final_kernel(int blocks, size_t count, void *scratch) {
+    uint64_t first = count;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+        uint64_t candidate = scratch_indices(scratch)[b];
+        first = candidate < first ? candidate : first;
+    }
+    first = block_min_index(first);
+    if (threadIdx.x == 0) scratch_result(scratch)->index = first;
+}
+
+cudaError_t first_nonfinite_launch(const floatX *x, size_t count, void *scratch, cudaStream_t stream) {
+    int blocks = reduce_blocks(count);
+    nonfinite_partials_kernel<<<blocks, THREADS, 0, stream>>>(x, count, scratch);
+    cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    nonfinite_final_kernel<<<1, THREADS, 0, stream>>>(blocks, count, scratch);
+    return cudaGetLastError();
+}
+
+__global__ void float_to_bf16_kernel(uint16_t *dst, const float *src, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = km_bf16_from_float(src[i]);
+}
+
+__global__ void bf16_to_float_kernel(float *dst, const uint16_t *src, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = km_bf16_to_float(src[i]);
+}
+
+__global__ void round_to_bf16_kernel(float *x, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = km_bf16_round(x[i]);
+}
+
+cudaError_t float_to_bf16_launch(uint16_t *dst, const float *src, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    float_to_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, src, count);
+    return cudaGetLastError();
+}
+
+cudaError_t bf16_to_float_launch(float *dst, const uint16_t *src, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    bf16_to_float_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, src, count);
+    return cudaGetLastError();
+}
+
+cudaError_t round_to_bf16_launch(float *x, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    round_to_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(x, count);
+    return cudaGetLastError();
+}
+
+/* ---- AdamW: the CPU's element (kernel_math.h), to the bit ---- */
+
+__global__ void adamw_kernel(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
+                             device_adamw_scalars s) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        km_adamw_result r =
+            km_adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s.decay, s.lerp_weight, s.beta2,
+                             s.one_minus_beta2, s.bias_correction2_sqrt, s.eps, s.negative_step_size);
+        param[i] = r.param;
+        exp_avg[i] = r.exp_avg;
+        exp_avg_sq[i] = r.exp_avg_sq;
+    }
+}
+
+cudaError_t adamw_launch(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
+                         device_adamw_scalars scalars, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    adamw_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, count, scalars);
+    return cudaGetLastError();
+}

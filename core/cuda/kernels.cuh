@@ -1,0 +1,79 @@
+/* kernels.cuh — the CUDA kernels of the compute device (core/cuda/kernels.cu), for core/cuda/cuda_ops.cu only.
+ *
+ * One launcher per kernel family, llm.c's way: the CPU function's signature (core/layers.h) plus the stream last,
+ * returning cudaGetLastError() of its launches so the caller checks it with CUDA_CHECK (which names the rank, the
+ * launcher and the line). Every launcher only queues work on `stream`; none waits. The GEMMs are not here: the
+ * table functions in cuda_ops.cu call cuBLAS around these kernels.
+ *
+ * floatX is the element type of the tensors the kernels read and write (llm.c's name): float now. The per-element
+ * math takes float (core/kernel_math.h), and every load widens to float and every store narrows from it, so a
+ * bfloat16 floatX changes the loads, the stores and the table's pointer types, not the arithmetic. Reductions
+ * (sums of squares, softmax and cross-entropy sums, RMSNorm's dot) accumulate in double, as the CPU's do.
+ */
+#ifndef FSDPLAB_CUDA_KERNELS_CUH
+#define FSDPLAB_CUDA_KERNELS_CUH
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../device.h"
+
+typedef float floatX;
+
+/* The reductions that return a value to the host (sum_squares, sum_abs, first_nonfinite, cross-entropy's loss) run
+ * in two passes on a fixed grid: KERNELS_REDUCE_BLOCKS blocks each write a partial into the device scratch
+ * (cuda_device_state.scratch), one block then combines the partials in a fixed order and writes the result at the
+ * scratch's start. The same input gives the same bits every run. The scratch must hold KERNELS_SCRATCH_BYTES. */
+#define KERNELS_REDUCE_BLOCKS 256
+#define KERNELS_RESULT_BYTES 64
+#define KERNELS_SCRATCH_BYTES (KERNELS_RESULT_BYTES + KERNELS_REDUCE_BLOCKS * (sizeof(double) + sizeof(uint64_t)))
+
+/* What the reductions leave at the scratch's start (copied to the host scratch by the caller). */
+typedef struct kernels_result {
+    double value;    /* sum_squares, sum_abs; cross-entropy's summed loss */
+    uint64_t index;  /* first_nonfinite */
+    float mean_loss; /* cross-entropy: loss / count, or 0 when count is 0 */
+    int count;       /* cross-entropy: the targets counted */
+} kernels_result;
+
+/* ---- layers (core/layers.h's meaning, device pointers) ---- */
+cudaError_t embedding_forward_launch(floatX *out, const int *tokens, const floatX *weight, int N, int C,
+                                     cudaStream_t stream);
+cudaError_t embedding_backward_launch(floatX *dweight, const floatX *dout, const int *tokens, int N, int C,
+                                      cudaStream_t stream);
+cudaError_t rmsnorm_forward_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N, int C,
+                                   float eps, cudaStream_t stream);
+cudaError_t rmsnorm_backward_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
+                                    const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream);
+/* out (N, OC) = bias in every row (before a GEMM with beta = 1). */
+cudaError_t bias_broadcast_launch(floatX *out, const floatX *bias, int N, int OC, cudaStream_t stream);
+/* dbias (OC) += column sums of dout (N, OC). */
+cudaError_t bias_backward_launch(floatX *dbias, const floatX *dout, int N, int OC, cudaStream_t stream);
+/* direction +1: forward; -1: backward (the transpose). */
+cudaError_t rope_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
+                        float direction, cudaStream_t stream);
+/* In place on scores (rows, T, past + T) laid as `rows` blocks of T rows: row t keeps columns 0 .. past + t. */
+cudaError_t causal_softmax_launch(float *scores, int blocks, int T, int past, cudaStream_t stream);
+/* In place on dp (T, T): dp = p * (dp - rowsum(p * dp)), causal (columns past the diagonal 0). */
+cudaError_t softmax_backward_launch(float *dp, const float *probs, int T, cudaStream_t stream);
+cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream);
+cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
+                                   cudaStream_t stream);
+/* Leaves the mean loss and the count in the scratch's kernels_result; dlogits may be NULL. */
+cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
+                                 int ignore_index, void *scratch, cudaStream_t stream);
+
+/* ---- vectors ---- */
+cudaError_t add_inplace_launch(floatX *out, const floatX *inp, size_t count, cudaStream_t stream);
+cudaError_t scale_launch(floatX *x, float factor, size_t count, cudaStream_t stream);
+/* squares = 1: sum of x^2; 0: sum of |x|. Leaves the double in the scratch's kernels_result. */
+cudaError_t sum_launch(const floatX *x, size_t count, int squares, void *scratch, cudaStream_t stream);
+cudaError_t first_nonfinite_launch(const floatX *x, size_t count, void *scratch, cudaStream_t stream);
+cudaError_t float_to_bf16_launch(uint16_t *dst, const float *src, size_t count, cudaStream_t stream);
+cudaError_t bf16_to_float_launch(float *dst, const uint16_t *src, size_t count, cudaStream_t stream);
+cudaError_t round_to_bf16_launch(float *x, size_t count, cudaStream_t stream);
+cudaError_t adamw_launch(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
+                         device_adamw_scalars scalars, cudaStream_t stream);
+
+#endif

@@ -1,0 +1,821 @@
+/* gpu_layers.c — the CUDA device against the CPU, function by function (step 1 of scripts/gpu_check.sh).
+ *
+ * For every function of core/device.h's table that computes (all but zero, copy and synchronize), on several shapes
+ * (grouped-query, multi-query and plain attention, a KV cache with past > 0, odd row and column counts, tokens that
+ * repeat, ignore_index targets, a batch where every target is ignored), the same random inputs go to the CPU
+ * (core/layers.c and the CPU's element loops, called directly) and to the CUDA device (device_cuda_init, then the
+ * table), and every output element is compared within a bound derived for it, next to each check below. Prints one
+ * row per check (what, max |cpu - gpu|, the bound at the worst element, worst |diff| / bound, PASS or FAIL) and
+ * exits 1 when any check fails, 77 when this build or machine has no CUDA device.
+ *
+ * The bounds. u = 2^-24. Each device computes each output within an error bound of the exact value of the same
+ * real-number expression; the two results then differ by at most the sum of the two bounds. For a sum or a dot of
+ * K terms in any order, with or without fused multiply-adds, the computed value is within gamma(K) sum |terms|,
+ * gamma(K) = K u / (1 - K u) (Higham, Accuracy and Stability of Numerical Algorithms, §3.1): so OpenBLAS and cuBLAS
+ * each are, whatever kernel and split each picks. An expf is within 4 ulp on either side (8u: glibc's vectorised
+ * expf, which -ffast-math may pick for layers.c, is specified to 4 ulp; CUDA's expf to 2), exp / log in double
+ * within 2^-52. The magnitudes (sum |terms|) are computed here in double from the inputs. Where the two devices
+ * run the same correctly rounded operations in the same order, the bound is 0 and the check is bit equality:
+ * the embedding (copies; one add per token in token order), add, scale, the casts, the RoPE tables (made on the
+ * host by the same function), first_nonfinite, and AdamW (kernel_math.h's element: IEEE multiply, divide, sqrtf
+ * and the two fmaf's only; km_mul_unfused keeps nvcc from fusing the rest). TF32 must be off (the GEMM bounds
+ * assume float32 products).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/device.h"
+#include "../core/dtype.h"
+#include "../core/kernel_math.h"
+#include "../core/layers.h"
+#include "../core/rng.h"
+#ifdef FSDPLAB_CUDA
+#include "../core/cuda/cuda_device.h"
+#endif
+
+#define U 0x1p-24
+#define EXP_ULPS 4.0 /* expf's error on either device, in ulps (2u relative each) */
+static double gamma_n(double n) { return n * U / (1.0 - n * U); }
+/* A result below FLT_MIN errs by up to 2^-150 absolute per rounding instead of relatively. */
+#define UNDERFLOW 0x1p-146
+
+static device gpu;
+static int failures = 0, checks = 0;
+
+/* ---- host buffers and inputs ---- */
+
+static void *host_alloc(size_t bytes) {
+    void *p = malloc(bytes > 0 ? bytes : 1);
+    if (p == NULL) {
+        fprintf(stderr, "gpu_layers: out of host memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+static float *random_floats(size_t count, uint64_t stream, float scale) {
+    float *x = host_alloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) x[i] = scale * (2.0f * rng_uniform(7, stream, i) - 1.0f);
+    return x;
+}
+static double *bounds(size_t count) { return calloc(count > 0 ? count : 1, sizeof(double)); }
+static float *copy_floats(const float *x, size_t count) {
+    float *y = host_alloc(count * sizeof(float));
+    memcpy(y, x, count * sizeof(float));
+    return y;
+}
+
+/* ---- device buffers through the device's own segments and copies ---- */
+
+typedef struct buffer {
+    void *ptr;
+    size_t bytes;
+} buffer;
+
+static buffer device_alloc(size_t bytes) {
+    buffer b = {gpu.segments.segment_alloc(gpu.segments.state, bytes > 0 ? bytes : 4), bytes > 0 ? bytes : 4};
+    if (b.ptr == NULL) {
+        fprintf(stderr, "gpu_layers: the device has no %zu bytes\n", bytes);
+        exit(2);
+    }
+    return b;
+}
+static buffer to_device(const void *host, size_t bytes) {
+    buffer b = device_alloc(bytes);
+    if (bytes > 0) gpu.copy(&gpu, b.ptr, host, bytes, DEVICE_H2D);
+    return b;
+}
+static void *from_device(buffer b, size_t bytes) {
+    void *host = host_alloc(bytes);
+    if (bytes > 0) gpu.copy(&gpu, host, b.ptr, bytes, DEVICE_D2H);
+    return host;
+}
+static void device_free(buffer b) { gpu.segments.segment_free(gpu.segments.state, b.ptr, b.bytes); }
+
+/* ---- the table of results ---- */
+
+/* |cpu[i] - gpu[i]| <= bound[i] for every i (bound NULL: every bound 0, bit equality). */
+static void compare(const char *what, const float *cpu, const float *gpu_values, const double *bound, size_t count) {
+    double max_diff = 0.0, worst_ratio = 0.0, worst_bound = 0.0;
+    size_t bad = 0, first_bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        double diff = fabs((double)cpu[i] - (double)gpu_values[i]), b = bound != NULL ? bound[i] : 0.0;
+        int same_bits = km_float_bits(cpu[i]) == km_float_bits(gpu_values[i]);
+        int ok = bound != NULL ? (diff <= b || same_bits) : same_bits;
+        if (isnan(diff) && !same_bits) ok = 0;
+        if (!ok && bad++ == 0) first_bad = i;
+        if (diff > max_diff) max_diff = diff;
+        double ratio = b > 0.0 ? diff / b : (diff > 0.0 ? INFINITY : 0.0);
+        if (ratio > worst_ratio || i == 0) {
+            worst_ratio = ratio;
+            worst_bound = b;
+        }
+    }
+    checks++;
+    if (bad > 0) failures++;
+    printf("%-58s %11.3e %11.3e %9.3f  %s", what, max_diff, worst_bound, worst_ratio, bad ? "FAIL" : "PASS");
+    if (bad > 0)
+        printf("  (%zu of %zu; first at %zu: cpu %.9g gpu %.9g)", bad, count, first_bad, (double)cpu[first_bad],
+               (double)gpu_values[first_bad]);
+    printf("\n");
+}
+
+static void compare_exact_bytes(const char *what, const void *cpu, const void *gpu_values, size_t bytes) {
+    checks++;
+    int same = memcmp(cpu, gpu_values, bytes) == 0;
+    if (!same) failures++;
+    printf("%-58s %11s %11s %9s  %s\n", what, same ? "0" : "differ", "0 (bits)", "-", same ? "PASS" : "FAIL");
+}
+
+/* ---- embedding ---- */
+
+static void check_embedding(int N, int V, int C) {
+    char name[96];
+    float *weight = random_floats((size_t)V * C, 1, 1.0f), *dout = random_floats((size_t)N * C, 2, 1.0f);
+    float *dweight = random_floats((size_t)V * C, 3, 0.5f);
+    int *tokens = host_alloc((size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++) tokens[n] = (int)(rng_bits(7, 4, n) % (uint64_t)V); /* repeats when N > V */
+    buffer d_weight = to_device(weight, (size_t)V * C * 4), d_tokens = to_device(tokens, (size_t)N * 4);
+    buffer d_out = device_alloc((size_t)N * C * 4), d_dout = to_device(dout, (size_t)N * C * 4);
+    buffer d_dweight = to_device(dweight, (size_t)V * C * 4);
+
+    float *out = host_alloc((size_t)N * C * 4);
+    embedding_forward(out, tokens, weight, N, C);
+    gpu.embedding_forward(&gpu, d_out.ptr, d_tokens.ptr, d_weight.ptr, N, C);
+    float *g_out = from_device(d_out, (size_t)N * C * 4);
+    snprintf(name, sizeof name, "embedding_forward N=%d V=%d C=%d", N, V, C);
+    compare(name, out, g_out, NULL, (size_t)N * C); /* a copy: bits */
+
+    embedding_backward(dweight, dout, tokens, N, C);
+    gpu.embedding_backward(&gpu, d_dweight.ptr, d_dout.ptr, d_tokens.ptr, N, C);
+    float *g_dweight = from_device(d_dweight, (size_t)V * C * 4);
+    snprintf(name, sizeof name, "embedding_backward N=%d V=%d C=%d", N, V, C);
+    compare(name, dweight, g_dweight, NULL, (size_t)V * C); /* one add per token, in token order, on both: bits */
+    device_free(d_weight), device_free(d_tokens), device_free(d_out), device_free(d_dout), device_free(d_dweight);
+    free(weight), free(dout), free(dweight), free(tokens), free(out), free(g_out), free(g_dweight);
+}
+
+/* ---- RMSNorm ---- */
+
+static void check_rmsnorm(int N, int C, float scale) {
+    char name[96];
+    size_t n_elements = (size_t)N * C;
+    float eps = 1e-6f;
+    float *inp = random_floats(n_elements, 10, scale), *weight = random_floats(C, 11, 1.5f);
+    float *dout = random_floats(n_elements, 12, 1.0f), *dinp = random_floats(n_elements, 13, 0.5f);
+    float *dweight = random_floats(C, 14, 0.5f);
+    float *dinp0 = copy_floats(dinp, n_elements), *dweight0 = copy_floats(dweight, C);
+    buffer d_inp = to_device(inp, n_elements * 4), d_weight = to_device(weight, C * 4),
+           d_out = device_alloc(n_elements * 4);
+    buffer d_rstd = device_alloc((size_t)N * 4), d_dout = to_device(dout, n_elements * 4);
+    buffer d_dinp = to_device(dinp, n_elements * 4), d_dweight = to_device(dweight, C * 4);
+
+    float *out = host_alloc(n_elements * 4), *rstd = host_alloc((size_t)N * 4);
+    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+    gpu.rmsnorm_forward(&gpu, d_out.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, N, C, eps);
+    float *g_out = from_device(d_out, n_elements * 4), *g_rstd = from_device(d_rstd, (size_t)N * 4);
+    /* rstd: each device sums the exact squares in double (error <= C 2^-53 of the sum, in its own order), then
+     * 1 / sqrt(sum / C + eps) in double (4 more 2^-53), rounded to float once (u): each within
+     * (u + (C + 4) 2^-53) r of the exact, so the two within twice that (one float ulp at most, in practice).
+     * out = w (x r): two roundings on each side, and r's difference: |w x| (|dr| + 2 gamma(2) r). */
+    double *rstd_bound = bounds(N), *out_bound = bounds(n_elements);
+    for (int n = 0; n < N; n++) {
+        double r = fabs((double)rstd[n]), dr = 2.0 * (U + (C + 4) * 0x1p-53) * r * (1.0 + 4 * U);
+        rstd_bound[n] = dr;
+        for (int c = 0; c < C; c++) {
+            double wx = fabs((double)weight[c] * inp[(size_t)n * C + c]);
+            out_bound[(size_t)n * C + c] = wx * (dr + 2.0 * gamma_n(2) * r) + UNDERFLOW;
+        }
+    }
+    snprintf(name, sizeof name, "rmsnorm_forward rstd N=%d C=%d", N, C);
+    compare(name, rstd, g_rstd, rstd_bound, N);
+    snprintf(name, sizeof name, "rmsnorm_forward out N=%d C=%d", N, C);
+    compare(name, out, g_out, out_bound, n_elements);
+
+    /* Backward from the CPU's rstd on both (the GPU's is in d_rstd: copy the CPU's over it). */
+    gpu.copy(&gpu, d_rstd.ptr, rstd, (size_t)N * 4, DEVICE_H2D);
+    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    gpu.rmsnorm_backward(&gpu, d_dinp.ptr, d_dweight.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, d_rstd.ptr, N, C);
+    float *g_dinp = from_device(d_dinp, n_elements * 4), *g_dweight = from_device(d_dweight, C * 4);
+    /* coefficient = float(dot r^3 / C): the dot's double sums differ by <= 2 C 2^-53 sum|w dy x|, then a few
+     * 2^-53 and one float rounding each (a ulp apart at most): |d coef| <= (2u + 2 (C + 6) 2^-53) M,
+     * M = r^3 / C sum |w dy x| (>= |coef|). dx = dx0 + (r w dy - x coef): within gamma(4) of its magnitude on each
+     * side (fused or not), plus |x| |d coef|. dweight: C's sum over rows in row order, the GPU's in 16 groups then
+     * their 16 partials (N / 16 + 16 + 1 additions deep), each term dy x r two roundings: the two within
+     * (gamma(N + 2) + gamma(N / 16 + 19)) (|dw0| + sum |dy x r|). */
+    double *dinp_bound = bounds(n_elements), *dweight_bound = bounds(C), *column = bounds(C);
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        double r = rstd[n], magnitude = 0.0;
+        for (int c = 0; c < C; c++) magnitude += fabs((double)weight[c] * dy[c] * x[c]);
+        magnitude *= r * r * r / C;
+        double dcoef = (2.0 * U + 2.0 * (C + 6) * 0x1p-53) * magnitude * (1.0 + 4 * U);
+        for (int c = 0; c < C; c++) {
+            size_t at = (size_t)n * C + c;
+            double m = fabs((double)dinp0[at]) + fabs(r * weight[c] * dy[c]) + fabs((double)x[c]) * magnitude;
+            dinp_bound[at] = 2.0 * gamma_n(4) * m + fabs((double)x[c]) * dcoef + UNDERFLOW;
+            column[c] += fabs((double)dy[c] * x[c] * r);
+        }
+    }
+    for (int c = 0; c < C; c++)
+        dweight_bound[c] =
+            (gamma_n(N + 2) + gamma_n(N / 16.0 + 19)) * (fabs((double)dweight0[c]) + column[c]) + UNDERFLOW;
+    snprintf(name, sizeof name, "rmsnorm_backward dinp N=%d C=%d", N, C);
+    compare(name, dinp, g_dinp, dinp_bound, n_elements);
+    snprintf(name, sizeof name, "rmsnorm_backward dweight N=%d C=%d", N, C);
+    compare(name, dweight, g_dweight, dweight_bound, C);
+
+    device_free(d_inp), device_free(d_weight), device_free(d_out), device_free(d_rstd), device_free(d_dout);
+    device_free(d_dinp), device_free(d_dweight);
+    free(inp), free(weight), free(dout), free(dinp), free(dweight), free(dinp0), free(dweight0), free(out), free(rstd);
+    free(g_out), free(g_rstd), free(rstd_bound), free(out_bound), free(g_dinp), free(g_dweight), free(dinp_bound);
+    free(dweight_bound), free(column);
+}
+
+/* ---- linear ---- */
+
+static void check_linear(int N, int IC, int OC, int with_bias, int with_dinp) {
+    char name[96];
+    size_t n_in = (size_t)N * IC, n_out = (size_t)N * OC, n_w = (size_t)OC * IC;
+    float *inp = random_floats(n_in, 20, 1.0f), *weight = random_floats(n_w, 21, 0.2f);
+    float *bias = with_bias ? random_floats(OC, 22, 1.0f) : NULL;
+    float *dout = random_floats(n_out, 23, 1.0f), *dinp = random_floats(n_in, 24, 0.5f);
+    float *dweight = random_floats(n_w, 25, 0.5f), *dbias = random_floats(OC, 26, 0.5f);
+    float *dinp0 = copy_floats(dinp, n_in), *dweight0 = copy_floats(dweight, n_w), *dbias0 = copy_floats(dbias, OC);
+    buffer d_inp = to_device(inp, n_in * 4), d_weight = to_device(weight, n_w * 4);
+    buffer d_bias = with_bias ? to_device(bias, OC * 4) : device_alloc(4), d_out = device_alloc(n_out * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dinp = to_device(dinp, n_in * 4);
+    buffer d_dweight = to_device(dweight, n_w * 4), d_dbias = to_device(dbias, OC * 4);
+
+    float *out = host_alloc(n_out * 4);
+    linear_forward(out, inp, weight, bias, N, IC, OC);
+    gpu.linear_forward(&gpu, d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : NULL, N, IC, OC);
+    float *g_out = from_device(d_out, n_out * 4);
+    /* out = bias + sum_k inp w: IC products and IC additions (bias first or last): each device within
+     * gamma(IC + 1) (|bias| + sum_k |inp w|), whatever order or fusion. */
+    double *out_bound = bounds(n_out);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double m = with_bias ? fabs((double)bias[o]) : 0.0;
+            for (int k = 0; k < IC; k++) m += fabs((double)inp[(size_t)n * IC + k] * weight[(size_t)o * IC + k]);
+            out_bound[(size_t)n * OC + o] = 2.0 * gamma_n(IC + 1) * m + UNDERFLOW;
+        }
+    snprintf(name, sizeof name, "linear_forward N=%d IC=%d OC=%d%s", N, IC, OC, with_bias ? " bias" : "");
+    compare(name, out, g_out, out_bound, n_out);
+
+    linear_backward(with_dinp ? dinp : NULL, dweight, with_bias ? dbias : NULL, dout, inp, weight, N, IC, OC);
+    gpu.linear_backward(&gpu, with_dinp ? d_dinp.ptr : NULL, d_dweight.ptr, with_bias ? d_dbias.ptr : NULL, d_dout.ptr,
+                        d_inp.ptr, d_weight.ptr, N, IC, OC);
+    float *g_dinp = from_device(d_dinp, n_in * 4), *g_dweight = from_device(d_dweight, n_w * 4);
+    float *g_dbias = from_device(d_dbias, OC * 4);
+    /* dinp += dout w: a dot of OC, plus dinp0: 2 gamma(OC + 1) (|dinp0| + sum_o |dout w|).
+     * dweight += dout^T inp: a dot of N, plus dweight0: 2 gamma(N + 1) (|dw0| + sum_n |dout inp|).
+     * dbias += column sums of dout: the CPU row by row, the GPU in 16 groups (as RMSNorm's dweight). */
+    double *dinp_bound = bounds(n_in), *dweight_bound = bounds(n_w), *dbias_bound = bounds(OC);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < IC; k++) {
+            double m = fabs((double)dinp0[(size_t)n * IC + k]);
+            for (int o = 0; o < OC; o++) m += fabs((double)dout[(size_t)n * OC + o] * weight[(size_t)o * IC + k]);
+            dinp_bound[(size_t)n * IC + k] = 2.0 * gamma_n(OC + 1) * m + UNDERFLOW;
+        }
+    for (int o = 0; o < OC; o++) {
+        for (int k = 0; k < IC; k++) {
+            double m = fabs((double)dweight0[(size_t)o * IC + k]);
+            for (int n = 0; n < N; n++) m += fabs((double)dout[(size_t)n * OC + o] * inp[(size_t)n * IC + k]);
+            dweight_bound[(size_t)o * IC + k] = 2.0 * gamma_n(N + 1) * m + UNDERFLOW;
+        }
+        double m = fabs((double)dbias0[o]);
+        for (int n = 0; n < N; n++) m += fabs((double)dout[(size_t)n * OC + o]);
+        dbias_bound[o] = (gamma_n(N + 1) + gamma_n(N / 16.0 + 18)) * m + UNDERFLOW;
+    }
+    if (with_dinp) {
+        snprintf(name, sizeof name, "linear_backward dinp N=%d IC=%d OC=%d", N, IC, OC);
+        compare(name, dinp, g_dinp, dinp_bound, n_in);
+    } else {
+        snprintf(name, sizeof name, "linear_backward dinp=NULL leaves it N=%d IC=%d OC=%d", N, IC, OC);
+        compare(name, dinp0, g_dinp, NULL, n_in);
+    }
+    snprintf(name, sizeof name, "linear_backward dweight N=%d IC=%d OC=%d", N, IC, OC);
+    compare(name, dweight, g_dweight, dweight_bound, n_w);
+    if (with_bias) {
+        snprintf(name, sizeof name, "linear_backward dbias N=%d IC=%d OC=%d", N, IC, OC);
+        compare(name, dbias, g_dbias, dbias_bound, OC);
+    }
+    device_free(d_inp), device_free(d_weight), device_free(d_bias), device_free(d_out), device_free(d_dout);
+    device_free(d_dinp), device_free(d_dweight), device_free(d_dbias);
+    free(inp), free(weight), free(bias), free(dout), free(dinp), free(dweight), free(dbias), free(dinp0);
+    free(dweight0), free(dbias0), free(out), free(g_out), free(out_bound), free(g_dinp), free(g_dweight), free(g_dbias);
+    free(dinp_bound), free(dweight_bound), free(dbias_bound);
+}
+
+/* ---- RoPE ---- */
+
+static void check_rope(int B, int T, int H, int D) {
+    char name[96];
+    size_t count = (size_t)B * T * H * D, table = (size_t)T * D;
+    float *cos_table = host_alloc(table * 4), *sin_table = host_alloc(table * 4);
+    rope_tables(cos_table, sin_table, T, D, 1000000.0f);
+    buffer d_cos = device_alloc(table * 4), d_sin = device_alloc(table * 4);
+    gpu.rope_tables(&gpu, d_cos.ptr, d_sin.ptr, T, D, 1000000.0f);
+    float *g_cos = from_device(d_cos, table * 4), *g_sin = from_device(d_sin, table * 4);
+    snprintf(name, sizeof name, "rope_tables T=%d D=%d (made on the host: bits)", T, D);
+    compare(name, cos_table, g_cos, NULL, table);
+    compare("rope_tables sin (bits)", sin_table, g_sin, NULL, table);
+
+    for (int direction = 1; direction >= -1; direction -= 2) {
+        float *x = random_floats(count, 30 + direction, 2.0f), *x0 = copy_floats(x, count);
+        buffer d_x = to_device(x, count * 4);
+        if (direction > 0) {
+            rope_forward(x, cos_table, sin_table, B, T, H, D);
+            gpu.rope_forward(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
+        } else {
+            rope_backward(x, cos_table, sin_table, B, T, H, D);
+            gpu.rope_backward(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
+        }
+        float *g_x = from_device(d_x, count * 4);
+        /* Per pair: x1 c -+ x2 s and x2 c +- x1 s, two products and a sum (or one fused): gamma(2) of
+         * |x1 c| + |x2 s| on each side. */
+        double *bound = bounds(count);
+        int half = D / 2;
+        for (size_t head = 0; head < count / D; head++) {
+            int t = (int)(head / H % T);
+            for (int i = 0; i < half; i++) {
+                double x1 = x0[head * D + i], x2 = x0[head * D + i + half];
+                double c = cos_table[(size_t)t * D + i], s = sin_table[(size_t)t * D + i];
+                double m = fabs(x1 * c) + fabs(x2 * s), m2 = fabs(x2 * c) + fabs(x1 * s);
+                bound[head * D + i] = 2.0 * gamma_n(2) * m + UNDERFLOW;
+                bound[head * D + i + half] = 2.0 * gamma_n(2) * m2 + UNDERFLOW;
+            }
+        }
+        snprintf(name, sizeof name, "rope_%s B=%d T=%d H=%d D=%d", direction > 0 ? "forward" : "backward", B, T, H, D);
+        compare(name, x, g_x, bound, count);
+        device_free(d_x);
+        free(x), free(x0), free(g_x), free(bound);
+    }
+    device_free(d_cos), device_free(d_sin);
+    free(cos_table), free(sin_table), free(g_cos), free(g_sin);
+}
+
+/* ---- attention ---- */
+
+static void check_attention(int B, int T, int past, int H, int KVH, int D, float scale_qk) {
+    char name[128];
+    int keys = past + T, group = H / KVH;
+    size_t n_q = (size_t)B * T * H * D, n_kv = (size_t)B * keys * KVH * D, n_p = (size_t)B * H * T * keys;
+    float *q = random_floats(n_q, 40, scale_qk), *k = random_floats(n_kv, 41, scale_qk),
+          *v = random_floats(n_kv, 42, 1.0f);
+    buffer d_q = to_device(q, n_q * 4), d_k = to_device(k, n_kv * 4), d_v = to_device(v, n_kv * 4);
+    buffer d_out = device_alloc(n_q * 4), d_probs = device_alloc(n_p * 4);
+    float *out = host_alloc(n_q * 4), *probs = host_alloc(n_p * 4);
+    attention_forward_at(out, probs, q, k, v, B, T, past, H, KVH, D);
+    gpu.attention_forward_at(&gpu, d_out.ptr, d_probs.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past, H, KVH, D);
+    float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
+
+    /* Scores s_j = scale q.k_j: a dot of D, then the scale (alpha): each device within gamma(D + 1) scale
+     * sum_d |q k_j|, so the two within ds_j = 2 gamma(D + 1) scale sum |q k_j|. Softmax: p_j = exp(s_j - max) / S.
+     * A change ds in the scores changes p_j by at most p_j (|ds_j| + sum_k p_k |ds_k|) <= 2 p_j max ds (first
+     * order; times 1.01 for the rest). Each device's own rounding: s_j - max (u |s_j - max| in the exponent),
+     * expf (2 EXP_ULPS u), and the same for every term of the sum S (relative: 2 EXP_ULPS u + u range, range =
+     * max - min of the row's scores), the inverse and the product (2u): p_j (2 u range + (4 EXP_ULPS + 2) u) on
+     * each side, twice that between them.
+     * Masked entries are 0 on both. out = sum_j p_j v_j: the p differences times |v|, plus a dot of `keys` on
+     * each side: sum_j (|dp_j| + 2 gamma(keys) p_j) |v_j|. */
+    double scale = 1.0 / sqrt((double)D);
+    double *p_bound = bounds(n_p), *out_bound = bounds(n_q);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q_row = q + (((size_t)b * T + t) * H + h) * D;
+                const float *p_row = probs + (((size_t)b * H + h) * T + t) * keys;
+                int last = past + t;
+                double max_ds = 0.0, max_s = -INFINITY, min_s = INFINITY;
+                for (int j = 0; j <= last; j++) {
+                    const float *k_row = k + (((size_t)b * keys + j) * KVH + h / group) * D;
+                    double m = 0.0, s = 0.0;
+                    for (int d = 0; d < D; d++) {
+                        m += fabs((double)q_row[d] * k_row[d]);
+                        s += (double)q_row[d] * k_row[d];
+                    }
+                    max_ds = fmax(max_ds, 2.0 * gamma_n(D + 1) * scale * m);
+                    max_s = fmax(max_s, s * scale), min_s = fmin(min_s, s * scale);
+                }
+                double relative =
+                    1.01 * (2.0 * max_ds + 2.0 * (2.0 * U * (max_s - min_s) + (4.0 * EXP_ULPS + 2.0) * U));
+                double *pb = p_bound + (((size_t)b * H + h) * T + t) * keys;
+                for (int j = 0; j <= last; j++) pb[j] = relative * p_row[j] + UNDERFLOW;
+                for (int d = 0; d < D; d++) {
+                    double m = 0.0;
+                    for (int j = 0; j <= last; j++) {
+                        double vj = fabs((double)v[(((size_t)b * keys + j) * KVH + h / group) * D + d]);
+                        m += (pb[j] + 2.0 * gamma_n(keys) * p_row[j]) * vj;
+                    }
+                    out_bound[(((size_t)b * T + t) * H + h) * D + d] = m + UNDERFLOW;
+                }
+            }
+    snprintf(name, sizeof name, "attention_forward_at probs B=%d T=%d past=%d H=%d KVH=%d D=%d", B, T, past, H, KVH, D);
+    compare(name, probs, g_probs, p_bound, n_p);
+    snprintf(name, sizeof name, "attention_forward_at out B=%d T=%d past=%d H=%d KVH=%d D=%d", B, T, past, H, KVH, D);
+    compare(name, out, g_out, out_bound, n_q);
+
+    if (past == 0) {
+        /* The backward from the CPU's probs on both. */
+        gpu.copy(&gpu, d_probs.ptr, probs, n_p * 4, DEVICE_H2D);
+        float *dout = random_floats(n_q, 43, 1.0f), *dq = random_floats(n_q, 44, 0.5f);
+        float *dk = random_floats(n_kv, 45, 0.5f), *dv = random_floats(n_kv, 46, 0.5f);
+        float *dq0 = copy_floats(dq, n_q), *dk0 = copy_floats(dk, n_kv), *dv0 = copy_floats(dv, n_kv);
+        float *scratch = host_alloc((size_t)T * T * 4);
+        buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(dq, n_q * 4), d_dk = to_device(dk, n_kv * 4);
+        buffer d_dv = to_device(dv, n_kv * 4), d_scratch = device_alloc((size_t)T * T * 4);
+        attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, B, T, H, KVH, D);
+        gpu.attention_backward(&gpu, d_dq.ptr, d_dk.ptr, d_dv.ptr, d_scratch.ptr, d_dout.ptr, d_probs.ptr, d_q.ptr,
+                               d_k.ptr, d_v.ptr, B, T, H, KVH, D);
+        float *g_dq = from_device(d_dq, n_q * 4), *g_dk = from_device(d_dk, n_kv * 4),
+              *g_dv = from_device(d_dv, n_kv * 4);
+        /* dv = dv0 + sum over the group's heads and t of p dout: G (T + 1) additions deep at most on either side:
+         * 2 gamma(G (T + 1)) (|dv0| + sum |p dout|).
+         * dp_tj = dout_t . v_j: within gamma(D) A_tj, A_tj = sum_d |dout v_j| on each side. ds_tj = p_tj (dp_tj -
+         * dot_t), dot_t = sum_j p_tj dp_tj: the dp differences move ds by p_tj (|ddp_tj| + sum_j p_tj |ddp_tj|),
+         * each side's own three roundings gamma(3) p_tj (|dp_tj| + |dot_t|).
+         * dq = dq0 + scale sum_j ds_tj k_j: scale sum_j |dds_tj| |k_j| + 2 gamma(T + 2) (|dq0| + scale sum |ds k|).
+         * dk = dk0 + sum over heads and t of scale ds_tj q_t: the same with G (T + 2). */
+        size_t n_ds = (size_t)B * H * T * T;
+        double *ds_bound = bounds(n_ds), *ds_magnitude = bounds(n_ds), *dp = bounds(T), *a = bounds(T);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    const float *p_row = probs + (((size_t)b * H + h) * T + t) * T;
+                    const float *do_row = dout + (((size_t)b * T + t) * H + h) * D;
+                    double dot = 0.0, weighted = 0.0;
+                    for (int j = 0; j <= t; j++) {
+                        const float *v_row = v + (((size_t)b * T + j) * KVH + h / group) * D;
+                        dp[j] = 0.0, a[j] = 0.0;
+                        for (int d = 0; d < D; d++) {
+                            dp[j] += (double)do_row[d] * v_row[d];
+                            a[j] += fabs((double)do_row[d] * v_row[d]);
+                        }
+                        dot += p_row[j] * dp[j];
+                        weighted += p_row[j] * 2.0 * gamma_n(D) * a[j];
+                    }
+                    for (int j = 0; j <= t; j++) {
+                        size_t at = (((size_t)b * H + h) * T + t) * T + j;
+                        ds_bound[at] = p_row[j] * (2.0 * gamma_n(D) * a[j] + weighted) * 1.01 +
+                                       2.0 * gamma_n(3) * p_row[j] * (fabs(dp[j]) + fabs(dot)) + UNDERFLOW;
+                        ds_magnitude[at] = fabs(p_row[j] * (dp[j] - dot)) + ds_bound[at];
+                    }
+                }
+        double *dq_bound = bounds(n_q), *dk_bound = bounds(n_kv), *dv_bound = bounds(n_kv);
+        double *dk_m = bounds(n_kv), *dk_e = bounds(n_kv), *dv_m = bounds(n_kv);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                int kv = h / group;
+                for (int t = 0; t < T; t++)
+                    for (int d = 0; d < D; d++) {
+                        double error = 0.0, magnitude = 0.0;
+                        for (int j = 0; j <= t; j++) {
+                            size_t at = (((size_t)b * H + h) * T + t) * T + j;
+                            double kj = fabs((double)k[(((size_t)b * T + j) * KVH + kv) * D + d]);
+                            error += scale * ds_bound[at] * kj;
+                            magnitude += scale * ds_magnitude[at] * kj;
+                        }
+                        size_t qi = (((size_t)b * T + t) * H + h) * D + d;
+                        dq_bound[qi] = error + 2.0 * gamma_n(T + 2) * (fabs((double)dq0[qi]) + magnitude) + UNDERFLOW;
+                    }
+                for (int j = 0; j < T; j++)
+                    for (int d = 0; d < D; d++) {
+                        size_t ki = (((size_t)b * T + j) * KVH + kv) * D + d;
+                        for (int t = j; t < T; t++) {
+                            size_t at = (((size_t)b * H + h) * T + t) * T + j;
+                            double qt = fabs((double)q[(((size_t)b * T + t) * H + h) * D + d]);
+                            dk_e[ki] += scale * ds_bound[at] * qt;
+                            dk_m[ki] += scale * ds_magnitude[at] * qt;
+                            dv_m[ki] += fabs((double)probs[at] * dout[(((size_t)b * T + t) * H + h) * D + d]);
+                        }
+                    }
+            }
+        for (size_t i = 0; i < n_kv; i++) {
+            dk_bound[i] =
+                dk_e[i] + 2.0 * gamma_n((double)group * (T + 2)) * (fabs((double)dk0[i]) + dk_m[i]) + UNDERFLOW;
+            dv_bound[i] = 2.0 * gamma_n((double)group * (T + 1)) * (fabs((double)dv0[i]) + dv_m[i]) + UNDERFLOW;
+        }
+        snprintf(name, sizeof name, "attention_backward dq B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
+        compare(name, dq, g_dq, dq_bound, n_q);
+        snprintf(name, sizeof name, "attention_backward dk B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
+        compare(name, dk, g_dk, dk_bound, n_kv);
+        snprintf(name, sizeof name, "attention_backward dv B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
+        compare(name, dv, g_dv, dv_bound, n_kv);
+        device_free(d_dout), device_free(d_dq), device_free(d_dk), device_free(d_dv), device_free(d_scratch);
+        free(dout), free(dq), free(dk), free(dv), free(dq0), free(dk0), free(dv0), free(scratch), free(g_dq);
+        free(g_dk), free(g_dv), free(ds_bound), free(ds_magnitude), free(dq_bound), free(dk_bound), free(dv_bound);
+        free(dk_m), free(dk_e), free(dv_m), free(dp), free(a);
+    }
+    device_free(d_q), device_free(d_k), device_free(d_v), device_free(d_out), device_free(d_probs);
+    free(q), free(k), free(v), free(out), free(probs), free(g_out), free(g_probs), free(p_bound), free(out_bound);
+}
+
+/* ---- SwiGLU ---- */
+
+static void check_swiglu(int N, int width) {
+    char name[96];
+    size_t n_out = (size_t)N * width, n_in = 2 * n_out;
+    float *gate_up = random_floats(n_in, 50, 6.0f), *dout = random_floats(n_out, 51, 1.0f);
+    float *dgate_up = random_floats(n_in, 52, 0.5f), *dgate_up0 = copy_floats(dgate_up, n_in);
+    buffer d_gate_up = to_device(gate_up, n_in * 4), d_out = device_alloc(n_out * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dgate_up = to_device(dgate_up, n_in * 4);
+    float *out = host_alloc(n_out * 4);
+    swiglu_forward(out, gate_up, N, width);
+    gpu.swiglu_forward(&gpu, d_out.ptr, d_gate_up.ptr, N, width);
+    float *g_out = from_device(d_out, n_out * 4);
+    swiglu_backward(dgate_up, dout, gate_up, N, width);
+    gpu.swiglu_backward(&gpu, d_dgate_up.ptr, d_dout.ptr, d_gate_up.ptr, N, width);
+    float *g_dgate_up = from_device(d_dgate_up, n_in * 4);
+    /* sigmoid = 1 / (1 + expf(-g)): expf (2 EXP_ULPS u), the add (u, relative to a sum of positives), the
+     * reciprocal (u correctly rounded; under -ffast-math GCC uses rcpps, 12 bits, refined by one Newton step: its
+     * square 2.25u plus the step's roundings, within 7u): each side's s within gamma(2 EXP_ULPS + 8) s.
+     * out = g s up: two more roundings: 2 gamma(2 EXP_ULPS + 10) |g s up|.
+     * dgate = dg0 + dy up s (1 + g (1 - s)): the s difference ds = 2 gamma(2 EXP_ULPS + 3) s moves it by
+     * |dy up| ds (|F| + |g| s), F = 1 + g (1 - s); each side's roundings (1 - s, g *, 1 +, three products, the
+     * add: 7) on the magnitude |dg0| + |dy up s| (1 + |g| (1 + s)). dup = du0 + dy g s: |dy g| ds plus
+     * 2 gamma(3) (|du0| + |dy g s|). */
+    double *out_bound = bounds(n_out), *d_bound = bounds(n_in);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < width; i++) {
+            size_t o = (size_t)n * width + i, gi = (size_t)n * 2 * width + i, ui = gi + width;
+            double g = gate_up[gi], up = gate_up[ui], dy = dout[o];
+            double s = 1.0 / (1.0 + exp(-g)), ds = 2.0 * gamma_n(2 * EXP_ULPS + 8) * s;
+            double F = 1.0 + g * (1.0 - s);
+            out_bound[o] = 2.0 * gamma_n(2 * EXP_ULPS + 10) * fabs(g * s * up) + UNDERFLOW;
+            d_bound[gi] =
+                fabs(dy * up) * ds * (fabs(F) + fabs(g) * s) +
+                2.0 * gamma_n(7) * (fabs((double)dgate_up0[gi]) + fabs(dy * up * s) * (1.0 + fabs(g) * (1.0 + s))) +
+                UNDERFLOW;
+            d_bound[ui] =
+                fabs(dy * g) * ds + 2.0 * gamma_n(3) * (fabs((double)dgate_up0[ui]) + fabs(dy * g * s)) + UNDERFLOW;
+        }
+    snprintf(name, sizeof name, "swiglu_forward N=%d width=%d", N, width);
+    compare(name, out, g_out, out_bound, n_out);
+    snprintf(name, sizeof name, "swiglu_backward N=%d width=%d", N, width);
+    compare(name, dgate_up, g_dgate_up, d_bound, n_in);
+    device_free(d_gate_up), device_free(d_out), device_free(d_dout), device_free(d_dgate_up);
+    free(gate_up), free(dout), free(dgate_up), free(dgate_up0), free(out), free(g_out), free(g_dgate_up);
+    free(out_bound), free(d_bound);
+}
+
+/* ---- cross-entropy ---- */
+
+static void check_cross_entropy(int N, int V, int ignore_every, float scale) {
+    char name[128];
+    const int ignore_index = -100;
+    size_t count_all = (size_t)N * V;
+    float *logits = random_floats(count_all, 60, scale);
+    /* Spread logits: one far above the rest in each row, placed away from the first threads of a block, so a max
+     * that missed it would overflow the exps. */
+    if (scale >= 1000.0f)
+        for (int n = 0; n < N; n++) logits[(size_t)n * V + (40 + 97 * n) % V] = 3.0f * scale;
+    int *targets = host_alloc((size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++)
+        targets[n] = ignore_every > 0 && n % ignore_every == ignore_every - 1 ? ignore_index
+                                                                              : (int)(rng_bits(7, 61, n) % (uint64_t)V);
+    buffer d_logits = to_device(logits, count_all * 4), d_targets = to_device(targets, (size_t)N * 4);
+    buffer d_dlogits = device_alloc(count_all * 4);
+    float *dlogits = host_alloc(count_all * 4);
+    int count = -1, g_count = -2;
+    float loss = cross_entropy_forward_backward(dlogits, logits, targets, N, V, ignore_index, &count);
+    /* Poison the GPU's dlogits first: ignored rows must be written (zeros), not left. */
+    float *poison = random_floats(count_all, 62, 100.0f);
+    gpu.copy(&gpu, d_dlogits.ptr, poison, count_all * 4, DEVICE_H2D);
+    float g_loss = gpu.cross_entropy_forward_backward(&gpu, d_dlogits.ptr, d_logits.ptr, d_targets.ptr, N, V,
+                                                      ignore_index, &g_count);
+    float *g_dlogits = from_device(d_dlogits, count_all * 4);
+    /* Per row both compute the same float max and the same float differences x_j - max; the exps (double, within
+     * 4 ulp each: glibc's vectorised exp, which -ffast-math may pick), their sum (double, V terms in different
+     * orders: V 2^-53) and log (an ulp): log_sum within dL = (V + 16) 2^-52 (1 + |log_sum|) of each other. The
+     * loss: the mean of the rows' (double, summed in two orders: N 2^-52), rounded to float once on each side:
+     * 2u |loss| + max dL. dlogit_j = float(exp(x_j - log_sum)) * (1 / count): the log_sum
+     * difference (relative dL in the exp), two float roundings and the inverse's on each side: p_j ic (dL + 6u);
+     * the target's entry minus ic: one more rounding each (2u ic). Ignored rows: 0 on both. */
+    double *d_bound = bounds(count_all), max_dl = 0.0, ic = count > 0 ? 1.0 / count : 0.0;
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == ignore_index) continue;
+        const float *row = logits + (size_t)n * V;
+        float max_value = row[0];
+        for (int j = 1; j < V; j++) max_value = km_max(max_value, row[j]);
+        double sum = 0.0;
+        for (int j = 0; j < V; j++) sum += exp((double)(row[j] - max_value));
+        double log_sum = log(sum) + max_value, dl = (V + 16) * 0x1p-52 * (1.0 + fabs(log_sum));
+        max_dl = fmax(max_dl, dl);
+        for (int j = 0; j < V; j++) {
+            double p = exp((double)row[j] - log_sum);
+            d_bound[(size_t)n * V + j] =
+                p * ic * (dl * 1.01 + 6.0 * U) + (j == targets[n] ? 2.0 * U * ic : 0.0) + UNDERFLOW;
+        }
+    }
+    snprintf(name, sizeof name, "cross_entropy loss N=%d V=%d ignoring %s%d (count %d)", N, V,
+             ignore_every > 0 ? "1 in " : "", ignore_every, count);
+    double loss_bound = (2.0 * U + N * 0x1p-52) * fabs((double)loss) + max_dl * 1.01;
+    compare(name, &loss, &g_loss, &loss_bound, 1);
+    checks++;
+    if (count != g_count) failures++;
+    snprintf(name, sizeof name, "cross_entropy count N=%d V=%d", N, V);
+    printf("%-58s %11d %11s %9s  %s\n", name, g_count - count, "0", "-", count == g_count ? "PASS" : "FAIL");
+    snprintf(name, sizeof name, "cross_entropy dlogits N=%d V=%d", N, V);
+    compare(name, dlogits, g_dlogits, d_bound, count_all);
+    device_free(d_logits), device_free(d_targets), device_free(d_dlogits);
+    free(logits), free(targets), free(dlogits), free(poison), free(g_dlogits), free(d_bound);
+}
+
+/* ---- vectors ---- */
+
+static void check_vectors(size_t count) {
+    char name[96];
+    float *x = random_floats(count, 70, 3.0f), *y = random_floats(count, 71, 1.0f);
+    buffer d_x = to_device(x, count * 4), d_y = to_device(y, count * 4);
+
+    /* out += inp, x *= factor: one correctly rounded operation per element on both sides: bits. */
+    add_inplace(x, y, count);
+    gpu.add_inplace(&gpu, d_x.ptr, d_y.ptr, count);
+    float *g_x = from_device(d_x, count * 4);
+    snprintf(name, sizeof name, "add_inplace count=%zu (bits)", count);
+    compare(name, x, g_x, NULL, count);
+    for (size_t i = 0; i < count; i++) x[i] *= 0.3f;
+    gpu.scale(&gpu, d_x.ptr, 0.3f, count);
+    free(g_x);
+    g_x = from_device(d_x, count * 4);
+    snprintf(name, sizeof name, "scale count=%zu (bits)", count);
+    compare(name, x, g_x, NULL, count);
+
+    /* Sums in double of exact squares (or |x|) in two orders: each within (count - 1) 2^-53 of the exact sum:
+     * the two within 2 count 2^-53 sum. */
+    double squares = 0.0, absolutes = 0.0;
+    for (size_t i = 0; i < count; i++) squares += (double)x[i] * x[i], absolutes += fabs((double)x[i]);
+    double g_squares = gpu.sum_squares(&gpu, d_x.ptr, count), g_absolutes = gpu.sum_abs(&gpu, d_x.ptr, count);
+    double bound_squares = 2.0 * count * 0x1p-53 * squares, bound_abs = 2.0 * count * 0x1p-53 * absolutes;
+    checks += 2;
+    int ok_squares = fabs(squares - g_squares) <= bound_squares, ok_abs = fabs(absolutes - g_absolutes) <= bound_abs;
+    failures += !ok_squares + !ok_abs;
+    snprintf(name, sizeof name, "sum_squares count=%zu", count);
+    printf("%-58s %11.3e %11.3e %9.3f  %s\n", name, fabs(squares - g_squares), bound_squares,
+           bound_squares > 0 ? fabs(squares - g_squares) / bound_squares : 0.0, ok_squares ? "PASS" : "FAIL");
+    snprintf(name, sizeof name, "sum_abs count=%zu", count);
+    printf("%-58s %11.3e %11.3e %9.3f  %s\n", name, fabs(absolutes - g_absolutes), bound_abs,
+           bound_abs > 0 ? fabs(absolutes - g_absolutes) / bound_abs : 0.0, ok_abs ? "PASS" : "FAIL");
+
+    /* first_nonfinite: none, then an inf and a NaN planted (the earlier one wins), exact indices. */
+    size_t places[3] = {count, count > 3 ? count * 2 / 3 : count - 1, count > 3 ? count / 3 + 1 : 0};
+    for (int plant = 0; plant < 3; plant++) {
+        if (plant == 1) x[places[1]] = INFINITY;
+        if (plant == 2) x[places[2]] = NAN;
+        if (plant > 0) gpu.copy(&gpu, d_x.ptr, x, count * 4, DEVICE_H2D);
+        size_t want = count;
+        for (size_t i = 0; i < count; i++)
+            if (!isfinite(x[i])) {
+                want = i;
+                break;
+            }
+        size_t got = gpu.first_nonfinite(&gpu, d_x.ptr, count);
+        checks++;
+        failures += got != want;
+        snprintf(name, sizeof name, "first_nonfinite count=%zu (%s)", count,
+                 plant == 0   ? "none"
+                 : plant == 1 ? "inf"
+                              : "inf, NaN before");
+        printf("%-58s %11s %11s %9s  %s (want %zu, got %zu)\n", name, got == want ? "0" : "differ", "0", "-",
+               got == want ? "PASS" : "FAIL", want, got);
+    }
+
+    /* Casts and rounding, the shared RNE (kernel_math.h): bits. Inputs with ties and NaN/inf included. */
+    uint32_t *bits = host_alloc(count * 4);
+    for (size_t i = 0; i < count; i++) bits[i] = (uint32_t)rng_bits(7, 72, i);
+    for (size_t i = 0; i < count; i += 5) bits[i] = (bits[i] & 0xffff0000u) | 0x8000u; /* ties */
+    buffer d_bits = to_device(bits, count * 4), d_low = device_alloc(count * 2), d_wide = device_alloc(count * 4);
+    bf16 *low = host_alloc(count * 2);
+    float *wide = host_alloc(count * 4), *rounded = host_alloc(count * 4);
+    dtype_convert(low, DTYPE_BFLOAT16, bits, DTYPE_FLOAT32, count);
+    gpu.convert(&gpu, d_low.ptr, DTYPE_BFLOAT16, d_bits.ptr, DTYPE_FLOAT32, count);
+    bf16 *g_low = from_device(d_low, count * 2);
+    snprintf(name, sizeof name, "convert float32 -> bfloat16 count=%zu (bits)", count);
+    compare_exact_bytes(name, low, g_low, count * 2);
+    dtype_convert(wide, DTYPE_FLOAT32, low, DTYPE_BFLOAT16, count);
+    gpu.convert(&gpu, d_wide.ptr, DTYPE_FLOAT32, d_low.ptr, DTYPE_BFLOAT16, count);
+    float *g_wide = from_device(d_wide, count * 4);
+    snprintf(name, sizeof name, "convert bfloat16 -> float32 count=%zu (bits)", count);
+    compare_exact_bytes(name, wide, g_wide, count * 4);
+    gpu.convert(&gpu, d_wide.ptr, DTYPE_FLOAT32, d_bits.ptr, DTYPE_FLOAT32, count);
+    free(g_wide);
+    g_wide = from_device(d_wide, count * 4);
+    snprintf(name, sizeof name, "convert float32 -> float32 count=%zu (a copy, bits)", count);
+    compare_exact_bytes(name, bits, g_wide, count * 4);
+    memcpy(rounded, bits, count * 4);
+    dtype_round_to(rounded, count, DTYPE_BFLOAT16);
+    gpu.round_to(&gpu, d_bits.ptr, count, DTYPE_BFLOAT16);
+    float *g_rounded = from_device(d_bits, count * 4);
+    snprintf(name, sizeof name, "round_to bfloat16 count=%zu (bits)", count);
+    compare_exact_bytes(name, rounded, g_rounded, count * 4);
+    gpu.round_to(&gpu, d_bits.ptr, count, DTYPE_FLOAT32);
+    free(g_rounded);
+    g_rounded = from_device(d_bits, count * 4);
+    snprintf(name, sizeof name, "round_to float32 count=%zu (nothing changes, bits)", count);
+    compare_exact_bytes(name, rounded, g_rounded, count * 4);
+
+    device_free(d_x), device_free(d_y), device_free(d_bits), device_free(d_low), device_free(d_wide);
+    free(x), free(y), free(g_x), free(bits), free(low), free(wide), free(rounded), free(g_low), free(g_wide);
+    free(g_rounded);
+}
+
+/* ---- AdamW ---- */
+
+static void check_adamw(size_t count, int step, float lerp_weight) {
+    char name[96];
+    float *param = random_floats(count, 80, 1.0f), *grad = random_floats(count, 81, 0.05f);
+    float *exp_avg = random_floats(count, 82, 0.01f), *exp_avg_sq = random_floats(count, 83, 1e-4f);
+    for (size_t i = 0; i < count; i++) exp_avg_sq[i] = fabsf(exp_avg_sq[i]);
+    for (size_t i = 0; i < count; i += 97) param[i] = grad[i] = 0.0f; /* padding-like zeros */
+    buffer d_param = to_device(param, count * 4), d_grad = to_device(grad, count * 4);
+    buffer d_m = to_device(exp_avg, count * 4), d_v = to_device(exp_avg_sq, count * 4);
+    /* The scalars as core/optim.c derives them (lr 1e-3, betas 0.9 / 0.999, eps 1e-8, weight decay 0.01). */
+    double lr = 1e-3, beta1 = 0.9, beta2 = 0.999;
+    device_adamw_scalars s = {
+        .decay = (float)(1.0 - lr * 0.01),
+        .lerp_weight = lerp_weight,
+        .beta2 = (float)beta2,
+        .one_minus_beta2 = (float)(1.0 - beta2),
+        .bias_correction2_sqrt = (float)pow(1.0 - pow(beta2, step), 0.5),
+        .eps = 1e-8f,
+        .negative_step_size = (float)(-lr / (1.0 - pow(beta1, step))),
+    };
+    /* The CPU: core/optim.c's loop body, kernel_math.h's element (this file is built without contraction, -std=c11,
+     * as optim.c is with -ffp-contract=off: the same bits). */
+    for (size_t i = 0; i < count; i++) {
+        km_adamw_result r =
+            km_adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s.decay, s.lerp_weight, s.beta2,
+                             s.one_minus_beta2, s.bias_correction2_sqrt, s.eps, s.negative_step_size);
+        param[i] = r.param, exp_avg[i] = r.exp_avg, exp_avg_sq[i] = r.exp_avg_sq;
+    }
+    gpu.adamw_update(&gpu, d_param.ptr, d_grad.ptr, d_m.ptr, d_v.ptr, count, &s);
+    float *g_param = from_device(d_param, count * 4), *g_m = from_device(d_m, count * 4),
+          *g_v = from_device(d_v, count * 4);
+    snprintf(name, sizeof name, "adamw_update param count=%zu step=%d w=%g (bits)", count, step, lerp_weight);
+    compare(name, param, g_param, NULL, count);
+    snprintf(name, sizeof name, "adamw_update exp_avg (bits)");
+    compare(name, exp_avg, g_m, NULL, count);
+    snprintf(name, sizeof name, "adamw_update exp_avg_sq (bits)");
+    compare(name, exp_avg_sq, g_v, NULL, count);
+    device_free(d_param), device_free(d_grad), device_free(d_m), device_free(d_v);
+    free(param), free(grad), free(exp_avg), free(exp_avg_sq), free(g_param), free(g_m), free(g_v);
+}
+
+int main(void) {
+    char error[256];
+    if (!device_cuda_available()) {
+        printf("gpu_layers: this is not a CUDA build (make CUDA=1): nothing to compare\n");
+        return 77;
+    }
+    if (device_cuda_init(&gpu, 0, 1, error, sizeof error) != 0) {
+        printf("gpu_layers: no CUDA device: %s\n", error);
+        return 77;
+    }
+#ifdef FSDPLAB_CUDA
+    if (((cuda_device_state *)gpu.impl)->allow_tf32) {
+        printf("gpu_layers: TF32 is allowed (ALLOW_TF32): the float32 GEMM bounds do not hold; run with it off\n");
+        device_destroy(&gpu);
+        return 1;
+    }
+#endif
+    printf("%-58s %11s %11s %9s  %s\n", "check", "max|diff|", "bound", "diff/bnd", "result");
+
+    check_embedding(300, 50, 37); /* tokens repeat: the gradient's order matters */
+    check_embedding(7, 1000, 896);
+    check_rmsnorm(13, 257, 1.0f);
+    check_rmsnorm(64, 896, 30.0f);
+    check_rmsnorm(3, 1, 1.0f);
+    check_linear(37, 129, 70, 1, 1);
+    check_linear(64, 64, 256, 0, 1);
+    check_linear(5, 33, 7, 1, 0);
+    check_rope(2, 7, 4, 8);
+    check_rope(1, 33, 3, 64);
+    check_attention(2, 7, 0, 4, 2, 8, 1.0f);   /* grouped-query, G = 2 */
+    check_attention(1, 33, 0, 6, 1, 16, 2.0f); /* multi-query, G = 6 */
+    check_attention(3, 16, 0, 4, 4, 32, 1.0f); /* plain multi-head */
+    check_attention(2, 5, 11, 4, 2, 8, 1.0f);  /* a KV cache: past = 11 */
+    check_attention(1, 1, 6, 14, 2, 64, 1.0f); /* one new token, Qwen2-0.5B's heads */
+    check_attention(1, 40, 0, 2, 1, 16,
+                    12.0f); /* scores spread over hundreds: expf overflows unless the max is right */
+    check_swiglu(17, 123);
+    check_swiglu(4, 4864);
+    check_cross_entropy(29, 1000, 3, 4.0f);
+    check_cross_entropy(4, 50000, 0, 10.0f);
+    check_cross_entropy(300, 260, 7, 2.0f);   /* more rows than the reduction's blocks */
+    check_cross_entropy(3, 5000, 0, 1000.0f); /* logits spread over thousands, one far above */
+    check_cross_entropy(5, 17, 1, 1.0f);      /* every target ignored: loss 0, count 0, dlogits 0 */
+    check_vectors(1);
+    check_vectors(1001);
+    check_vectors((size_t)3 << 20);
+    check_adamw(100003, 1, 0.1f);
+    check_adamw(4097, 1000, 0.1f);
+    check_adamw(513, 3, 0.75f); /* lerp's other branch */
+
+    device_destroy(&gpu);
+    printf("\n%d passed, %d failed\n", checks - failures, failures);
+    return failures == 0 ? 0 : 1;
+}
