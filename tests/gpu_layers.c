@@ -645,6 +645,28 @@ static void check_vectors(size_t count) {
     snprintf(name, sizeof name, "scale count=%zu (bits)", count);
     compare(name, x, g_x, NULL, count);
 
+    /* out += bfloat16 widened (exact), then one float32 add: bits. The CPU device's accumulate is the reference. */
+    bf16 *h = malloc(count * sizeof *h);
+    if (h == NULL) abort();
+    for (size_t i = 0; i < count; i++) h[i] = bf16_from_float(y[i] * 0.7f);
+    buffer d_h = to_device(h, count * sizeof *h);
+    device host;
+    device_cpu_init(&host);
+    host.accumulate(&host, x, h, DTYPE_BFLOAT16, count);
+    gpu.accumulate(&gpu, d_x.ptr, d_h.ptr, DTYPE_BFLOAT16, count);
+    free(g_x);
+    g_x = from_device(d_x, count * 4);
+    snprintf(name, sizeof name, "accumulate bfloat16 count=%zu (bits)", count);
+    compare(name, x, g_x, NULL, count);
+    host.accumulate(&host, x, y, DTYPE_FLOAT32, count);
+    gpu.accumulate(&gpu, d_x.ptr, d_y.ptr, DTYPE_FLOAT32, count);
+    free(g_x);
+    g_x = from_device(d_x, count * 4);
+    snprintf(name, sizeof name, "accumulate float32 count=%zu (bits)", count);
+    compare(name, x, g_x, NULL, count);
+    device_free(d_h);
+    free(h);
+
     /* Sums in double of exact squares (or |x|) in two orders: each within (count - 1) 2^-53 of the exact sum:
      * the two within 2 count 2^-53 sum. */
     double squares = 0.0, absolutes = 0.0;

@@ -226,6 +226,21 @@ static void cuda_add_inplace(device *d, float *out, const float *inp, size_t cou
     LAUNCH(s, add_inplace_launch(out, inp, count, s->compute));
 }
 
+/* out += inp widened to float32: a float32 input is add_inplace; a bfloat16 one its own kernel. */
+static void cuda_accumulate(device *d, float *out, const void *inp, dtype type, size_t count) {
+    cuda_device_state *s = state_of(d);
+    if (type == DTYPE_FLOAT32) {
+        LAUNCH(s, add_inplace_launch(out, (const float *)inp, count, s->compute));
+    } else if (type == DTYPE_BFLOAT16) {
+        LAUNCH(s, accumulate_bf16_launch(out, (const uint16_t *)inp, count, s->compute));
+    } else {
+        char what[128];
+        snprintf(what, sizeof what, "accumulate: a %s input is not one this device adds (float32, bfloat16)",
+                 dtype_name(type));
+        ops_fatal(s, what);
+    }
+}
+
 static void cuda_scale(device *d, float *x, float factor, size_t count) {
     cuda_device_state *s = state_of(d);
     LAUNCH(s, scale_launch(x, factor, count, s->compute));
@@ -311,6 +326,7 @@ void cuda_ops_install(device *d) {
     d->swiglu_backward = cuda_swiglu_backward;
     d->cross_entropy_forward_backward = cuda_cross_entropy_forward_backward;
     d->add_inplace = cuda_add_inplace;
+    d->accumulate = cuda_accumulate;
     d->scale = cuda_scale;
     d->sum_squares = cuda_sum_squares;
     d->sum_abs = cuda_sum_abs;

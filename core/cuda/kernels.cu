@@ -523,6 +523,18 @@ cudaError_t float_to_bf16_launch(uint16_t *dst, const float *src, size_t count, 
     return cudaGetLastError();
 }
 
+/* out += the bfloat16 input widened (exact), one float32 add per element: the CPU's accumulate. */
+__global__ void accumulate_bf16_kernel(float *out, const uint16_t *inp, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = out[i] + km_bf16_to_float(inp[i]);
+}
+
+cudaError_t accumulate_bf16_launch(float *out, const uint16_t *inp, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    accumulate_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, inp, count);
+    return cudaGetLastError();
+}
+
 cudaError_t bf16_to_float_launch(float *dst, const uint16_t *src, size_t count, cudaStream_t stream) {
     if (count == 0) return cudaSuccess;
     bf16_to_float_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, src, count);

@@ -66,6 +66,7 @@ cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const in
 
 /* ---- vectors ---- */
 cudaError_t add_inplace_launch(floatX *out, const floatX *inp, size_t count, cudaStream_t stream);
+cudaError_t accumulate_bf16_launch(float *out, const uint16_t *inp, size_t count, cudaStream_t stream);
 cudaError_t scale_launch(floatX *x, float factor, size_t count, cudaStream_t stream);
 /* squares = 1: sum of x^2; 0: sum of |x|. Leaves the double in the scratch's kernels_result. */
 cudaError_t sum_launch(const floatX *x, size_t count, int squares, void *scratch, cudaStream_t stream);

@@ -20,6 +20,7 @@
 typedef int cudaError_t;
 enum { cudaSuccess = 0 };
 typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t; /* cuda_device_state names one; the emulated device records none */
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
 
 static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t) {

@@ -18,5 +18,5 @@ python3 tests/cuda_emulator/translate.py core/cuda/kernels.cu > "$build/kernels.
 "${cxx[@]}" -x c++ -c core/cuda/cuda_ops.cu -o "$build/cuda_ops.o"
 ${CC:-mpicc} -std=c11 -O2 -Wall -Wextra -Werror -c tests/gpu_layers.c -o "$build/gpu_layers.o"
 g++ "$build/gpu_layers.o" "$build/emulator.o" "$build/device.o" "$build/kernels.o" "$build/cuda_ops.o" \
-  core/libfsdplab.a $blas_libs -lm -o "$build/gpu_layers"
+  core/libfsdplab.a trace/libfsdptrace.a $blas_libs $(pkg-config --libs libcjson libpcre2-8 libutf8proc) $(${CC:-mpicc} --showme:link) -lm -o "$build/gpu_layers"
 OPENBLAS_NUM_THREADS=1 "$build/gpu_layers"
