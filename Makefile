@@ -53,7 +53,7 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
   trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c
+CORE_SRC := core/allocator.c core/mem.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/layers_bf16.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c
 # BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
 # second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
 O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
@@ -82,6 +82,8 @@ $(O)core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 # AdamW's element loop vectorises at -O3 once sqrtf needs no errno; fused multiply-adds stay exactly where the source
 # writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/optim.c says why).
 $(O)core/optim.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
+# The bfloat16 layers round a product before the addition that follows it, as torch's ops do: no contraction either.
+$(O)core/layers_bf16.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 
 $(O)trace/libfsdptrace.a: $(TRACE_OBJ)
 	ar rcs $@ $^
