@@ -30,13 +30,23 @@ static count layer_activation_floats(const qwen2_config *c, count N, count B, co
            + N * C;                         /* the layer's output */
 }
 
-/* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward). */
-static count layer_workspace_floats(const qwen2_config *c, count N, count T) {
+/* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward).
+ * bf16_compute (MixedPrecision with param_dtype bfloat16, core/layers_bf16.h) adds its scratch buffers: up_proj's
+ * share of the MLP's input gradient beside gate_proj's, the attention backward's bfloat16 probabilities and per-head
+ * key/value gradient, one Linear's share of ln1's gradient at a time, and in forward the attention's bfloat16
+ * probabilities (a layer recomputed in backward runs its forward before any of its backward temporaries exist). */
+static count layer_workspace_floats(const qwen2_config *c, count N, count T, int bf16_compute) {
     count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
     count KVH = c->num_key_value_heads, D = c->head_dim;
     count mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
     count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + T * T; /* dmid, dout, dq, dk, dv, dscores */
     count norm = N * C + N * C;                                              /* dmid, dln1 */
+    if (bf16_compute) {
+        mlp = max_of(mlp, N * C + 2 * N * I + N * C + N * C);              /* dmid, dgate_up, dln2, up's share */
+        attention += T * T + T * D;                                         /* bfloat16 probs, a head's dk or dv */
+        norm = max_of(norm, N * C + N * H * D + 2 * N * KVH * D + 2 * N * C); /* dmid, dq, dk, dv, dln1, a share */
+        norm = max_of(norm, T * T);                                          /* forward: the bfloat16 probs */
+    }
     return max_of(max_of(mlp, attention), norm);
 }
 
@@ -169,7 +179,8 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
         peak[MEM_ACTIVATION] = (embedding + L * layer + head) * f;
     }
     count rope = 2 * (count)T * c->head_dim;
-    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T), N * C)) * f;
+    int bf16_compute = options->mixed_precision.param_dtype == DTYPE_BFLOAT16;
+    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T, bf16_compute), N * C)) * f;
     peak[MEM_DATA] = 4 * N * sizeof(int) + (count)data_stream_bytes; /* the lab's batch + the model's copy */
     if (fp_mixed_precision_enabled(&options->mixed_precision))
         predict_mixed_precision(peak, units, unit_count, options, world_size, forward_passes);
