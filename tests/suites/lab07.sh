@@ -31,5 +31,9 @@ for ranks in 2 4; do
   check "05_full_step -np $ranks MP=bf16: gradients within bfloat16's bound of 1 rank's" python3 \
     tests/check_mixed_grads.py runs/check/07_grads_np1/grads runs/check/07_grads_np$ranks/grads 1024 128
 done
+# bfloat16 compute as torch's: torch's op rules, then the model against HF's in bfloat16 (logits, loss, every gradient)
+# within the flip bound (tests/check_torch_bf16.py derives it); skipped without torch.
+check "MP=bf16 computes as torch's bfloat16 ops and model (per-op rules; logits and gradients within the flip bound)" \
+  python3 tests/check_torch_bf16.py
 check_fails "07_mixed_precision MP=fp32 is refused: nothing to compare" "MP='fp32': lab 07 compares" \
   env OUT=runs/check/07_bad MP=fp32 $MPIRUN -np 2 lab/07_mixed_precision
