@@ -192,24 +192,14 @@ def bf16_sum_over_ranks_l1(local_l1_sum, world):
     rank's ||t_r||_1, summed: lab 05 writes it beside GRADS as local_grad_l1.json):
       ||G_N - G_1||_1 <= [(N-1) u (1+u)^N + u/(1-u) + 2 u (1+u)^(N+1)] A / N      (about (N+2) u ||G||_1)
     Deterministic (worst case), for any order the ring or gloo adds in. Gradient accumulation (ACC > 1) adds the
-    same bound per micro-batch, which A already sums."""
+    same bound per micro-batch, which A already sums. With bfloat16 compute (core/layers_bf16.h) every activation is
+    rounded too, but per token: 1 rank and N ranks compute each row alike (a row's float32 sums do not depend on how
+    many rows a GEMM has), so g_r is still the float32 sum of the same per-token terms, and where a float32 order does
+    differ the rounding flip it may cause transfers that difference unamplified in expectation (check_torch_bf16.py),
+    inside the float32 term. The bound is unchanged; measured after the change, the largest difference / bound is
+    0.20 on 2 ranks and 0.14 on 4 (lab 07's check)."""
     u, n = U_BF16, world
     return ((n - 1) * u * (1 + u) ** n + u / (1 - u) + 2 * u * (1 + u) ** (n + 1)) * local_l1_sum / n
-
-
-def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss, config, tokens, seq):
-    """|loss_MP(t) - loss_fp32(t)| for the same init and batches (lab 07). Three parts:
-      - computing on bfloat16 weights: L(bf16(w)) - L(w) = g . (bf16(w) - w) to first order, at most
-        r_t = sum_i |g_i| |w_i - bf16(w_i)| (the lab measures it each step on the master weights); the factor 2
-        leaves room for the second-order term, which is below the first while |bf16(w) - w| <= 2^-8 |w| is as
-        small as it is (an assumption, not a theorem: a loss flat to first order would break it);
-      - the trajectories: AdamW's updates from the two runs' gradients differ; later_loss_allowance's argument
-        (|g du| <= |dg| / 4 per element) with the step-1 gradient difference D = sum |g_MP - g_fp32|:
-        (t - 1) lr / 4 D;
-      - float32 rounding of the loss itself: loss_tolerance x |loss|.
-      bound_t = 2 r_t + (t - 1) lr / 4 D + loss_tolerance |loss|"""
-    return 2.0 * rounding + (step - 1) * lr / 4.0 * gradient_l1_difference + \
-        loss_tolerance(config, tokens, seq) * abs(loss)
 
 
 def bf16_forward_roundings(config):
@@ -241,6 +231,33 @@ def bf16_activation_loss_tolerance(config, tokens):
 
       tol = 2 lambda u sqrt(R / n) x 2"""
     return 2.0 * LAMBDA * U_BF16 * math.sqrt(bf16_forward_roundings(config) / tokens) * 2.0
+
+
+def bf16_reduction_l1(local_l1_sum, levels):
+    """Per tensor, an L1 bound on |G_bf16 - G_fp32| where both reduce the same bfloat16 local gradients t_r (the same
+    strategy and ranks, reduce_dtype bfloat16 vs float32: every local computation is the same, bit for bit) as a mean
+    over ranks in `levels` rings, one after another: [N] for a reduce-scatter (or NO_SHARD's all-reduce) over N ranks,
+    [S, R] for HYBRID_SHARD's reduce-scatter in shard groups of S, then its all-reduce across replicate groups of R.
+    A ring of m bfloat16 values rounds each hop's sum (comm.c): |ring - sum x| <= (m - 1) u (1+u)^m sum |x|; its mean
+    rounds once more, u |result|, and |result| <= (1+u)^(m+1) sum |x| / m. A level's inputs are the last level's
+    outputs, whose L1 grows by at most (1+u)^(m+1) / m per level while the errors carry through the means (divided by
+    the later levels' sizes). So with A = sum over ranks of ||t_r||_1 (local_grad_l1.json) and N = prod(levels):
+
+      ||G_bf16 - S||_1 <= sum over levels k of [(m_k - 1) u (1+u)^(m_k) + u (1+u)^(m_k + 1)] g_k A / N,
+      g_k = prod over levels before k of (1+u)^(m_j + 1)
+
+    (S the exact mean; about (sum of the m_k) u A / N). The float32 reduction of the same values is off from S by the
+    same expression with u = 2^-24: its sum is added, so the bound holds for the difference of the two runs.
+    Deterministic, for any order the rings add in. A sum for a mean is off by about ||G||_1, a dropped level or a
+    skipped replicate all-reduce by O(||G||_1) too."""
+    def one(u):
+        total, growth = 0.0, 1.0
+        for m in levels:
+            total += ((m - 1) * u * (1 + u) ** m + u * (1 + u) ** (m + 1)) * growth
+            growth *= (1 + u) ** (m + 1)
+        return total
+    world = math.prod(levels)
+    return (one(U_BF16) + one(U)) * local_l1_sum / world
 
 
 def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss, config, tokens, seq):
