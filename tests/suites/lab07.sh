@@ -3,7 +3,8 @@
 # gradient shard and AdamW states keep their size, the low-precision shard lives from pre_unshard to post_unshard,
 # and the losses track float32 within tolerances.mixed_precision_loss_bound; check_memory_model.py that the memory
 # model is exact per category in both runs. Then N ranks vs 1 rank in bfloat16 (lab 05 MP=bf16 GRADS) within the
-# bound of bfloat16 rounding of a sum over ranks (tolerances.bf16_sum_over_ranks_l1).
+# bound of bfloat16 rounding of a sum over ranks (tolerances.bf16_sum_over_ranks_l1). MP under NO_SHARD, HYBRID_SHARD
+# and CPU offload against their float32-reduce (or unoffloaded) twins; the bfloat16 compute against torch's.
 lab07() { # lab07 NAME RANKS DIR ENV...
   local name=$1 ranks=$2 dir=$3
   shift 3
