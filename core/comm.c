@@ -565,14 +565,18 @@ int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count,
 }
 
 /* The typed forms: the begin and issue of the float ones with the element type; on NULL runs on the host and waits. */
+static int issue_typed(context *ctx, call *c, stream *on) {
+    if (on == NULL) return blocking(ctx, c);
+    issue(ctx, c, on);
+    return 0;
+}
+
 int comm_all_gather_typed(context *ctx, const comm_group *group, stream *on, const void *shard, void *full,
                           size_t full_count, dtype type, const char *unit, comm_handle *handle) {
     call local;
     call *c = on != NULL ? handle : &local;
     if (all_gather_begin(ctx, c, group, shard, full, full_count, type, unit) != 0) return -1;
-    if (on == NULL) return blocking(ctx, c);
-    issue(ctx, c, on);
-    return 0;
+    return issue_typed(ctx, c, on);
 }
 
 int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on, const void *full, void *shard,
@@ -581,9 +585,7 @@ int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on,
     call local;
     call *c = on != NULL ? handle : &local;
     if (reduce_scatter_begin(ctx, c, group, full, shard, full_count, type, reduce, unit) != 0) return -1;
-    if (on == NULL) return blocking(ctx, c);
-    issue(ctx, c, on);
-    return 0;
+    return issue_typed(ctx, c, on);
 }
 
 int comm_all_reduce_typed(context *ctx, const comm_group *group, stream *on, void *buffer, size_t count, dtype type,
@@ -591,7 +593,5 @@ int comm_all_reduce_typed(context *ctx, const comm_group *group, stream *on, voi
     call local;
     call *c = on != NULL ? handle : &local;
     if (all_reduce_begin(ctx, c, group, buffer, count, type, reduce, unit) != 0) return -1;
-    if (on == NULL) return blocking(ctx, c);
-    issue(ctx, c, on);
-    return 0;
+    return issue_typed(ctx, c, on);
 }

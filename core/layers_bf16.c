@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "layers.h"
 
 static inline float r16(float value) { return bf16_round(value); }
 
@@ -17,14 +18,11 @@ static inline float sigmoid32(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float silu32(float x) { return x / (1.0f + expf(-x)); }
 
 void rmsnorm_forward_bf16(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
+    rmsnorm_forward(out, rstd, inp, weight, N, C, eps); /* layers.c's rstd (the float32 output is replaced) */
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
-        double sum_squares = 0.0;
-        for (int c = 0; c < C; c++) sum_squares += (double)x[c] * x[c];
-        float r = (float)(1.0 / sqrt(sum_squares / C + (double)eps)); /* as layers.c: the two must agree */
-        rstd[n] = r;
-        for (int c = 0; c < C; c++) y[c] = r16(weight[c] * r16(x[c] * r));
+        for (int c = 0; c < C; c++) y[c] = r16(weight[c] * r16(x[c] * rstd[n]));
     }
 }
 
@@ -105,26 +103,6 @@ static void round_block(float *block, int rows, int columns, size_t ld) {
         for (int j = 0; j < columns; j++) block[(size_t)i * ld + j] = r16(block[(size_t)i * ld + j]);
 }
 
-/* Row t of scores (T, past + T) is query position past + t: the float32 softmax over columns 0 .. past + t (the rest
- * masked to 0), as layers.c's causal softmax computes it. */
-static void causal_softmax_rows_f32(float *scores, int T, int past) {
-    int width = past + T;
-    for (int t = 0; t < T; t++) {
-        float *row = scores + (size_t)t * width;
-        int last = past + t;
-        float max_value = row[0];
-        for (int j = 1; j <= last; j++) max_value = row[j] > max_value ? row[j] : max_value;
-        double sum = 0.0;
-        for (int j = 0; j <= last; j++) {
-            row[j] = expf(row[j] - max_value);
-            sum += row[j];
-        }
-        float inverse = (float)(1.0 / sum);
-        for (int j = 0; j <= last; j++) row[j] *= inverse;
-        for (int j = last + 1; j < width; j++) row[j] = 0.0f;
-    }
-}
-
 void attention_forward_bf16(float *out, float *probs, float *scratch, const float *q, const float *k, const float *v,
                             int B, int T, int past, int H, int KVH, int D) {
     int group = H / KVH, keys = past + T;
@@ -140,7 +118,7 @@ void attention_forward_bf16(float *out, float *probs, float *scratch, const floa
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, D, 1.0f, q_head, (int)q_stride, k_head,
                         (int)kv_stride, 0.0f, p, keys);
             for (size_t i = 0; i < block; i++) p[i] = r16(r16(p[i]) * scale); /* matmul, then * scaling */
-            causal_softmax_rows_f32(p, T, past);
+            causal_softmax_rows(p, T, past); /* layers.c's: the float32 softmax, masked */
             for (size_t i = 0; i < block; i++) scratch[i] = r16(p[i]); /* .to(query.dtype) */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, keys, 1.0f, scratch, keys, v_head,
                         (int)kv_stride, 0.0f, o, (int)q_stride);

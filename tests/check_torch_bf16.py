@@ -41,29 +41,20 @@ import tempfile
 from pathlib import Path
 
 import tolerances
+# its model and batch shape, and the tool; without torch, transformers or safetensors it prints "skipped" and exits 77
+from test_hf_parity import BATCH, IGNORE, ROOT, SEQ, SMALL, TOOL
 
-try:
-    import torch
-    import torch.nn.functional as F
-    import transformers
-    from safetensors.torch import load_file
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_pos_emb, rotate_half
-except ImportError as error:
-    print(f"skipped: {error}")
-    sys.exit(77)
+import torch
+import torch.nn.functional as F
+import transformers
+from safetensors.torch import load_file
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_pos_emb, rotate_half
 
-ROOT = Path(__file__).resolve().parent.parent
-TOOL = ROOT / "tests/bin/qwen2_tool"
 BF16 = torch.bfloat16
 U = tolerances.U_BF16
 LAMBDA = tolerances.LAMBDA
 GEMM_FLIPS = 1e-3  # the most outputs of one GEMM that torch's float32 order may round the other way (measured ~1e-4)
-# test_hf_parity.py's model and batch shape
-SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6,
-             tie_word_embeddings=True)
-BATCH, SEQ, IGNORE = 2, 13, -100
 
 failures = []
 

@@ -162,16 +162,22 @@ END_TEST
  * param_unsharded holds the 2-byte buffer plus the 4-byte copy; the gradient shard is, bit for bit, the ring's
  * bfloat16 mean of the ranks' bfloat16-rounded gradients (chunk r summed from rank r + 1 on, one rounding per hop,
  * times 1/N rounded once), widened and accumulated in float32 over two micro-batches. */
-START_TEST(test_mixed_precision_unshard_and_reduce) {
+/* A unit of shape list `seed` (replicated: NO_SHARD's) with bfloat16 param_dtype and reduce_dtype, its master filled. */
+static void mixed_precision_unit(flat_param *fp, shape_list *list, uint64_t seed, int replicated) {
     fp_mixed_precision bf16_everywhere = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
+    make_shape_list(list, seed);
+    ck_assert_int_eq(replicated ? fp_init_replicated(fp, &ctx, "unit", list->specs, list->count)
+                                : fp_init(fp, &ctx, "unit", list->specs, list->count), 0);
+    ck_assert_int_eq(fp_set_mixed_precision(fp, &bf16_everywhere), 0);
+    fp_fill_local_shard(fp, fill_values, &seed);
+}
+
+START_TEST(test_mixed_precision_unshard_and_reduce) {
     int world = ctx.world_size;
     for (uint64_t seed = 300; seed < 300 + SHAPE_LISTS; seed++) {
         shape_list list;
-        make_shape_list(&list, seed);
         flat_param fp;
-        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
-        ck_assert_int_eq(fp_set_mixed_precision(&fp, &bf16_everywhere), 0);
-        fp_fill_local_shard(&fp, fill_values, &seed);
+        mixed_precision_unit(&fp, &list, seed, 0);
         size_t live_sharded = ctx.mem.live_bytes;
         ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * (2 + sizeof(float)));
@@ -248,15 +254,11 @@ END_TEST
  * the gradient is all-reduced in bfloat16 in place, bit for bit the ring's mean of chunk c (chunks of numel / N, the
  * first numel % N one more; chunk c summed from rank c + 1 on, one rounding per hop, times 1/N rounded once). */
 START_TEST(test_mixed_precision_no_shard) {
-    fp_mixed_precision bf16_everywhere = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
     int world = ctx.world_size;
     for (uint64_t seed = 400; seed < 400 + SHAPE_LISTS; seed++) {
         shape_list list;
-        make_shape_list(&list, seed);
         flat_param fp;
-        ck_assert_int_eq(fp_init_replicated(&fp, &ctx, "unit", list.specs, list.count), 0);
-        ck_assert_int_eq(fp_set_mixed_precision(&fp, &bf16_everywhere), 0);
-        fp_fill_local_shard(&fp, fill_values, &seed);
+        mixed_precision_unit(&fp, &list, seed, 1);
         size_t live = ctx.mem.live_bytes, numel = fp.padded_unsharded_numel;
         ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_PARAM_SHARD_LOW_PRECISION], numel * 2);
