@@ -99,7 +99,7 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
   trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/device_cpu.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c \
+CORE_SRC := core/allocator.c core/mem.c core/device_cpu.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/layers_bf16.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c \
   core/device_select.c
 
 # The CUDA build's sources: core/cuda/*.c (mpicc) and *.cu (nvcc), and the GPU test program.
@@ -143,6 +143,8 @@ $(O)core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 # AdamW's element loop vectorises at -O3 once sqrtf needs no errno; fused multiply-adds stay exactly where the source
 # writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/optim.c says why).
 $(O)core/optim.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
+# The bfloat16 layers round a product before the addition that follows it, as torch's ops do: no contraction either.
+$(O)core/layers_bf16.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 
 # Made afresh each time: `ar r` keeps members whose source left the build (a stand-in replaced by the real file), and
 # the linker would take the first definition it finds.

@@ -262,6 +262,60 @@ static int ring_reduce_scatter(call *c) {
     return 0;
 }
 
+/* Chunk i of a ring all-reduce over `size` ranks: count / size elements, the first count % size chunks one more, so
+ * any count works (an all-reduce needs no padding). */
+static void ring_chunk(size_t count, int size, int i, size_t *first, size_t *length) {
+    size_t base = count / (size_t)size, extra = count % (size_t)size, index = (size_t)i;
+    *first = index * base + (index < extra ? index : extra);
+    *length = base + (index < extra ? 1 : 0);
+}
+
+/* The bfloat16 all-reduce, in place: a ring reduce-scatter with the arithmetic of ring_reduce_scatter (each hop adds
+ * the received running sum to this rank's chunk in float32 and rounds once to bfloat16; a mean's last hop scales and
+ * rounds once more), after which rank r holds chunk r's total, then an all-gather of the chunks (copies: no
+ * arithmetic). Every element is rounded N - 1 times (N times for a mean), as in the reduce-scatter, and every rank ends
+ * with the same bits. MPI's own all-reduce cannot do this: MPI has no bfloat16, and a user-defined reduction's order
+ * is Open MPI's to choose. Traffic per rank: 2 (N - 1) chunks, the ring all-reduce's 2 (N - 1) / N of the buffer. */
+static int ring_all_reduce_bf16(call *c) {
+    int world = c->size, rank = c->rank;
+    if (world == 1) return 0; /* the sum of one rank; a mean divides by 1 */
+    int right = (rank + 1) % world, left = (rank - 1 + world) % world;
+    bf16 *buffer = (bf16 *)c->receive, *received = (bf16 *)c->ring_buffers[0];
+    for (int step = 0; step < world - 1; step++) {
+        int last = step == world - 2;
+        size_t send_first, send_length, add_first, add_length;
+        ring_chunk(c->count, world, (rank - step - 1 + 2 * world) % world, &send_first, &send_length);
+        ring_chunk(c->count, world, (rank - step - 2 + 2 * world) % world, &add_first, &add_length);
+        MPI_Request requests[2];
+        int rc = MPI_Irecv(received, (int)add_length, MPI_UINT16_T, left, 41, c->comm, &requests[0]);
+        if (work_failed(c, rc, "MPI_Irecv (all-reduce ring step)")) return -1;
+        rc = MPI_Isend(buffer + send_first, (int)send_length, MPI_UINT16_T, right, 41, c->comm, &requests[1]);
+        if (work_failed(c, rc, "MPI_Isend (all-reduce ring step)")) return -1;
+        if (work_failed(c, stream_progress(c->ctx, c->stream, 2, requests), "the all-reduce ring step's MPI requests"))
+            return -1;
+        /* the received running sum + mine, as ring_add: bf16(received + mine), then (a mean's last hop) x factor */
+        ring_add(c, received, buffer + add_first, add_length, last ? c->factor : 1.0f);
+        memcpy(buffer + add_first, received, add_length * sizeof(bf16));
+    }
+    int *counts = malloc(2 * sizeof(int) * (size_t)world);
+    if (counts == NULL) {
+        snprintf(c->error, sizeof c->error, "rank %d: all_reduce on unit '%s': out of memory", c->ctx->rank, c->unit);
+        return -1;
+    }
+    int *displacements = counts + world;
+    for (int i = 0; i < world; i++) {
+        size_t first, length;
+        ring_chunk(c->count, world, i, &first, &length);
+        counts[i] = (int)length, displacements[i] = (int)first;
+    }
+    MPI_Request request;
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, counts, displacements, MPI_UINT16_T, c->comm,
+                             &request);
+    if (rc == MPI_SUCCESS) rc = stream_progress(c->ctx, c->stream, 1, &request);
+    free(counts);
+    return work_failed(c, rc, "MPI_Iallgatherv (the all-reduce's gather)");
+}
+
 static int run_one(call *c) {
     MPI_Request request;
     int rc;
@@ -278,6 +332,7 @@ static int run_one(call *c) {
     }
     case COMM_OP_REDUCE_SCATTER: return ring_reduce_scatter(c);
     case COMM_OP_ALL_REDUCE:
+        if (c->dtype == DTYPE_BFLOAT16) return ring_all_reduce_bf16(c);
         rc = MPI_Iallreduce(MPI_IN_PLACE, c->receive, (int)c->count, MPI_FLOAT, MPI_SUM, c->comm, &request);
         if (work_failed(c, rc, "MPI_Iallreduce")) return -1;
         if (work_failed(c, stream_progress(c->ctx, c->stream, 1, &request), "MPI_Iallreduce's completion")) return -1;
@@ -390,6 +445,10 @@ static void issue(context *ctx, call *c, stream *on) {
         for (int i = 0; i < 2 && i < c->size - 2; i++)
             c->ring_buffers[i] = mem_alloc_uninitialized_typed(c->buffers, c->chunk * dtype_size(c->dtype),
                                                                MEM_COMM_BUFFER, c->dtype, "reduce_scatter.ring_buffer");
+    if (c->op == COMM_OP_ALL_REDUCE && c->dtype == DTYPE_BFLOAT16 && c->size > 1) /* one chunk received per hop */
+        c->ring_buffers[0] = mem_alloc_uninitialized_typed(c->buffers, comm_all_reduce_ring_bytes(c->count, c->size,
+                                                                                                 c->dtype),
+                                                           MEM_COMM_BUFFER, c->dtype, "all_reduce.ring_buffer");
     if (on == NULL || on->kind == STREAM_HOST) {
         run_on_stream(c);
     } else {
@@ -493,15 +552,20 @@ static int reduce_scatter_begin(context *ctx, call *c, const comm_group *group, 
 
 /* A ring all-reduce's traffic, 2(N-1)/N of the buffer each way (a reduce-scatter, then an all-gather), as a double
  * product truncated to bytes (EVENTS.md). */
-static int all_reduce_begin(context *ctx, call *c, const comm_group *group, float *buffer, size_t count,
+static int all_reduce_begin(context *ctx, call *c, const comm_group *group, void *buffer, size_t count, dtype type,
                             comm_reduce reduce, const char *unit) {
     *c = (call){.op = COMM_OP_ALL_REDUCE, .unit = unit, .reduce = reduce_name(reduce), .detail = 1 + (int)reduce,
-                .count = count, .send = buffer, .receive = buffer, .chunk = count};
+                .count = count, .send = buffer, .receive = buffer, .chunk = count, .dtype = type};
     in_group(ctx, c, group);
     c->factor = reduce == COMM_AVG ? 1.0f / (float)c->size : 1.0f;
     c->bytes_sent = c->bytes_recv =
-        (uint64_t)(2.0 * (double)(c->size - 1) / (double)c->size * (double)count * sizeof(float));
+        (uint64_t)(2.0 * (double)(c->size - 1) / (double)c->size * (double)count * (double)dtype_size(type));
     return begin(ctx, c, count);
+}
+
+size_t comm_all_reduce_ring_bytes(size_t count, int size, dtype type) {
+    if (type != DTYPE_BFLOAT16 || size < 2) return 0;
+    return (count / (size_t)size + (count % (size_t)size != 0)) * dtype_size(type);
 }
 
 /* A blocking form: issue on the host, then wait (which writes the event). */
@@ -525,7 +589,7 @@ int comm_reduce_scatter(context *ctx, const float *full, float *shard, size_t fu
 
 int comm_all_reduce(context *ctx, float *buffer, size_t count, comm_reduce reduce, const char *unit) {
     call c;
-    if (all_reduce_begin(ctx, &c, NULL, buffer, count, reduce, unit) != 0) return -1;
+    if (all_reduce_begin(ctx, &c, NULL, buffer, count, DTYPE_FLOAT32, reduce, unit) != 0) return -1;
     return blocking(ctx, &c);
 }
 
@@ -570,7 +634,7 @@ int comm_reduce_scatter_group_start(context *ctx, const comm_group *group, strea
 
 int comm_all_reduce_group_start(context *ctx, const comm_group *group, stream *on, float *buffer, size_t count,
                                 comm_reduce reduce, const char *unit, comm_handle *handle) {
-    if (all_reduce_begin(ctx, handle, group, buffer, count, reduce, unit) != 0) return -1;
+    if (all_reduce_begin(ctx, handle, group, buffer, count, DTYPE_FLOAT32, reduce, unit) != 0) return -1;
     issue(ctx, handle, on);
     return 0;
 }
@@ -591,14 +655,18 @@ int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count,
 }
 
 /* The typed forms: the begin and issue of the float ones with the element type; on NULL runs on the host and waits. */
+static int issue_typed(context *ctx, call *c, stream *on) {
+    if (on == NULL) return blocking(ctx, c);
+    issue(ctx, c, on);
+    return 0;
+}
+
 int comm_all_gather_typed(context *ctx, const comm_group *group, stream *on, const void *shard, void *full,
                           size_t full_count, dtype type, const char *unit, comm_handle *handle) {
     call local;
     call *c = on != NULL ? handle : &local;
     if (all_gather_begin(ctx, c, group, shard, full, full_count, type, unit) != 0) return -1;
-    if (on == NULL) return blocking(ctx, c);
-    issue(ctx, c, on);
-    return 0;
+    return issue_typed(ctx, c, on);
 }
 
 int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on, const void *full, void *shard,
@@ -607,7 +675,13 @@ int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on,
     call local;
     call *c = on != NULL ? handle : &local;
     if (reduce_scatter_begin(ctx, c, group, full, shard, full_count, type, reduce, unit) != 0) return -1;
-    if (on == NULL) return blocking(ctx, c);
-    issue(ctx, c, on);
-    return 0;
+    return issue_typed(ctx, c, on);
+}
+
+int comm_all_reduce_typed(context *ctx, const comm_group *group, stream *on, void *buffer, size_t count, dtype type,
+                          comm_reduce reduce, const char *unit, comm_handle *handle) {
+    call local;
+    call *c = on != NULL ? handle : &local;
+    if (all_reduce_begin(ctx, c, group, buffer, count, type, reduce, unit) != 0) return -1;
+    return issue_typed(ctx, c, on);
 }

@@ -131,6 +131,16 @@ int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on,
                               size_t full_count, dtype type, comm_reduce reduce, const char *unit,
                               comm_handle *handle);
 
+/* buffer (count elements of `type`, any count) <- the sum (or mean) over the group, in place. float32: MPI's own
+ * all-reduce, as comm_all_reduce. bfloat16: a ring written out in comm.c with the reduce-scatter's rounding (each hop's
+ * float32 add rounded once to bfloat16, a mean's 1/N once more: N - 1 roundings per element, N for a mean), then an
+ * all-gather of the reduced chunks; chunks are count / N elements, the first count % N one more. It receives one
+ * chunk per hop into a buffer (comm_buffer, comm_all_reduce_ring_bytes) allocated at issue and freed at the wait. */
+int comm_all_reduce_typed(context *ctx, const comm_group *group, stream *on, void *buffer, size_t count, dtype type,
+                          comm_reduce reduce, const char *unit, comm_handle *handle);
+/* The bytes of that receive buffer for count elements over `size` ranks (0 for float32, or one rank). */
+size_t comm_all_reduce_ring_bytes(size_t count, int size, dtype type);
+
 /* Aborts every rank with ctx->error when a comm call returned non-zero. */
 #define COMM_CHECK(ctx, call)                                              \
     do {                                                                  \

@@ -90,8 +90,9 @@ void fp_free(flat_param *fp) {
     mem_tracker *mem = &fp->ctx->mem;
     mem_free(mem, fp->full_grad_padded);
     mem_free(fp_shard_pool(fp), fp->grad_shard);
-    if (!fp->replicated) mem_free(mem, fp->full_param_padded); /* replicated: a view of local_shard */
+    if (fp->full_param_padded != fp->local_shard) mem_free(mem, fp->full_param_padded); /* NO_SHARD: a view */
     mem_free(fp_shard_pool(fp), fp->local_shard);
+    if (fp->low_precision_full_param == fp->mp_shard) fp->mp_shard = NULL; /* NO_SHARD: one buffer, both roles */
     mem_free(mem, fp->mp_shard);
     mem_free(mem, fp->low_precision_full_param);
     mem_free(mem, fp->low_precision_grad);
@@ -180,7 +181,7 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
 
 int fp_unshard_start(flat_param *fp, stream *on, const char *hook) {
     if (fp->shard_state == FP_UNSHARDED) return 0;
-    if (fp->mixed_precision.param_dtype != DTYPE_FLOAT32 && !fp->force_full_precision && !fp->replicated)
+    if (fp->mixed_precision.param_dtype != DTYPE_FLOAT32 && !fp->force_full_precision)
         return unshard_low_precision_start(fp, on, hook);
     if (fp->replicated) { /* NO_SHARD: the local buffer already is the whole unit */
         fp->full_param_padded = fp->local_shard;
@@ -233,9 +234,10 @@ void fp_reshard(flat_param *fp, const char *hook) {
     if (fp_unshard_pending(fp)) /* the all-gather still writes into the buffer */
         ctx_fatal(fp->ctx, "unit '%s': resharded in %s while its all-gather (seq %llu) is in flight; wait first",
                   fp->unit, hook, (unsigned long long)fp->unshard_handle.seq);
-    if (!fp->replicated) mem_free(&fp->ctx->mem, fp->full_param_padded);
+    if (fp->full_param_padded != fp->local_shard) mem_free(&fp->ctx->mem, fp->full_param_padded); /* NO_SHARD: a view */
     fp->full_param_padded = NULL;
     if (fp->unsharded_low_precision) { /* the param_dtype buffer goes with the float32 copy made from it */
+        if (fp->low_precision_full_param == fp->mp_shard) fp->mp_shard = NULL; /* NO_SHARD: torch's post_reshard */
         mem_free(&fp->ctx->mem, fp->low_precision_full_param);
         fp->low_precision_full_param = NULL;
         fp->unsharded_low_precision = 0;
@@ -364,7 +366,7 @@ int fp_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     context *ctx = fp->ctx;
     if (!fp->reduce_started) return 0;
     fp->reduce_started = 0;
-    if (fp->low_precision_reduce_output != NULL) return reduce_low_precision_wait(fp, hook);
+    if (fp->reducing_low_precision) return reduce_low_precision_wait(fp, hook);
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
     if (status == 0 && fp->replicate_group != NULL) status = comm_wait(ctx, &fp->replicate_handle, hook);
     if (fp->offload_params) {
@@ -436,16 +438,6 @@ int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_preci
         return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': buffer_dtype %s is not supported: the "
                          "model's one buffer (RoPE's inv_freq) is computed in float32, as HF does; use float32",
                          ctx->rank, fp->unit, dtype_name(mp->buffer_dtype));
-    if (fp_mixed_precision_enabled(mp) && fp->replicated)
-        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision with NO_SHARD is not "
-                         "supported yet (its all-reduce has no bfloat16 form here); use FULL_SHARD or SHARD_GRAD_OP",
-                         ctx->rank, fp->unit);
-    if (fp_mixed_precision_enabled(mp) && (fp->shard_group != NULL || fp->offload_params))
-        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision with %s is not supported "
-                         "yet (%s); use FULL_SHARD or SHARD_GRAD_OP without offload", ctx->rank, fp->unit,
-                         fp->shard_group != NULL ? "HYBRID_SHARD" : "CPU offload",
-                         fp->shard_group != NULL ? "the replicate group's all-reduce has no bfloat16 form here"
-                                                 : "the low-precision path keeps its buffers in the device pool");
     if (fp->shard_state != FP_SHARDED || fp->full_grad_padded != NULL)
         return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision set while the unit is "
                          "unsharded or holds a full gradient; set it before the first step", ctx->rank, fp->unit);
@@ -459,7 +451,11 @@ int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_preci
 }
 
 /* pre_unshard (torch's _use_low_precision_shard): the float32 master shard cast into the param_dtype _mp_shard, then
- * the all-gather of that into the param_dtype _full_param_padded: (N - 1) / N of the unit in 2-byte elements. */
+ * the all-gather of that into the param_dtype _full_param_padded: (N - 1) / N of the unit in 2-byte elements. With CPU
+ * offload the master lives on the host, and torch casts on the device: `_mp_shard.copy_(_local_shard.to(device))`,
+ * an h2d copy of the float32 shard (4 bytes an element, into a transient device buffer) and the cast there. NO_SHARD
+ * has nothing to gather: the _mp_shard is the whole unit and is the unsharded parameter until the reshard (torch's
+ * post_reshard frees it there). */
 static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook) {
     context *ctx = fp->ctx;
     dtype type = fp->mixed_precision.param_dtype;
@@ -467,19 +463,36 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
     snprintf(owner, sizeof owner, "%s._mp_shard", fp->unit);
     fp->mp_shard = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
                                                  MEM_PARAM_SHARD_LOW_PRECISION, type, owner);
-    ctx->device.convert(&ctx->device, fp->mp_shard, type, fp->local_shard, DTYPE_FLOAT32, fp->sharded_numel);
+    if (fp->offload_params) {
+        size_t bytes = fp->sharded_numel * sizeof(float);
+        snprintf(owner, sizeof owner, "%s._local_shard", fp->unit);
+        float *on_device = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_PARAM_SHARD, owner);
+        offload_copy(ctx, on_device, fp->local_shard, bytes, OFFLOAD_H2D, fp->unit, owner, NULL);
+        ctx->device.convert(&ctx->device, fp->mp_shard, type, on_device, DTYPE_FLOAT32, fp->sharded_numel);
+        mem_free(&ctx->mem, on_device);
+    } else {
+        ctx->device.convert(&ctx->device, fp->mp_shard, type, fp->local_shard, DTYPE_FLOAT32, fp->sharded_numel);
+    }
+    fp->unsharded_low_precision = 1;
+    if (fp->replicated) {
+        fp->low_precision_full_param = fp->mp_shard;
+        fp->shard_state = FP_UNSHARDED;
+        shard_state_event(fp, FP_SHARDED, FP_UNSHARDED, hook);
+        post_unshard(fp);
+        return 0;
+    }
     snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
     /* Unzeroed: the all-gather writes every element before any read. */
     fp->low_precision_full_param = mem_alloc_uninitialized_typed(
         &ctx->mem, fp->padded_unsharded_numel * dtype_size(type), MEM_PARAM_UNSHARDED, type, owner);
-    if (comm_all_gather_typed(ctx, NULL, on, fp->mp_shard, fp->low_precision_full_param, fp->padded_unsharded_numel,
-                              type, fp->unit, &fp->unshard_handle) != 0) {
+    if (comm_all_gather_typed(ctx, fp->shard_group, on, fp->mp_shard, fp->low_precision_full_param,
+                              fp->padded_unsharded_numel, type, fp->unit, &fp->unshard_handle) != 0) {
         mem_free(&ctx->mem, fp->low_precision_full_param);
         mem_free(&ctx->mem, fp->mp_shard);
         fp->low_precision_full_param = fp->mp_shard = NULL;
+        fp->unsharded_low_precision = 0;
         return -1;
     }
-    fp->unsharded_low_precision = 1;
     fp->shard_state = FP_UNSHARDED;
     shard_state_event(fp, FP_SHARDED, FP_UNSHARDED, hook);
     if (on == NULL) post_unshard(fp);
@@ -488,13 +501,15 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
 }
 
 /* post_unshard, once the all-gather is done: the low-precision shard is freed (torch's
- * _free_low_precision_sharded_param), and, on CPU, the gathered values are widened into the float32 copy the layers
- * read (exact: every bfloat16 is a float32). */
+ * _free_low_precision_sharded_param; NO_SHARD keeps it: it is the unsharded parameter), and, on CPU, the gathered
+ * values are widened into the float32 copy the layers read (exact: every bfloat16 is a float32). */
 static void post_unshard(flat_param *fp) {
     context *ctx = fp->ctx;
     fp->post_unshard_pending = 0;
-    mem_free(&ctx->mem, fp->mp_shard);
-    fp->mp_shard = NULL;
+    if (!fp->replicated) {
+        mem_free(&ctx->mem, fp->mp_shard);
+        fp->mp_shard = NULL;
+    }
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s._full_param_padded.compute_float32", fp->unit);
     fp->full_param_padded = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
@@ -505,12 +520,15 @@ static void post_unshard(flat_param *fp) {
 
 /* The reduce-scatter in reduce_dtype (torch casts the gradient to it first): the float32 gradient backward computed
  * (already param_dtype values) cast into a reduce_dtype buffer, which the collective reads; the float32 one is freed
- * at once. The output is a reduce_dtype shard, cast and added into the float32 grad_shard at the wait. */
+ * at once. The output is a reduce_dtype shard, cast and added into the float32 grad_shard at the wait. As torch's
+ * _reduce_grad, HYBRID_SHARD then all-reduces that reduce_dtype shard across the replicate group (queued behind the
+ * reduce-scatter), and NO_SHARD (_reduce_grad_no_shard) all-reduces the whole reduce_dtype gradient in place instead
+ * of reduce-scattering it: both in bfloat16 with the ring's rounding (comm_all_reduce_typed). */
 static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream *on) {
     context *ctx = fp->ctx;
     dtype type = fp->mixed_precision.reduce_dtype;
     char owner[MEM_OWNER_MAX];
-    if (fp->grad_shard == NULL) { /* zeroed: the first gradient is added to 0, exactly itself */
+    if (fp->grad_shard == NULL && !fp->offload_params) { /* zeroed: the first gradient is added to 0, exactly itself */
         snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
         fp->grad_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
     }
@@ -520,11 +538,22 @@ static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream
     ctx->device.convert(&ctx->device, fp->low_precision_grad, type, fp->full_grad_padded, DTYPE_FLOAT32,
                         fp->padded_unsharded_numel);
     fp_free_full_grad(fp);
-    snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
-    fp->low_precision_reduce_output = mem_alloc_uninitialized_typed(&ctx->mem, fp->sharded_numel * dtype_size(type),
-                                                                    MEM_COMM_BUFFER, type, owner);
-    int status = comm_reduce_scatter_typed(ctx, NULL, on, fp->low_precision_grad, fp->low_precision_reduce_output,
-                                           fp->padded_unsharded_numel, type, reduce, fp->unit, &fp->reduce_handle);
+    fp->reducing_low_precision = 1;
+    int status;
+    if (fp->replicated) {
+        status = comm_all_reduce_typed(ctx, NULL, on, fp->low_precision_grad, fp->padded_unsharded_numel, type, reduce,
+                                       fp->unit, &fp->reduce_handle);
+    } else {
+        snprintf(owner, sizeof owner, "%s.reduce_scatter_output", fp->unit);
+        fp->low_precision_reduce_output = mem_alloc_uninitialized_typed(
+            &ctx->mem, fp->sharded_numel * dtype_size(type), MEM_COMM_BUFFER, type, owner);
+        status = comm_reduce_scatter_typed(ctx, fp->shard_group, on, fp->low_precision_grad,
+                                           fp->low_precision_reduce_output, fp->padded_unsharded_numel, type, reduce,
+                                           fp->unit, &fp->reduce_handle);
+        if (status == 0 && fp->replicate_group != NULL)
+            status = comm_all_reduce_typed(ctx, fp->replicate_group, on, fp->low_precision_reduce_output,
+                                           fp->sharded_numel, type, reduce, fp->unit, &fp->replicate_handle);
+    }
     fp->reduce_started = 1;
     fp->reduce_status = status;
     return status;
@@ -533,18 +562,34 @@ static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream
 static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
     context *ctx = fp->ctx;
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
-    if (status == 0) {
+    if (status == 0 && fp->replicate_group != NULL) status = comm_wait(ctx, &fp->replicate_handle, hook);
+    dtype type = fp->mixed_precision.reduce_dtype;
+    const char *output = fp->replicated ? fp->low_precision_grad : fp->low_precision_reduce_output;
+    char owner[MEM_OWNER_MAX];
+    if (fp->offload_params) {
+        /* torch's _accumulate_sharded_grad casts the result to the parameter's float32 on the device; _offload_grad
+         * copies that to the host (d2h, 4 bytes an element), where it is accumulated, as without mixed precision */
+        size_t bytes = fp->sharded_numel * sizeof(float);
+        fp->reduce_accumulate = fp->grad_shard != NULL;
+        snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
+        if (fp->grad_shard == NULL)
+            fp->grad_shard = mem_alloc_uninitialized(fp_shard_pool(fp), bytes, MEM_GRAD_SHARD, owner);
+        snprintf(owner, sizeof owner, "%s.grad_shard_device", fp->unit);
+        fp->reduce_target = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
+        if (status == 0) ctx->device.convert(&ctx->device, fp->reduce_target, DTYPE_FLOAT32, output, type, fp->sharded_numel);
+    } else if (status == 0) {
         /* _accumulate_sharded_grad after _cast_grad_to_param_dtype: float32 += the reduce_dtype result, widened */
         device *d = &ctx->device;
-        d->accumulate(d, fp->grad_shard, fp->low_precision_reduce_output, fp->mixed_precision.reduce_dtype,
-                      fp->sharded_numel);
-        if (fp->mixed_precision.keep_low_precision_grads)
-            d->round_to(d, fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
+        d->accumulate(d, fp->grad_shard, output, type, fp->sharded_numel);
     }
     mem_free(&ctx->mem, fp->low_precision_grad);
     mem_free(&ctx->mem, fp->low_precision_reduce_output);
     fp->low_precision_grad = fp->low_precision_reduce_output = NULL;
-    fp_free_full_grad(fp);
+    fp->reducing_low_precision = 0;
+    if (fp->offload_params) offloaded_gradient_to_host(fp, status);
+    else fp_free_full_grad(fp);
+    if (status == 0 && fp->mixed_precision.keep_low_precision_grads)
+        shard_device(fp)->round_to(shard_device(fp), fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
     return status;
 }
 
@@ -561,9 +606,6 @@ int fp_offload_params(flat_param *fp) {
     if (fp->shard_state != FP_SHARDED || fp->reduce_started)
         return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': offloaded while %s; offload before the "
                          "first step", ctx->rank, fp->unit, fp->reduce_started ? "reducing" : "UNSHARDED");
-    if (fp_mixed_precision_enabled(&fp->mixed_precision))
-        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: unit '%s': CPU offload with mixed precision is not "
-                         "supported yet; run one or the other", ctx->rank, fp->unit);
     mem_tracker *host = offload_host_pool(ctx);
     size_t bytes = fp->sharded_numel * sizeof(float);
     char owner[MEM_OWNER_MAX];

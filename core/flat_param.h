@@ -17,9 +17,13 @@
  * values into a float32 copy the layers read (`full_param_padded`, param_unsharded, float32): every GEMM multiplies
  * bfloat16 values (exactly representable in float32) with float32 accumulation. That copy is the CPU's price (4 bytes
  * per parameter of a unit in flight, beside the 2 of the bfloat16 buffer); a CUDA build reads the bfloat16 buffer
- * directly and has none. Gradients: backward computes float32 into the full gradient; at the reduce it becomes the
- * param_dtype gradient torch would hold (rounded), is reduce-scattered in reduce_dtype (a bfloat16 copy,
- * grad_unsharded, when reduce_dtype is bfloat16) and the result is cast to float32 and added into grad_shard.
+ * directly and has none. The layers themselves compute as torch does on bfloat16 tensors (core/layers_bf16.h).
+ * Gradients: the weights' float32 gradient sums become the param_dtype gradient torch would hold (rounded) at the
+ * reduce, are reduce-scattered in reduce_dtype (a bfloat16 copy, grad_unsharded, when reduce_dtype is bfloat16) and
+ * the result is cast to float32 and added into grad_shard. HYBRID_SHARD all-reduces that reduce_dtype shard across
+ * the replicate group before the cast; NO_SHARD has nothing to gather (its _mp_shard, the whole unit, is the unsharded
+ * parameter until the reshard) and all-reduces the whole reduce_dtype gradient; CPU offload copies the float32 host
+ * shard to the device and casts it there (pre_unshard), and copies the gradient cast back to float32 to the host.
  *
  * Names and sizes follow torch/distributed/fsdp/_flat_param.py, so the two read alike.
  */
@@ -101,7 +105,9 @@ typedef struct flat_param {
     int post_unshard_pending;        /* its all-gather is in flight: post_unshard runs at the wait */
     int force_full_precision;        /* torch's _force_full_precision (state_dict): unshard the float32 master */
     void *low_precision_grad;        /* the gradient cast to reduce_dtype, read by the reduce-scatter in flight */
-    void *low_precision_reduce_output; /* the reduce-scatter's reduce_dtype output, cast and added at the wait */
+    void *low_precision_reduce_output; /* the reduce-scatter's reduce_dtype output, cast and added at the wait (NO_SHARD:
+                                          none, the all-reduce runs in place in low_precision_grad) */
+    int reducing_low_precision;      /* the reduce in flight is the reduce_dtype one (its wait casts and adds) */
     double *local_grad_l1;           /* per parameter: sum |g| of this rank's param_dtype gradient as it went into the
                                         reduce, summed over the reduces since fp_zero_grad (what the bound of a
                                         bfloat16 sum over ranks needs, tests/tolerances.py); NULL without mixed
@@ -192,8 +198,11 @@ void fp_zero_grad(flat_param *fp);
 int fp_offload_params(flat_param *fp);
 /* The pool that holds this unit's shards (and its optimizer state): the host pool when offloaded, else the device's. */
 mem_tracker *fp_shard_pool(const flat_param *fp);
-/* Turns mixed precision on for this FlatParameter (before its first unshard). -1 with ctx->error for what is not
- * supported: NO_SHARD (replicated) units, a buffer_dtype other than float32. */
+/* Turns mixed precision on for this FlatParameter (before its first unshard, and before fp_offload_params). Every
+ * strategy takes it: NO_SHARD casts the whole unit into its _mp_shard and all-reduces the gradient in reduce_dtype,
+ * HYBRID_SHARD all-reduces the reduce_dtype gradient shard across the replicate group, CPU offload copies the float32
+ * shard h2d and casts it on the device (torch's order). -1 with ctx->error for a dtype other than float32 or
+ * bfloat16, a buffer_dtype other than float32, or a unit already unsharded or holding a gradient. */
 int fp_set_mixed_precision(flat_param *fp, const fp_mixed_precision *mixed_precision);
 /* Whether mixed precision changes anything (some dtype is not float32). */
 int fp_mixed_precision_enabled(const fp_mixed_precision *mixed_precision);

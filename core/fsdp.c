@@ -111,6 +111,12 @@ void fsdp_mixed_precision_from_env(context *ctx, fsdp_options *options) {
     const char *text = cfg_env_text(ctx, "MP");
     if (fsdp_mixed_precision_parse(text, &options->mixed_precision, ctx->error, sizeof ctx->error) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
+    /* bfloat16 compute (core/layers_bf16.c) is the CPU's; the CUDA kernels are float32 so far (floatX = float). A
+     * bfloat16 reduce over float32 compute needs only casts, which every device has. */
+    if (options->mixed_precision.param_dtype != DTYPE_FLOAT32 && ctx->device.kind != DEVICE_CPU)
+        ctx_exit_all(ctx, 2, "MP='%s': bfloat16 parameters and compute run on the CPU device only so far; the %s "
+                     "device's kernels are float32 (bfloat16 kernels and cuBLAS GEMMs are still to come): use "
+                     "MP=fp32,reduce=bf16, MP=fp32 or DEVICE=cpu", text ? text : "", ctx->device.name);
 }
 
 const char *fsdp_mixed_precision_label(const fp_mixed_precision *mixed_precision, char *out, size_t out_size) {

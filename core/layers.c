@@ -122,7 +122,7 @@ void rope_backward(float *dx, const float *cos_table, const float *sin_table, in
 
 /* Row-wise causal softmax of scores (T, past + T) in place: row t is query position past + t, keeps columns
  * 0 .. past + t, the rest become 0. */
-static void causal_softmax_rows(float *scores, int T, int past) {
+void causal_softmax_rows(float *scores, int T, int past) {
     int width = past + T;
     for (int t = 0; t < T; t++) {
         float *row = scores + (size_t)t * width;

@@ -49,6 +49,9 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
  * past = 0 is attention_forward, computed by the same lines. */
 void attention_forward_at(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T,
                           int past, int H, int KVH, int D);
+/* In place on scores (T, past + T): row t (query position past + t) becomes the softmax of its columns 0 .. past + t,
+ * the rest 0 (the causal mask). The attention's own; layers_bf16.c's bfloat16 attention shares it. */
+void causal_softmax_rows(float *scores, int T, int past);
 /* dq, dk, dv += ...; scratch is (T, T) floats. */
 void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *probs,
                         const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D);

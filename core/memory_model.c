@@ -30,13 +30,23 @@ static count layer_activation_floats(const qwen2_config *c, count N, count B, co
            + N * C;                         /* the layer's output */
 }
 
-/* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward). */
-static count layer_workspace_floats(const qwen2_config *c, count N, count T) {
+/* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward).
+ * bf16_compute (MixedPrecision with param_dtype bfloat16, core/layers_bf16.h) adds its scratch buffers: up_proj's
+ * share of the MLP's input gradient beside gate_proj's, the attention backward's bfloat16 probabilities and per-head
+ * key/value gradient, one Linear's share of ln1's gradient at a time, and in forward the attention's bfloat16
+ * probabilities (a layer recomputed in backward runs its forward before any of its backward temporaries exist). */
+static count layer_workspace_floats(const qwen2_config *c, count N, count T, int bf16_compute) {
     count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
     count KVH = c->num_key_value_heads, D = c->head_dim;
     count mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
     count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + T * T; /* dmid, dout, dq, dk, dv, dscores */
     count norm = N * C + N * C;                                              /* dmid, dln1 */
+    if (bf16_compute) {
+        mlp = max_of(mlp, N * C + 2 * N * I + N * C + N * C);              /* dmid, dgate_up, dln2, up's share */
+        attention += T * T + T * D;                                         /* bfloat16 probs, a head's dk or dv */
+        norm = max_of(norm, N * C + N * H * D + 2 * N * KVH * D + 2 * N * C); /* dmid, dq, dk, dv, dln1, a share */
+        norm = max_of(norm, T * T);                                          /* forward: the bfloat16 probs */
+    }
     return max_of(max_of(mlp, attention), norm);
 }
 
@@ -62,9 +72,14 @@ typedef struct unit_sizes {
  *                     copy live together for a moment, then only the r-byte copy until the wait (in the next unit's
  *                     _post_backward_hook with streams, beside that unit's float32 gradient).
  *   comm_buffer       the reduce-scatter's r-byte output shard (always: it is cast and added into grad_shard) and the
- *                     ring's running sums (3+ ranks) in r bytes. */
+ *                     ring's running sums (3+ ranks) in r bytes; HYBRID_SHARD's replicate all-reduce of that shard
+ *                     receives one of its R chunks at a time (comm_all_reduce_ring_bytes), issued with it.
+ * NO_SHARD (replicated) gathers nothing: each unit's _mp_shard (p bytes, param_shard_low_precision) is the whole
+ * unit and stays, with its 4-byte compute copy (param_unsharded), from the unit's first forward to its
+ * _post_backward_hook: every unit at once after forward. Its gradient is all-reduced in place in its r-byte copy,
+ * the ring receiving one of N chunks at a time (comm_buffer). */
 static void predict_mixed_precision(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options,
-                                    int world_size, int forward_passes) {
+                                    int replicated, int world_size, int replicate_size, int forward_passes) {
     count p = (count)dtype_size(options->mixed_precision.param_dtype);
     count r = (count)dtype_size(options->mixed_precision.reduce_dtype), f = sizeof(float);
     int streams = options->comm_streams;
@@ -84,10 +99,13 @@ static void predict_mixed_precision(count *peak, const unit_sizes *units, int un
         }
     }
     if (unit_count <= 2) unit_pair = one_unit;
-    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = (f + p) * all;
+    if (replicated) peak[MEM_PARAM_UNSHARDED] = f * all;
+    else if (options->strategy == FSDP_SHARD_GRAD_OP || options->strategy == FSDP_HYBRID_SHARD_ZERO2)
+        peak[MEM_PARAM_UNSHARDED] = (f + p) * all;
     else peak[MEM_PARAM_UNSHARDED] = (f + p) * root + (param_pairs ? unit_pair : one_unit);
-    peak[MEM_PARAM_SHARD_LOW_PRECISION] = p * (streams && param_pairs ? max_of(shard_pair, largest_shard)
-                                                                      : largest_shard);
+    peak[MEM_PARAM_SHARD_LOW_PRECISION] = replicated ? p * all
+                                                     : p * (streams && param_pairs ? max_of(shard_pair, largest_shard)
+                                                                                   : largest_shard);
     if (options->mixed_precision.reduce_dtype == DTYPE_FLOAT32) return; /* gradients reduce as without it */
     /* Backward meets units L .. 1, the root last (its float32 gradient lives from the first backward piece). A unit's
      * reduce: its float32 gradient + its r-byte copy, beside the float32 gradients still held (the root's; under
@@ -104,11 +122,16 @@ static void predict_mixed_precision(count *peak, const unit_sizes *units, int un
     }
     peak[MEM_GRAD_UNSHARDED] = grad_peak;
     count ring_buffers = world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
-    peak[MEM_COMM_BUFFER] = largest_shard * r * (1 + ring_buffers);
+    dtype reduce_dtype = options->mixed_precision.reduce_dtype;
+    if (replicated)
+        peak[MEM_COMM_BUFFER] = (count)comm_all_reduce_ring_bytes((size_t)largest_shard, world_size, reduce_dtype);
+    else
+        peak[MEM_COMM_BUFFER] = largest_shard * r * (1 + ring_buffers) +
+                                (count)comm_all_reduce_ring_bytes((size_t)largest_shard, replicate_size, reduce_dtype);
 }
 
 static void predict(memory_prediction *p, const qwen2_config *c, const unit_sizes *units, int unit_count,
-                    int replicated, const fsdp_options *options, int world_size, int B, int T,
+                    int replicated, const fsdp_options *options, int world_size, int replicate_size, int B, int T,
                     size_t data_stream_bytes, int forward_passes) {
     memset(p, 0, sizeof *p);
     count N = (count)B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
@@ -174,23 +197,30 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     }
     count rope = 2 * (count)T * c->head_dim;
     count head_workspace = N * C + (chunked ? 2 * (count)options->loss_chunk * V : 0); /* dnorm + the chunks */
-    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T), head_workspace)) * f;
+    int bf16_compute = options->mixed_precision.param_dtype == DTYPE_BFLOAT16;
+    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T, bf16_compute), head_workspace)) * f;
     peak[MEM_DATA] = 4 * N * sizeof(int) + (count)data_stream_bytes; /* the lab's batch + the model's copy */
     if (fp_mixed_precision_enabled(&options->mixed_precision))
-        predict_mixed_precision(peak, units, unit_count, options, world_size, forward_passes);
+        predict_mixed_precision(peak, units, unit_count, options, replicated, world_size, replicate_size,
+                                forward_passes);
     /* CPU offload (core/offload.h): the shards, gradient shards, moments and the accumulation buffer move to the host
      * pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one gradient
-     * shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time. */
+     * shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time. With a
+     * bfloat16 param_dtype the device holds one float32 shard for a moment (the h2d copy pre_unshard casts from, as
+     * torch's _local_shard.to(device)); with a bfloat16 reduce_dtype its comm buffers are mixed precision's, and its
+     * one float32 gradient shard is the result cast back for the d2h copy. */
     if (options->offload_params) {
         count host_peak[MEM_CATEGORY_COUNT] = {0};
         host_peak[MEM_PARAM_SHARD] = peak[MEM_PARAM_SHARD];
         host_peak[MEM_GRAD_SHARD] = peak[MEM_GRAD_SHARD];
         host_peak[MEM_OPTIM_STATE] = peak[MEM_OPTIM_STATE];
         host_peak[MEM_COMM_BUFFER] = largest_shard * f * accumulating;
-        peak[MEM_PARAM_SHARD] = 0;
+        int low_param = options->mixed_precision.param_dtype != DTYPE_FLOAT32;
+        int low_reduce = options->mixed_precision.reduce_dtype != DTYPE_FLOAT32;
+        peak[MEM_PARAM_SHARD] = low_param ? largest_shard * f : 0;
         peak[MEM_GRAD_SHARD] = largest_shard * f;
         peak[MEM_OPTIM_STATE] = 0;
-        peak[MEM_COMM_BUFFER] = largest_shard * f * ring_buffers;
+        if (!low_reduce) peak[MEM_COMM_BUFFER] = largest_shard * f * ring_buffers;
         count host_sum = 0;
         for (int category = 0; category < MEM_CATEGORY_COUNT; category++) {
             p->host_category_peak[category] = bytes(host_peak[category]);
@@ -226,8 +256,10 @@ void memory_model_predict(memory_prediction *p, const qwen2_model *model, const 
     for (int unit = 0; unit < model->unit_count; unit++)
         units[unit] = (unit_sizes){model->units[unit].padded_unsharded_numel, model->units[unit].sharded_numel};
     const comm_group *shard_group = model->units[0].shard_group; /* HYBRID_SHARD: shards of 1/its size */
+    const comm_group *replicate_group = model->units[0].replicate_group;
     predict(p, &model->config, units, model->unit_count, model->units[0].replicated, options,
-            shard_group ? shard_group->size : world_size, B, T, data_stream_bytes, forward_passes);
+            shard_group ? shard_group->size : world_size, replicate_group ? replicate_group->size : 1, B, T,
+            data_stream_bytes, forward_passes);
     free(units);
 }
 
@@ -257,8 +289,8 @@ int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_
         units[unit].sharded_numel = units[unit].padded_unsharded_numel / (count)world;
     }
     if (unit_count > 0)
-        predict(p, config, units, unit_count, replicated, options, shard_size, B, T, data_stream_bytes,
-                forward_passes);
+        predict(p, config, units, unit_count, replicated, options, shard_size, ctx->world_size / shard_size, B, T,
+                data_stream_bytes, forward_passes);
     free(units);
     free(unit_of_param);
     module_tree_free(&tree);

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "layers.h"
 #include "offload.h"
+#include "layers_bf16.h"
 #include "rng.h"
 
 /* Parameters of one decoder layer, in HF's registration order (self_attn, mlp, then the two norms). */
@@ -620,6 +621,34 @@ static void ensure_rope(qwen2_model *model, int T) {
     model->rope_positions = T;
 }
 
+/* ---------------------------------------------------------------- mixed precision compute (issue 14)
+ * Under MixedPrecision(param_dtype=bfloat16) torch runs every op on bfloat16 tensors: each op's output is rounded to
+ * bfloat16 (core/layers_bf16.h says where, op by op). The model does the same when its units gather in bfloat16:
+ * the layers that round inside themselves come from layers_bf16.h (the `if (bf16_compute(model))` branches below),
+ * and every other op's output goes through round_activation. The float32 path is untouched. */
+
+/* What the layers compute in: the gathered parameters' dtype (the root unit's param_dtype; float32 without mixed
+ * precision, and for a model outside FSDP). */
+static dtype compute_dtype(const qwen2_model *model) {
+    return model->unit_count > 0 ? model->units[0].mixed_precision.param_dtype : DTYPE_FLOAT32;
+}
+
+static int bf16_compute(const qwen2_model *model) { return compute_dtype(model) == DTYPE_BFLOAT16; }
+
+/* An op's float32 output becomes the tensor torch would hold: rounded to the compute dtype (nothing in float32). */
+static void round_activation(qwen2_model *model, float *buffer, size_t count) {
+    dtype type = compute_dtype(model);
+    device *d = &model->ctx->device;
+    if (type != DTYPE_FLOAT32) d->round_to(d, buffer, count, type);
+}
+
+/* out += inp, then rounded: a residual add, or autograd's sum of two gradients, in the compute dtype. */
+static void add_activation(qwen2_model *model, float *out, const float *inp, size_t count) {
+    device *d = &model->ctx->device;
+    d->add_inplace(d, out, inp, count);
+    round_activation(model, out, count);
+}
+
 int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const int *tokens, const int *targets, int B,
                             int T) {
     context *ctx = model->ctx;
@@ -714,20 +743,29 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
 
     a->ln1 = output_buffer(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
     a->ln1_rstd = output_buffer(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
-    d->rmsnorm_forward(d, a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    else d->rmsnorm_forward(d, a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
     a->q = output_buffer(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
     a->k = output_buffer(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
     a->v = output_buffer(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
     d->linear_forward(d, a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
     d->linear_forward(d, a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
     d->linear_forward(d, a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
+    round_activation(model, a->q, (size_t)N * H * D);
+    round_activation(model, a->k, (size_t)N * KVH * D);
+    round_activation(model, a->v, (size_t)N * KVH * D);
     /* With a KV cache these T tokens are positions past .. past + T - 1: RoPE from there, and attention over every
      * cached position (this batch's k, v appended first). */
     qwen2_kv_cache *cache = acts->cache;
     int past = cache != NULL ? cache->length : 0;
     const float *rope_cos = model->rope_cos + (size_t)past * D, *rope_sin = model->rope_sin + (size_t)past * D;
-    d->rope_forward(d, a->q, rope_cos, rope_sin, B, T, H, D);
-    d->rope_forward(d, a->k, rope_cos, rope_sin, B, T, KVH, D);
+    if (bf16_compute(model)) {
+        rope_forward_bf16(a->q, rope_cos, rope_sin, B, T, H, D);
+        rope_forward_bf16(a->k, rope_cos, rope_sin, B, T, KVH, D);
+    } else {
+        d->rope_forward(d, a->q, rope_cos, rope_sin, B, T, H, D);
+        d->rope_forward(d, a->k, rope_cos, rope_sin, B, T, KVH, D);
+    }
     const float *keys = a->k, *values = a->v;
     if (cache != NULL) {
         size_t at = (size_t)past * KVH * D, count = (size_t)T * KVH * D;
@@ -738,24 +776,35 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     }
     a->probs = output_buffer(model, (size_t)B * H * T * (past + T), "self_attn.probs", l, MEM_ACTIVATION);
     a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
-    d->attention_forward_at(d, a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
+    if (bf16_compute(model)) { /* the bfloat16 probabilities multiply v from a scratch copy */
+        float *scratch = output_buffer(model, (size_t)T * (past + T), "self_attn.probs_bf16", l, MEM_WORKSPACE);
+        attention_forward_bf16(a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
+        release(model, &scratch);
+    } else {
+        d->attention_forward_at(d, a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
+    }
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
     d->linear_forward(d, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
-    d->add_inplace(d, a->mid, x, (size_t)N * C);
+    round_activation(model, a->mid, (size_t)N * C);
+    add_activation(model, a->mid, x, (size_t)N * C);
 
     a->ln2 = output_buffer(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
     a->ln2_rstd = output_buffer(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
-    d->rmsnorm_forward(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    else d->rmsnorm_forward(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
     a->gate_up = output_buffer(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
     a->swiglu = output_buffer(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
     float *stacked = NULL;
     d->linear_forward(d, a->gate_up, a->ln2, stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l),
                    NULL, N, C, 2 * I);
     release(model, &stacked);
-    d->swiglu_forward(d, a->swiglu, a->gate_up, N, I);
+    round_activation(model, a->gate_up, (size_t)N * 2 * I);
+    if (bf16_compute(model)) swiglu_forward_bf16(a->swiglu, a->gate_up, N, I);
+    else d->swiglu_forward(d, a->swiglu, a->gate_up, N, I);
     float *out = acts->residuals[l + 1] = output_buffer(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
     d->linear_forward(d, out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
-    d->add_inplace(d, out, a->mid, (size_t)N * C);
+    round_activation(model, out, (size_t)N * C);
+    add_activation(model, out, a->mid, (size_t)N * C);
 }
 
 /* The loss in chunks (model->loss_chunk rows at a time; LOSS_CHUNK): N x V logits never exist at once. The forward
@@ -774,6 +823,7 @@ static float head_chunk(qwen2_model *model, qwen2_activations *acts, float *logi
     int C = model->config.hidden_size, V = model->config.vocab_size;
     d->linear_forward(d, logits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), NULL,
                       rows, C, V);
+    round_activation(model, logits, (size_t)rows * V); /* as the whole batch's logits are (mixed precision) */
     return d->cross_entropy_forward_backward(d, dlogits, logits, acts->targets + first, rows, V, QWEN2_IGNORE_INDEX,
                                              count);
 }
@@ -808,6 +858,7 @@ static void head_backward_chunked(qwen2_model *model, qwen2_activations *acts, f
         /* the chunk's mean -> its share of the batch's mean, times the accumulation factor (scale_loss_gradient) */
         d->scale(d, dlogits, (float)((double)chunk_count / acts->target_count) * acts->loss_gradient_scale,
                  (size_t)n * V);
+        round_activation(model, dlogits, (size_t)n * V);
         d->linear_backward(d, dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
                            acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), n, C, V);
     }
@@ -821,12 +872,17 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size;
     acts->final_norm = output_buffer(model, (size_t)N * C, "norm.output", -1, MEM_ACTIVATION);
     acts->final_rstd = output_buffer(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
-    d->rmsnorm_forward(d, acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
-                    qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
+    if (bf16_compute(model))
+        rmsnorm_forward_bf16(acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
+                             qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
+    else
+        d->rmsnorm_forward(d, acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
+                        qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
     if (chunked_loss(model, acts)) return head_forward_chunked(model, acts);
     acts->logits = output_buffer(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
     /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
     d->linear_forward(d, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);
+    round_activation(model, acts->logits, (size_t)N * V); /* HF's loss then reads logits.float() */
     if (acts->targets == NULL) return 0.0f;
     acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
     acts->loss = d->cross_entropy_forward_backward(d, acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
@@ -845,19 +901,30 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     device *d = &model->ctx->device;
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
-    if (acts->dlogits == NULL && !chunked_loss(model, acts))
-        ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
+    int chunked = chunked_loss(model, acts);
+    if (acts->dlogits == NULL && !chunked) ctx_fatal(model->ctx, "head backward without targets (forward-only batch)");
     float *dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
-    if (chunked_loss(model, acts))
+    if (chunked) {
         head_backward_chunked(model, acts, dnorm);
-    else
+    } else {
+        /* logits.float()'s backward: the loss's float32 gradient (already scaled for accumulation) in the compute
+         * dtype */
+        round_activation(model, acts->dlogits, (size_t)N * V);
+        /* lm_head's share of the tied gradient stays float32 until the embedding's is added to it: one rounding, at
+         * the reduce (torch rounds each share and their sum; that would need a vocabulary-sized buffer here) */
         d->linear_backward(d, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
                            qwen2_param_data(model, embed_param()), N, C, V);
+    }
+    round_activation(model, dnorm, (size_t)N * C);
     release(model, &acts->dlogits);
     release(model, &acts->logits);
     acts->dresiduals[L] = sum_buffer(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
-    d->rmsnorm_backward(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
-                     qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
+    if (bf16_compute(model))
+        rmsnorm_backward_bf16(acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm,
+                              acts->residuals[L], qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
+    else
+        d->rmsnorm_backward(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
+                         qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
     release(model, &dnorm);
     release(model, &acts->final_norm);
     release(model, &acts->final_rstd);
@@ -881,8 +948,10 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     d->copy(d, dmid, dout, (size_t)N * C * sizeof(float), DEVICE_D2D);
     float *dswiglu = sum_buffer(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
     d->linear_backward(d, dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
+    round_activation(model, dswiglu, (size_t)N * I);
     float *dgate_up = sum_buffer(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
-    d->swiglu_backward(d, dgate_up, dswiglu, a->gate_up, N, I);
+    if (bf16_compute(model)) swiglu_backward_bf16(dgate_up, dswiglu, a->gate_up, N, I);
+    else d->swiglu_backward(d, dgate_up, dswiglu, a->gate_up, N, I);
     release(model, &dswiglu);
     float *dln2 = sum_buffer(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
     float *stacked = NULL, *stacked_grad = NULL;
@@ -890,7 +959,14 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *gate_up_grad = g[UP_WEIGHT] == g[GATE_WEIGHT] + (size_t)I * C
                               ? g[GATE_WEIGHT]
                               : (stacked_grad = sum_buffer(model, (size_t)2 * I * C, "mlp.gate_up_grad", l, MEM_WORKSPACE));
-    d->linear_backward(d, dln2, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
+    if (bf16_compute(model)) { /* gate_proj and up_proj are two modules: their input gradients add in bfloat16 */
+        float *scratch = output_buffer(model, (size_t)N * C, "mlp.dinput_up", l, MEM_WORKSPACE);
+        d->linear_backward(d, NULL, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
+        linear_backward_input_stacked_bf16(dln2, scratch, dgate_up, gate_up_weight, N, C, I);
+        release(model, &scratch);
+    } else {
+        d->linear_backward(d, dln2, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
+    }
     if (stacked_grad != NULL) { /* the rare split case: hand each half back */
         d->add_inplace(d, g[GATE_WEIGHT], stacked_grad, (size_t)I * C);
         d->add_inplace(d, g[UP_WEIGHT], stacked_grad + (size_t)I * C, (size_t)I * C);
@@ -898,32 +974,62 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &stacked);
     release(model, &stacked_grad);
     release(model, &dgate_up);
-    d->rmsnorm_backward(d, dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
+    if (bf16_compute(model))
+        rmsnorm_backward_bf16(dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
+    else d->rmsnorm_backward(d, dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
     release(model, &dln2);
 
     /* attention half: mid = x + o_proj(attention(rope(q), rope(k), v)), q,k,v = proj(ln1), ln1 = norm(x) */
     float *dattention = sum_buffer(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
     d->linear_backward(d, dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
+    round_activation(model, dattention, (size_t)N * H * D);
     float *dq = sum_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
     float *dk = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
     float *dv = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
-    float *scratch = output_buffer(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
-    d->attention_backward(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
-    release(model, &scratch);
+    if (bf16_compute(model)) {
+        float *scratch = output_buffer(model, (size_t)2 * T * T + (size_t)T * D, "self_attn.dscores", l, MEM_WORKSPACE);
+        attention_backward_bf16(dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
+        release(model, &scratch);
+        rope_backward_bf16(dq, model->rope_cos, model->rope_sin, B, T, H, D);
+        rope_backward_bf16(dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
+    } else {
+        float *scratch = output_buffer(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
+        d->attention_backward(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
+        release(model, &scratch);
+        d->rope_backward(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
+        d->rope_backward(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
+    }
     release(model, &dattention);
-    d->rope_backward(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
-    d->rope_backward(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     float *dln1 = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput", l, MEM_WORKSPACE);
-    d->linear_backward(d, dln1, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
-    d->linear_backward(d, dln1, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
-    d->linear_backward(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
+    if (bf16_compute(model)) {
+        /* three modules read ln1: autograd adds their bfloat16 input gradients as k_proj's + v_proj's, then q_proj's
+         * (the order torch's engine runs them in; tests/check_torch_bf16.py) */
+        float *share = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput_share", l, MEM_WORKSPACE);
+        d->linear_backward(d, share, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
+        d->linear_backward(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
+        round_activation(model, share, (size_t)N * C);
+        round_activation(model, dln1, (size_t)N * C);
+        add_activation(model, dln1, share, (size_t)N * C);
+        release(model, &share);
+        share = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput_share", l, MEM_WORKSPACE);
+        d->linear_backward(d, share, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
+        round_activation(model, share, (size_t)N * C);
+        add_activation(model, dln1, share, (size_t)N * C);
+        release(model, &share);
+    } else {
+        d->linear_backward(d, dln1, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
+        d->linear_backward(d, dln1, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
+        d->linear_backward(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
+    }
     release(model, &dq);
     release(model, &dk);
     release(model, &dv);
     /* dx = dmid (the residual path) + the norm's backward */
     float *dx = acts->dresiduals[l] = output_buffer(model, (size_t)N * C, "dresidual", l - 1, MEM_ACTIVATION);
     d->copy(d, dx, dmid, (size_t)N * C * sizeof(float), DEVICE_D2D);
-    d->rmsnorm_backward(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+    if (bf16_compute(model))
+        rmsnorm_backward_bf16(dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+    else d->rmsnorm_backward(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
     release(model, &dln1);
     release(model, &dmid);
     release(model, &acts->dresiduals[l + 1]);

@@ -349,9 +349,16 @@ static void save_local_grad_l1(context *ctx, qwen2_model *model, const fsdp_opti
     snprintf(path, sizeof path, "%s/local_grad_l1.json", directory);
     FILE *file = fopen(path, "w");
     if (file == NULL) ctx_fatal(ctx, "GRADS='%s': cannot write %s", directory, path);
-    fprintf(file, "{\"world\": %d, \"param_dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"local_grad_l1\": {",
-            ctx->world_size, dtype_name(options->mixed_precision.param_dtype),
-            dtype_name(options->mixed_precision.reduce_dtype));
+    /* The reduction's levels, in the order they run: one ring over the world (a reduce-scatter, or NO_SHARD's
+     * all-reduce), or HYBRID_SHARD's reduce-scatter in the shard group then all-reduce across the replicate group. */
+    const flat_param *root = &model->units[0];
+    char levels[64];
+    if (root->shard_group != NULL)
+        snprintf(levels, sizeof levels, "%d, %d", root->shard_group->size, root->replicate_group->size);
+    else snprintf(levels, sizeof levels, "%d", ctx->world_size);
+    fprintf(file, "{\"world\": %d, \"levels\": [%s], \"param_dtype\": \"%s\", \"reduce_dtype\": \"%s\", "
+            "\"local_grad_l1\": {", ctx->world_size, levels,
+            dtype_name(options->mixed_precision.param_dtype), dtype_name(options->mixed_precision.reduce_dtype));
     for (int p = 0; p < model->tree.param_count; p++) {
         qwen2_location at = model->locations[p];
         fprintf(file, "%s\n  \"%s\": %.17g", p ? "," : "", model->tree.params[p].name,

@@ -9,12 +9,18 @@
  *                     param_shard_low_precision), and that is what the all-gather moves: half the bytes;
  *     post_unshard    once gathered, the low-precision shard is freed (as torch frees it); forward and backward run
  *                     on the bfloat16 values (on CPU, widened into a float32 copy for OpenBLAS, which has no
- *                     bfloat16 GEMM: bfloat16 inputs, float32 accumulation, see core/flat_param.h);
+ *                     bfloat16 GEMM: bfloat16 inputs, float32 accumulation, see core/flat_param.h) and compute as
+ *                     torch does on bfloat16 tensors: every op's output rounded to bfloat16 where torch's autograd
+ *                     graph holds one (core/layers_bf16.h: each Linear, RMSNorm's two roundings, RoPE's three,
+ *                     attention's scores, scaling, probabilities and output, SiLU and its product, the residual
+ *                     adds, the logits; in backward every activation gradient);
  *     _post_backward_hook   the gradient (bfloat16 values, as torch's autograd leaves them) is reduce-scattered in
  *                     reduce_dtype (MP=bf16: bfloat16, half the bytes; MP=bf16,reduce=fp32: float32) and the
  *                     result is cast to float32 and added into the float32 gradient shard.
  *   The same steps run twice from the same init and batches, first in float32, then with MP, so every number below
- *   has its float32 twin beside it.
+ *   has its float32 twin beside it. MP runs under every strategy of lab 05 (NO_SHARD and HYBRID_SHARD all-reduce in
+ *   reduce_dtype, with the reduce-scatter ring's rounding) and with CPU offload (the float32 shard copied h2d and
+ *   cast on the device, as torch); check-07 runs those through lab 05.
  *
  * What to run
  *   mpirun -np 2 lab/07_mixed_precision              20 steps of the tiny model in float32, then in MP=bf16
@@ -27,7 +33,8 @@
  *   every reduce_scatter with reduce_dtype bfloat16. In the trace, the all_gather slices (args: dtype bfloat16) carry
  *   half the bytes; on the memory track param_shard_low_precision appears at each _pre_forward / _pre_backward_hook
  *   (pre_unshard) and is gone once the all-gather is done, and param_unsharded holds the 2-byte gathered unit (plus,
- *   on CPU, its 4-byte compute copy) until reshard. The peak table: param_shard, grad_shard and optim_state are the
+ *   on CPU, its 4-byte compute copy: param_unsharded's peak is 1.5x float32's here, where a GPU's would be 0.5x)
+ *   until reshard. The peak table: param_shard, grad_shard and optim_state are the
  *   same bytes in both runs (the float32 master and AdamW did not shrink); the memory model predicts every category
  *   to the byte in both. The losses: side by side, the bfloat16 run tracks the float32 one within the bound
  *   tests/tolerances.py derives (mixed_precision_loss); step time on CPU is not faster in bfloat16 (the casts cost,
@@ -36,7 +43,10 @@
  * The check (`make check-07`): all-gather bytes exactly half of float32's (and reduce-scatter's with reduce_dtype
  * bfloat16), every event carrying its dtype; param_shard, grad_shard and optim_state peaks unchanged; the memory
  * model exact per category in both runs; losses within the derived bound over 20 steps; N ranks vs 1 rank in
- * bfloat16 (lab 05 MP=bf16 GRADS) within the bound of bfloat16 rounding of a sum over ranks.
+ * bfloat16 (lab 05 MP=bf16 GRADS) within the bound of bfloat16 rounding of a sum over ranks; NO_SHARD, HYBRID_SHARD
+ * and _HYBRID_SHARD_ZERO2 with MP=bf16 against their reduce=fp32 twins within the bound of the bfloat16 reduction,
+ * their bytes and memory model; OFFLOAD=1 with MP=bf16 bit for bit the run without it, its copies float32 shards;
+ * torch's bfloat16 op rules, and the model against HF's in bfloat16 within the flip bound (tests/check_torch_bf16.py).
  */
 #include <math.h>
 #include <stdio.h>

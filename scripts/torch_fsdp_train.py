@@ -57,6 +57,9 @@ def arguments():
     parser.add_argument("--backward-prefetch", default="BACKWARD_PRE", choices=sorted(BACKWARD_PREFETCH))
     parser.add_argument("--forward-prefetch", type=int, default=0, choices=(0, 1))
     parser.add_argument("--limit-all-gathers", type=int, default=1, choices=(0, 1))
+    parser.add_argument("--grads", default="",
+                        help="write step 1's gradients (after the reduce, all micro-batches) there as model.safetensors "
+                        "with HF's names, as lab 05's GRADS (FULL_SHARD and SHARD_GRAD_OP)")
     parser.add_argument("--mp", default="fp32", help="lab 05's MP: fp32 (off), bf16, bf16,reduce=fp32, "
                         "bf16,keep_low_precision_grads=1")
     return parser.parse_args()
@@ -113,6 +116,31 @@ def hybrid_mesh(args, world):
     return init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
 
 
+def save_gradients(model, directory, rank, world):
+    """Every FlatParameter's sharded gradient (float32: FSDP casts the reduced gradient back to the parameter's dtype
+    unless keep_low_precision_grads) all-gathered, unpadded and cut into its parameters, named as HF names them (the
+    tied lm_head.weight is embed_tokens.weight, once), written by rank 0 as lab 05's GRADS writes ours."""
+    from safetensors.torch import save_file
+    from torch.distributed.fsdp._common_utils import clean_tensor_name
+    gradients = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, FullyShardedDataParallel) or module._handle is None:
+            continue
+        flat = module._handle.flat_param
+        if flat.grad is None:
+            continue
+        shard = flat.grad.detach().float().contiguous()
+        pieces = [torch.empty_like(shard) for _ in range(world)]
+        dist.all_gather(pieces, shard)
+        full = torch.cat(pieces)[:flat._unpadded_unsharded_size.numel()]
+        prefix = clean_tensor_name(name)
+        for fqn, piece, shape in zip(flat._fqns, full.split(list(flat._numels)), flat._shapes):
+            gradients[f"{prefix}.{fqn}" if prefix else fqn] = piece.reshape(shape).clone()
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        save_file(gradients, os.path.join(directory, "model.safetensors"))
+
+
 def main():
     args = arguments()
     torch.set_num_threads(args.threads)
@@ -152,6 +180,8 @@ def main():
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
             (loss / args.acc).backward()
             loss_sum += loss.item()
+        if step == 1 and args.grads:
+            save_gradients(model, args.grads, rank, world)
         if args.clip > 0:
             model.clip_grad_norm_(args.clip)
         optimizer.step()

@@ -16,7 +16,8 @@
 # (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
 # place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
 # prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
-# their children, from /usr/bin/time; benchmarks read it). Both implementations start from the same bytes (fsdplab's
+# their children, from /usr/bin/time; benchmarks read it), TORCH_GRADS (a directory: the torch run writes step 1's
+# gradients there as model.safetensors, as lab 05's GRADS does for fsdplab). Both implementations start from the same bytes (fsdplab's
 # initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
 # their outputs.
 set -euo pipefail
@@ -110,7 +111,7 @@ run_torch() {
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --shard-group "${SHARD_GROUP:-0}" \
     --backward-prefetch "$BACKWARD_PREFETCH" \
     --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --mp "$MP" \
-    --backend "$([ "$BACKEND" = nccl ] && echo nccl || echo gloo)" 2> "$work/torch/stderr.log" ||
+    --backend "$([ "$BACKEND" = nccl ] && echo nccl || echo gloo)" --grads "${TORCH_GRADS:-}" 2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }
 

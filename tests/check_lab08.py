@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """check-08: what lab 08 teaches, from the events of a HYBRID_SHARD run and from lab 08's own output.
 
-    python3 tests/check_lab08.py traffic RUNDIR CONFIG_JSON SHARD_GROUP REDUCTIONS_PER_STEP STEPS
+    python3 tests/check_lab08.py traffic RUNDIR CONFIG_JSON SHARD_GROUP REDUCTIONS_PER_STEP STEPS [ELEMENT_BYTES]
     python3 tests/check_lab08.py lab RUNDIR LOG
 
 traffic: RUNDIR holds rank<R>.jsonl of a lab 05 run with STRATEGY=HYBRID_SHARD or _HYBRID_SHARD_ZERO2. The bytes each
@@ -10,7 +10,8 @@ root: embedding + final norm, untied lm_head too; one per decoder layer) is a Fl
 padded to a multiple of S = SHARD_GROUP and cut into shards of padded / S floats; after each gradient reduction (ACC
 per step, 1 with NO_SYNC: REDUCTIONS_PER_STEP) the shard is all-reduced across the replicate group of R = W / S
 ranks, which under a ring moves 2 (R-1)/R of the shard each way (core/comm.c, EVENTS.md: the product in double,
-truncated to bytes). So per rank: replicate-group bytes = STEPS x REDUCTIONS x sum over units of that, exactly; and
+truncated to bytes), in ELEMENT_BYTES per element: 4 (float32), 2 when the gradients reduce in bfloat16 (MP=bf16: the
+all-reduce's event must then say dtype bfloat16). So per rank: replicate-group bytes = STEPS x REDUCTIONS x sum over units of that, exactly; and
 every other collective runs in this rank's shard group (ranks S*i .. S*i + S-1), none in the world or across.
 
 lab: LOG is lab 08's output, RUNDIR its events. Every mode's memory model is exact; HYBRID_SHARD's sharded state
@@ -37,17 +38,17 @@ def unit_numels(config):
     return [root] + [layer] * config["num_hidden_layers"]
 
 
-def ring_all_reduce_bytes(count, size):
-    return int(2.0 * (size - 1) / size * count * 4)
+def ring_all_reduce_bytes(count, size, element_bytes=4):
+    return int(2.0 * (size - 1) / size * count * element_bytes)
 
 
-def traffic(rundir, config_path, shard_group, reductions, steps):
+def traffic(rundir, config_path, shard_group, reductions, steps, element_bytes=4):
     config = json.load(open(config_path))
     ranks = sorted(int(m.group(1)) for m in (re.match(r"rank(\d+)\.jsonl$", f) for f in os.listdir(rundir)) if m)
     world, S = len(ranks), shard_group
     R = world // S
     shards = [-(-numel // S) for numel in unit_numels(config)]  # padded to a multiple of S, over S
-    per_step = reductions * sum(ring_all_reduce_bytes(shard, R) for shard in shards)
+    per_step = reductions * sum(ring_all_reduce_bytes(shard, R, element_bytes) for shard in shards)
     expected = steps * per_step
     expected_count = steps * reductions * len(shards)
     problems = []
@@ -67,7 +68,8 @@ def traffic(rundir, config_path, shard_group, reductions, steps):
                 problems.append(f"rank {rank}: {event['op']} seq {event['seq']} ran in group {group} {members}, "
                                 f"expected the shard group {shard_members} or the replicate group {replicate_members}")
             if group == "replicate":
-                if event["op"] != "all_reduce" or event.get("reduce") != "avg":
+                dtype = "bfloat16" if element_bytes == 2 else "float32"
+                if event["op"] != "all_reduce" or event.get("reduce") != "avg" or event.get("dtype", dtype) != dtype:
                     problems.append(f"rank {rank}: seq {event['seq']}: {event['op']} ({event.get('reduce')}) across "
                                     f"the replicate group, expected the gradient shard's all_reduce (avg)")
                 sent += event["bytes_sent"]
@@ -131,8 +133,8 @@ def lab(rundir, log):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "traffic":
-        sys.exit(traffic(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])))
+    if len(sys.argv) in (7, 8) and sys.argv[1] == "traffic":
+        sys.exit(traffic(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:])))
     if len(sys.argv) == 4 and sys.argv[1] == "lab":
         sys.exit(lab(sys.argv[2], sys.argv[3]))
     sys.exit(__doc__)

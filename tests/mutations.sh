@@ -31,6 +31,11 @@ mutations=(
   "hybrid-chunk-of-world-rank|core/flat_param.c|s.replace('rank % fp->shard_group->size : rank', 'rank : rank')|check-08"
   "hybrid-clip-norm-over-world|core/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', 'NULL')|check-08"
   "hybrid-memory-model-world-ring|core/memory_model.c|s.replace('shard_group ? shard_group->size : world_size', 'shard_group ? world_size : world_size')|check-08"
+  # mixed precision (lab 07): the bfloat16 all-reduce's mean, HYBRID_SHARD's replicate all-reduce in bfloat16, one
+  # of the per-op roundings of bfloat16 compute (caught by tests/check_torch_bf16.py: needs torch, else skipped)
+  "mp-all-reduce-sum-for-mean|core/comm.c|s.replace('ring_add(c, received, buffer + add_first, add_length, last ? c->factor : 1.0f);', 'ring_add(c, received, buffer + add_first, add_length, last ? 1.0f : 1.0f);')|check-07"
+  "mp-hybrid-skips-replicate-all-reduce|core/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != NULL)\n            status = comm_all_reduce_typed', 'if (0)\n            status = comm_all_reduce_typed')|check-07"
+  "mp-skips-q-rounding|core/qwen2.c|s.replace('    round_activation(model, a->q, (size_t)N * H * D);\n', '')|check-07"
   "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
   # The CUDA backend, run on the CUDA emulator by the unit suite (tests/cuda_emulator), and the math it shares
   "cuda-causal-mask-off-by-one|core/cuda/kernels.cu|s.replace('row[j] = j <= last ? row[j] * inverse : 0.0f;', 'row[j] = j < last ? row[j] * inverse : 0.0f;')|check-unit"

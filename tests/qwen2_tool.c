@@ -36,7 +36,7 @@ static int usage(void) {
     fprintf(stderr, "usage: qwen2_tool params <preset>\n"
                     "       qwen2_tool flops <preset|config.json> <B> <T>\n"
                     "       qwen2_tool init <preset|config.json> <seed> <out_dir> [field=value,...]\n"
-                    "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>\n"
+                    "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>   (env MP=bf16: mixed precision)\n"
                     "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n"
                     "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance> [absolute|relative]\n"
                     "       qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]\n");
@@ -78,6 +78,12 @@ static void load_model(context *ctx, qwen2_model *model, const char *directory) 
     load_config(ctx, path, &config);
     make_model(ctx, model, &config, NULL);
     if (ckpt_load_pretrained(model, directory) != 0) ctx_exit_all(ctx, 1, "%s", ctx->error);
+    /* MP (as lab 05's, e.g. bf16): the units gather and the layers compute as under torch's MixedPrecision */
+    fsdp_options options = {0};
+    fsdp_mixed_precision_from_env(ctx, &options);
+    for (int unit = 0; unit < model->unit_count; unit++)
+        if (fp_set_mixed_precision(&model->units[unit], &options.mixed_precision) != 0)
+            ctx_exit_all(ctx, 2, "%s", ctx->error);
     unshard_all(model);
 }
 

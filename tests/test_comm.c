@@ -521,6 +521,44 @@ START_TEST(test_bfloat16_collectives) {
 }
 END_TEST
 
+/* The bfloat16 all-reduce (NO_SHARD's gradient, HYBRID_SHARD's replicate group): any count, cut into N chunks of
+ * count / N elements, the first count % N one more; chunk c's result is, bit for bit, the reduce-scatter ring's
+ * bfloat16 sum (starting at rank c + 1, each hop rounding received + mine once), for a mean times 1/N rounded once,
+ * and every rank holds every chunk's. Ring traffic 2 (N - 1) / N of the 2-byte buffer; its receive buffer is freed. */
+START_TEST(test_bfloat16_all_reduce) {
+    int world = ctx.world_size;
+    const size_t counts[] = {1, 5, 7, 1000, 4099, (size_t)world * 3 + 1};
+    for (size_t c = 0; c < COUNT_OF(counts); c++) {
+        size_t count = counts[c], base = count / (size_t)world, extra = count % (size_t)world;
+        bf16 *buffer = mem_alloc_typed(&ctx.mem, count * 2, MEM_WORKSPACE, DTYPE_BFLOAT16, "test.bf16_buffer");
+        for (int reduce = COMM_SUM; reduce <= COMM_AVG; reduce++) {
+            for (size_t i = 0; i < count; i++) buffer[i] = bf16_from_float(input_value(43, ctx.rank, i));
+            size_t comm_before = ctx.mem.category_live_bytes[MEM_COMM_BUFFER];
+            ck_assert_int_eq(comm_all_reduce_typed(&ctx, NULL, NULL, buffer, count, DTYPE_BFLOAT16,
+                                                   (comm_reduce)reduce, "test", NULL), 0);
+            int exact = 1;
+            for (size_t i = 0; i < count; i++) {
+                /* the chunk holding element i: chunks 0 .. extra - 1 have base + 1 elements */
+                size_t chunk = i < extra * (base + 1) ? i / (base + 1) : extra + (i - extra * (base + 1)) / base;
+                bf16 sum = bf16_from_float(input_value(43, (int)((chunk + 1) % (size_t)world), i));
+                for (int k = 2; k <= world; k++)
+                    sum = bf16_add(sum, bf16_from_float(input_value(43, (int)((chunk + (size_t)k) % (size_t)world), i)));
+                if (reduce == COMM_AVG && world > 1) sum = bf16_from_float(bf16_to_float(sum) * (1.0f / (float)world));
+                exact &= buffer[i] == sum;
+            }
+            const trace_collective_info *info = &ctx.last_collective;
+            uint64_t ring = (uint64_t)(2.0 * (double)(world - 1) / (double)world * (double)count * 2.0);
+            CK_ASSERT_ALL(&ctx, exact && info->bytes == count * 2 && strcmp(info->dtype, "bfloat16") == 0 &&
+                          info->bytes_sent == ring && ctx.mem.category_live_bytes[MEM_COMM_BUFFER] == comm_before,
+                          "bfloat16 all_reduce (%s) of %zu: exact %d, bytes %llu, sent %llu (expected %llu)",
+                          reduce == COMM_AVG ? "avg" : "sum", count, exact, (unsigned long long)info->bytes,
+                          (unsigned long long)info->bytes_sent, (unsigned long long)ring);
+        }
+        mem_free(&ctx.mem, buffer);
+    }
+}
+END_TEST
+
 int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "test_comm", "runs/check/test_comm");
     Suite *suite = suite_create("comm");
@@ -541,6 +579,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_streams_keep_order_and_wait_for_events);
     tcase_add_test(tc, test_group_collectives_match_their_members_inputs);
     tcase_add_test(tc, test_bfloat16_collectives);
+    tcase_add_test(tc, test_bfloat16_all_reduce);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }

@@ -162,16 +162,22 @@ END_TEST
  * param_unsharded holds the 2-byte buffer plus the 4-byte copy; the gradient shard is, bit for bit, the ring's
  * bfloat16 mean of the ranks' bfloat16-rounded gradients (chunk r summed from rank r + 1 on, one rounding per hop,
  * times 1/N rounded once), widened and accumulated in float32 over two micro-batches. */
-START_TEST(test_mixed_precision_unshard_and_reduce) {
+/* A unit of shape list `seed` (replicated: NO_SHARD's) with bfloat16 param_dtype and reduce_dtype, its master filled. */
+static void mixed_precision_unit(flat_param *fp, shape_list *list, uint64_t seed, int replicated) {
     fp_mixed_precision bf16_everywhere = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
+    make_shape_list(list, seed);
+    ck_assert_int_eq(replicated ? fp_init_replicated(fp, &ctx, "unit", list->specs, list->count)
+                                : fp_init(fp, &ctx, "unit", list->specs, list->count), 0);
+    ck_assert_int_eq(fp_set_mixed_precision(fp, &bf16_everywhere), 0);
+    fp_fill_local_shard(fp, fill_values, &seed);
+}
+
+START_TEST(test_mixed_precision_unshard_and_reduce) {
     int world = ctx.world_size;
     for (uint64_t seed = 300; seed < 300 + SHAPE_LISTS; seed++) {
         shape_list list;
-        make_shape_list(&list, seed);
         flat_param fp;
-        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
-        ck_assert_int_eq(fp_set_mixed_precision(&fp, &bf16_everywhere), 0);
-        fp_fill_local_shard(&fp, fill_values, &seed);
+        mixed_precision_unit(&fp, &list, seed, 0);
         size_t live_sharded = ctx.mem.live_bytes;
         ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * (2 + sizeof(float)));
@@ -243,6 +249,53 @@ START_TEST(test_bad_specs_are_refused_with_names) {
 }
 END_TEST
 
+/* Mixed precision on a NO_SHARD (replicated) unit: nothing is gathered; the _mp_shard is the whole unit, rounded from
+ * the master, and stays (param_shard_low_precision) beside the float32 compute copy until the reshard frees both;
+ * the gradient is all-reduced in bfloat16 in place, bit for bit the ring's mean of chunk c (chunks of numel / N, the
+ * first numel % N one more; chunk c summed from rank c + 1 on, one rounding per hop, times 1/N rounded once). */
+START_TEST(test_mixed_precision_no_shard) {
+    int world = ctx.world_size;
+    for (uint64_t seed = 400; seed < 400 + SHAPE_LISTS; seed++) {
+        shape_list list;
+        flat_param fp;
+        mixed_precision_unit(&fp, &list, seed, 1);
+        size_t live = ctx.mem.live_bytes, numel = fp.padded_unsharded_numel;
+        ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_PARAM_SHARD_LOW_PRECISION], numel * 2);
+        ck_assert_uint_eq(ctx.mem.live_bytes, live + numel * (2 + sizeof(float)));
+        int ok = 1;
+        for (size_t i = 0; i < numel; i++) ok &= fp.full_param_padded[i] == bf16_round(fp.local_shard[i]);
+        ck_assert_msg(ok, "shape list %llu: the unit is not the bfloat16-rounded master", (unsigned long long)seed);
+        fp_reshard(&fp, "test");
+        ck_assert_uint_eq(ctx.mem.live_bytes, live);
+        float *theirs = mem_alloc(&ctx.mem, numel * (size_t)world * sizeof(float), MEM_WORKSPACE, "every rank's");
+        gradient_key mine = {seed, ctx.rank, 0};
+        fp_fill_flat_range(&fp, fill_gradient, &mine, 0, numel, fp_alloc_full_grad(&fp));
+        ck_assert_int_eq(fp_reduce_scatter_grad(&fp, COMM_AVG), 0);
+        for (int rank = 0; rank < world; rank++) {
+            gradient_key key = {seed, rank, 0};
+            fp_fill_flat_range(&fp, fill_gradient, &key, 0, numel, theirs + (size_t)rank * numel);
+        }
+        size_t base = numel / (size_t)world, extra = numel % (size_t)world;
+        int exact = 1;
+        for (size_t i = 0; i < numel; i++) {
+            size_t chunk = i < extra * (base + 1) ? i / (base + 1) : extra + (i - extra * (base + 1)) / base;
+            bf16 sum = bf16_from_float(theirs[((chunk + 1) % (size_t)world) * numel + i]);
+            for (int k = 2; k <= world; k++)
+                sum = bf16_add(sum, bf16_from_float(theirs[((chunk + (size_t)k) % (size_t)world) * numel + i]));
+            if (world > 1) sum = bf16_from_float(bf16_to_float(sum) * (1.0f / (float)world));
+            exact &= fp.grad_shard[i] == bf16_to_float(sum);
+        }
+        CK_ASSERT_ALL(&ctx, exact, "shape list %llu: NO_SHARD's gradient is not the bfloat16 ring's mean",
+                      (unsigned long long)seed);
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_COMM_BUFFER], 0);
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_GRAD_UNSHARDED], 0);
+        mem_free(&ctx.mem, theirs);
+        fp_free(&fp);
+    }
+}
+END_TEST
+
 int main(int argc, char **argv) {
     ctx_init(&ctx, &argc, &argv, "test_flat_param", "runs/check/test_flat_param");
     Suite *suite = suite_create("flat_param");
@@ -253,6 +306,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_reduce_scattered_gradient_is_the_mean_and_accumulates);
     tcase_add_test(tc, test_bad_specs_are_refused_with_names);
     tcase_add_test(tc, test_mixed_precision_unshard_and_reduce);
+    tcase_add_test(tc, test_mixed_precision_no_shard);
     suite_add_tcase(suite, tc);
     return mpi_check_run(&ctx, suite);
 }

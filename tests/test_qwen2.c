@@ -200,37 +200,131 @@ START_TEST(test_model_gradient_matches_finite_differences) {
 }
 END_TEST
 
+/* Units with mixed precision (before their first unshard), unsharded: as an FSDP runtime sets them up. */
+static void unshard_units(qwen2_model *model, int bf16) {
+    fp_mixed_precision mixed_precision = {.param_dtype = bf16 ? DTYPE_BFLOAT16 : DTYPE_FLOAT32,
+                                          .reduce_dtype = bf16 ? DTYPE_BFLOAT16 : DTYPE_FLOAT32};
+    for (int unit = 0; unit < model->unit_count; unit++) {
+        ck_assert_msg(fp_set_mixed_precision(&model->units[unit], &mixed_precision) == 0, "%s", ctx.error);
+        ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
+    }
+}
+
 /* Any unit assignment computes the same thing: here layer 0's up_proj sits alone in a unit of its own, so gate_proj
  * and up_proj are not back to back and the layer takes its stacked-copy path. Losses and gradients must equal the
- * default units' exactly (the same GEMMs on the same numbers). */
+ * default units' exactly (the same GEMMs on the same numbers), in float32 and with bfloat16 compute. */
 START_TEST(test_unit_assignment_does_not_change_the_math) {
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        qwen2_config config = small_config();
+        qwen2_model standard, split;
+        qwen2_init_spec init = {.seed = 31, .std = 0.02f};
+        ck_assert_msg(qwen2_model_init_wrapped(&standard, &ctx, &config, fsdp_wrap_by_type,
+                                               (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) == 0,
+                      "%s", ctx.error);
+        unshard_units(&standard, bf16);
+        qwen2_tree tree;
+        ck_assert_int_eq(qwen2_tree_build(&tree, &config), 0);
+        int unit_of_param[64];
+        for (int p = 0; p < tree.param_count; p++)
+            unit_of_param[p] = strcmp(tree.params[p].name, "model.layers.0.mlp.up_proj.weight") == 0;
+        ck_assert_msg(qwen2_model_init(&split, &ctx, &config, unit_of_param, 2, 0, &init) == 0, "%s", ctx.error);
+        ck_assert_str_eq(split.units[1].unit, "layers.0.mlp.up_proj"); /* named after the module holding it */
+        unshard_units(&split, bf16);
+        enum { B = 2, T = 5 };
+        int tokens[B * T], targets[B * T];
+        make_batch(tokens, targets, B, T, config.vocab_size);
+        float loss_standard = qwen2_forward_backward(&standard, tokens, targets, B, T);
+        float loss_split = qwen2_forward_backward(&split, tokens, targets, B, T);
+        ck_assert_float_eq(loss_standard, loss_split);
+        for (int p = 0; p < tree.param_count; p++)
+            ck_assert_msg(memcmp(qwen2_param_grad(&standard, p), qwen2_param_grad(&split, p),
+                                 qwen2_param_numel(&tree.params[p]) * sizeof(float)) == 0,
+                          "gradient of %s differs between unit assignments (bf16 %d)", tree.params[p].name, bf16);
+        ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_WORKSPACE], standard.rope_positions * config.head_dim * 8u +
+                                                                         split.rope_positions * config.head_dim * 8u);
+        qwen2_tree_free(&tree);
+        qwen2_model_free(&standard);
+        qwen2_model_free(&split);
+    }
+}
+END_TEST
+
+/* The index of the first element of values that is not a bfloat16 value (bf16_round changes it), or count. */
+static size_t first_not_bfloat16(const float *values, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if (bf16_round(values[i]) != values[i]) return i;
+    return count;
+}
+
+#define EXPECT_BFLOAT16(buffer, count, what, layer)                                                              \
+    do {                                                                                                          \
+        size_t bad_ = first_not_bfloat16((buffer), (count));                                                      \
+        ck_assert_msg(bad_ == (count), "MP=bf16: %s (layer %d) element %zu = %.9g is not a bfloat16 value", (what), \
+                      (layer), bad_, bad_ < (count) ? (double)(buffer)[bad_] : 0.0);                              \
+    } while (0)
+
+/* Under MixedPrecision(param_dtype=bfloat16) every tensor torch's graph holds is bfloat16 (core/layers_bf16.h): each
+ * activation the forward saves, the logits, and each activation gradient the backward hands on are bfloat16 values
+ * (the float32 softmax probabilities and 1/rms excepted, which torch keeps in float32 too). A skipped rounding leaves
+ * float32 values in one of them. The loss stays near the float32 model's (bfloat16's 2^-8 per rounding). */
+START_TEST(test_bf16_compute_keeps_bfloat16_tensors) {
     qwen2_config config = small_config();
-    qwen2_model standard, split;
-    make_model(&standard, &config, 31);
-    qwen2_tree tree;
-    ck_assert_int_eq(qwen2_tree_build(&tree, &config), 0);
-    int unit_of_param[64];
-    for (int p = 0; p < tree.param_count; p++)
-        unit_of_param[p] = strcmp(tree.params[p].name, "model.layers.0.mlp.up_proj.weight") == 0;
-    qwen2_init_spec init = {.seed = 31, .std = 0.02f};
-    ck_assert_msg(qwen2_model_init(&split, &ctx, &config, unit_of_param, 2, 0, &init) == 0, "%s", ctx.error);
-    ck_assert_str_eq(split.units[1].unit, "layers.0.mlp.up_proj"); /* named after the module holding it */
-    for (int unit = 0; unit < 2; unit++) ck_assert_int_eq(fp_unshard(&split.units[unit], "test"), 0);
-    enum { B = 2, T = 5 };
+    qwen2_model model, reference;
+    make_model(&reference, &config, 11);
+    qwen2_init_spec init = {.seed = 11, .std = 0.02f};
+    ck_assert_msg(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
+                                           FSDP_FULL_SHARD, &init) == 0, "%s", ctx.error);
+    fp_mixed_precision bf16 = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
+    for (int unit = 0; unit < model.unit_count; unit++) {
+        ck_assert_msg(fp_set_mixed_precision(&model.units[unit], &bf16) == 0, "%s", ctx.error);
+        ck_assert_int_eq(fp_unshard(&model.units[unit], "test"), 0);
+    }
+    enum { B = 2, T = 7 };
     int tokens[B * T], targets[B * T];
     make_batch(tokens, targets, B, T, config.vocab_size);
-    float loss_standard = qwen2_forward_backward(&standard, tokens, targets, B, T);
-    float loss_split = qwen2_forward_backward(&split, tokens, targets, B, T);
-    ck_assert_float_eq(loss_standard, loss_split);
-    for (int p = 0; p < tree.param_count; p++)
-        ck_assert_msg(memcmp(qwen2_param_grad(&standard, p), qwen2_param_grad(&split, p),
-                             qwen2_param_numel(&tree.params[p]) * sizeof(float)) == 0,
-                      "gradient of %s differs between unit assignments", tree.params[p].name);
-    ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_WORKSPACE], standard.rope_positions * config.head_dim * 8u +
-                                                                     split.rope_positions * config.head_dim * 8u);
-    qwen2_tree_free(&tree);
-    qwen2_model_free(&standard);
-    qwen2_model_free(&split);
+    int L = config.num_hidden_layers, C = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
+    size_t N = (size_t)B * T, q_width = (size_t)config.num_attention_heads * config.head_dim;
+    size_t kv_width = (size_t)config.num_key_value_heads * config.head_dim;
+    qwen2_activations acts;
+    ck_assert_int_eq(qwen2_activations_begin(&model, &acts, tokens, targets, B, T), 0);
+    qwen2_embed_forward(&model, &acts);
+    for (int l = 0; l < L; l++) qwen2_layer_forward(&model, &acts, l);
+    float loss = qwen2_head_forward(&model, &acts);
+    for (int l = 0; l < L; l++) {
+        const qwen2_layer_activations *a = &acts.layers[l];
+        EXPECT_BFLOAT16(acts.residuals[l], N * C, "layer input", l);
+        EXPECT_BFLOAT16(a->ln1, N * C, "input_layernorm output", l);
+        EXPECT_BFLOAT16(a->q, N * q_width, "q after RoPE", l);
+        EXPECT_BFLOAT16(a->k, N * kv_width, "k after RoPE", l);
+        EXPECT_BFLOAT16(a->v, N * kv_width, "v", l);
+        EXPECT_BFLOAT16(a->attention, N * q_width, "attention output", l);
+        EXPECT_BFLOAT16(a->mid, N * C, "residual_mid", l);
+        EXPECT_BFLOAT16(a->ln2, N * C, "post_attention_layernorm output", l);
+        EXPECT_BFLOAT16(a->gate_up, N * 2 * I, "gate_up", l);
+        EXPECT_BFLOAT16(a->swiglu, N * I, "silu(gate) * up", l);
+    }
+    EXPECT_BFLOAT16(acts.residuals[L], N * C, "last layer output", L);
+    EXPECT_BFLOAT16(acts.final_norm, N * C, "norm output", -1);
+    EXPECT_BFLOAT16(acts.logits, N * V, "logits", -1);
+    for (int unit = 0; unit < model.unit_count; unit++) fp_alloc_full_grad(&model.units[unit]);
+    qwen2_head_backward(&model, &acts);
+    EXPECT_BFLOAT16(acts.dresiduals[L], N * C, "gradient into the norm", L);
+    for (int l = L - 1; l >= 0; l--) {
+        qwen2_layer_backward(&model, &acts, l);
+        EXPECT_BFLOAT16(acts.dresiduals[l], N * C, "gradient of the layer input", l);
+    }
+    qwen2_embed_backward(&model, &acts);
+    qwen2_activations_end(&model, &acts);
+    /* the norms' weight gradients are sums of rounded products, rounded once */
+    for (int p = 0; p < model.tree.param_count; p++)
+        if (strstr(model.tree.params[p].name, "norm.weight") != NULL)
+            EXPECT_BFLOAT16(qwen2_param_grad(&model, p), qwen2_param_numel(&model.tree.params[p]),
+                            model.tree.params[p].name, -1);
+    double reference_loss = loss_of(&reference, tokens, targets, B, T);
+    ck_assert_msg(fabs(loss - reference_loss) <= 0.05 * reference_loss, "MP=bf16 loss %.6f, float32 %.6f", loss,
+                  reference_loss);
+    qwen2_model_free(&model);
+    qwen2_model_free(&reference);
 }
 END_TEST
 
@@ -421,6 +515,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_init_matches_hf_rules_and_any_shard);
     tcase_add_test(tc, test_model_gradient_matches_finite_differences);
     tcase_add_test(tc, test_unit_assignment_does_not_change_the_math);
+    tcase_add_test(tc, test_bf16_compute_keeps_bfloat16_tensors);
     tcase_add_test(tc, test_bad_tokens_are_refused_with_position);
     tcase_add_test(tc, test_checkpoint_round_trip_and_refusals);
     tcase_add_test(tc, test_generation_is_deterministic);

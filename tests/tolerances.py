@@ -17,7 +17,8 @@ sum, so over a million gradient elements and every variant of `make check` the c
     python3 tests/tolerances.py loss CONFIG_JSON TOKENS SEQ        relative bound on the first step's loss
     python3 tests/tolerances.py adamw LR STEPS                     absolute bound on parameters after STEPS steps
     python3 tests/tolerances.py drift GRADS_DIR TOKENS SEQ LR      absolute loss drift per AdamW step (derived)
-    python3 tests/tolerances.py torch_bf16_loss CONFIG_JSON TOKENS relative bound, step 1's loss, MP=bf16 vs torch
+    python3 tests/tolerances.py torch_bf16_loss CONFIG_JSON TOKENS SEQ  relative bound, a step's loss, MP=bf16 vs torch
+    python3 tests/tolerances.py torch_bf16_drift OURS_GRADS TORCH_GRADS LR   loss drift per step, MP=bf16 vs torch
 
 TOKENS is the number of target tokens in one optimizer step (global batch x SEQ x accumulation).
 """
@@ -191,56 +192,138 @@ def bf16_sum_over_ranks_l1(local_l1_sum, world):
     rank's ||t_r||_1, summed: lab 05 writes it beside GRADS as local_grad_l1.json):
       ||G_N - G_1||_1 <= [(N-1) u (1+u)^N + u/(1-u) + 2 u (1+u)^(N+1)] A / N      (about (N+2) u ||G||_1)
     Deterministic (worst case), for any order the ring or gloo adds in. Gradient accumulation (ACC > 1) adds the
-    same bound per micro-batch, which A already sums."""
+    same bound per micro-batch, which A already sums. With bfloat16 compute (core/layers_bf16.h) every activation is
+    rounded too, but per token: 1 rank and N ranks compute each row alike (a row's float32 sums do not depend on how
+    many rows a GEMM has), so g_r is still the float32 sum of the same per-token terms, and where a float32 order does
+    differ the rounding flip it may cause transfers that difference unamplified in expectation (check_torch_bf16.py),
+    inside the float32 term. The bound is unchanged; measured after the change, the largest difference / bound is
+    0.20 on 2 ranks and 0.14 on 4 (lab 07's check)."""
     u, n = U_BF16, world
     return ((n - 1) * u * (1 + u) ** n + u / (1 - u) + 2 * u * (1 + u) ** (n + 1)) * local_l1_sum / n
 
 
+def bf16_forward_roundings(config):
+    """The tensors torch's bfloat16 forward (HF Qwen2, eager attention, MixedPrecision(param_dtype=bfloat16)) rounds
+    to bfloat16 on one value's way from the embedding to the logits, as core/layers_bf16.h lists them (and
+    tests/check_torch_bf16.py checks on torch). Per layer: input_layernorm (x * rstd cast back, then times the weight:
+    2), the q/k/v projection (1), RoPE (q cos, rotate_half(q) sin, their sum: 3), the scores q k^T and their scaling
+    (2), softmax's float32 result cast back (1; adding the causal mask's 0 rounds nothing), probs times V (1), o_proj
+    (1), the residual add (1), post_attention_layernorm (2), gate or up (1), SiLU (1), SiLU times up (1), down_proj (1),
+    the residual add (1): 19. Then the final norm (2) and lm_head (1); the cross-entropy runs on logits.float()."""
+    return 19 * config["num_hidden_layers"] + 3
+
+
+def longest_sum(config, seq):
+    """The most terms any float32 sum of the forward adds: a GEMM's inner dimension (hidden, intermediate, head_dim),
+    attention's T keys, the vocabulary's log-sum-exp."""
+    C = config["hidden_size"]
+    return max(C, config["intermediate_size"], C // config["num_attention_heads"], seq, config["vocab_size"])
+
+
+def bf16_activation_loss_tolerance(config, tokens):
+    """Relative bound on what rounding every activation to bfloat16 does to one step's loss (lab 07: MP=bf16 against
+    float32 on the same weights). Each of the R = bf16_forward_roundings roundings on a token's path gives every
+    element of its tensor an independent relative error |eps| <= u = 2^-8 of mean zero (Higham and Mary's model), so
+    the loss moves by dL = sum_k c_k eps_k, c_k = a_k dL/da_k, and by Hoeffding |dL| <= lambda u sqrt(sum_k c_k^2)
+    except with probability 2 exp(-lambda^2 / 2). The assumption, as loss_tolerance's factor 2: a tensor's rounding
+    moves token i's loss l_i by at most 2 l_i times its elements' relative error (sum over the tensor of c_k^2 <=
+    (2 l_i / n)^2), and l_i <= 2 L at initialisation (logits near 0: every l_i near ln V). Over n tokens x R tensors:
+
+      tol = 2 lambda u sqrt(R / n) x 2"""
+    return 2.0 * LAMBDA * U_BF16 * math.sqrt(bf16_forward_roundings(config) / tokens) * 2.0
+
+
+def bf16_reduction_l1(local_l1_sum, levels):
+    """Per tensor, an L1 bound on |G_bf16 - G_fp32| where both reduce the same bfloat16 local gradients t_r (the same
+    strategy and ranks, reduce_dtype bfloat16 vs float32: every local computation is the same, bit for bit) as a mean
+    over ranks in `levels` rings, one after another: [N] for a reduce-scatter (or NO_SHARD's all-reduce) over N ranks,
+    [S, R] for HYBRID_SHARD's reduce-scatter in shard groups of S, then its all-reduce across replicate groups of R.
+    A ring of m bfloat16 values rounds each hop's sum (comm.c): |ring - sum x| <= (m - 1) u (1+u)^m sum |x|; its mean
+    rounds once more, u |result|, and |result| <= (1+u)^(m+1) sum |x| / m. A level's inputs are the last level's
+    outputs, whose L1 grows by at most (1+u)^(m+1) / m per level while the errors carry through the means (divided by
+    the later levels' sizes). So with A = sum over ranks of ||t_r||_1 (local_grad_l1.json) and N = prod(levels):
+
+      ||G_bf16 - S||_1 <= sum over levels k of [(m_k - 1) u (1+u)^(m_k) + u (1+u)^(m_k + 1)] g_k A / N,
+      g_k = prod over levels before k of (1+u)^(m_j + 1)
+
+    (S the exact mean; about (sum of the m_k) u A / N). The float32 reduction of the same values is off from S by the
+    same expression with u = 2^-24: its sum is added, so the bound holds for the difference of the two runs.
+    Deterministic, for any order the rings add in. A sum for a mean is off by about ||G||_1, a dropped level or a
+    skipped replicate all-reduce by O(||G||_1) too."""
+    def one(u):
+        total, growth = 0.0, 1.0
+        for m in levels:
+            total += ((m - 1) * u * (1 + u) ** m + u * (1 + u) ** (m + 1)) * growth
+            growth *= (1 + u) ** (m + 1)
+        return total
+    world = math.prod(levels)
+    return (one(U_BF16) + one(U)) * local_l1_sum / world
+
+
 def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss, config, tokens, seq):
-    """|loss_MP(t) - loss_fp32(t)| for the same init and batches (lab 07). Three parts:
+    """|loss_MP(t) - loss_fp32(t)| for the same init and batches (lab 07). Four parts:
       - computing on bfloat16 weights: L(bf16(w)) - L(w) = g . (bf16(w) - w) to first order, at most
         r_t = sum_i |g_i| |w_i - bf16(w_i)| (the lab measures it each step on the master weights); the factor 2
         leaves room for the second-order term, which is below the first while |bf16(w) - w| <= 2^-8 |w| is as
         small as it is (an assumption, not a theorem: a loss flat to first order would break it);
+      - computing in bfloat16: every op's output rounded (core/layers_bf16.h), bf16_activation_loss_tolerance x |loss|;
       - the trajectories: AdamW's updates from the two runs' gradients differ; later_loss_allowance's argument
         (|g du| <= |dg| / 4 per element) with the step-1 gradient difference D = sum |g_MP - g_fp32|:
         (t - 1) lr / 4 D;
       - float32 rounding of the loss itself: loss_tolerance x |loss|.
-      bound_t = 2 r_t + (t - 1) lr / 4 D + loss_tolerance |loss|"""
+      bound_t = 2 r_t + bf16_activation_loss_tolerance |loss| + (t - 1) lr / 4 D + loss_tolerance |loss|"""
     return 2.0 * rounding + (step - 1) * lr / 4.0 * gradient_l1_difference + \
-        loss_tolerance(config, tokens, seq) * abs(loss)
+        (loss_tolerance(config, tokens, seq) + bf16_activation_loss_tolerance(config, tokens)) * abs(loss)
 
 
-def bf16_forward_roundings(config):
-    """The tensors torch's bfloat16 forward (HF Qwen2, eager attention, MixedPrecision(param_dtype=bfloat16)) rounds
-    to bfloat16 on one value's way from the embedding to the logits. Per layer: input_layernorm (the float32 norm
-    cast back, then times the weight: 2), the q/k/v projection (1), RoPE (q cos, rotate_half(q) sin, their sum: 3),
-    the scores q k^T and their scaling (2), the mask added (1), softmax's float32 result cast back (1), probs times V
-    (1), o_proj (1), the residual add (1), post_attention_layernorm (2), gate and up (1 each on their paths: 1), SiLU
-    (1), SiLU times up (1), down_proj (1), the residual add (1): 20. Then the final norm (2) and lm_head (1); the
-    cross-entropy runs on logits.float()."""
-    return 20 * config["num_hidden_layers"] + 3
+def torch_bf16_loss_tolerance(config, tokens, seq):
+    """Relative bound on one step's loss from that step's own computation, fsdplab MP=bf16 vs torch FSDP with
+    MixedPrecision(param_dtype=bfloat16), given the same weights. Both round the same tensors at the same places
+    (core/layers_bf16.h mirrors torch op by op; tests/check_torch_bf16.py checks it against torch) from float32 values
+    that differ only in summation order, so they disagree where those float32 values fall on two sides of a rounding
+    boundary ("flips"). Two parts:
+      - the float32 disagreement itself: loss_tolerance, as the float32 parity;
+      - flips. A float32 sum of K terms computed in two orders differs by at most rho |v|, rho = lambda u32 sqrt(K)
+        (K the longest sum, longest_sum: no cancellation assumed), and with the boundary's position uniform the two
+        round apart with probability <= rho |v| / (bfloat16 spacing) <= rho / u, by one spacing <= 2 u |v|: the relative
+        change eta of that element has E eta^2 <= (2 u)^2 rho / u = 4 u rho. With bf16_activation_loss_tolerance's
+        assumption (a tensor moves l_i by at most 2 l_i times its elements' relative change, l_i <= 2 L), the n R
+        tensors' flips (independent, mean zero by symmetry) move the mean loss by at most, by Bernstein's inequality
+        (variance 16 u rho R l^2 / n, each term <= 2 u 2 l / n):
+          lambda sqrt(16 u rho R / n) 2 L + lambda^2 (4 u / (3 n)) 2 L
+
+      tol = loss_tolerance + 2 (4 lambda sqrt(u rho R / n) + 4 lambda^2 u / (3 n))
+
+    For the tiny model (R = 79, n = 2048, K = 352) that is 2.9e-3 of the loss (it was 0.2 while fsdplab kept float32
+    activations: then every one of torch's roundings counted as an independent error). Later steps add the drift of
+    torch_bf16_drift."""
+    rho = LAMBDA * U * math.sqrt(longest_sum(config, seq))
+    R, n, u = bf16_forward_roundings(config), tokens, U_BF16
+    flips = 4.0 * LAMBDA * math.sqrt(u * rho * R / n) + 4.0 * LAMBDA ** 2 * u / (3.0 * n)
+    return loss_tolerance(config, tokens, seq) + 2.0 * flips
 
 
-def torch_bf16_loss_tolerance(config, tokens):
-    """Relative bound on the first optimizer step's loss, fsdplab MP=bf16 vs torch FSDP with
-    MixedPrecision(param_dtype=bfloat16): both start from the same float32 bytes and round them to the same bfloat16
-    weights (round to nearest even on both sides), but fsdplab keeps activations in float32 (core/flat_param.h)
-    while torch rounds each op's output to bfloat16 (bf16_forward_roundings: R per value's path). Model, as
-    loss_tolerance's: each rounding is an independent relative error of at most u = 2^-8 with mean zero, so one
-    token's cross-entropy moves by at most lambda u sqrt(R) x 2 l_i (the factor 2 as in loss_tolerance) with
-    probability 1 - 2 exp(-lambda^2 / 2); the n tokens' roundings are of different values, independent, so their mean
-    moves by at most lambda / sqrt(n) times the largest (Hoeffding); the largest token loss at initialisation is
-    taken as at most twice the mean (logits near 0: every l_i near ln V). Float32's own rounding is far below.
+def torch_bf16_drift(ours_dir, torch_dir, lr):
+    """The loss drift per step taken, fsdplab MP=bf16 vs torch, from the step-1 gradients both wrote (lab 05's GRADS,
+    torch_fsdp_train.py's --grads): D = sum |g_fsdplab - g_torch| over every element. As later_loss_allowance, the loss
+    moves by g . du per element; AdamW's first update is u(g) = g / (|g| + eps), and for a finite gradient difference
+    dg (bfloat16's flips, not infinitesimal: a small gradient's sign may differ between the runs) |g (u(g + dg) - u(g))|
+    <= |dg| (the sup, approached when g + dg = -g), so
 
-      tol = 4 lambda^2 u sqrt(R) / sqrt(n)
+      drift = lr x D      (per step taken; 4 x later_loss_allowance's first-order lr / 4)
 
-    For the tiny model (R = 83, n = 2048) that is 0.2: it catches a step that goes wrong as a whole (garbage
-    gathered, a unit computed in the wrong precision throughout), not a subtle one; lab 07's checks are the tight
-    ones. Later steps are not bounded: AdamW's updates from gradients whose bfloat16 rounding differs (torch rounds
-    every backward tensor too) differ by up to 2 lr per element (adamw_parameter_tolerance), which bounds the loss
-    only by ||g||_1 2 lr per step, larger than the loss on this model."""
-    return 4.0 * LAMBDA ** 2 * U_BF16 * math.sqrt(bf16_forward_roundings(config)) / math.sqrt(tokens)
+    Returns (drift, D, the gross bound D must be under): D comes from rounding only when both sides' gradients are
+    right; twice the bound of one side's bfloat16 reduce error (bf16_sum_over_ranks_l1 from ours local_grad_l1.json)
+    is far above what flips make and far below a wrong gradient (a sum for a mean is off by ||g||_1)."""
+    ours = read_safetensors(f"{ours_dir}/model.safetensors")
+    theirs = read_safetensors(f"{torch_dir}/model.safetensors")
+    if set(ours) != set(theirs):
+        raise ValueError(f"tensors differ: {sorted(set(ours) ^ set(theirs))}")
+    with open(f"{ours_dir}/local_grad_l1.json") as file:
+        local = json.load(file)
+    difference = sum(abs(a - b) for name, g in theirs.items() for a, b in zip(ours[name], g))
+    gross = 2.0 * sum(bf16_sum_over_ranks_l1(local["local_grad_l1"][name], local["world"]) for name in ours)
+    return lr * difference, difference, gross
 
 
 def main(argv):
@@ -255,8 +338,18 @@ def main(argv):
         gradients = read_safetensors(f"{grads_dir}/model.safetensors")
         print(f"{derived_loss_drift(gradients, config, tokens, seq, lr):.6e}")
         return 0
-    if len(argv) == 4 and argv[1] == "torch_bf16_loss":
-        print(f"{torch_bf16_loss_tolerance(load_config(argv[2]), int(argv[3])):.6e}")
+    if len(argv) == 5 and argv[1] == "torch_bf16_loss":
+        print(f"{torch_bf16_loss_tolerance(load_config(argv[2]), int(argv[3]), int(argv[4])):.6e}")
+        return 0
+    if len(argv) == 5 and argv[1] == "torch_bf16_drift":
+        drift, difference, gross = torch_bf16_drift(argv[2], argv[3], float(argv[4]))
+        if difference > gross:
+            print(f"step-1 gradients: sum |g_fsdplab - g_torch| = {difference:.4e} exceeds {gross:.4e}, twice the "
+                  f"bfloat16 reduce's error bound: a gradient is wrong, not rounded", file=sys.stderr)
+            return 1
+        print(f"{drift:.6e}")
+        print(f"step-1 gradients: sum |g_fsdplab - g_torch| = {difference:.4e} (gross bound {gross:.4e}); drift "
+              f"lr x that = {drift:.4e} per step", file=sys.stderr)
         return 0
     if len(argv) == 4 and argv[1] == "adamw":
         print(f"{adamw_parameter_tolerance(float(argv[2]), int(argv[3])):.6e}")
