@@ -105,8 +105,8 @@ typedef struct flat_param {
     int post_unshard_pending;        /* its all-gather is in flight: post_unshard runs at the wait */
     int force_full_precision;        /* torch's _force_full_precision (state_dict): unshard the float32 master */
     void *low_precision_grad;        /* the gradient cast to reduce_dtype, read by the reduce-scatter in flight */
-    void *low_precision_reduce_output; /* the reduce-scatter's reduce_dtype output, cast and added at the wait (NO_SHARD:
-                                          none, the all-reduce runs in place in low_precision_grad) */
+    void *low_precision_reduce_output; /* the reduce-scatter's reduce_dtype output, cast and added at the wait
+                                          (NO_SHARD: none, the all-reduce runs in place in low_precision_grad) */
     int reducing_low_precision;      /* the reduce in flight is the reduce_dtype one (its wait casts and adds) */
     double *local_grad_l1;           /* per parameter: sum |g| of this rank's param_dtype gradient as it went into the
                                         reduce, summed over the reduces since fp_zero_grad (what the bound of a

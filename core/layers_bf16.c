@@ -51,8 +51,9 @@ void rmsnorm_backward_bf16(float *dinp, float *dweight, const float *dout, const
     }
 }
 
-/* One head vector at one position. Forward: [x1, x2] -> [bf16(bf16(x1 c) - bf16(x2 s)), bf16(bf16(x2 c') + bf16(x1 s'))]
- * (rotate_half(x) = [-x2, x1]; c, s the first half's table entries, c', s' the second's). */
+/* One head vector at one position. Forward: [x1, x2] -> [bf16(bf16(x1 c) - bf16(x2 s)),
+ * bf16(bf16(x2 c') + bf16(x1 s'))] (rotate_half(x) = [-x2, x1]; c, s the first half's table entries, c', s' the
+ * second's). */
 static void rotate_forward(float *x, const float *cos_row, const float *sin_row, int D) {
     int half = D / 2;
     for (int i = 0; i < half; i++) {

@@ -743,8 +743,9 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
 
     a->ln1 = output_buffer(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
     a->ln1_rstd = output_buffer(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
-    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
-    else d->rmsnorm_forward(d, a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    float eps = (float)c->rms_norm_eps;
+    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, eps);
+    else d->rmsnorm_forward(d, a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, eps);
     a->q = output_buffer(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
     a->k = output_buffer(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
     a->v = output_buffer(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
@@ -790,8 +791,8 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
 
     a->ln2 = output_buffer(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
     a->ln2_rstd = output_buffer(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
-    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
-    else d->rmsnorm_forward(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, (float)c->rms_norm_eps);
+    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, eps);
+    else d->rmsnorm_forward(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, eps);
     a->gate_up = output_buffer(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
     a->swiglu = output_buffer(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
     float *stacked = NULL;

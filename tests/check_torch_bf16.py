@@ -275,7 +275,8 @@ def check_model(scratch):
         control = (r(ours["fp32"][name].reshape(reference.shape)) - reference).abs().sum().item()
         worst = max(worst, difference / bound if bound else math.inf)
         report(difference <= bound, f"B {name}: ||ours - torch||_1 {difference:.3e} <= {bound:.3e} (float32 pipelines "
-               f"{float32:.2e}; float32 compute rounded at the end: {control:.2e}; identical {identical(mine, reference):.4f})")
+               f"{float32:.2e}; float32 compute rounded at the end: {control:.2e}; identical "
+               f"{identical(mine, reference):.4f})")
     print(f"B largest difference / bound: {worst:.3f}")
 
 

@@ -61,9 +61,10 @@ check "05_full_step -np 4 MP=bf16 HYBRID_SHARD 2 x 2: bytes across groups exactl
   python3 tests/check_lab08.py traffic runs/check/07_hybrid_bf16 runs/check/07_hybrid_bf16/grads/config.json 2 1 1 2
 mixedreduce "_HYBRID_SHARD_ZERO2 2 x 2" 4 hybrid_zero2 STRATEGY=_HYBRID_SHARD_ZERO2 SHARD_GROUP=2
 # The memory model of each (runs without GRADS, whose gathered gradients the model does not count), to the byte.
-for variant in "2 STRATEGY=NO_SHARD" "3 STRATEGY=NO_SHARD MBS=3" "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 MBS=2 COMM_STREAMS=1 \
-  BACKWARD_PREFETCH=BACKWARD_PRE" "4 STRATEGY=_HYBRID_SHARD_ZERO2 SHARD_GROUP=2 MBS=2" "4 STRATEGY=HYBRID_SHARD \
-  SHARD_GROUP=1 MBS=2" "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 MBS=2 MP=bf16,reduce=fp32"; do
+for variant in "2 STRATEGY=NO_SHARD" "3 STRATEGY=NO_SHARD MBS=3" \
+  "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 MBS=2 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE" \
+  "4 STRATEGY=_HYBRID_SHARD_ZERO2 SHARD_GROUP=2 MBS=2" "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=1 MBS=2" \
+  "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 MBS=2 MP=bf16,reduce=fp32"; do
   set -- $variant
   check "05_full_step -np $* MP=bf16: memory model exact to the byte" bash -c "env OUT=runs/check/07_memory STEPS=2 \
     MP=bf16 ${*:2} $MPIRUN -np $1 lab/05_full_step > runs/check/07_memory.log &&
@@ -85,7 +86,7 @@ mixedoffload() { # mixedoffload NAME RANKS TAG ENV...
          <(grep -o '^[0-9]*/[0-9]*: Loss = [0-9.]*' '$(log_of "05_full_step -np $ranks MP=bf16 $name OFFLOAD=1")')"
   check "05_full_step -np $ranks MP=bf16 $name OFFLOAD=1: memory model exact per pool" python3 \
     tests/check_memory_model.py "$(log_of "05_full_step -np $ranks MP=bf16 $name OFFLOAD=1")"
-  check "05_full_step -np $ranks MP=bf16 $name OFFLOAD=1: h2d of the float32 shard per bfloat16 all-gather, d2h per reduce" \
+  check "05_full_step -np $ranks MP=bf16 $name OFFLOAD=1: h2d of the float32 shard per all-gather, d2h per reduce" \
     python3 tests/check_mixed_strategies.py copies "runs/check/07_${tag}_1"
 }
 mixedoffload "FULL_SHARD ACC=2" 2 offload ACC=2
