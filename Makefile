@@ -76,6 +76,20 @@ ifeq ($(CUDA),1)
     $(shell mpicc --showme:compile 2>/dev/null) -Xcompiler -Wall,-Wextra --Werror all-warnings
 endif
 
+# The CUDA emulator's build (make CUDA=emulated, into build/cuda_emulated/): the CUDA build's sources, FSDPLAB_CUDA
+# defined, against tests/cuda_emulator/'s cuda_runtime.h and cublas_v2.h instead of the toolkit's, the .cu files
+# through translate.py and g++; NCCL left out (tests/cuda_emulator/nccl_absent.c refuses BACKEND=nccl). No CUDA
+# toolkit or GPU needed: DEVICE=cuda runs on the CPU, every call synchronous (tests/cuda_emulator/cuda_runtime.h says
+# what that does and does not show). tests/suites/cuda_emulated.sh runs it.
+ifeq ($(CUDA),emulated)
+  BUILD ?= build/cuda_emulated
+  EMULATOR := tests/cuda_emulator
+  REQUIRED_CFLAGS_CUDA := -DFSDPLAB_CUDA -I$(EMULATOR)
+  REQUIRED_LDLIBS_CUDA := -lstdc++
+  EMULATOR_CXX := g++ -std=c++17 -O2 -ffp-contract=off -Wall -Wextra -Werror -Wno-unused-parameter -I$(EMULATOR) \
+    -Icore/cuda -Icore $(shell pkg-config --cflags openblas) $(shell mpicc --showme:compile 2>/dev/null)
+endif
+
 CC := mpicc
 # CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS and LDLIBS are the user's to set; what the build cannot do without is
 # in REQUIRED_CFLAGS and REQUIRED_LDLIBS, which every compile and link line uses as well. The user's flags come after
@@ -109,11 +123,17 @@ ifeq ($(CUDA),1)
   CUDA_SRC := $(wildcard core/cuda/*.cu)
   GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers)
 endif
+ifeq ($(CUDA),emulated)
+  CORE_SRC += core/cuda/cuda_device.c core/cuda/cuda_stream.c $(EMULATOR)/nccl_absent.c
+  CUDA_SRC := $(wildcard core/cuda/*.cu)
+  EMULATOR_OBJ := $(EMULATOR)/emulator.o $(EMULATOR)/runtime.o
+  GPU_TESTS := tests/bin/gpu_layers
+endif
 # BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
 # second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
 O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
 TRACE_OBJ := $(addprefix $(O),$(TRACE_SRC:.c=.o))
-CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o) $(CUDA_SRC:.cu=.o))
+CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o) $(CUDA_SRC:.cu=.o) $(EMULATOR_OBJ))
 LABS := $(addprefix $(O),$(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c)))
 UNIT_TESTS := $(addprefix $(O),$(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c)))
 TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/bin/fuzz_parsers tests/bin/tokenize_tool)
@@ -127,14 +147,29 @@ all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts
 
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
 HEADERS := $(wildcard core/*.h core/cuda/*.h trace/*.h)
+ifeq ($(CUDA),emulated)
+  EMULATOR_HEADERS := $(wildcard $(EMULATOR)/*.h) core/cuda/kernels.cuh
+  HEADERS += $(EMULATOR_HEADERS)
+endif
 $(O)%.o: %.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(COMPILE) -c $< -o $@
 
+ifeq ($(CUDA),emulated)
+# The emulator's build: each .cu with its launches rewritten as C++ (translate.py), then g++; the emulator itself.
+$(O)%.o: %.cu $(HEADERS) $(EMULATOR_HEADERS) $(EMULATOR)/translate.py
+	@mkdir -p $(@D)
+	python3 $(EMULATOR)/translate.py $< > $(@:.o=.cpp)
+	$(EMULATOR_CXX) -c $(@:.o=.cpp) -o $@
+$(O)%.o: %.cpp $(EMULATOR_HEADERS)
+	@mkdir -p $(@D)
+	$(EMULATOR_CXX) -c $< -o $@
+else
 # The CUDA build's kernels (CUDA=1): nvcc, C++17, for sm_80 (A100) and sm_90 (H100, H200).
 $(O)%.o: %.cu $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(REQUIRED_NVCCFLAGS) $(NVCCFLAGS) -c $< -o $@
+endif
 
 # The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
 # llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
