@@ -15,6 +15,9 @@
 #                     /usr/local/cuda), and NCCL_HOME, CUBLAS_HOME where NCCL and cuBLAS live elsewhere (pip's
 #                     nvidia-* wheels: site-packages/nvidia/nccl, .../nvidia/cu13)
 #   make check-cuda-build   `make CUDA=1` links here, GPU or not (tests/suites/cuda_build.sh; skipped without nvcc)
+#   make CUDA=emulated  the CUDA build on the CUDA emulator (tests/cuda_emulator/) into build/cuda_emulated/: DEVICE=cuda
+#                     runs on the CPU, no toolkit or GPU needed; `make check-cuda-emulated` runs lab 05 on it against
+#                     the CPU build (tests/suites/cuda_emulated.sh)
 #   make check-sanitize   labs 01-05, the unit tests, fsdptrace and the parser fuzzer from that build (tests/suites/sanitize.sh)
 #   make clean
 #   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
@@ -140,7 +143,7 @@ TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/b
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
+.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
 all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model \
   $(addprefix $(O),$(GPU_TESTS))
@@ -225,7 +228,7 @@ run: lab/05_full_step
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
 	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab07 lab08 lab09 train \
-	  badinput notebooks cuda_build
+	  badinput notebooks cuda_build cuda_emulated
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
 check-sanitize: sanitize
 	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
@@ -263,6 +266,8 @@ check-resume: all
 	@tests/run_checks.sh resume
 check-cuda-build: all
 	@tests/run_checks.sh cuda_build
+check-cuda-emulated: all
+	@tests/run_checks.sh cuda_emulated
 
 # The notebooks executed, as HTML with their outputs, for reading.
 notebooks: all

@@ -1,7 +1,7 @@
 /* cuda_runtime.h of the CUDA emulator: the part of the CUDA runtime that core/cuda/ uses (cuda_device.c,
  * cuda_stream.c in C; kernels.cu, cuda_ops.cu as C++), on the CPU, so the CUDA device runs where there is no GPU.
- * tests/cuda_emulator/run.sh runs tests/gpu_layers.c on it; tests/cuda_emulator/build.sh builds the whole runtime
- * (every program, FSDPLAB_CUDA defined) on it for tests/suites/cuda_emulated.sh.
+ * `make CUDA=emulated` builds the whole runtime on it (FSDPLAB_CUDA defined) into build/cuda_emulated/:
+ * tests/cuda_emulator/run.sh runs tests/gpu_layers.c there, tests/suites/cuda_emulated.sh lab 05.
  *
  * What it is:
  *   - Kernels: a block's threads are fibers (ucontext, emulator.cpp), run one at a time until each reaches

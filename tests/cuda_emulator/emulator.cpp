@@ -1,19 +1,36 @@
 /* emulator.cpp — the CUDA emulator's kernel launches (see cuda_runtime.h here): each block's threads as fibers.
  *
- * A fiber is a stack of its own, made once (makecontext) and kept for every later launch: it parks at the top of its
- * loop, runs the kernel for the thread it is given, and parks again. Switching between a fiber and the scheduler is
- * _setjmp / _longjmp, which do not save the signal mask (swapcontext makes a system call per switch, and a kernel
- * switches at every barrier of every thread). */
-#undef _FORTIFY_SOURCE /* its longjmp check refuses a jump onto another stack, which is what a fiber switch is */
-#include <setjmp.h>
+ * A fiber is a stack of its own, made once and kept for every later launch: it runs the kernel for the thread it is
+ * given, parks, and on its next resume runs it again for the next. A switch between a fiber and the scheduler saves
+ * the callee-saved registers on the stack being left and loads the other's stack pointer (emulator_switch, x86-64):
+ * a kernel switches at every barrier of every thread, so this is the emulator's inner loop (swapcontext would make a
+ * system call per switch, setjmp/longjmp unwind checks). A fiber parked at a barrier that has not opened yet is not
+ * resumed at all. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <ucontext.h>
 
 #include <mutex>
 #include <vector>
 
 #include "cuda_runtime.h"
+
+#if !defined(__x86_64__)
+#error "the CUDA emulator's fiber switch is x86-64 assembly"
+#endif
+
+/* emulator_switch(save, to): pushes rbp, rbx, r12-r15, stores the stack pointer at *save, loads `to`, pops the
+ * other side's registers and returns into it. */
+extern "C" void emulator_switch(void **save, void *to);
+asm(".text\n"
+    ".globl emulator_switch\n"
+    ".type emulator_switch, @function\n"
+    "emulator_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emulator_switch, .-emulator_switch\n");
 
 emulator_index emulator_thread, emulator_block;
 dim3 emulator_block_dim, emulator_grid_dim;
@@ -21,11 +38,21 @@ uint64_t emulator_lanes[32][32];
 
 namespace {
 const size_t STACK_BYTES = 256 * 1024;
-jmp_buf scheduler;
-struct fiber {
-    jmp_buf parked; /* where it resumes */
-    char *stack;
+
+/* A barrier for `size` fibers: the last to arrive opens it (a new generation); the others park until then. */
+struct barrier {
+    int arrived = 0;
+    unsigned long generation = 0;
 };
+barrier block_barrier, warp_barriers[32];
+
+struct fiber {
+    void *sp;                      /* its stack pointer while parked */
+    char *stack;
+    const barrier *waiting = NULL; /* parked at this barrier, until its generation passes `generation` */
+    unsigned long generation = 0;
+};
+void *scheduler_sp;
 std::vector<fiber> fibers; /* made on first need, kept */
 std::vector<emulator_index> thread_index;
 std::vector<int> finished;
@@ -34,16 +61,7 @@ unsigned long progress = 0; /* arrivals, openings and ends: a round without any 
 std::function<void()> *kernel;
 std::mutex launch_lock;
 
-/* A barrier for `size` fibers: the last to arrive opens it (a new generation); the others yield until then. */
-struct barrier {
-    int arrived = 0;
-    unsigned long generation = 0;
-};
-barrier block_barrier, warp_barriers[32];
-
-void yield_to_scheduler() {
-    if (_setjmp(fibers[current].parked) == 0) _longjmp(scheduler, 1);
-}
+void yield_to_scheduler() { emulator_switch(&fibers[current].sp, scheduler_sp); }
 
 void wait_at(barrier &b, int size) {
     unsigned long generation = b.generation;
@@ -53,45 +71,45 @@ void wait_at(barrier &b, int size) {
         b.generation++;
         return;
     }
+    fibers[current].waiting = &b;
+    fibers[current].generation = generation;
     while (b.generation == generation) yield_to_scheduler();
+    fibers[current].waiting = NULL;
 }
 
-/* A fiber's whole life: park; when resumed, run the kernel as thread `current`, mark it ended, park again. */
-void fiber_main() {
+/* A fiber's whole life: run the kernel as thread `current`, mark it ended, park; again on the next resume. */
+[[noreturn]] void fiber_main() {
     for (;;) {
-        yield_to_scheduler();
         (*kernel)();
         finished[current] = 1;
         progress++;
+        yield_to_scheduler();
     }
 }
 
-/* Runs fiber t until it parks (at a barrier, or done). */
-__attribute__((noinline)) void resume(int t) {
-    current = t;
-    if (_setjmp(scheduler) == 0) _longjmp(fibers[t].parked, 1);
-}
-
-/* Makes fibers up to n: each starts on its own stack and parks at once. */
+/* Makes fibers up to n. A new stack holds what emulator_switch pops: six zero registers, then fiber_main as the
+ * return address, above it a zero as fiber_main's own return address (so fiber_main starts with the stack aligned
+ * as after a call: 8 mod 16). */
 void make_fibers(int n) {
-    static ucontext_t start, here;
     while ((int)fibers.size() < n) {
-        int t = (int)fibers.size();
-        fibers.push_back(fiber{});
-        fibers[t].stack = (char *)malloc(STACK_BYTES);
-        if (fibers[t].stack == NULL) {
+        fiber f;
+        f.stack = (char *)malloc(STACK_BYTES);
+        if (f.stack == NULL) {
             fprintf(stderr, "cuda emulator: out of memory for a fiber's stack\n");
             abort();
         }
-        getcontext(&start);
-        start.uc_stack.ss_sp = fibers[t].stack;
-        start.uc_stack.ss_size = STACK_BYTES;
-        start.uc_link = NULL; /* fiber_main never returns */
-        makecontext(&start, fiber_main, 0);
-        current = t;
-        if (_setjmp(scheduler) == 0) swapcontext(&here, &start);
+        uintptr_t top = ((uintptr_t)f.stack + STACK_BYTES) & ~(uintptr_t)15;
+        void **frame = (void **)(top - 64);
+        for (int i = 0; i < 6; i++) frame[i] = NULL;
+        frame[6] = (void *)&fiber_main;
+        frame[7] = NULL;
+        f.sp = frame;
+        fibers.push_back(f);
     }
 }
+
+/* Whether fiber t, parked at a barrier, would only find it still closed. */
+bool still_waiting(int t) { return fibers[t].waiting != NULL && fibers[t].waiting->generation == fibers[t].generation; }
 
 /* One block: its threads as fibers, round robin until every one has ended. */
 void run_block(emulator_index where, dim3 block) {
@@ -108,9 +126,10 @@ void run_block(emulator_index where, dim3 block) {
         unsigned long before = progress;
         int ended = 0;
         for (int t = 0; t < threads; t++) {
-            if (finished[t]) continue;
+            if (finished[t] || still_waiting(t)) continue;
+            current = t;
             emulator_thread = thread_index[t];
-            resume(t);
+            emulator_switch(&scheduler_sp, fibers[t].sp);
             if (finished[t]) ended++;
         }
         alive -= ended;

@@ -246,6 +246,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
         fprintf(stderr, "cuda emulator: cudaMemcpyAsync kind %d of %zu bytes from %p (%s) to %p (%s)\n", (int)kind,
                 bytes, src, src_device ? "GPU" : src_host ? "host" : "past a GPU block's end", dst,
                 dst_device ? "GPU" : dst_host ? "host" : "past a GPU block's end");
+        void *frames[24];
+        backtrace_symbols_fd(frames, backtrace(frames, 24), 2);
         return emulator_fail(cudaErrorIllegalAddress, "cudaMemcpyAsync");
     }
     emulator_device_access_begin();
