@@ -15,6 +15,9 @@
 #                     /usr/local/cuda), and NCCL_HOME, CUBLAS_HOME where NCCL and cuBLAS live elsewhere (pip's
 #                     nvidia-* wheels: site-packages/nvidia/nccl, .../nvidia/cu13)
 #   make check-cuda-build   `make CUDA=1` links here, GPU or not (tests/suites/cuda_build.sh; skipped without nvcc)
+#   make CUDA=emulated  the CUDA build on the CUDA emulator (tests/cuda_emulator/) into build/cuda_emulated/: DEVICE=cuda
+#                     runs on the CPU, no toolkit or GPU needed; `make check-cuda-emulated` runs lab 05 on it against
+#                     the CPU build (tests/suites/cuda_emulated.sh)
 #   make check-sanitize   labs 01-05, the unit tests, fsdptrace and the parser fuzzer from that build (tests/suites/sanitize.sh)
 #   make clean
 #   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
@@ -76,6 +79,20 @@ ifeq ($(CUDA),1)
     $(shell mpicc --showme:compile 2>/dev/null) -Xcompiler -Wall,-Wextra --Werror all-warnings
 endif
 
+# The CUDA emulator's build (make CUDA=emulated, into build/cuda_emulated/): the CUDA build's sources, FSDPLAB_CUDA
+# defined, against tests/cuda_emulator/'s cuda_runtime.h and cublas_v2.h instead of the toolkit's, the .cu files
+# through translate.py and g++; NCCL left out (tests/cuda_emulator/nccl_absent.c refuses BACKEND=nccl). No CUDA
+# toolkit or GPU needed: DEVICE=cuda runs on the CPU, every call synchronous (tests/cuda_emulator/cuda_runtime.h says
+# what that does and does not show). tests/suites/cuda_emulated.sh runs it.
+ifeq ($(CUDA),emulated)
+  BUILD ?= build/cuda_emulated
+  EMULATOR := tests/cuda_emulator
+  REQUIRED_CFLAGS_CUDA := -DFSDPLAB_CUDA -I$(EMULATOR)
+  REQUIRED_LDLIBS_CUDA := -lstdc++
+  EMULATOR_CXX := g++ -std=c++17 -O2 -ffp-contract=off -Wall -Wextra -Werror -Wno-unused-parameter -I$(EMULATOR) \
+    -Icore/cuda -Icore $(shell pkg-config --cflags openblas) $(shell mpicc --showme:compile 2>/dev/null)
+endif
+
 CC := mpicc
 # CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS and LDLIBS are the user's to set; what the build cannot do without is
 # in REQUIRED_CFLAGS and REQUIRED_LDLIBS, which every compile and link line uses as well. The user's flags come after
@@ -109,32 +126,53 @@ ifeq ($(CUDA),1)
   CUDA_SRC := $(wildcard core/cuda/*.cu)
   GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers)
 endif
+ifeq ($(CUDA),emulated)
+  CORE_SRC += core/cuda/cuda_device.c core/cuda/cuda_stream.c $(EMULATOR)/nccl_absent.c
+  CUDA_SRC := $(wildcard core/cuda/*.cu)
+  EMULATOR_OBJ := $(EMULATOR)/emulator.o $(EMULATOR)/runtime.o
+  GPU_TESTS := tests/bin/gpu_layers
+endif
 # BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
 # second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
 O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
 TRACE_OBJ := $(addprefix $(O),$(TRACE_SRC:.c=.o))
-CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o) $(CUDA_SRC:.cu=.o))
+CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o) $(CUDA_SRC:.cu=.o) $(EMULATOR_OBJ))
 LABS := $(addprefix $(O),$(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c)))
 UNIT_TESTS := $(addprefix $(O),$(patsubst tests/%.c,tests/bin/%,$(wildcard tests/test_*.c)))
 TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/bin/fuzz_parsers tests/bin/tokenize_tool)
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
+.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
 all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model \
   $(addprefix $(O),$(GPU_TESTS))
 
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
 HEADERS := $(wildcard core/*.h core/cuda/*.h trace/*.h)
+ifeq ($(CUDA),emulated)
+  EMULATOR_HEADERS := $(wildcard $(EMULATOR)/*.h) core/cuda/kernels.cuh
+  HEADERS += $(EMULATOR_HEADERS)
+endif
 $(O)%.o: %.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(COMPILE) -c $< -o $@
 
+ifeq ($(CUDA),emulated)
+# The emulator's build: each .cu with its launches rewritten as C++ (translate.py), then g++; the emulator itself.
+$(O)%.o: %.cu $(HEADERS) $(EMULATOR_HEADERS) $(EMULATOR)/translate.py
+	@mkdir -p $(@D)
+	python3 $(EMULATOR)/translate.py $< > $(@:.o=.cpp)
+	$(EMULATOR_CXX) -c $(@:.o=.cpp) -o $@
+$(O)%.o: %.cpp $(EMULATOR_HEADERS)
+	@mkdir -p $(@D)
+	$(EMULATOR_CXX) -c $< -o $@
+else
 # The CUDA build's kernels (CUDA=1): nvcc, C++17, for sm_80 (A100) and sm_90 (H100, H200).
 $(O)%.o: %.cu $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(REQUIRED_NVCCFLAGS) $(NVCCFLAGS) -c $< -o $@
+endif
 
 # The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
 # llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
@@ -190,7 +228,7 @@ run: lab/05_full_step
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
 check: all
 	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab07 lab08 lab09 train \
-	  badinput notebooks cuda_build
+	  badinput notebooks cuda_build cuda_emulated
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
 check-sanitize: sanitize
 	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
@@ -228,6 +266,8 @@ check-resume: all
 	@tests/run_checks.sh resume
 check-cuda-build: all
 	@tests/run_checks.sh cuda_build
+check-cuda-emulated: all
+	@tests/run_checks.sh cuda_emulated
 
 # The notebooks executed, as HTML with their outputs, for reading.
 notebooks: all

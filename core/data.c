@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "data.h"
 #include "config.h"
+#include "offload.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -476,12 +477,13 @@ static int read_file(data_loader *loader, const char *path, const char *owner, u
                      size_t *size) {
     FILE *file = NULL;
     if (open_regular(loader, path, &file, size) != 0) return -1;
-    *bytes = mem_alloc_uninitialized_typed(&loader->ctx->mem, *size > 0 ? *size : 1, MEM_DATA, DTYPE_UINT8, owner);
+    *bytes = mem_alloc_uninitialized_typed(offload_data_pool(loader->ctx), *size > 0 ? *size : 1, MEM_DATA,
+                                           DTYPE_UINT8, owner);
     size_t got = fread(*bytes, 1, *size, file);
     int read_error = ferror(file);
     fclose(file);
     if (got != *size) {
-        mem_free(&loader->ctx->mem, *bytes);
+        mem_free(offload_data_pool(loader->ctx), *bytes);
         *bytes = NULL;
         return fail(loader, "read %zu of %zu bytes%s", got, *size, read_error ? " (read error)" : "");
     }
@@ -492,8 +494,9 @@ static int read_file(data_loader *loader, const char *path, const char *owner, u
 static void allocate_stream(data_loader *loader, size_t count) {
     loader->token_count = count;
     loader->token_bytes = count * (size_t)loader->token_width;
-    loader->tokens = mem_alloc_uninitialized_typed(&loader->ctx->mem, loader->token_bytes > 0 ? loader->token_bytes : 1,
-                                                   MEM_DATA, loader->token_width == 2 ? DTYPE_UINT16 : DTYPE_INT32,
+    loader->tokens = mem_alloc_uninitialized_typed(offload_data_pool(loader->ctx),
+                                                   loader->token_bytes > 0 ? loader->token_bytes : 1, MEM_DATA,
+                                                   loader->token_width == 2 ? DTYPE_UINT16 : DTYPE_INT32,
                                                    "data.tokens");
 }
 
@@ -519,7 +522,7 @@ static int tokenize_bpe(data_loader *loader, const char *text, size_t length) {
     }
     tok_ids_free(&ids);
     if (status != 0) {
-        mem_free(&loader->ctx->mem, loader->tokens);
+        mem_free(offload_data_pool(loader->ctx), loader->tokens);
         loader->tokens = NULL;
     }
     return status;
@@ -542,16 +545,17 @@ static int load_text(data_loader *loader, const char *path) {
     size_t size = 0;
     if (read_file(loader, path, "data.text", &bytes, &size) != 0) return -1;
     int status = tokenize_text(loader, (const char *)bytes, size);
-    mem_free(&loader->ctx->mem, bytes);
+    mem_free(offload_data_pool(loader->ctx), bytes);
     return status;
 }
 
 static int load_generated(data_loader *loader) {
     size_t length = data_generate_stories(loader->seed, DATA_DEFAULT_STORIES, NULL, 0);
-    char *text = mem_alloc_uninitialized_typed(&loader->ctx->mem, length + 1, MEM_DATA, DTYPE_UINT8, "data.text");
+    char *text = mem_alloc_uninitialized_typed(offload_data_pool(loader->ctx), length + 1, MEM_DATA, DTYPE_UINT8,
+                                               "data.text");
     data_generate_stories(loader->seed, DATA_DEFAULT_STORIES, text, length + 1);
     int status = tokenize_text(loader, text, length);
-    mem_free(&loader->ctx->mem, text);
+    mem_free(offload_data_pool(loader->ctx), text);
     return status;
 }
 
@@ -642,7 +646,7 @@ static int load_bin(data_loader *loader, const char *path) {
     }
     fclose(file);
     if (status != 0) {
-        mem_free(&loader->ctx->mem, loader->tokens);
+        mem_free(offload_data_pool(loader->ctx), loader->tokens);
         loader->tokens = NULL;
     }
     return status;
@@ -786,7 +790,7 @@ void data_next_batch(data_loader *loader, int *tokens, int *targets) {
 }
 
 void data_loader_close(data_loader *loader) {
-    if (loader->ctx != NULL) mem_free(&loader->ctx->mem, loader->tokens);
+    if (loader->ctx != NULL) mem_free(offload_data_pool(loader->ctx), loader->tokens);
     loader->tokens = NULL;
     loader->token_count = 0;
     loader->token_bytes = 0;

@@ -397,13 +397,20 @@ int fp_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
 int fp_gather_grad(flat_param *fp) {
     float *full = fp_alloc_full_grad(fp);
     if (fp->grad_shard == NULL) return 0; /* the buffer starts zeroed */
-    if (fp->replicated) {
-        device *d = &fp->ctx->device;
+    device *d = &fp->ctx->device;
+    const float *shard = fp->grad_shard;
+    if (fp->offload_params) { /* the shard is in the host pool: h2d into this rank's chunk, then gather in place */
+        size_t begin, end;
+        fp_shard_range(fp, fp->ctx->rank, &begin, &end);
+        d->copy(d, full + begin, fp->grad_shard, fp->sharded_numel * sizeof(float), DEVICE_H2D);
+        if (fp->replicated) return 0;
+        shard = full + begin;
+    } else if (fp->replicated) {
         d->copy(d, full, fp->grad_shard, fp->sharded_numel * sizeof(float), DEVICE_D2D);
         return 0;
     }
     /* hybrid: the replicas hold the same gradient shard; gather in the shard group */
-    return comm_all_gather_typed(fp->ctx, fp->shard_group, NULL, fp->grad_shard, full, fp->padded_unsharded_numel,
+    return comm_all_gather_typed(fp->ctx, fp->shard_group, NULL, shard, full, fp->padded_unsharded_numel,
                                  DTYPE_FLOAT32, fp->unit, NULL);
 }
 

@@ -132,7 +132,7 @@ static void predict_mixed_precision(count *peak, const unit_sizes *units, int un
 
 static void predict(memory_prediction *p, const qwen2_config *c, const unit_sizes *units, int unit_count,
                     int replicated, const fsdp_options *options, int world_size, int replicate_size, int B, int T,
-                    size_t data_stream_bytes, int forward_passes) {
+                    size_t data_stream_bytes, int forward_passes, int data_on_host) {
     memset(p, 0, sizeof *p);
     count N = (count)B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
     count f = sizeof(float);
@@ -199,7 +199,9 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     count head_workspace = N * C + (chunked ? 2 * (count)options->loss_chunk * V : 0); /* dnorm + the chunks */
     int bf16_compute = options->mixed_precision.param_dtype == DTYPE_BFLOAT16;
     peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T, bf16_compute), head_workspace)) * f;
-    peak[MEM_DATA] = 4 * N * sizeof(int) + (count)data_stream_bytes; /* the lab's batch + the model's copy */
+    /* The lab's batch and the loader's stream, then the model's copy. On the CUDA device the first two are in the host
+     * pool (core/offload.h offload_data_pool: the host writes them), so the device pool holds the copy alone. */
+    peak[MEM_DATA] = data_on_host ? 2 * N * sizeof(int) : 4 * N * sizeof(int) + (count)data_stream_bytes;
     if (fp_mixed_precision_enabled(&options->mixed_precision))
         predict_mixed_precision(peak, units, unit_count, options, replicated, world_size, replicate_size,
                                 forward_passes);
@@ -259,7 +261,7 @@ void memory_model_predict(memory_prediction *p, const qwen2_model *model, const 
     const comm_group *replicate_group = model->units[0].replicate_group;
     predict(p, &model->config, units, model->unit_count, model->units[0].replicated, options,
             shard_group ? shard_group->size : world_size, replicate_group ? replicate_group->size : 1, B, T,
-            data_stream_bytes, forward_passes);
+            data_stream_bytes, forward_passes, model->ctx->device.kind != DEVICE_CPU);
     free(units);
 }
 
@@ -290,7 +292,7 @@ int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_
     }
     if (unit_count > 0)
         predict(p, config, units, unit_count, replicated, options, shard_size, ctx->world_size / shard_size, B, T,
-                data_stream_bytes, forward_passes);
+                data_stream_bytes, forward_passes, ctx->device.kind != DEVICE_CPU);
     free(units);
     free(unit_of_param);
     module_tree_free(&tree);

@@ -13,6 +13,10 @@ mem_tracker *offload_host_pool(context *ctx) {
     return &ctx->host_mem;
 }
 
+mem_tracker *offload_data_pool(context *ctx) {
+    return ctx->device.kind == DEVICE_CPU ? &ctx->mem : offload_host_pool(ctx);
+}
+
 void offload_copy(context *ctx, void *dst, const void *src, size_t bytes, offload_direction direction,
                   const char *unit, const char *owner, const char *stream_name) {
     double start = trace_now_us(&ctx->trace);

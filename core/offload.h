@@ -26,6 +26,10 @@ typedef enum offload_direction { OFFLOAD_H2D, OFFLOAD_D2H } offload_direction;
 const char *offload_direction_name(offload_direction direction);
 /* The host pool of this rank, made (with the device pool's ALLOC settings, no budget) on first use. */
 mem_tracker *offload_host_pool(context *ctx);
+/* The pool of what the host itself reads and writes that is tracked as data (the loader's text and token stream, a
+ * lab's batch before it goes to the device): the device pool on the CPU device (host memory there: one pool, as
+ * always), the host pool on the CUDA device, whose device pool the host cannot touch. */
+mem_tracker *offload_data_pool(context *ctx);
 /* Copies `bytes` from src to dst (exactly), writes a `copy` event for `owner` of `unit` run by `stream_name` (NULL:
  * the host, "compute") and counts it. */
 void offload_copy(context *ctx, void *dst, const void *src, size_t bytes, offload_direction direction,

@@ -28,6 +28,7 @@
 #include "../core/context.h"
 #include "../core/data.h"
 #include "../core/fsdp.h"
+#include "../core/offload.h"
 #include "../core/qwen2.h"
 
 typedef struct run_result {
@@ -114,8 +115,8 @@ int main(int argc, char **argv) {
     data_loader loader;
     if (data_loader_open_tokenized(&loader, &ctx, data, tokenizer, config.vocab_size, B, T, seed, 1) != 0)
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
-    int *tokens = mem_alloc(&ctx.mem, (size_t)B * T * sizeof(int), MEM_DATA, "batch.tokens_host");
-    int *targets = mem_alloc(&ctx.mem, (size_t)B * T * sizeof(int), MEM_DATA, "batch.targets_host");
+    int *tokens = mem_alloc(offload_data_pool(&ctx), (size_t)B * T * sizeof(int), MEM_DATA, "batch.tokens_host");
+    int *targets = mem_alloc(offload_data_pool(&ctx), (size_t)B * T * sizeof(int), MEM_DATA, "batch.targets_host");
     data_next_batch(&loader, tokens, targets);
 
     run_once(&ctx, &model, 0, tokens, targets, B, T); /* warm-up: the first touch of every buffer is not the lesson */
@@ -145,8 +146,8 @@ int main(int argc, char **argv) {
                gradient_count, identical ? "OK" : "MISMATCH");
     }
     mem_free(&ctx.mem, gradients);
-    mem_free(&ctx.mem, tokens);
-    mem_free(&ctx.mem, targets);
+    mem_free(offload_data_pool(&ctx), tokens);
+    mem_free(offload_data_pool(&ctx), targets);
     data_loader_close(&loader);
     if (tokenizer != NULL) tok_free(tokenizer);
     free(tokenizer);

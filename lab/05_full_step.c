@@ -78,6 +78,7 @@
 #include "../core/fsdp.h"
 #include "../core/group.h"
 #include "../core/memory_model.h"
+#include "../core/offload.h"
 #include "../core/optim.h"
 #include "../core/qwen2.h"
 
@@ -399,8 +400,8 @@ int main(int argc, char **argv) {
         ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
 
     size_t batch = (size_t)s.micro_batch * s.seq_len;
-    int *tokens = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
-    int *targets = mem_alloc(&ctx.mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
+    int *tokens = mem_alloc(offload_data_pool(&ctx), batch * sizeof(int), MEM_DATA, "batch.tokens_host");
+    int *targets = mem_alloc(offload_data_pool(&ctx), batch * sizeof(int), MEM_DATA, "batch.targets_host");
     if (ctx.rank == 0) {
         printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx.world_size, s.accumulation);
         if (fp_mixed_precision_enabled(&options.mixed_precision))
@@ -512,8 +513,8 @@ int main(int argc, char **argv) {
         if (ckpt_save_pretrained(&model, s.save) != 0) ctx_fatal(&ctx, "SAVE='%s': %s", s.save, ctx.error);
         if (ctx.rank == 0) printf("checkpoint: %s (config.json, model.safetensors)\n", s.save);
     }
-    mem_free(&ctx.mem, tokens);
-    mem_free(&ctx.mem, targets);
+    mem_free(offload_data_pool(&ctx), tokens);
+    mem_free(offload_data_pool(&ctx), targets);
     data_loader_close(&loader);
     if (tokenizer != NULL) tok_free(tokenizer);
     free(tokenizer);

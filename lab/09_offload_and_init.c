@@ -151,8 +151,8 @@ static run_result run_training(context *ctx, const settings *s, int offload) {
     if (data_loader_open(&loader, ctx, NULL, config.vocab_size, s->micro_batch, s->seq_len, s->seed, 1) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
     size_t batch = (size_t)s->micro_batch * (size_t)s->seq_len;
-    int *tokens = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
-    int *targets = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
+    int *tokens = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.tokens_host");
+    int *targets = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.targets_host");
 
     /* The window the check reads: after the runtime moved the shards to the host (a one-time d2h per unit), before
      * the first step. */
@@ -191,8 +191,8 @@ static run_result run_training(context *ctx, const settings *s, int offload) {
     memory_model_predict(&result.predicted, &model, &options, ctx->world_size, s->micro_batch, s->seq_len,
                          loader.token_bytes, s->steps * s->accumulation);
 
-    mem_free(&ctx->mem, tokens);
-    mem_free(&ctx->mem, targets);
+    mem_free(offload_data_pool(ctx), tokens);
+    mem_free(offload_data_pool(ctx), targets);
     data_loader_close(&loader);
     for (int unit = 0; unit < model.unit_count; unit++) adamw_free(&states[unit]);
     free(states);

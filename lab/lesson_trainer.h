@@ -11,6 +11,7 @@
 #include "../core/data.h"
 #include "../core/fsdp.h"
 #include "../core/memory_model.h"
+#include "../core/offload.h"
 #include "../core/optim.h"
 #include "../core/qwen2.h"
 
@@ -53,8 +54,8 @@ static inline void lesson_trainer_open(lesson_trainer *t, context *ctx, const fs
     if (data_loader_open(&t->loader, ctx, NULL, config.vocab_size, micro_batch, seq_len, seed, 1) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
     size_t batch = (size_t)micro_batch * (size_t)seq_len;
-    t->tokens = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.tokens_host");
-    t->targets = mem_alloc(&ctx->mem, batch * sizeof(int), MEM_DATA, "batch.targets_host");
+    t->tokens = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.tokens_host");
+    t->targets = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.targets_host");
 }
 
 /* One optimizer step of one micro-batch: the next batch, forward and backward with the FSDP hooks, AdamW on every
@@ -79,8 +80,8 @@ static inline void lesson_trainer_predict(const lesson_trainer *t, memory_predic
 /* Frees everything, and empties the allocator's cache: the next mode starts from nothing reserved. */
 static inline void lesson_trainer_close(lesson_trainer *t) {
     context *ctx = t->ctx;
-    mem_free(&ctx->mem, t->tokens);
-    mem_free(&ctx->mem, t->targets);
+    mem_free(offload_data_pool(ctx), t->tokens);
+    mem_free(offload_data_pool(ctx), t->targets);
     data_loader_close(&t->loader);
     for (int unit = 0; unit < t->model.unit_count; unit++) adamw_free(&t->states[unit]);
     free(t->states);

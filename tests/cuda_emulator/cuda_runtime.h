@@ -1,11 +1,31 @@
-/* cuda_runtime.h of the CUDA emulator (tests/cuda_emulator/run.sh runs it): the part of the CUDA runtime that
- * core/cuda/kernels.cu and cuda_ops.cu use, on the CPU, so their kernels run where there is no GPU.
+/* cuda_runtime.h of the CUDA emulator: the part of the CUDA runtime that core/cuda/ uses (cuda_device.c,
+ * cuda_stream.c in C; kernels.cu, cuda_ops.cu as C++), on the CPU, so the CUDA device runs where there is no GPU.
+ * `make CUDA=emulated` builds the whole runtime on it (FSDPLAB_CUDA defined) into build/cuda_emulated/:
+ * tests/cuda_emulator/run.sh runs tests/gpu_layers.c there, tests/suites/cuda_emulated.sh lab 05.
  *
- * A block's threads are fibers (ucontext), run one at a time until each reaches __syncthreads, a warp's barrier
- * (inside __shfl_down_sync) or its end; blocks run one after another, so `__shared__` can be a function's static.
- * Memory is host memory; a stream is nothing (every call is done when it returns). It checks logic (indices,
- * masks, reductions, barriers, the GEMMs' arguments), not speed or races between blocks, and the arithmetic is
- * the host's: g++ without contraction, glibc's expf (not CUDA's), no fused multiply-adds the source does not write.
+ * What it is:
+ *   - Kernels: a block's threads are fibers (ucontext, emulator.cpp), run one at a time until each reaches
+ *     __syncthreads, a warp's barrier (inside __shfl_down_sync) or its end; blocks run one after another, so
+ *     `__shared__` can be a function's static. The arithmetic is the host's: g++ without contraction, glibc's expf
+ *     (not CUDA's), no fused multiply-adds the source does not write.
+ *   - Every call is synchronous: a kernel, a copy, a memset is done when it returns; an event is complete when it is
+ *     recorded (its time: the host's monotonic clock then); a stream is a handle that is checked, nothing more.
+ *   - Memory (runtime.cpp): cudaMalloc's blocks are mmap'd pages, filled with 0xff bytes (a NaN in every float) as
+ *     fresh GPU memory holds garbage, and made inaccessible (PROT_NONE) whenever no kernel, copy, memset or cuBLAS
+ *     call is running: host code that reads or writes GPU memory gets SIGSEGV, as it would on a GPU. cudaMallocHost's
+ *     blocks are registered as pinned. cudaMemcpyAsync checks its kind against where the pointers are (device: inside
+ *     one cudaMalloc block; host: not in any) and that the bytes fit in that block; cudaMemsetAsync likewise;
+ *     cudaFree / cudaFreeHost take only a block's start; a stream or event used after its destroy is an error.
+ *     A call the emulator refuses returns an error code (cudaErrorInvalidValue, ...), which the caller's CUDA_CHECK
+ *     reports with the rank and line; cudaGetLastError returns and clears the calling thread's last error.
+ *   - cuBLAS (cublas_v2.h): OpenBLAS's column-major cblas_sgemm, cuBLAS's exact meaning.
+ *   - GPUs: CUDA_EMULATOR_DEVICES (default 1) of them, all the same memory; cudaSetDevice per thread.
+ *
+ * What it does not model: asynchrony (no work is ever in flight, so a missing cudaStreamSynchronize, event or
+ * cudaStreamWaitEvent is never seen), races between blocks or between streams, kernels reading host memory (a kernel
+ * may dereference any pointer), the bus (PCIe bandwidth, pinned vs pageable speed), device memory capacity (no
+ * cudaErrorMemoryAllocation), timing (cudaEventElapsedTime is host time), TF32 (the math mode is recorded only), and
+ * CUDA's own arithmetic (expf, rsqrtf, fma contraction by nvcc). NCCL is not emulated (nccl_absent.c refuses it).
  */
 #ifndef FSDPLAB_CUDA_EMULATOR_RUNTIME_H
 #define FSDPLAB_CUDA_EMULATOR_RUNTIME_H
@@ -14,22 +34,68 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700, /* the emulator's: a pointer not where the call's kind says it is */
+} cudaError_t;
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
+                      cudaMemcpyDefault };
+typedef enum cudaMemcpyKind cudaMemcpyKind;
+#define cudaStreamDefault 0x0u
+#define cudaStreamNonBlocking 0x1u
+
+const char *cudaGetErrorString(cudaError_t error);
+const char *cudaGetErrorName(cudaError_t error);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaMalloc(void **ptr, size_t bytes);
+cudaError_t cudaFree(void *ptr);
+cudaError_t cudaMallocHost(void **ptr, size_t bytes);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
+cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* The emulator's own: GPU memory is open to the host between begin and end (a kernel, copy, memset, GEMM). Nested
+ * and thread-safe (a count). */
+void emulator_device_access_begin(void);
+void emulator_device_access_end(void);
+/* Whether [ptr, ptr + bytes) lies inside one cudaMalloc block. */
+int emulator_is_device(const void *ptr, size_t bytes);
+/* Whether a stream handle is live (or 0, the default stream). */
+int emulator_stream_ok(cudaStream_t stream);
+/* Records err as the calling thread's last error (cudaGetLastError) and returns it. */
+cudaError_t emulator_fail(cudaError_t err, const char *what);
+
+#ifdef __cplusplus
+}
+
+/* ---- the kernels' side (C++ only: kernels.cu through translate.py, cuda_ops.cu) ---- */
 #include <algorithm>
 #include <functional>
-
-typedef int cudaError_t;
-enum { cudaSuccess = 0 };
-typedef struct CUstream_st *cudaStream_t;
-typedef struct CUevent_st *cudaEvent_t; /* cuda_device_state names one; the emulated device records none */
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
-
-static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
-    memmove(dst, src, bytes);
-    return cudaSuccess;
-}
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-/* A launch the emulator refuses aborts, so there is never an error left to report. */
-static inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 
 struct dim3 {
     unsigned x, y, z;
@@ -50,9 +116,10 @@ extern dim3 emulator_block_dim, emulator_grid_dim;
 #define __shared__ static
 #define __launch_bounds__(threads)
 
-/* kernel<<<grid, block, 0, stream>>>(args) becomes emulator_launch(grid, block, [&] { kernel(args); })
- * (translate.py). */
-void emulator_launch(dim3 grid, dim3 block, std::function<void()> body);
+/* kernel<<<grid, block, shared, stream>>>(args) becomes emulator_launch(grid, block, stream, [&] { kernel(args); })
+ * (translate.py). A launch on a destroyed stream, or with no threads or more than 1024, is refused (the thread's last
+ * error, as CUDA reports a bad launch: cudaGetLastError after it). */
+void emulator_launch(dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> body);
 void __syncthreads();
 void emulator_warp_barrier();
 unsigned emulator_linear_thread();
@@ -76,5 +143,6 @@ T __shfl_down_sync(unsigned, T value, int offset) {
 
 using std::max;
 using std::min;
+#endif
 
 #endif

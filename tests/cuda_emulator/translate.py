@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """translate.py FILE.cu: prints FILE.cu with every kernel launch `name<<<grid, block, shared, stream>>>(args)` written
-as `emulator_launch(dim3(grid), dim3(block), [&] { name(args); })`, the one piece of CUDA syntax that C++ lacks.
+as `emulator_launch(dim3(grid), dim3(block), stream, [&] { name(args); })` (stream 0 when the launch names none),
+the one piece of CUDA syntax that C++ lacks.
 The CUDA emulator (cuda_runtime.h here) gives everything else a meaning on the CPU."""
 import sys
 
@@ -44,8 +45,9 @@ def translate(source):
             end += 1
         arguments = source[config_end + 4:end]
         out.append(source[at:name_start])
-        out.append('emulator_launch(dim3(%s), dim3(%s), [&] { %s(%s); })'
-                   % (config[0], config[1], source[name_start:start], arguments))
+        stream = config[3] if len(config) > 3 else '0'
+        out.append('emulator_launch(dim3(%s), dim3(%s), %s, [&] { %s(%s); })'
+                   % (config[0], config[1], stream, source[name_start:start], arguments))
         at = end + 1
 
 

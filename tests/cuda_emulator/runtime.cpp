@@ -1,0 +1,425 @@
+/* runtime.cpp — the CUDA emulator's runtime and cuBLAS (see cuda_runtime.h here for what it models and what not):
+ * GPU memory as guarded host pages, synchronous copies checked against their kind, streams and events as checked
+ * handles, the GEMMs through OpenBLAS. */
+#include <cblas.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+
+#include "cublas_v2.h"
+
+namespace {
+const uint32_t LIVE = 0x6c697665, DEAD = 0x64656164; /* a handle's magic before and after its destroy */
+
+struct block {
+    size_t bytes;  /* asked for */
+    size_t mapped; /* whole pages (device blocks) */
+    int device;    /* 1: cudaMalloc, 0: cudaMallocHost */
+};
+std::mutex memory_lock; /* blocks, open_count */
+std::map<uintptr_t, block> blocks;
+int open_count = 0; /* device_access_begin's not yet ended */
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local int current_device = 0;
+
+size_t page_size() { return (size_t)sysconf(_SC_PAGESIZE); }
+
+/* The block that holds [ptr, ptr + bytes) whole, or NULL. With memory_lock held. */
+const block *find_locked(const void *ptr, size_t bytes, uintptr_t *start) {
+    uintptr_t p = (uintptr_t)ptr;
+    auto it = blocks.upper_bound(p);
+    if (it == blocks.begin()) return NULL;
+    --it;
+    if (p - it->first > it->second.bytes || bytes > it->second.bytes - (p - it->first)) return NULL;
+    if (start != NULL) *start = it->first;
+    return &it->second;
+}
+
+/* Whether ptr is inside some cudaMalloc block (one byte: where a host pointer must not be). */
+int in_device(const void *ptr) {
+    std::lock_guard<std::mutex> guard(memory_lock);
+    const block *b = find_locked(ptr, 1, NULL);
+    return b != NULL && b->device;
+}
+
+void protect_all_locked(int prot) {
+    for (auto &entry : blocks)
+        if (entry.second.device && mprotect((void *)entry.first, entry.second.mapped, prot) != 0) {
+            perror("cuda emulator: mprotect");
+            abort();
+        }
+}
+
+/* Host code touched GPU memory: say so with a backtrace (the faulting frame is the culprit), then die. */
+void on_segv(int sig, siginfo_t *info, void *) {
+    char message[160];
+    int n = snprintf(message, sizeof message,
+                     "cuda emulator: SIGSEGV at %p: host code read or wrote GPU memory (or a wild pointer); "
+                     "backtrace:\n", info->si_addr);
+    if (write(2, message, (size_t)n) < 0) _exit(128 + sig);
+    void *frames[48];
+    backtrace_symbols_fd(frames, backtrace(frames, 48), 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void install_segv_handler_once() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = on_segv;
+        action.sa_flags = SA_SIGINFO | SA_RESETHAND;
+        sigaction(SIGSEGV, &action, NULL);
+    });
+}
+
+double now_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int devices() {
+    const char *text = getenv("CUDA_EMULATOR_DEVICES");
+    int n = text != NULL ? atoi(text) : 1;
+    return n > 0 ? n : 1;
+}
+} // namespace
+
+struct CUstream_st {
+    uint32_t magic;
+};
+struct CUevent_st {
+    uint32_t magic;
+    int recorded;
+    double time_ms;
+};
+struct cublasContext {
+    uint32_t magic;
+    cudaStream_t stream;
+    cublasMath_t mode;
+};
+
+int emulator_stream_ok(cudaStream_t s) { return s == NULL || s->magic == LIVE; }
+static int event_ok(cudaEvent_t e) { return e != NULL && e->magic == LIVE; }
+
+extern "C" {
+
+cudaError_t emulator_fail(cudaError_t err, const char *what) {
+    last_error = err;
+    if (getenv("CUDA_EMULATOR_VERBOSE") != NULL) fprintf(stderr, "cuda emulator: %s: %s\n", what, cudaGetErrorName(err));
+    return err;
+}
+
+void emulator_device_access_begin(void) {
+    std::lock_guard<std::mutex> guard(memory_lock);
+    if (open_count++ == 0) protect_all_locked(PROT_READ | PROT_WRITE);
+}
+
+void emulator_device_access_end(void) {
+    std::lock_guard<std::mutex> guard(memory_lock);
+    if (--open_count == 0) protect_all_locked(PROT_NONE);
+}
+
+int emulator_is_device(const void *ptr, size_t bytes) {
+    std::lock_guard<std::mutex> guard(memory_lock);
+    const block *b = find_locked(ptr, bytes ? bytes : 1, NULL);
+    return b != NULL && b->device;
+}
+
+const char *cudaGetErrorName(cudaError_t error) {
+    switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t error) {
+    switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered (emulator: a pointer is not "
+                                         "where the call's kind says, or its bytes pass its block's end)";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t error = last_error;
+    last_error = cudaSuccess;
+    return error;
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+    *count = devices();
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= devices()) return emulator_fail(cudaErrorInvalidDevice, "cudaSetDevice");
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes) {
+    *ptr = NULL;
+    if (bytes == 0) return cudaSuccess;
+    install_segv_handler_once();
+    size_t page = page_size(), mapped = (bytes + page - 1) / page * page;
+    void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return emulator_fail(cudaErrorMemoryAllocation, "cudaMalloc");
+    memset(p, 0xff, mapped); /* fresh GPU memory holds garbage: here a NaN in every float */
+    std::lock_guard<std::mutex> guard(memory_lock);
+    blocks[(uintptr_t)p] = block{bytes, mapped, 1};
+    if (open_count == 0 && mprotect(p, mapped, PROT_NONE) != 0) {
+        perror("cuda emulator: mprotect");
+        abort();
+    }
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *ptr) {
+    if (ptr == NULL) return cudaSuccess;
+    std::lock_guard<std::mutex> guard(memory_lock);
+    auto it = blocks.find((uintptr_t)ptr);
+    if (it == blocks.end() || !it->second.device) return emulator_fail(cudaErrorInvalidValue, "cudaFree");
+    munmap(ptr, it->second.mapped);
+    blocks.erase(it);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t bytes) {
+    *ptr = malloc(bytes ? bytes : 1);
+    if (*ptr == NULL) return emulator_fail(cudaErrorMemoryAllocation, "cudaMallocHost");
+    std::lock_guard<std::mutex> guard(memory_lock);
+    blocks[(uintptr_t)*ptr] = block{bytes, 0, 0};
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+    if (ptr == NULL) return cudaSuccess;
+    std::lock_guard<std::mutex> guard(memory_lock);
+    auto it = blocks.find((uintptr_t)ptr);
+    if (it == blocks.end() || it->second.device) return emulator_fail(cudaErrorInvalidValue, "cudaFreeHost");
+    blocks.erase(it);
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
+    if (!emulator_stream_ok(stream)) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync's stream");
+    if (bytes == 0) return cudaSuccess;
+    int dst_device = emulator_is_device(dst, bytes), src_device = emulator_is_device(src, bytes);
+    int dst_host = !in_device(dst), src_host = !in_device(src);
+    int ok = 0;
+    switch (kind) {
+    case cudaMemcpyHostToHost: ok = dst_host && src_host; break;
+    case cudaMemcpyHostToDevice: ok = dst_device && src_host; break;
+    case cudaMemcpyDeviceToHost: ok = dst_host && src_device; break;
+    case cudaMemcpyDeviceToDevice: ok = dst_device && src_device; break;
+    case cudaMemcpyDefault: ok = (dst_device || dst_host) && (src_device || src_host); break;
+    }
+    if (!ok) {
+        fprintf(stderr, "cuda emulator: cudaMemcpyAsync kind %d of %zu bytes from %p (%s) to %p (%s)\n", (int)kind,
+                bytes, src, src_device ? "GPU" : src_host ? "host" : "past a GPU block's end", dst,
+                dst_device ? "GPU" : dst_host ? "host" : "past a GPU block's end");
+        void *frames[24];
+        backtrace_symbols_fd(frames, backtrace(frames, 24), 2);
+        return emulator_fail(cudaErrorIllegalAddress, "cudaMemcpyAsync");
+    }
+    emulator_device_access_begin();
+    memmove(dst, src, bytes);
+    emulator_device_access_end();
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream) {
+    if (!emulator_stream_ok(stream)) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync's stream");
+    if (bytes == 0) return cudaSuccess;
+    if (!emulator_is_device(ptr, bytes)) {
+        fprintf(stderr, "cuda emulator: cudaMemsetAsync of %zu bytes at %p: not inside one GPU block\n", bytes, ptr);
+        return emulator_fail(cudaErrorIllegalAddress, "cudaMemsetAsync");
+    }
+    emulator_device_access_begin();
+    memset(ptr, value, bytes);
+    emulator_device_access_end();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
+    (void)flags;
+    *stream = (cudaStream_t)calloc(1, sizeof **stream);
+    if (*stream == NULL) return emulator_fail(cudaErrorMemoryAllocation, "cudaStreamCreateWithFlags");
+    (*stream)->magic = LIVE;
+    return cudaSuccess;
+}
+
+/* A destroyed handle stays allocated (marked dead), so a later use is seen, not undefined. */
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (stream == NULL || stream->magic != LIVE) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy");
+    stream->magic = DEAD;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    return emulator_stream_ok(stream) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+    (void)flags;
+    if (!emulator_stream_ok(stream) || !event_ok(event))
+        return emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent");
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) {
+    *event = (cudaEvent_t)calloc(1, sizeof **event);
+    if (*event == NULL) return emulator_fail(cudaErrorMemoryAllocation, "cudaEventCreate");
+    (*event)->magic = LIVE;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    if (!event_ok(event)) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy");
+    event->magic = DEAD;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (!event_ok(event) || !emulator_stream_ok(stream)) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventRecord");
+    event->recorded = 1;
+    event->time_ms = now_ms();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    return event_ok(event) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventQuery");
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    return event_ok(event) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
+}
+
+/* Both must have been recorded (CUDA: cudaErrorInvalidResourceHandle otherwise). */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!event_ok(start) || !event_ok(end) || !start->recorded || !end->recorded)
+        return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
+    *ms = (float)(end->time_ms - start->time_ms);
+    return cudaSuccess;
+}
+
+/* ---- cuBLAS ---- */
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle) {
+    *handle = (cublasHandle_t)calloc(1, sizeof **handle);
+    if (*handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    (*handle)->magic = LIVE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+    if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->magic = DEAD;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+    if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!emulator_stream_ok(stream)) return CUBLAS_STATUS_INVALID_VALUE;
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->mode = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char *cublasGetStatusName(cublasStatus_t status) {
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char *cublasGetStatusString(cublasStatus_t status) {
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the handle is not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid value was used as an argument";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute (emulator: an operand is not in GPU "
+                                                "memory, or passes its block's end)";
+    }
+    return "unknown status";
+}
+
+/* The elements a column-major (rows, cols) operand with leading dimension ld spans. */
+static size_t operand_bytes(int rows, int cols, int ld) {
+    if (rows == 0 || cols == 0) return 0;
+    return ((size_t)ld * (size_t)(cols - 1) + (size_t)rows) * sizeof(float);
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc) {
+    if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (m < 0 || n < 0 || k < 0 || lda < (transa == CUBLAS_OP_N ? m : k) || lda < 1 ||
+        ldb < (transb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    size_t a = operand_bytes(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda);
+    size_t b = operand_bytes(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
+    if ((a > 0 && !emulator_is_device(A, a)) || (b > 0 && !emulator_is_device(B, b)) ||
+        !emulator_is_device(C, operand_bytes(m, n, ldc))) {
+        fprintf(stderr, "cuda emulator: cublasSgemm (m %d, n %d, k %d): an operand is not inside one GPU block\n", m,
+                n, k);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    emulator_device_access_begin();
+    cblas_sgemm(CblasColMajor, transa == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                transb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
+    emulator_device_access_end();
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float *alpha, const float *A, int lda,
+                                         long long strideA, const float *B, int ldb, long long strideB,
+                                         const float *beta, float *C, int ldc, long long strideC, int batch) {
+    if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    for (int i = 0; i < batch; i++) {
+        cublasStatus_t status = cublasSgemm(handle, transa, transb, m, n, k, alpha, A + i * strideA, lda,
+                                            B + i * strideB, ldb, beta, C + i * strideC, ldc);
+        if (status != CUBLAS_STATUS_SUCCESS) return status;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"
