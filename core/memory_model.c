@@ -99,13 +99,16 @@ static void predict_mixed_precision(count *peak, const unit_sizes *units, int un
         }
     }
     if (unit_count <= 2) unit_pair = one_unit;
-    if (replicated) peak[MEM_PARAM_UNSHARDED] = f * all;
-    else if (options->strategy == FSDP_SHARD_GRAD_OP || options->strategy == FSDP_HYBRID_SHARD_ZERO2)
-        peak[MEM_PARAM_UNSHARDED] = (f + p) * all;
-    else peak[MEM_PARAM_UNSHARDED] = (f + p) * root + (param_pairs ? unit_pair : one_unit);
-    peak[MEM_PARAM_SHARD_LOW_PRECISION] = replicated ? p * all
-                                                     : p * (streams && param_pairs ? max_of(shard_pair, largest_shard)
-                                                                                   : largest_shard);
+    /* param_dtype float32 (MP=fp32,reduce=bf16): parameters gather as without mixed precision (no _mp_shard) */
+    if (options->mixed_precision.param_dtype != DTYPE_FLOAT32) {
+        if (replicated) peak[MEM_PARAM_UNSHARDED] = f * all;
+        else if (options->strategy == FSDP_SHARD_GRAD_OP || options->strategy == FSDP_HYBRID_SHARD_ZERO2)
+            peak[MEM_PARAM_UNSHARDED] = (f + p) * all;
+        else peak[MEM_PARAM_UNSHARDED] = (f + p) * root + (param_pairs ? unit_pair : one_unit);
+        peak[MEM_PARAM_SHARD_LOW_PRECISION] = replicated ? p * all
+                                                         : p * (streams && param_pairs ? max_of(shard_pair, largest_shard)
+                                                                                       : largest_shard);
+    }
     if (options->mixed_precision.reduce_dtype == DTYPE_FLOAT32) return; /* gradients reduce as without it */
     /* Backward meets units L .. 1, the root last (its float32 gradient lives from the first backward piece). A unit's
      * reduce: its float32 gradient + its r-byte copy, beside the float32 gradients still held (the root's; under
