@@ -106,6 +106,11 @@ struct device {
                          const device_adamw_scalars *scalars);
 };
 
+/* The kind of a copy from host memory into this device's memory: a plain host copy on the CPU, h2d on a GPU. */
+static inline device_copy_kind device_from_host(const device *d) {
+    return d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D;
+}
+
 /* The CPU device (core/device_cpu.c). */
 void device_cpu_init(device *d);
 

@@ -139,9 +139,7 @@ void fp_fill_flat_range(const flat_param *fp, fp_fill_fn fill, void *user, size_
     }
 }
 
-/* The device of a unit's shards: the host when offloaded (a CPU device), else the rank's device. Unsharded
- * buffers are always on the rank's device (fp->ctx->device). */
-static device *shard_device(const flat_param *fp) {
+device *fp_shard_device(const flat_param *fp) {
     return fp->offload_params ? &fp->ctx->host : &fp->ctx->device;
 }
 
@@ -149,7 +147,7 @@ void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user) {
     context *ctx = fp->ctx;
     size_t begin, end;
     fp_shard_range(fp, ctx->rank, &begin, &end);
-    device *d = shard_device(fp);
+    device *d = fp_shard_device(fp);
     if (d->kind == DEVICE_CPU) {
         fp_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
         return;
@@ -168,9 +166,9 @@ void fp_fill_local_shard(flat_param *fp, fp_fill_fn fill, void *user) {
 void fp_shard_from_full(flat_param *fp, const float *full) {
     size_t begin, end;
     fp_shard_range(fp, fp->ctx->rank, &begin, &end);
-    device *d = shard_device(fp);
+    device *d = fp_shard_device(fp);
     d->copy(d, fp->local_shard, full + begin, (end - begin) * sizeof(float),
-            d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D);
+            device_from_host(d));
 }
 
 static void shard_state_event(flat_param *fp, fp_shard_state from, fp_shard_state to, const char *hook) {
@@ -596,7 +594,7 @@ static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
     if (fp->offload_params) offloaded_gradient_to_host(fp, status);
     else fp_free_full_grad(fp);
     if (status == 0 && fp->mixed_precision.keep_low_precision_grads)
-        shard_device(fp)->round_to(shard_device(fp), fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
+        fp_shard_device(fp)->round_to(fp_shard_device(fp), fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
     return status;
 }
 

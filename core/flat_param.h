@@ -198,6 +198,8 @@ void fp_zero_grad(flat_param *fp);
 int fp_offload_params(flat_param *fp);
 /* The pool that holds this unit's shards (and its optimizer state): the host pool when offloaded, else the device's. */
 mem_tracker *fp_shard_pool(const flat_param *fp);
+/* The device that holds the unit's shards: the host (ctx->host, a CPU device) when offloaded, else the rank's. */
+device *fp_shard_device(const flat_param *fp);
 /* Turns mixed precision on for this FlatParameter (before its first unshard, and before fp_offload_params). Every
  * strategy takes it: NO_SHARD casts the whole unit into its _mp_shard and all-reduces the gradient in reduce_dtype,
  * HYBRID_SHARD all-reduces the reduce_dtype gradient shard across the replicate group, CPU offload copies the float32

@@ -78,16 +78,11 @@ void adamw_update_host(float *restrict param, const float *restrict grad, float 
     }
 }
 
-/* The device that holds a unit's shards: the host (a CPU device) when offloaded, else the rank's device. */
-static device *shard_device(const flat_param *fp) {
-    return fp->offload_params ? &fp->ctx->host : &fp->ctx->device;
-}
-
 int adamw_first_nonfinite_gradient(context *ctx, const flat_param *units, int unit_count) {
     int first = unit_count; /* none */
     for (int unit = 0; unit < unit_count && first == unit_count; unit++) {
         const float *grad = units[unit].grad_shard;
-        device *d = shard_device(&units[unit]);
+        device *d = fp_shard_device(&units[unit]);
         if (grad != NULL && d->first_nonfinite(d, grad, units[unit].sharded_numel) < units[unit].sharded_numel)
             first = unit;
     }
@@ -108,7 +103,7 @@ double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, dou
     for (int unit = 0; unit < unit_count; unit++) {
         const float *grad = units[unit].grad_shard;
         if (grad == NULL) continue;
-        device *d = shard_device(&units[unit]);
+        device *d = fp_shard_device(&units[unit]);
         double sum = d->sum_squares(d, grad, units[unit].sharded_numel);
         if (units[unit].replicated) replicated_sum_of_squares += sum;
         else sharded_sum_of_squares += sum;
@@ -141,7 +136,7 @@ double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, dou
         for (int unit = 0; unit < unit_count; unit++) {
             float *grad = units[unit].grad_shard;
             if (grad == NULL) continue;
-            device *d = shard_device(&units[unit]);
+            device *d = fp_shard_device(&units[unit]);
             d->scale(d, grad, scale, units[unit].sharded_numel);
         }
         trace_compute(&ctx->trace, "clip_grad_norm.scale", NULL, "optimizer", start_us,
@@ -205,7 +200,7 @@ void adamw_step(adamw_state *state, flat_param *fp, const adamw_config *config) 
         .eps = (float)config->eps,                                  /* .add_(eps) */
         .negative_step_size = (float)-step_size,                    /* addcdiv_(exp_avg, denom, value=-step_size) */
     };
-    device *d = shard_device(fp);
+    device *d = fp_shard_device(fp);
     d->adamw_update(d, fp->local_shard, fp->grad_shard, state->exp_avg, state->exp_avg_sq, fp->sharded_numel,
                     &scalars);
 

@@ -675,10 +675,10 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
     size_t N = (size_t)B * T;
     acts->tokens = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.tokens");
     device *d = &ctx->device;
-    d->copy(d, acts->tokens, tokens, N * sizeof(int), d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D);
+    d->copy(d, acts->tokens, tokens, N * sizeof(int), device_from_host(d));
     if (targets != NULL) {
         acts->targets = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.targets");
-        d->copy(d, acts->targets, targets, N * sizeof(int), d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D);
+        d->copy(d, acts->targets, targets, N * sizeof(int), device_from_host(d));
     }
     int L = c->num_hidden_layers;
     acts->residuals = calloc((size_t)L + 1, sizeof *acts->residuals); /* pointer tables: metadata, not tensors */
@@ -1132,9 +1132,9 @@ static int generate(qwen2_model *model, const int *prompt, int prompt_length, in
                          max_new, positions);
     /* prompt + new tokens stop at max_position_embeddings (computed without adding, so no int overflows) */
     int capacity = prompt_length + (max_new < positions - prompt_length ? max_new : positions - prompt_length);
-    /* The tokens so far are the host's (the sampler reads them); on the CPU device the host pool is the device's. */
+    /* The tokens so far are the host's (the sampler reads them): offload_data_pool, the device's pool on the CPU. */
     device *d = &model->ctx->device;
-    mem_tracker *host = d->kind == DEVICE_CPU ? &model->ctx->mem : offload_host_pool(model->ctx);
+    mem_tracker *host = offload_data_pool(model->ctx);
     int *sequence = mem_alloc(host, (size_t)capacity * sizeof(int), MEM_DATA, "generate.sequence");
     float *last_logits = d->kind == DEVICE_CPU ? NULL : mem_alloc(host, (size_t)V * sizeof(float), MEM_WORKSPACE,
                                                                   "generate.last_logits");

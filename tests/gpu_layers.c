@@ -652,18 +652,16 @@ static void check_vectors(size_t count) {
     buffer d_h = to_device(h, count * sizeof *h);
     device host;
     device_cpu_init(&host);
-    host.accumulate(&host, x, h, DTYPE_BFLOAT16, count);
-    gpu.accumulate(&gpu, d_x.ptr, d_h.ptr, DTYPE_BFLOAT16, count);
-    free(g_x);
-    g_x = from_device(d_x, count * 4);
-    snprintf(name, sizeof name, "accumulate bfloat16 count=%zu (bits)", count);
-    compare(name, x, g_x, NULL, count);
-    host.accumulate(&host, x, y, DTYPE_FLOAT32, count);
-    gpu.accumulate(&gpu, d_x.ptr, d_y.ptr, DTYPE_FLOAT32, count);
-    free(g_x);
-    g_x = from_device(d_x, count * 4);
-    snprintf(name, sizeof name, "accumulate float32 count=%zu (bits)", count);
-    compare(name, x, g_x, NULL, count);
+    const void *host_inputs[2] = {h, y}, *gpu_inputs[2] = {d_h.ptr, d_y.ptr};
+    const dtype types[2] = {DTYPE_BFLOAT16, DTYPE_FLOAT32};
+    for (int k = 0; k < 2; k++) {
+        host.accumulate(&host, x, host_inputs[k], types[k], count);
+        gpu.accumulate(&gpu, d_x.ptr, gpu_inputs[k], types[k], count);
+        free(g_x);
+        g_x = from_device(d_x, count * 4);
+        snprintf(name, sizeof name, "accumulate %s count=%zu (bits)", dtype_name(types[k]), count);
+        compare(name, x, g_x, NULL, count);
+    }
     device_free(d_h);
     free(h);
 
