@@ -88,6 +88,42 @@ struct device {
     float (*cross_entropy_forward_backward)(device *d, float *dlogits, const float *logits, const int *targets, int N,
                                             int V, int ignore_index, int *count_out);
 
+    /* ---- the layers in bfloat16 (mixed precision, param_dtype = bfloat16: core/layers_bf16.h, read it) ----
+     * What torch computes on bfloat16 tensors, on float32 buffers that hold bfloat16 values: every input is a
+     * bfloat16 value, each op computes in float32 and its output is rounded where torch's graph ends an op. Same
+     * signatures and conventions as the float32 layers above; what differs is said per function. A GEMM's inputs
+     * being bfloat16 values, a GPU runs it on bfloat16 tensor cores with float32 accumulation (cuBLAS's
+     * CUBLAS_COMPUTE_32F_FAST_16BF: the inputs' conversion to bfloat16 is exact), the CPU in float32 (OpenBLAS has
+     * no bfloat16 GEMM): the same float32 sums of exact products, in other orders. */
+    /* out = bf16(inp @ weight^T + bias): linear_forward, its output rounded. */
+    void (*linear_forward_bf16)(device *d, float *out, const float *inp, const float *weight, const float *bias,
+                                int N, int IC, int OC);
+    /* linear_backward with dinp (when not NULL) rounded after the addition: dinp = bf16(dinp + dout @ weight);
+     * dweight and dbias add float32 sums (rounded once, at the reduce: flat_param.c). */
+    void (*linear_backward_bf16)(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int N, int IC, int OC);
+    void (*rmsnorm_forward_bf16)(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                 int C, float eps);
+    void (*rmsnorm_backward_bf16)(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
+                                  const float *weight, const float *rstd, int N, int C);
+    void (*rope_forward_bf16)(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
+                              int H, int D);
+    void (*rope_backward_bf16)(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,
+                               int H, int D);
+    /* scratch: T * (past + T) floats (layers_bf16.h). */
+    void (*attention_forward_bf16)(device *d, float *out, float *probs, float *scratch, const float *q,
+                                   const float *k, const float *v, int B, int T, int past, int H, int KVH, int D);
+    /* dq, dk, dv zero on entry; scratch: 2 T T + T D floats (layers_bf16.h). */
+    void (*attention_backward_bf16)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                    const float *probs, const float *q, const float *k, const float *v, int B, int T,
+                                    int H, int KVH, int D);
+    void (*swiglu_forward_bf16)(device *d, float *out, const float *gate_up, int N, int width);
+    void (*swiglu_backward_bf16)(device *d, float *dgate_up, const float *dout, const float *gate_up, int N,
+                                 int width);
+    /* Overwrites dinp; scratch: N IC floats (layers_bf16.h). */
+    void (*linear_backward_input_stacked_bf16)(device *d, float *dinp, float *scratch, const float *dout,
+                                               const float *weight, int N, int IC, int OC);
+
     /* ---- vectors (the runtime's element loops) ---- */
     void (*add_inplace)(device *d, float *out, const float *inp, size_t count);          /* out += inp */
     /* out += inp widened to float32 (inp of `type`: float32 or bfloat16): a low-precision gradient into the float32

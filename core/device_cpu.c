@@ -10,6 +10,7 @@
 
 #include "device.h"
 #include "layers.h"
+#include "layers_bf16.h"
 #include "optim.h"
 
 static void cpu_zero(device *d, void *ptr, size_t bytes) {
@@ -163,6 +164,76 @@ static void cpu_adamw_update(device *d, float *param, const float *grad, float *
     adamw_update_host(param, grad, exp_avg, exp_avg_sq, count, s);
 }
 
+/* ---- the layers in bfloat16: core/layers_bf16.c, and the GEMMs as float32 GEMMs of bfloat16 values ---- */
+
+static void cpu_linear_forward_bf16(device *d, float *out, const float *inp, const float *weight, const float *bias,
+                                    int N, int IC, int OC) {
+    (void)d;
+    linear_forward(out, inp, weight, bias, N, IC, OC);
+    dtype_round_to(out, (size_t)N * OC, DTYPE_BFLOAT16);
+}
+
+static void cpu_linear_backward_bf16(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, int N, int IC, int OC) {
+    (void)d;
+    linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (dinp != NULL) dtype_round_to(dinp, (size_t)N * IC, DTYPE_BFLOAT16);
+}
+
+static void cpu_rmsnorm_forward_bf16(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                     int C, float eps) {
+    (void)d;
+    rmsnorm_forward_bf16(out, rstd, inp, weight, N, C, eps);
+}
+
+static void cpu_rmsnorm_backward_bf16(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
+                                      const float *weight, const float *rstd, int N, int C) {
+    (void)d;
+    rmsnorm_backward_bf16(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+static void cpu_rope_forward_bf16(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
+                                  int H, int D) {
+    (void)d;
+    rope_forward_bf16(x, cos_table, sin_table, B, T, H, D);
+}
+
+static void cpu_rope_backward_bf16(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,
+                                   int H, int D) {
+    (void)d;
+    rope_backward_bf16(dx, cos_table, sin_table, B, T, H, D);
+}
+
+static void cpu_attention_forward_bf16(device *d, float *out, float *probs, float *scratch, const float *q,
+                                       const float *k, const float *v, int B, int T, int past, int H, int KVH, int D) {
+    (void)d;
+    attention_forward_bf16(out, probs, scratch, q, k, v, B, T, past, H, KVH, D);
+}
+
+static void cpu_attention_backward_bf16(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                        const float *probs, const float *q, const float *k, const float *v, int B,
+                                        int T, int H, int KVH, int D) {
+    (void)d;
+    attention_backward_bf16(dq, dk, dv, scratch, dout, probs, q, k, v, B, T, H, KVH, D);
+}
+
+static void cpu_swiglu_forward_bf16(device *d, float *out, const float *gate_up, int N, int width) {
+    (void)d;
+    swiglu_forward_bf16(out, gate_up, N, width);
+}
+
+static void cpu_swiglu_backward_bf16(device *d, float *dgate_up, const float *dout, const float *gate_up, int N,
+                                     int width) {
+    (void)d;
+    swiglu_backward_bf16(dgate_up, dout, gate_up, N, width);
+}
+
+static void cpu_linear_backward_input_stacked_bf16(device *d, float *dinp, float *scratch, const float *dout,
+                                                   const float *weight, int N, int IC, int OC) {
+    (void)d;
+    linear_backward_input_stacked_bf16(dinp, scratch, dout, weight, N, IC, OC);
+}
+
 void device_cpu_init(device *d) {
     memset(d, 0, sizeof *d);
     d->name = "cpu";
@@ -186,6 +257,17 @@ void device_cpu_init(device *d) {
     d->swiglu_forward = cpu_swiglu_forward;
     d->swiglu_backward = cpu_swiglu_backward;
     d->cross_entropy_forward_backward = cpu_cross_entropy_forward_backward;
+    d->linear_forward_bf16 = cpu_linear_forward_bf16;
+    d->linear_backward_bf16 = cpu_linear_backward_bf16;
+    d->rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16;
+    d->rmsnorm_backward_bf16 = cpu_rmsnorm_backward_bf16;
+    d->rope_forward_bf16 = cpu_rope_forward_bf16;
+    d->rope_backward_bf16 = cpu_rope_backward_bf16;
+    d->attention_forward_bf16 = cpu_attention_forward_bf16;
+    d->attention_backward_bf16 = cpu_attention_backward_bf16;
+    d->swiglu_forward_bf16 = cpu_swiglu_forward_bf16;
+    d->swiglu_backward_bf16 = cpu_swiglu_backward_bf16;
+    d->linear_backward_input_stacked_bf16 = cpu_linear_backward_input_stacked_bf16;
     d->add_inplace = cpu_add_inplace;
     d->accumulate = cpu_accumulate;
     d->scale = cpu_scale;
