@@ -111,11 +111,10 @@ void fsdp_mixed_precision_from_env(context *ctx, fsdp_options *options) {
     const char *text = cfg_env_text(ctx, "MP");
     if (fsdp_mixed_precision_parse(text, &options->mixed_precision, ctx->error, sizeof ctx->error) != 0)
         ctx_exit_all(ctx, 2, "%s", ctx->error);
-    /* bfloat16 compute (core/layers_bf16.c) is the CPU's; the CUDA kernels are float32 so far (floatX = float). A
-     * bfloat16 reduce over float32 compute needs only casts, which every device has. */
-    if (options->mixed_precision.param_dtype != DTYPE_FLOAT32 && ctx->device.kind != DEVICE_CPU)
-        ctx_exit_all(ctx, 2, "MP='%s': bfloat16 parameters and compute run on the CPU device only so far; the %s "
-                     "device's kernels are float32 (bfloat16 kernels and cuBLAS GEMMs are still to come): use "
+    /* bfloat16 compute runs the device's bfloat16 layers (device.h's *_bf16 entries); a device without them can still
+     * reduce in bfloat16 over float32 compute, which needs only casts. */
+    if (options->mixed_precision.param_dtype != DTYPE_FLOAT32 && ctx->device.linear_forward_bf16 == NULL)
+        ctx_exit_all(ctx, 2, "MP='%s': the %s device has no bfloat16 layers (device.h's *_bf16 entries): use "
                      "MP=fp32,reduce=bf16, MP=fp32 or DEVICE=cpu", text ? text : "", ctx->device.name);
 }
 

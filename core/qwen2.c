@@ -13,7 +13,6 @@
 #include "config.h"
 #include "layers.h"
 #include "offload.h"
-#include "layers_bf16.h"
 #include "rng.h"
 
 /* Parameters of one decoder layer, in HF's registration order (self_attn, mlp, then the two norms). */
@@ -624,8 +623,9 @@ static void ensure_rope(qwen2_model *model, int T) {
 /* ---------------------------------------------------------------- mixed precision compute (issue 14)
  * Under MixedPrecision(param_dtype=bfloat16) torch runs every op on bfloat16 tensors: each op's output is rounded to
  * bfloat16 (core/layers_bf16.h says where, op by op). The model does the same when its units gather in bfloat16:
- * the layers that round inside themselves come from layers_bf16.h (the `if (bf16_compute(model))` branches below),
- * and every other op's output goes through round_activation. The float32 path is untouched. */
+ * it calls the device's bfloat16 layers (device.h's *_bf16 entries: the `if (bf16_compute(model))` branches and
+ * model_linear_forward / model_linear_backward below), and every other op's output goes through round_activation.
+ * The float32 path is untouched. */
 
 /* What the layers compute in: the gathered parameters' dtype (the root unit's param_dtype; float32 without mixed
  * precision, and for a model outside FSDP). */
@@ -647,6 +647,23 @@ static void add_activation(qwen2_model *model, float *out, const float *inp, siz
     device *d = &model->ctx->device;
     d->add_inplace(d, out, inp, count);
     round_activation(model, out, count);
+}
+
+/* A Linear module's GEMM in the compute dtype: in bfloat16 its inputs hold bfloat16 values and its output is rounded
+ * (the device's linear_*_bf16: bfloat16 tensor cores on a GPU), else float32's. Backward: dinp (when not NULL) is
+ * rounded after the addition; weight and bias gradients are float32 sums either way. */
+static void model_linear_forward(qwen2_model *model, float *out, const float *inp, const float *weight,
+                                 const float *bias, int N, int IC, int OC) {
+    device *d = &model->ctx->device;
+    if (bf16_compute(model)) d->linear_forward_bf16(d, out, inp, weight, bias, N, IC, OC);
+    else d->linear_forward(d, out, inp, weight, bias, N, IC, OC);
+}
+
+static void model_linear_backward(qwen2_model *model, float *dinp, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const float *weight, int N, int IC, int OC) {
+    device *d = &model->ctx->device;
+    if (bf16_compute(model)) d->linear_backward_bf16(d, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    else d->linear_backward(d, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
 int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const int *tokens, const int *targets, int B,
@@ -744,25 +761,22 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     a->ln1 = output_buffer(model, (size_t)N * C, "input_layernorm.output", l, MEM_ACTIVATION);
     a->ln1_rstd = output_buffer(model, (size_t)N, "input_layernorm.rstd", l, MEM_ACTIVATION);
     float eps = (float)c->rms_norm_eps;
-    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, eps);
+    if (bf16_compute(model)) d->rmsnorm_forward_bf16(d, a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, eps);
     else d->rmsnorm_forward(d, a->ln1, a->ln1_rstd, x, w[INPUT_NORM_WEIGHT], N, C, eps);
     a->q = output_buffer(model, (size_t)N * H * D, "self_attn.q", l, MEM_ACTIVATION);
     a->k = output_buffer(model, (size_t)N * KVH * D, "self_attn.k", l, MEM_ACTIVATION);
     a->v = output_buffer(model, (size_t)N * KVH * D, "self_attn.v", l, MEM_ACTIVATION);
-    d->linear_forward(d, a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
-    d->linear_forward(d, a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
-    d->linear_forward(d, a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
-    round_activation(model, a->q, (size_t)N * H * D);
-    round_activation(model, a->k, (size_t)N * KVH * D);
-    round_activation(model, a->v, (size_t)N * KVH * D);
+    model_linear_forward(model, a->q, a->ln1, w[Q_WEIGHT], w[Q_BIAS], N, C, H * D);
+    model_linear_forward(model, a->k, a->ln1, w[K_WEIGHT], w[K_BIAS], N, C, KVH * D);
+    model_linear_forward(model, a->v, a->ln1, w[V_WEIGHT], w[V_BIAS], N, C, KVH * D);
     /* With a KV cache these T tokens are positions past .. past + T - 1: RoPE from there, and attention over every
      * cached position (this batch's k, v appended first). */
     qwen2_kv_cache *cache = acts->cache;
     int past = cache != NULL ? cache->length : 0;
     const float *rope_cos = model->rope_cos + (size_t)past * D, *rope_sin = model->rope_sin + (size_t)past * D;
     if (bf16_compute(model)) {
-        rope_forward_bf16(a->q, rope_cos, rope_sin, B, T, H, D);
-        rope_forward_bf16(a->k, rope_cos, rope_sin, B, T, KVH, D);
+        d->rope_forward_bf16(d, a->q, rope_cos, rope_sin, B, T, H, D);
+        d->rope_forward_bf16(d, a->k, rope_cos, rope_sin, B, T, KVH, D);
     } else {
         d->rope_forward(d, a->q, rope_cos, rope_sin, B, T, H, D);
         d->rope_forward(d, a->k, rope_cos, rope_sin, B, T, KVH, D);
@@ -779,32 +793,30 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
     if (bf16_compute(model)) { /* the bfloat16 probabilities multiply v from a scratch copy */
         float *scratch = output_buffer(model, (size_t)T * (past + T), "self_attn.probs_bf16", l, MEM_WORKSPACE);
-        attention_forward_bf16(a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
+        d->attention_forward_bf16(d, a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
         release(model, &scratch);
     } else {
         d->attention_forward_at(d, a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
     }
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
-    d->linear_forward(d, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
-    round_activation(model, a->mid, (size_t)N * C);
+    model_linear_forward(model, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
     add_activation(model, a->mid, x, (size_t)N * C);
 
     a->ln2 = output_buffer(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
     a->ln2_rstd = output_buffer(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
-    if (bf16_compute(model)) rmsnorm_forward_bf16(a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, eps);
+    if (bf16_compute(model)) d->rmsnorm_forward_bf16(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, eps);
     else d->rmsnorm_forward(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, eps);
     a->gate_up = output_buffer(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
     a->swiglu = output_buffer(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
     float *stacked = NULL;
-    d->linear_forward(d, a->gate_up, a->ln2, stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l),
-                   NULL, N, C, 2 * I);
+    model_linear_forward(model, a->gate_up, a->ln2,
+                         stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l), NULL, N, C,
+                         2 * I);
     release(model, &stacked);
-    round_activation(model, a->gate_up, (size_t)N * 2 * I);
-    if (bf16_compute(model)) swiglu_forward_bf16(a->swiglu, a->gate_up, N, I);
+    if (bf16_compute(model)) d->swiglu_forward_bf16(d, a->swiglu, a->gate_up, N, I);
     else d->swiglu_forward(d, a->swiglu, a->gate_up, N, I);
     float *out = acts->residuals[l + 1] = output_buffer(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
-    d->linear_forward(d, out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
-    round_activation(model, out, (size_t)N * C);
+    model_linear_forward(model, out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
     add_activation(model, out, a->mid, (size_t)N * C);
 }
 
@@ -822,9 +834,9 @@ static float head_chunk(qwen2_model *model, qwen2_activations *acts, float *logi
                         int *count) {
     device *d = &model->ctx->device;
     int C = model->config.hidden_size, V = model->config.vocab_size;
-    d->linear_forward(d, logits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), NULL,
-                      rows, C, V);
-    round_activation(model, logits, (size_t)rows * V); /* as the whole batch's logits are (mixed precision) */
+    /* (rounded in bfloat16 as the whole batch's logits are, under mixed precision) */
+    model_linear_forward(model, logits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()),
+                         NULL, rows, C, V);
     return d->cross_entropy_forward_backward(d, dlogits, logits, acts->targets + first, rows, V, QWEN2_IGNORE_INDEX,
                                              count);
 }
@@ -860,8 +872,9 @@ static void head_backward_chunked(qwen2_model *model, qwen2_activations *acts, f
         d->scale(d, dlogits, (float)((double)chunk_count / acts->target_count) * acts->loss_gradient_scale,
                  (size_t)n * V);
         round_activation(model, dlogits, (size_t)n * V);
-        d->linear_backward(d, dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
-                           acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), n, C, V);
+        model_linear_backward(model, dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL,
+                              dlogits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()),
+                              n, C, V);
     }
     release(model, &logits);
     release(model, &dlogits);
@@ -874,16 +887,17 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     acts->final_norm = output_buffer(model, (size_t)N * C, "norm.output", -1, MEM_ACTIVATION);
     acts->final_rstd = output_buffer(model, (size_t)N, "norm.rstd", -1, MEM_ACTIVATION);
     if (bf16_compute(model))
-        rmsnorm_forward_bf16(acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
-                             qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
+        d->rmsnorm_forward_bf16(d, acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
+                                qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
     else
         d->rmsnorm_forward(d, acts->final_norm, acts->final_rstd, acts->residuals[c->num_hidden_layers],
                         qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
     if (chunked_loss(model, acts)) return head_forward_chunked(model, acts);
     acts->logits = output_buffer(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
     /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
-    d->linear_forward(d, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C, V);
-    round_activation(model, acts->logits, (size_t)N * V); /* HF's loss then reads logits.float() */
+    /* (in bfloat16 the logits are rounded: HF's loss then reads logits.float()) */
+    model_linear_forward(model, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C,
+                         V);
     if (acts->targets == NULL) return 0.0f;
     acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
     acts->loss = d->cross_entropy_forward_backward(d, acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
@@ -913,16 +927,16 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
         round_activation(model, acts->dlogits, (size_t)N * V);
         /* lm_head's share of the tied gradient stays float32 until the embedding's is added to it: one rounding, at
          * the reduce (torch rounds each share and their sum; that would need a vocabulary-sized buffer here) */
-        d->linear_backward(d, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits, acts->final_norm,
-                           qwen2_param_data(model, embed_param()), N, C, V);
+        model_linear_backward(model, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits,
+                              acts->final_norm, qwen2_param_data(model, embed_param()), N, C, V);
     }
-    round_activation(model, dnorm, (size_t)N * C);
     release(model, &acts->dlogits);
     release(model, &acts->logits);
     acts->dresiduals[L] = sum_buffer(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
     if (bf16_compute(model))
-        rmsnorm_backward_bf16(acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm,
-                              acts->residuals[L], qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
+        d->rmsnorm_backward_bf16(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm,
+                                 acts->residuals[L], qwen2_param_data(model, norm_param(model)), acts->final_rstd, N,
+                                 C);
     else
         d->rmsnorm_backward(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
                          qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
@@ -948,10 +962,9 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *dmid = output_buffer(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE);
     d->copy(d, dmid, dout, (size_t)N * C * sizeof(float), DEVICE_D2D);
     float *dswiglu = sum_buffer(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
-    d->linear_backward(d, dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
-    round_activation(model, dswiglu, (size_t)N * I);
+    model_linear_backward(model, dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
     float *dgate_up = sum_buffer(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
-    if (bf16_compute(model)) swiglu_backward_bf16(dgate_up, dswiglu, a->gate_up, N, I);
+    if (bf16_compute(model)) d->swiglu_backward_bf16(d, dgate_up, dswiglu, a->gate_up, N, I);
     else d->swiglu_backward(d, dgate_up, dswiglu, a->gate_up, N, I);
     release(model, &dswiglu);
     float *dln2 = sum_buffer(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
@@ -962,8 +975,8 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
                               : (stacked_grad = sum_buffer(model, (size_t)2 * I * C, "mlp.gate_up_grad", l, MEM_WORKSPACE));
     if (bf16_compute(model)) { /* gate_proj and up_proj are two modules: their input gradients add in bfloat16 */
         float *scratch = output_buffer(model, (size_t)N * C, "mlp.dinput_up", l, MEM_WORKSPACE);
-        d->linear_backward(d, NULL, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
-        linear_backward_input_stacked_bf16(dln2, scratch, dgate_up, gate_up_weight, N, C, I);
+        d->linear_backward_bf16(d, NULL, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
+        d->linear_backward_input_stacked_bf16(d, dln2, scratch, dgate_up, gate_up_weight, N, C, I);
         release(model, &scratch);
     } else {
         d->linear_backward(d, dln2, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);
@@ -976,23 +989,22 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &stacked_grad);
     release(model, &dgate_up);
     if (bf16_compute(model))
-        rmsnorm_backward_bf16(dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
+        d->rmsnorm_backward_bf16(d, dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
     else d->rmsnorm_backward(d, dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
     release(model, &dln2);
 
     /* attention half: mid = x + o_proj(attention(rope(q), rope(k), v)), q,k,v = proj(ln1), ln1 = norm(x) */
     float *dattention = sum_buffer(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
-    d->linear_backward(d, dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
-    round_activation(model, dattention, (size_t)N * H * D);
+    model_linear_backward(model, dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
     float *dq = sum_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
     float *dk = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
     float *dv = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
     if (bf16_compute(model)) {
         float *scratch = output_buffer(model, (size_t)2 * T * T + (size_t)T * D, "self_attn.dscores", l, MEM_WORKSPACE);
-        attention_backward_bf16(dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
+        d->attention_backward_bf16(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
         release(model, &scratch);
-        rope_backward_bf16(dq, model->rope_cos, model->rope_sin, B, T, H, D);
-        rope_backward_bf16(dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
+        d->rope_backward_bf16(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
+        d->rope_backward_bf16(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     } else {
         float *scratch = output_buffer(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
         d->attention_backward(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
@@ -1006,15 +1018,12 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
         /* three modules read ln1: autograd adds their bfloat16 input gradients as k_proj's + v_proj's, then q_proj's
          * (the order torch's engine runs them in; tests/check_torch_bf16.py) */
         float *share = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput_share", l, MEM_WORKSPACE);
-        d->linear_backward(d, share, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
-        d->linear_backward(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
-        round_activation(model, share, (size_t)N * C);
-        round_activation(model, dln1, (size_t)N * C);
+        d->linear_backward_bf16(d, share, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
+        d->linear_backward_bf16(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
         add_activation(model, dln1, share, (size_t)N * C);
         release(model, &share);
         share = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput_share", l, MEM_WORKSPACE);
-        d->linear_backward(d, share, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
-        round_activation(model, share, (size_t)N * C);
+        d->linear_backward_bf16(d, share, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
         add_activation(model, dln1, share, (size_t)N * C);
         release(model, &share);
     } else {
@@ -1029,7 +1038,7 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *dx = acts->dresiduals[l] = output_buffer(model, (size_t)N * C, "dresidual", l - 1, MEM_ACTIVATION);
     d->copy(d, dx, dmid, (size_t)N * C * sizeof(float), DEVICE_D2D);
     if (bf16_compute(model))
-        rmsnorm_backward_bf16(dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+        d->rmsnorm_backward_bf16(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
     else d->rmsnorm_backward(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
     release(model, &dln1);
     release(model, &dmid);
