@@ -13,11 +13,18 @@
 #   3. tiny model, 5 steps, 1 rank: DEVICE=cuda BACKEND=nccl vs the CPU build from the same init and batches; losses
 #      (tests/compare_losses.py), gradients and parameters (qwen2_tool compare) within tests/tolerances.py's bounds,
 #      the same bounds that hold 1 rank against N ranks on the CPU (float32 sums in another order, TF32 off)
+#      then the same with MP=bf16 (the device's bfloat16 layers: cuBLAS GEMMs on bfloat16 tensor cores) against the
+#      CPU's core/layers_bf16.c: losses within the bfloat16 flip bound and drift (compare_losses.py bf16), parameters
+#      within AdamW's bound
 #   4. Qwen2-0.5B, MBS=8 SEQ=256 ACC=2 STEPS=3 (the seed's run): BACKEND=nccl on 1 rank beside PyTorch FSDP on the same
 #      GPU, same init and batches (scripts/train.sh FSDP=both: the table of loss difference, time and peak ratios),
-#      then DEVICE=cuda BACKEND=mpi on 2 ranks sharing the GPU (MPI through pinned host buffers)
-#   5. throughput: tokens/s and achieved TFLOP/s of step 4's run (qwen2_tool flops: the matmul count, 3 x forward)
-# Budget: about 8 minutes on one H200 (the build is most of it; the 0.5B runs are 3 steps each). Exit status 0 only
+#      in float32, then with MP=bf16 beside torch's MixedPrecision(param_dtype=reduce_dtype=bfloat16) (the bounds of
+#      check_train_parity.sh bf16), then DEVICE=cuda BACKEND=mpi on 2 ranks sharing the GPU (MPI through pinned host
+#      buffers)
+#   5. throughput: tokens/s, achieved TFLOP/s and MFU of step 4's runs (qwen2_tool flops: the matmul count, 3 x
+#      forward, attention included), against the GPU's dense peak (PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16, known for
+#      H100 and H200 SXM: 67 and 989; A100: 19.5 and 312)
+# Budget: about 9 minutes on one H200 (the build is most of it; the 0.5B runs are 3 steps each). Exit status 0 only
 # when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -116,6 +123,24 @@ if [ $status = 0 ]; then
 fi
 result "tiny 5 steps: GPU losses, gradients, parameters = CPU's" $status "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
 
+# ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/layers_bf16.c
+env "${tiny[@]}" MP=bf16 OUT="$out/tiny_bf16_cpu" SAVE="$out/tiny_bf16_cpu/checkpoint" GRADS="$out/tiny_bf16_cpu/grads" \
+  "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_bf16_cpu.log" 2>&1
+cpu_status=$?
+env "${tiny[@]}" MP=bf16 DEVICE=cuda BACKEND=nccl OUT="$out/tiny_bf16_gpu" SAVE="$out/tiny_bf16_gpu/checkpoint" \
+  GRADS="$out/tiny_bf16_gpu/grads" "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_bf16_gpu.log" 2>&1
+gpu_status=$?
+status=$((cpu_status | gpu_status))
+if [ $status = 0 ]; then
+  python3 tests/compare_losses.py "$out/tiny_bf16_cpu" "$out/tiny_bf16_gpu" $((8 * 128 * 2)) 128 1e-3 bf16 \
+    >"$out/tiny_bf16_compare.log" 2>&1 &&
+    OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_bf16_gpu/checkpoint" "$out/tiny_bf16_cpu/checkpoint" \
+      "$(python3 tests/tolerances.py adamw 1e-3 5)" absolute >>"$out/tiny_bf16_compare.log" 2>&1
+  status=$?
+fi
+result "tiny 5 steps MP=bf16: GPU losses, parameters = CPU's" $status \
+  "$(grep -m1 -i 'bound' "$out/tiny_bf16_compare.log" 2>/dev/null)"
+
 # ---- 4. Qwen2-0.5B, the seed's run: fsdplab (NCCL, 1 rank) beside PyTorch FSDP on the same GPU
 # Losses within the bounds tests/check_train_parity.sh uses on the CPU (tests/tolerances.py: rounding of the first
 # step from the same bytes, plus AdamW's drift per later step), derived from this config and its gradients.
@@ -134,24 +159,59 @@ result "Qwen2-0.5B BACKEND=nccl 1 rank vs torch FSDP (losses, time, peak)" $stat
   "$(tail -n 1 "$out/qwen2_compare.log" 2>/dev/null)"
 cat "$qdir/fsdplab.log" "$qdir/torch.log" "$out/qwen2_compare.log" 2>/dev/null | grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' |
   tee -a "$summary" >/dev/null
+# MP=bf16 beside torch's MixedPrecision: check_train_parity.sh bf16's bounds (the flip bound of the first step, lr x
+# the measured step-1 gradient difference per later step; torch writes its gradients with TORCH_GRADS)
+bdir=$out/qwen2_nccl_bf16
+env "${seed_run[@]}" MP=bf16 FSDP=both TRAIN_DIR="$bdir" GRADS="$bdir/grads" TORCH_GRADS="$bdir/torch_grads" \
+  scripts/train.sh >"$out/qwen2_nccl_bf16.log" 2>&1
+status=$?
+if [ $status = 0 ]; then
+  tokens=$((8 * 256 * 2))
+  drift=$(python3 tests/tolerances.py torch_bf16_drift "$bdir/grads" "$bdir/torch_grads" 1e-3 2>"$out/qwen2_bf16_compare.log") &&
+    python3 scripts/compare_runs.py "$bdir/fsdplab.log" "$bdir/torch.log" --drift "$drift" \
+      --max-loss-diff "$(python3 tests/tolerances.py torch_bf16_loss "$bdir/grads/config.json" $tokens 256)" \
+      >>"$out/qwen2_bf16_compare.log" 2>&1
+  status=$?
+fi
+result "Qwen2-0.5B MP=bf16 BACKEND=nccl vs torch MixedPrecision" $status \
+  "$(tail -n 1 "$out/qwen2_bf16_compare.log" 2>/dev/null)"
+cat "$bdir/fsdplab.log" "$bdir/torch.log" "$out/qwen2_bf16_compare.log" 2>/dev/null |
+  grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' | tee -a "$summary" >/dev/null
 env MODEL=qwen2 MBS=8 SEQ=256 ACC=2 STEPS=3 EVAL=0 DEVICE=cuda BACKEND=mpi OUT="$out/qwen2_mpi2" \
   "${mpirun_cmd[@]}" -np 2 "$cuda_bin/lab/05_full_step" >"$out/qwen2_mpi2.log" 2>&1
 status=$?
 result "Qwen2-0.5B DEVICE=cuda BACKEND=mpi, 2 ranks on one GPU" $status "$(grep -m1 '^3/3' "$out/qwen2_mpi2.log")"
 
-# ---- 5. throughput of step 4's fsdplab run: tokens/s and achieved TFLOP/s (median step time of steps 2-3)
+# ---- 5. throughput of step 4's runs (ours and torch's): tokens/s, achieved TFLOP/s (median step time of steps 2-3),
+# MFU against the dense peak of the run's arithmetic (float32 CUDA cores; bfloat16 tensor cores)
 flops_per_micro=$(OUT="$out/flops" tests/bin/qwen2_tool flops qwen2 8 256 | awk '/^step_flops/ {print $2}')
-python3 - "$out/qwen2_nccl/fsdplab.log" "$flops_per_micro" <<'PY' | tee -a "$summary"
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+case "$gpu_name" in
+  *H100*|*H200*) peak_fp32=67 peak_bf16=989 ;;
+  *A100*) peak_fp32=19.5 peak_bf16=312 ;;
+  *) peak_fp32=0 peak_bf16=0 ;;
+esac
+peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf16}
+for run in "fp32 fsdplab $qdir/fsdplab.log $peak_fp32" "fp32 torch $qdir/torch.log $peak_fp32" \
+  "bf16 fsdplab $bdir/fsdplab.log $peak_bf16" "bf16 torch $bdir/torch.log $peak_bf16"; do
+  python3 - $run "$flops_per_micro" <<'PY' | tee -a "$summary"
 import re, statistics, sys
-lines = [l for l in open(sys.argv[1]) if re.match(r"\d+/\d+: Loss", l)]
+precision, side, path, peak, flops_per_micro = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
+try:
+    lines = [l for l in open(path) if re.match(r"\d+/\d+: Loss", l)]
+except OSError:
+    lines = []
 times = [float(re.search(r"Time = ([0-9.]+)s", l).group(1)) for l in lines][1:]
 if not times:
-    sys.exit("throughput: no step lines in " + sys.argv[1])
+    sys.exit(f"throughput {precision} {side}: no step lines in {path}")
 step = statistics.median(times)
 tokens = 8 * 256 * 2  # MBS x SEQ x ACC, one rank
-flops = float(sys.argv[2]) * 2
-print(f"throughput: {tokens / step:,.0f} tokens/s, {flops / step / 1e12:.1f} TFLOP/s achieved "
-      f"(fp32 matmul count {flops / 1e12:.2f} TFLOP per step, step {step:.3f} s)")
+flops = flops_per_micro * 2
+achieved = flops / step / 1e12
+mfu = f", MFU {100 * achieved / peak:.1f}% of {peak:g} TFLOP/s" if peak > 0 else ", MFU: peak unknown (PEAK_TFLOPS_*)"
+print(f"throughput {precision} {side}: {tokens / step:,.0f} tokens/s, {achieved:.1f} TFLOP/s achieved{mfu} "
+      f"({flops / 1e12:.2f} TFLOP per step, step {step:.3f} s)")
 PY
+done
 say "gpu_check: $failures failed, $(($(date +%s) - t0)) s; logs and traces in $out"
 [ "$failures" = 0 ]

@@ -152,6 +152,9 @@ def main():
         # float32 GEMMs as fsdplab's default (TF32 off), so the two compute the same arithmetic
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        # bfloat16 GEMMs accumulate in float32 to the end, as fsdplab's (CUBLAS_COMPUTE_32F_FAST_16BF): torch's default
+        # lets cuBLAS reduce split-K partial sums in bfloat16, a rounding the parity bound does not count
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()

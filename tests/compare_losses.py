@@ -3,7 +3,13 @@ averaged over micro-batches and ranks at full precision) within the bound tests/
 step's loss differs only by rounding (loss_tolerance, relative); each later step may drift further by what AdamW
 made of the step-1 gradient differences (later_loss_allowance, from both runs' GRADS dumps).
 
-usage: python3 tests/compare_losses.py REFERENCE_RUNDIR RUNDIR TOKENS SEQ LR
+With `bf16` (both runs MP=bf16, each op's output rounded to bfloat16 at the same places, e.g. the CUDA device's
+bfloat16 layers against the CPU's): the first step within tolerances.torch_bf16_loss_tolerance (float32 summation
+orders that put a value on two sides of a bfloat16 rounding boundary), each later step within lr x the measured
+step-1 gradient L1 difference more (torch_bf16_drift, which also fails a difference past twice the bfloat16 reduce's
+error bound: a wrong gradient, not a rounded one). RUNDIR's grads/ must hold local_grad_l1.json (lab 05 writes it).
+
+usage: python3 tests/compare_losses.py REFERENCE_RUNDIR RUNDIR TOKENS SEQ LR [bf16]
        (each run dir holds rank0.jsonl and grads/ — lab 05's GRADS — with config.json and model.safetensors)
 """
 import json
@@ -17,16 +23,28 @@ def step_losses(rundir):
         return [e["loss"] for e in map(json.loads, events) if e["kind"] == "step" and e["micro"] == -1]
 
 
-def main(reference_dir, run_dir, tokens, seq, lr):
+def main(reference_dir, run_dir, tokens, seq, lr, mode="fp32"):
     reference, run = step_losses(reference_dir), step_losses(run_dir)
     if not reference or len(reference) != len(run):
         print(f"FAIL: {len(reference)} steps in {reference_dir}, {len(run)} in {run_dir}")
         return 1
     config = tolerances.load_config(f"{reference_dir}/grads/config.json")
-    rounding = tolerances.loss_tolerance(config, int(tokens), int(seq))
-    allowance = tolerances.later_loss_allowance(tolerances.read_safetensors(f"{run_dir}/grads/model.safetensors"),
-                                                tolerances.read_safetensors(f"{reference_dir}/grads/model.safetensors"),
-                                                float(lr))
+    if mode == "bf16":
+        rounding = tolerances.torch_bf16_loss_tolerance(config, int(tokens), int(seq))
+        allowance, difference, gross = tolerances.torch_bf16_drift(f"{run_dir}/grads", f"{reference_dir}/grads",
+                                                                   float(lr))
+        print(f"step-1 gradients: sum |difference| = {difference:.4e}, gross bound {gross:.4e}")
+        if not difference <= gross:
+            print(f"FAIL: the step-1 gradients differ by more than twice the bfloat16 reduce's error bound")
+            return 1
+    elif mode == "fp32":
+        rounding = tolerances.loss_tolerance(config, int(tokens), int(seq))
+        allowance = tolerances.later_loss_allowance(
+            tolerances.read_safetensors(f"{run_dir}/grads/model.safetensors"),
+            tolerances.read_safetensors(f"{reference_dir}/grads/model.safetensors"), float(lr))
+    else:
+        print(f"FAIL: mode {mode!r}: fp32 or bf16")
+        return 2
     print(f"bound: {rounding:.2e} x loss (rounding) + (step - 1) x {allowance:.2e} (AdamW drift)")
     failed = 0
     for step, (a, b) in enumerate(zip(run, reference), 1):
@@ -39,7 +57,7 @@ def main(reference_dir, run_dir, tokens, seq, lr):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 6:
+    if len(sys.argv) not in (6, 7):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     sys.exit(main(*sys.argv[1:]))
