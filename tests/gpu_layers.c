@@ -1129,34 +1129,38 @@ static void check_rmsnorm_bf16(int N, int C, float scale) {
     free(dweight_iv);
 }
 
-/* ---- RoPE in bfloat16: products and sums rounded one by one, no reductions: bits ---- */
+/* ---- RoPE in bfloat16: products and sums rounded one by one, no reductions: bits ----
+ * Twice: with layers.h's tables (HF's layout: the two halves of a row hold equal values) and with random tables
+ * whose halves differ, so that a kernel reading the other half's cos or sin is seen too. */
 
 static void check_rope_bf16(int B, int T, int H, int D) {
     char name[128];
     device host = cpu_device();
     size_t count = (size_t)B * T * H * D, table = (size_t)T * D;
-    float *cos_table = host_alloc(table * 4), *sin_table = host_alloc(table * 4);
-    rope_tables(cos_table, sin_table, T, D, 1000000.0f);
-    buffer d_cos = to_device(cos_table, table * 4), d_sin = to_device(sin_table, table * 4);
-    for (int backward = 0; backward <= 1; backward++) {
-        float *x = random_bf16(count, 135 + backward, 2.0f);
-        buffer d_x = to_device(x, count * 4);
-        if (backward) {
-            host.rope_backward_bf16(&host, x, cos_table, sin_table, B, T, H, D);
-            gpu.rope_backward_bf16(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
-        } else {
-            host.rope_forward_bf16(&host, x, cos_table, sin_table, B, T, H, D);
-            gpu.rope_forward_bf16(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
+    for (int random_tables = 0; random_tables <= 1; random_tables++) {
+        float *cos_table = random_floats(table, 137, 1.0f), *sin_table = random_floats(table, 138, 1.0f);
+        if (!random_tables) rope_tables(cos_table, sin_table, T, D, 1000000.0f);
+        buffer d_cos = to_device(cos_table, table * 4), d_sin = to_device(sin_table, table * 4);
+        for (int backward = 0; backward <= 1; backward++) {
+            float *x = random_bf16(count, 135 + backward, 2.0f);
+            buffer d_x = to_device(x, count * 4);
+            if (backward) {
+                host.rope_backward_bf16(&host, x, cos_table, sin_table, B, T, H, D);
+                gpu.rope_backward_bf16(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
+            } else {
+                host.rope_forward_bf16(&host, x, cos_table, sin_table, B, T, H, D);
+                gpu.rope_forward_bf16(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
+            }
+            float *g_x = from_device(d_x, count * 4);
+            snprintf(name, sizeof name, "rope_%s_bf16 B=%d T=%d H=%d D=%d%s (bits)", backward ? "backward" : "forward",
+                     B, T, H, D, random_tables ? " random tables" : "");
+            compare(name, x, g_x, NULL, count);
+            device_free(d_x);
+            free(x), free(g_x);
         }
-        float *g_x = from_device(d_x, count * 4);
-        snprintf(name, sizeof name, "rope_%s_bf16 B=%d T=%d H=%d D=%d (bits)", backward ? "backward" : "forward", B,
-                 T, H, D);
-        compare(name, x, g_x, NULL, count);
-        device_free(d_x);
-        free(x), free(g_x);
+        device_free(d_cos), device_free(d_sin);
+        free(cos_table), free(sin_table);
     }
-    device_free(d_cos), device_free(d_sin);
-    free(cos_table), free(sin_table);
 }
 
 /* ---- attention in bfloat16 ---- */
