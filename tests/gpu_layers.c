@@ -20,12 +20,21 @@
  * host by the same function), first_nonfinite, and AdamW (kernel_math.h's element: IEEE multiply, divide, sqrtf
  * and the two fmaf's only; km_mul_unfused keeps nvcc from fusing the rest). TF32 must be off (the GEMM bounds
  * assume float32 products).
+ *
+ * The bfloat16 layers (device.h's *_bf16 entries: the CPU device's, core/layers_bf16.c, against the CUDA device's)
+ * run on inputs rounded to bfloat16 and are checked with intervals carried through each layer op by op (see "the
+ * layers in bfloat16" below): bit equality wherever no bfloat16 rounding can flip, one bfloat16 ulp (or what a
+ * flip upstream carries) where one can. On the emulator, a last check shows its GemmEx refusing other types and
+ * aborting on a non-bfloat16 operand under CUBLAS_COMPUTE_32F_FAST_16BF.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../core/device.h"
 #include "../core/dtype.h"
@@ -1348,6 +1357,73 @@ static void check_swiglu_bf16(int N, int width) {
     free(out_iv), free(d_iv);
 }
 
+#ifdef FSDPLAB_CUDA_EMULATOR
+/* The emulator's GemmEx (tests/cuda_emulator/cublas_v2.h): other element or compute types are refused with
+ * CUBLAS_STATUS_NOT_SUPPORTED, CUBLAS_COMPUTE_32F takes any float, and CUBLAS_COMPUTE_32F_FAST_16BF aborts when an
+ * element it reads is not a bfloat16 value (in a child process: the abort is the expected outcome). */
+static void check_emulator_gemm_ex(void) {
+    cuda_device_state *state = (cuda_device_state *)gpu.impl;
+    float host[4] = {1.0f, 0.5f, 0.25f, 1.0f + 0x1p-20f}; /* the last is not a bfloat16 value */
+    buffer d_a = to_device(host, sizeof host), d_c = device_alloc(sizeof host);
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t wrong_type = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr,
+                                             CUDA_R_16BF, 2, d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 2,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t wrong_compute = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr,
+                                                CUDA_R_32F, 2, d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 2,
+                                                CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t plain = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr, CUDA_R_32F, 2,
+                                        d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
+    /* Under FAST_16BF a (1, 2) A with lda 2 reads elements 0 and 2, a (2, 1) B elements 0 and 1: all bfloat16
+     * values, so it runs; the (2, 2) product below reads element 3 and aborts. */
+    cublasStatus_t bf16_ok = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 2, &one, d_a.ptr, CUDA_R_32F,
+                                          2, d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 1,
+                                          CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+    /* The child's message (stderr, through a pipe) must name the call, the operand, the element and its value. */
+    fflush(stdout);
+    fflush(stderr);
+    int pipe_ends[2];
+    if (pipe(pipe_ends) != 0) {
+        perror("gpu_layers: pipe");
+        exit(2);
+    }
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(pipe_ends[1], 2);
+        close(pipe_ends[0]);
+        cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr, CUDA_R_32F, 2, d_a.ptr, CUDA_R_32F,
+                     2, &zero, d_c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+        _exit(0); /* not reached when the emulator checks */
+    }
+    close(pipe_ends[1]);
+    char message[4096] = {0};
+    size_t used = 0;
+    ssize_t got;
+    while (used < sizeof message - 1 && (got = read(pipe_ends[0], message + used, sizeof message - 1 - used)) > 0)
+        used += (size_t)got;
+    close(pipe_ends[0]);
+    int status = 0;
+    int aborted = child > 0 && waitpid(child, &status, 0) == child && WIFSIGNALED(status) &&
+                  WTERMSIG(status) == SIGABRT && strstr(message, "cublasGemmEx") != NULL &&
+                  strstr(message, "operand A's element (row 1, column 1; index 3") != NULL &&
+                  strstr(message, "1.00000095") != NULL;
+    if (!aborted) fprintf(stderr, "gpu_layers: the emulator's message was: %s\n", message);
+    int ok[5] = {wrong_type == CUBLAS_STATUS_NOT_SUPPORTED, wrong_compute == CUBLAS_STATUS_NOT_SUPPORTED,
+                 plain == CUBLAS_STATUS_SUCCESS, bf16_ok == CUBLAS_STATUS_SUCCESS, aborted};
+    const char *what[5] = {"emulator GemmEx: CUDA_R_16BF operand refused", "emulator GemmEx: FAST_TF32 refused",
+                           "emulator GemmEx: COMPUTE_32F takes any float",
+                           "emulator GemmEx: FAST_16BF on bfloat16 values runs",
+                           "emulator GemmEx: FAST_16BF aborts on a non-bfloat16 operand"};
+    for (int i = 0; i < 5; i++) {
+        checks++;
+        failures += !ok[i];
+        printf("%-58s %11s %11s %9s  %s\n", what[i], "-", "-", "-", ok[i] ? "PASS" : "FAIL");
+    }
+    device_free(d_a), device_free(d_c);
+}
+#endif
+
 int main(void) {
     char error[256];
     if (!device_cuda_available()) {
@@ -1416,6 +1492,9 @@ int main(void) {
     check_attention_bf16(1, 40, 0, 2, 1, 16, 12.0f); /* scores spread over hundreds */
     check_swiglu_bf16(17, 123);
     check_swiglu_bf16(4, 4864);
+#ifdef FSDPLAB_CUDA_EMULATOR
+    check_emulator_gemm_ex();
+#endif
 
     device_destroy(&gpu);
     printf("\n%d passed, %d failed\n", checks - failures, failures);
