@@ -303,9 +303,13 @@ cudaError_t bias_backward_launch(floatX *dbias, const floatX *dout, int N, int O
 
 /* ---- RoPE ---- */
 
-/* One thread per pair (x[i], x[i + D/2]) of one head at one position: x is (B, T, H, D), the tables (T, D). */
+/* One thread per pair (x[i], x[i + D/2]) of one head at one position: x is (B, T, H, D), the tables (T, D).
+ * float32 (bf16 0): km_rope_first / second, direction +1 forward, -1 backward. bfloat16 (bf16 1, layers_bf16.h):
+ * forward x1' = bf16(bf16(x1 c1) - bf16(x2 s1)), x2' = bf16(bf16(x2 c2) + bf16(x1 s2)); backward
+ * dx1 = bf16(bf16(dy1 c1) + bf16(dy2 s2)), dx2 = bf16(bf16(dy2 c2) - bf16(dy1 s1)); the tables rounded to bfloat16 as
+ * read (kernel_math.h). */
 __global__ void rope_kernel(floatX *x, const float *cos_table, const float *sin_table, size_t pairs, int T, int H,
-                            int D, float direction) {
+                            int D, float direction, int bf16) {
     int half = D / 2;
     for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < pairs; p += (size_t)gridDim.x * blockDim.x) {
         int i = (int)(p % half);
@@ -314,33 +318,10 @@ __global__ void rope_kernel(floatX *x, const float *cos_table, const float *sin_
         floatX *v = x + head * D;
         const float *cos_row = cos_table + (size_t)t * D, *sin_row = sin_table + (size_t)t * D;
         float x1 = (float)v[i], x2 = (float)v[i + half];
-        v[i] = (floatX)km_rope_first(x1, x2, cos_row[i], sin_row[i], direction);
-        v[i + half] = (floatX)km_rope_second(x1, x2, cos_row[i + half], sin_row[i + half], direction);
-    }
-}
-
-cudaError_t rope_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
-                        float direction, cudaStream_t stream) {
-    size_t pairs = (size_t)B * T * H * (D / 2);
-    if (pairs == 0) return cudaSuccess;
-    rope_kernel<<<grid_for(pairs, THREADS), THREADS, 0, stream>>>(x, cos_table, sin_table, pairs, T, H, D, direction);
-    return cudaGetLastError();
-}
-
-/* The bfloat16 RoPE (layers_bf16.h), one thread per pair as above: forward x1' = bf16(bf16(x1 c1) - bf16(x2 s1)),
- * x2' = bf16(bf16(x2 c2) + bf16(x1 s2)); backward dx1 = bf16(bf16(dy1 c1) + bf16(dy2 s2)),
- * dx2 = bf16(bf16(dy2 c2) - bf16(dy1 s1)); the tables rounded to bfloat16 as read (kernel_math.h). */
-__global__ void rope_bf16_kernel(floatX *x, const float *cos_table, const float *sin_table, size_t pairs, int T, int H,
-                                 int D, int backward) {
-    int half = D / 2;
-    for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < pairs; p += (size_t)gridDim.x * blockDim.x) {
-        int i = (int)(p % half);
-        size_t head = p / half; /* (b, t, h) flattened */
-        int t = (int)(head / H % T);
-        floatX *v = x + head * D;
-        const float *cos_row = cos_table + (size_t)t * D, *sin_row = sin_table + (size_t)t * D;
-        float x1 = (float)v[i], x2 = (float)v[i + half];
-        if (backward) {
+        if (!bf16) {
+            v[i] = (floatX)km_rope_first(x1, x2, cos_row[i], sin_row[i], direction);
+            v[i + half] = (floatX)km_rope_second(x1, x2, cos_row[i + half], sin_row[i + half], direction);
+        } else if (direction < 0.0f) {
             v[i] = (floatX)km_bf16_rope_sum(x1, cos_row[i], x2, sin_row[i + half]);
             v[i + half] = (floatX)km_bf16_rope_difference(x2, cos_row[i + half], x1, sin_row[i]);
         } else {
@@ -350,13 +331,23 @@ __global__ void rope_bf16_kernel(floatX *x, const float *cos_table, const float 
     }
 }
 
-cudaError_t rope_bf16_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
-                             int backward, cudaStream_t stream) {
+static cudaError_t rope_any_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H,
+                                   int D, float direction, int bf16, cudaStream_t stream) {
     size_t pairs = (size_t)B * T * H * (D / 2);
     if (pairs == 0) return cudaSuccess;
-    rope_bf16_kernel<<<grid_for(pairs, THREADS), THREADS, 0, stream>>>(x, cos_table, sin_table, pairs, T, H, D,
-                                                                        backward);
+    rope_kernel<<<grid_for(pairs, THREADS), THREADS, 0, stream>>>(x, cos_table, sin_table, pairs, T, H, D, direction,
+                                                                   bf16);
     return cudaGetLastError();
+}
+
+cudaError_t rope_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
+                        float direction, cudaStream_t stream) {
+    return rope_any_launch(x, cos_table, sin_table, B, T, H, D, direction, 0, stream);
+}
+
+cudaError_t rope_bf16_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
+                             int backward, cudaStream_t stream) {
+    return rope_any_launch(x, cos_table, sin_table, B, T, H, D, backward ? -1.0f : 1.0f, 1, stream);
 }
 
 /* ---- attention's softmaxes ---- */
@@ -455,78 +446,68 @@ cudaError_t add_rounded_rows_launch(float *block, size_t ld, const float *term, 
 
 /* ---- SwiGLU ---- */
 
-__global__ void swiglu_forward_kernel(floatX *out, const floatX *gate_up, size_t count, int width) {
+/* One thread per output element. float32 (bf16 0): silu(gate) up and its derivatives (kernel_math.h); bfloat16
+ * (bf16 1, layers_bf16.h): out = bf16(bf16(silu(gate)) up); dgate += bf16(bf16(dy up) silu'(gate)),
+ * dup += bf16(dy bf16(silu(gate))), each added in float32 (the gradient buffers' own adds). */
+__global__ void swiglu_forward_kernel(floatX *out, const floatX *gate_up, size_t count, int width, int bf16) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         size_t n = i / width, k = i % width;
         const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
-        out[i] = (floatX)(km_silu((float)gate[k]) * (float)up[k]);
+        out[i] = (floatX)(bf16 ? km_bf16_swiglu((float)gate[k], (float)up[k]) : km_silu((float)gate[k]) * (float)up[k]);
     }
 }
 
 __global__ void swiglu_backward_kernel(floatX *dgate_up, const floatX *dout, const floatX *gate_up, size_t count,
-                                       int width) {
+                                       int width, int bf16) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         size_t n = i / width, k = i % width;
         const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
         floatX *dgate = dgate_up + n * 2 * width, *dup = dgate + width;
         float g = (float)gate[k], u = (float)up[k], dy = (float)dout[i];
-        float s = km_sigmoid(g); /* one exp serves silu and its derivative */
-        dgate[k] = (floatX)((float)dgate[k] + km_swiglu_dgate(dy, u, s, g));
-        dup[k] = (floatX)((float)dup[k] + km_swiglu_dup(dy, g, s));
+        if (bf16) {
+            dgate[k] = (floatX)((float)dgate[k] + km_bf16_swiglu_dgate(dy, u, g));
+            dup[k] = (floatX)((float)dup[k] + km_bf16_swiglu_dup(dy, g));
+        } else {
+            float s = km_sigmoid(g); /* one exp serves silu and its derivative */
+            dgate[k] = (floatX)((float)dgate[k] + km_swiglu_dgate(dy, u, s, g));
+            dup[k] = (floatX)((float)dup[k] + km_swiglu_dup(dy, g, s));
+        }
     }
 }
 
-cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream) {
+static cudaError_t swiglu_forward_any(floatX *out, const floatX *gate_up, int N, int width, int bf16,
+                                      cudaStream_t stream) {
     size_t count = (size_t)N * width;
     if (count == 0) return cudaSuccess;
-    swiglu_forward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, gate_up, count, width);
+    swiglu_forward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, gate_up, count, width, bf16);
     return cudaGetLastError();
+}
+
+static cudaError_t swiglu_backward_any(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
+                                       int bf16, cudaStream_t stream) {
+    size_t count = (size_t)N * width;
+    if (count == 0) return cudaSuccess;
+    swiglu_backward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dgate_up, dout, gate_up, count, width,
+                                                                              bf16);
+    return cudaGetLastError();
+}
+
+cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream) {
+    return swiglu_forward_any(out, gate_up, N, width, 0, stream);
 }
 
 cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                    cudaStream_t stream) {
-    size_t count = (size_t)N * width;
-    if (count == 0) return cudaSuccess;
-    swiglu_backward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dgate_up, dout, gate_up, count, width);
-    return cudaGetLastError();
-}
-
-/* The bfloat16 SwiGLU (layers_bf16.h): out = bf16(bf16(silu(gate)) up); dgate += bf16(bf16(dy up) silu'(gate)),
- * dup += bf16(dy bf16(silu(gate))), each added in float32 (the gradient buffers' own adds). */
-__global__ void swiglu_forward_bf16_kernel(floatX *out, const floatX *gate_up, size_t count, int width) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        size_t n = i / width, k = i % width;
-        const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
-        out[i] = (floatX)km_bf16_swiglu((float)gate[k], (float)up[k]);
-    }
-}
-
-__global__ void swiglu_backward_bf16_kernel(floatX *dgate_up, const floatX *dout, const floatX *gate_up, size_t count,
-                                            int width) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        size_t n = i / width, k = i % width;
-        const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
-        floatX *dgate = dgate_up + n * 2 * width, *dup = dgate + width;
-        float g = (float)gate[k], u = (float)up[k], dy = (float)dout[i];
-        dgate[k] = (floatX)((float)dgate[k] + km_bf16_swiglu_dgate(dy, u, g));
-        dup[k] = (floatX)((float)dup[k] + km_bf16_swiglu_dup(dy, g));
-    }
+    return swiglu_backward_any(dgate_up, dout, gate_up, N, width, 0, stream);
 }
 
 cudaError_t swiglu_forward_bf16_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream) {
-    size_t count = (size_t)N * width;
-    if (count == 0) return cudaSuccess;
-    swiglu_forward_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, gate_up, count, width);
-    return cudaGetLastError();
+    return swiglu_forward_any(out, gate_up, N, width, 1, stream);
 }
 
 cudaError_t swiglu_backward_bf16_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                         cudaStream_t stream) {
-    size_t count = (size_t)N * width;
-    if (count == 0) return cudaSuccess;
-    swiglu_backward_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dgate_up, dout, gate_up, count,
-                                                                                   width);
-    return cudaGetLastError();
+    return swiglu_backward_any(dgate_up, dout, gate_up, N, width, 1, stream);
 }
 
 /* out = bf16(bf16(out) + bf16(other)): two modules' bfloat16 input gradients added (kernel_math.h). */
