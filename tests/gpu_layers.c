@@ -890,9 +890,12 @@ static void sum_add(interval_sum *s, interval term) {
     s->lo += term.lo, s->hi += term.hi, s->magnitude += fmax(fabs(term.lo), fabs(term.hi));
 }
 /* Either device's sum of `additions` additions in any order, each within `unit`: gamma(additions) magnitude
- * around the exact range (and additions 2^-53 magnitude for this program's own double sums). */
+ * around the exact range (and additions 2^-53 magnitude for this program's own double sums), plus 2^-126 per
+ * addition for a product or partial sum below FLT_MIN that a device rounds or flushes to zero (tensor cores may);
+ * a sum of zeros is zero on any device. */
 static interval sum_result(interval_sum s, double additions, double unit) {
-    double g = additions * unit / (1.0 - additions * unit), radius = (g + additions * 0x1p-53) * s.magnitude;
+    double g = additions * unit / (1.0 - additions * unit);
+    double radius = s.magnitude > 0.0 ? (g + additions * 0x1p-53) * s.magnitude + additions * 0x1p-126 : 0.0;
     return (interval){s.lo - radius, s.hi + radius};
 }
 static interval sum_float(interval_sum s, double additions, double unit) {
