@@ -157,6 +157,64 @@ KM_FN float km_cross_entropy_dlogit(float logit, double log_sum, float inverse_c
     return (float)exp((double)logit - log_sum) * inverse_count;
 }
 
+/* ---- the layers in bfloat16 (core/layers_bf16.h's rules: what torch rounds, op by op) ----
+ * The CPU's layers_bf16.c (built with -ffp-contract=off) and the GPU's bfloat16 kernels call these, so both round
+ * at the same places. Every input is a bfloat16 value held in a float; each op computes in float32 and its result
+ * is rounded (km_bf16_round) where torch's graph ends the op. A product that torch rounds before an addition goes
+ * through km_mul_unfused, so nvcc cannot fuse it into the add. */
+
+/* RMSNorm's output: h = bf16(x r) (`.to(input_dtype)`), out = bf16(w h). */
+KM_FN float km_bf16_rmsnorm_scale(float x, float weight, float rstd) {
+    return km_bf16_round(weight * km_bf16_round(x * rstd));
+}
+/* Its backward: dh = bf16(dy w) (mul's backward toward h); dweight's term bf16(dy h) (toward w, before the sum over
+ * the rows); the dot sum_c dh_c x_c in double (each term exact: 8 + 24 bits); the norm's gradient bf16(r dh - x coef)
+ * (the cast's backward) added to the residual's: dinp = bf16(dinp + that). */
+KM_FN float km_bf16_rmsnorm_dh(float dy, float weight) { return km_bf16_round(dy * weight); }
+KM_FN float km_bf16_rmsnorm_dweight_term(float dy, float x, float rstd) {
+    return km_bf16_round(dy * km_bf16_round(x * rstd));
+}
+KM_FN double km_bf16_rmsnorm_dot_term(float dh, float x) { return (double)dh * x; }
+KM_FN float km_bf16_rmsnorm_dinp(float dinp, float rstd, float dh, float x, float coefficient) {
+    return km_bf16_round(dinp + km_bf16_round(km_mul_unfused(rstd, dh) - km_mul_unfused(x, coefficient)));
+}
+
+/* RoPE on one pair: cos and sin rounded to bfloat16 (HF's `cos.to(x.dtype)`), each product rounded, then the sum
+ * or difference rounded: bf16(bf16(a c) + bf16(b s)) and bf16(bf16(a c) - bf16(b s)). Forward (rotate_half(x) =
+ * [-x2, x1]): x1' = difference(x1, c1, x2, s1), x2' = sum(x2, c2, x1, s2); backward: dx1 = sum(dy1, c1, dy2, s2),
+ * dx2 = difference(dy2, c2, dy1, s1) (c1, s1 the first half's table entries, c2, s2 the second's). */
+KM_FN float km_bf16_rope_sum(float a, float cos_value, float b, float sin_value) {
+    return km_bf16_round(km_bf16_round(a * km_bf16_round(cos_value)) + km_bf16_round(b * km_bf16_round(sin_value)));
+}
+KM_FN float km_bf16_rope_difference(float a, float cos_value, float b, float sin_value) {
+    return km_bf16_round(km_bf16_round(a * km_bf16_round(cos_value)) - km_bf16_round(b * km_bf16_round(sin_value)));
+}
+
+/* torch's silu on CPU, x / (1 + exp(-x)) in float32 (not km_silu's x * sigmoid(x): other bits). SwiGLU's
+ * forward bf16(bf16(silu(gate)) up); its backward toward gate bf16(bf16(dy up) s (1 + gate (1 - s))) (mul's
+ * backward toward silu(gate), then silu's in float32), toward up bf16(dy bf16(silu(gate))). */
+KM_FN float km_silu_like_torch(float x) { return x / (1.0f + expf(-x)); }
+KM_FN float km_bf16_swiglu(float gate, float up) {
+    return km_bf16_round(km_bf16_round(km_silu_like_torch(gate)) * up);
+}
+KM_FN float km_bf16_swiglu_dgate(float dy, float up, float gate) {
+    float s = km_sigmoid(gate), dact = km_bf16_round(dy * up);
+    return km_bf16_round(dact * s * (1.0f + km_mul_unfused(gate, 1.0f - s)));
+}
+KM_FN float km_bf16_swiglu_dup(float dy, float gate) {
+    return km_bf16_round(dy * km_bf16_round(km_silu_like_torch(gate)));
+}
+
+/* Attention: a score is bf16(bf16(q.k) * scale) (matmul, then * scaling); the softmax's backward per element
+ * bf16(bf16(p (bf16(dp) - dot)) * scale), dot = sum_k p_k bf16(dp_k) in double (km_softmax_dot_term), from the
+ * float32 probabilities. */
+/* Two bfloat16 gradients of one input added as autograd adds them: bf16(bf16(a) + bf16(b)). */
+KM_FN float km_bf16_add_rounded(float a, float b) { return km_bf16_round(km_bf16_round(a) + km_bf16_round(b)); }
+KM_FN float km_bf16_attention_score(float raw, float scale) { return km_bf16_round(km_bf16_round(raw) * scale); }
+KM_FN float km_bf16_softmax_backward(float p, float dp, double dot, float scale) {
+    return km_bf16_round(km_bf16_round(p * (km_bf16_round(dp) - (float)dot)) * scale);
+}
+
 /* ---- AdamW (torch's _single_tensor_adam, decoupled weight decay; core/optim.c derives the scalars) ---- */
 
 /* torch.lerp(start, end, weight) as ATen's vectorised kernel computes it: from whichever end is nearer, so a weight

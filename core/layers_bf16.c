@@ -1,7 +1,8 @@
 /* layers_bf16.c — the layers as torch computes them on bfloat16 tensors. See layers_bf16.h for the rules.
  *
  * Built without contraction (-ffp-contract=off, the Makefile): a product that torch rounds before an addition must not
- * be fused into it. bf16_round (dtype.h) is round to nearest even, as c10::BFloat16. */
+ * be fused into it. bf16_round (dtype.h) is round to nearest even, as c10::BFloat16. The per-element formulas are
+ * kernel_math.h's km_bf16_* functions, which the CUDA device's kernels (core/cuda/kernels.cu) call too. */
 #include "layers_bf16.h"
 
 #include <cblas.h>
@@ -9,20 +10,17 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "kernel_math.h"
 #include "layers.h"
 
 static inline float r16(float value) { return bf16_round(value); }
-
-/* torch's silu and sigmoid on CPU: x / (1 + exp(-x)) and 1 / (1 + exp(-x)) in float32. */
-static inline float sigmoid32(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float silu32(float x) { return x / (1.0f + expf(-x)); }
 
 void rmsnorm_forward_bf16(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
     rmsnorm_forward(out, rstd, inp, weight, N, C, eps); /* layers.c's rstd (the float32 output is replaced) */
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) y[c] = r16(weight[c] * r16(x[c] * rstd[n]));
+        for (int c = 0; c < C; c++) y[c] = km_bf16_rmsnorm_scale(x[c], weight[c], rstd[n]);
     }
 }
 
@@ -33,7 +31,7 @@ void rmsnorm_backward_bf16(float *dinp, float *dweight, const float *dout, const
         double sum = 0.0;
         for (int n = 0; n < N; n++) {
             size_t at = (size_t)n * C + c;
-            sum += r16(dout[at] * r16(inp[at] * rstd[n]));
+            sum += km_bf16_rmsnorm_dweight_term(dout[at], inp[at], rstd[n]);
         }
         dweight[c] += r16((float)sum);
     }
@@ -42,12 +40,10 @@ void rmsnorm_backward_bf16(float *dinp, float *dweight, const float *dout, const
         float *dx = dinp + (size_t)n * C;
         float r = rstd[n];
         double dot = 0.0; /* sum_c dh_c x_c, dh = bf16(dy * weight) */
-        for (int c = 0; c < C; c++) dot += (double)r16(dy[c] * weight[c]) * x[c];
-        float coefficient = (float)(dot * r * r * r / C);
-        for (int c = 0; c < C; c++) {
-            float norm_dx = r16(r * r16(dy[c] * weight[c]) - x[c] * coefficient);
-            dx[c] = r16(dx[c] + norm_dx);
-        }
+        for (int c = 0; c < C; c++) dot += km_bf16_rmsnorm_dot_term(km_bf16_rmsnorm_dh(dy[c], weight[c]), x[c]);
+        float coefficient = km_rmsnorm_coefficient(dot, r, C);
+        for (int c = 0; c < C; c++)
+            dx[c] = km_bf16_rmsnorm_dinp(dx[c], r, km_bf16_rmsnorm_dh(dy[c], weight[c]), x[c], coefficient);
     }
 }
 
@@ -58,9 +54,8 @@ static void rotate_forward(float *x, const float *cos_row, const float *sin_row,
     int half = D / 2;
     for (int i = 0; i < half; i++) {
         float x1 = x[i], x2 = x[i + half];
-        float c1 = r16(cos_row[i]), s1 = r16(sin_row[i]), c2 = r16(cos_row[i + half]), s2 = r16(sin_row[i + half]);
-        x[i] = r16(r16(x1 * c1) - r16(x2 * s1));
-        x[i + half] = r16(r16(x2 * c2) + r16(x1 * s2));
+        x[i] = km_bf16_rope_difference(x1, cos_row[i], x2, sin_row[i]);
+        x[i + half] = km_bf16_rope_sum(x2, cos_row[i + half], x1, sin_row[i + half]);
     }
 }
 
@@ -70,9 +65,8 @@ static void rotate_backward(float *dx, const float *cos_row, const float *sin_ro
     int half = D / 2;
     for (int i = 0; i < half; i++) {
         float dy1 = dx[i], dy2 = dx[i + half];
-        float c1 = r16(cos_row[i]), s1 = r16(sin_row[i]), c2 = r16(cos_row[i + half]), s2 = r16(sin_row[i + half]);
-        dx[i] = r16(r16(dy1 * c1) + r16(dy2 * s2));
-        dx[i + half] = r16(r16(dy2 * c2) - r16(dy1 * s1));
+        dx[i] = km_bf16_rope_sum(dy1, cos_row[i], dy2, sin_row[i + half]);
+        dx[i + half] = km_bf16_rope_difference(dy2, cos_row[i + half], dy1, sin_row[i]);
     }
 }
 
@@ -118,7 +112,7 @@ void attention_forward_bf16(float *out, float *probs, float *scratch, const floa
             float *o = out + (size_t)b * T * q_stride + (size_t)h * D;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, D, 1.0f, q_head, (int)q_stride, k_head,
                         (int)kv_stride, 0.0f, p, keys);
-            for (size_t i = 0; i < block; i++) p[i] = r16(r16(p[i]) * scale); /* matmul, then * scaling */
+            for (size_t i = 0; i < block; i++) p[i] = km_bf16_attention_score(p[i], scale); /* matmul, * scaling */
             causal_softmax_rows(p, T, past); /* layers.c's: the float32 softmax, masked */
             for (size_t i = 0; i < block; i++) scratch[i] = r16(p[i]); /* .to(query.dtype) */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, keys, 1.0f, scratch, keys, v_head,
@@ -158,8 +152,8 @@ void attention_backward_bf16(float *dq, float *dk, float *dv, float *scratch, co
                 const float *p_row = p + (size_t)t * T;
                 float *row = dp + (size_t)t * T;
                 double dot = 0.0;
-                for (int j = 0; j <= t; j++) dot += (double)p_row[j] * r16(row[j]);
-                for (int j = 0; j <= t; j++) row[j] = r16(r16(p_row[j] * (r16(row[j]) - (float)dot)) * scale);
+                for (int j = 0; j <= t; j++) dot += km_softmax_dot_term(p_row[j], r16(row[j]));
+                for (int j = 0; j <= t; j++) row[j] = km_bf16_softmax_backward(p_row[j], row[j], dot, scale);
                 for (int j = t + 1; j < T; j++) row[j] = 0.0f;
             }
             /* dq = bf16(ds k): each head writes only its own columns of the zeroed dq */
@@ -182,7 +176,7 @@ void swiglu_forward_bf16(float *out, const float *gate_up, int N, int width) {
     for (int n = 0; n < N; n++) {
         const float *gate = gate_up + (size_t)n * 2 * width, *up = gate + width;
         float *row = out + (size_t)n * width;
-        for (int i = 0; i < width; i++) row[i] = r16(r16(silu32(gate[i])) * up[i]);
+        for (int i = 0; i < width; i++) row[i] = km_bf16_swiglu(gate[i], up[i]);
     }
 }
 
@@ -191,10 +185,8 @@ void swiglu_backward_bf16(float *dgate_up, const float *dout, const float *gate_
         const float *gate = gate_up + (size_t)n * 2 * width, *up = gate + width, *dy = dout + (size_t)n * width;
         float *dgate = dgate_up + (size_t)n * 2 * width, *dup = dgate + width;
         for (int i = 0; i < width; i++) {
-            float s = sigmoid32(gate[i]);
-            float dact = r16(dy[i] * up[i]); /* mul's backward toward silu(gate) */
-            dgate[i] += r16(dact * s * (1.0f + gate[i] * (1.0f - s)));
-            dup[i] += r16(dy[i] * r16(silu32(gate[i])));
+            dgate[i] += km_bf16_swiglu_dgate(dy[i], up[i], gate[i]);
+            dup[i] += km_bf16_swiglu_dup(dy[i], gate[i]);
         }
     }
 }
@@ -205,5 +197,5 @@ void linear_backward_input_stacked_bf16(float *dinp, float *scratch, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, 2 * OC, weight, IC, 0.0f, dinp, IC);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout + OC, 2 * OC,
                 weight + (size_t)OC * IC, IC, 0.0f, scratch, IC);
-    for (size_t i = 0; i < count; i++) dinp[i] = r16(r16(dinp[i]) + r16(scratch[i]));
+    for (size_t i = 0; i < count; i++) dinp[i] = km_bf16_add_rounded(dinp[i], scratch[i]);
 }

@@ -20,12 +20,21 @@
  * host by the same function), first_nonfinite, and AdamW (kernel_math.h's element: IEEE multiply, divide, sqrtf
  * and the two fmaf's only; km_mul_unfused keeps nvcc from fusing the rest). TF32 must be off (the GEMM bounds
  * assume float32 products).
+ *
+ * The bfloat16 layers (device.h's *_bf16 entries: the CPU device's, core/layers_bf16.c, against the CUDA device's)
+ * run on inputs rounded to bfloat16 and are checked with intervals carried through each layer op by op (see "the
+ * layers in bfloat16" below): bit equality wherever no bfloat16 rounding can flip, one bfloat16 ulp (or what a
+ * flip upstream carries) where one can. On the emulator, a last check shows its GemmEx refusing other types and
+ * aborting on a non-bfloat16 operand under CUBLAS_COMPUTE_32F_FAST_16BF.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../core/device.h"
 #include "../core/dtype.h"
@@ -785,6 +794,639 @@ static void check_adamw(size_t count, int step, float lerp_weight) {
     free(param), free(grad), free(exp_avg), free(exp_avg_sq), free(g_param), free(g_m), free(g_v);
 }
 
+/* ---- the layers in bfloat16 (core/layers_bf16.h): intervals that hold both devices' values ----
+ *
+ * Both devices run each bfloat16 layer on the same bfloat16 inputs and round at the same places (kernel_math.h's
+ * km_bf16_* on both), but take their float32 sums in other orders (the GPU's GEMMs on bfloat16 tensor cores), and on
+ * a GPU expf is CUDA's. So the check follows every value of a layer, element by element, as an interval [lo, hi]
+ * that holds what either device can compute there:
+ *   - an input is a point (a bfloat16 value);
+ *   - one correctly rounded float32 operation (a product, a sum, a quotient: each device rounds the exact result
+ *     once, km_mul_unfused keeping nvcc from fusing) maps the exact result's range through the rounding, which is
+ *     monotone: [fl(lo), fl(hi)]; from points it gives a point: both devices' bits;
+ *   - a sum of K terms in any order (a GEMM, a column or a row sum) is within gamma(K) sum |terms| of the exact sum
+ *     (Higham §3.1) with unit u for float32, 2^-53 for double, and 2u per addition for the tensor cores' float32
+ *     accumulation (they may truncate the aligned addends: Blanchard et al. 2020; on the emulator it is OpenBLAS's u);
+ *     the products of two bfloat16 values are exact in float32 (8 + 8 significant bits), so only the additions err;
+ *   - a rounding to bfloat16 maps [lo, hi] to [bf16(lo), bf16(hi)] (monotone again): a point whenever no bfloat16
+ *     rounding boundary lies inside, and then both devices hold the same bits from there on.
+ * The check is |cpu - gpu| <= hi - lo at every output element: bit equality wherever the float32 differences could
+ * not reach a rounding boundary, and one bfloat16 ulp of the result (2^-8 relative, or the few ulps a flipped
+ * rounding upstream carries) on the elements where they could: the table's name says on how many of them ("flip
+ * possible at F of N"), which is about sum_i (hi - lo before the rounding) / ulp_i, small. The intervals are
+ * computed here in double from the inputs, before either device runs, with 2^-50 relative slack for this program's
+ * own double roundings. Element-wise layers with no sums (RoPE) give points everywhere: bit equality. SwiGLU too on
+ * the emulator (both devices call glibc's scalar expf there); on a GPU expf may differ by EXP_ULPS, which the
+ * intervals carry. */
+
+/* SwiGLU's expf: layers_bf16.c (no -ffast-math) calls glibc's scalar expf, and so do the emulator's kernels: the
+ * same bits; CUDA's expf on a GPU. The softmax's expf is layers.c's (-ffast-math: maybe glibc's vectorised one) on
+ * the CPU: EXP_ULPS on either device everywhere. */
+#ifdef FSDPLAB_CUDA_EMULATOR
+#define SWIGLU_EXP_SPREAD 0.0
+#define GEMM_UNIT U /* OpenBLAS's sgemm on both sides: float32 additions */
+#else
+#define SWIGLU_EXP_SPREAD (2.0 * EXP_ULPS * U)
+#define GEMM_UNIT (2.0 * U) /* the tensor cores' float32 accumulation may truncate: 2u per addition */
+#endif
+#define SOFTMAX_EXP_SPREAD (2.0 * EXP_ULPS * U)
+#define DOUBLE_UNIT 0x1p-53
+
+typedef struct interval {
+    double lo, hi;
+} interval;
+
+static interval point(double x) { return (interval){x, x}; }
+/* The nearest float (through a volatile: the conversion must happen, whatever the optimizer folds). */
+static double nearest_float(double x) {
+    volatile float f = (float)x;
+    return f;
+}
+/* The float32 value either device holds when the exact result lies in [lo, hi]. */
+static interval fl32(double lo, double hi) {
+    return (interval){nearest_float(lo - fabs(lo) * 0x1p-50), nearest_float(hi + fabs(hi) * 0x1p-50)};
+}
+static interval iv_round16(interval a) { return (interval){km_bf16_round((float)a.lo), km_bf16_round((float)a.hi)}; }
+static interval hull4(double a, double b, double c, double d) {
+    return (interval){fmin(fmin(a, b), fmin(c, d)), fmax(fmax(a, b), fmax(c, d))};
+}
+static interval exact_mul(interval a, interval b) {
+    return hull4(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi);
+}
+/* One float32 operation: from two points, the operation itself in float (this file is ISO C11: no contraction),
+ * the bits both devices get; else the exact range's float32 image. */
+static int is_point(interval a) { return a.lo == a.hi; }
+static interval iv_mul(interval a, interval b) {
+    if (is_point(a) && is_point(b)) return point((float)a.lo * (float)b.lo);
+    interval p = exact_mul(a, b);
+    return fl32(p.lo, p.hi);
+}
+static interval iv_add(interval a, interval b) {
+    if (is_point(a) && is_point(b)) return point((float)a.lo + (float)b.lo);
+    return fl32(a.lo + b.lo, a.hi + b.hi);
+}
+static interval iv_sub(interval a, interval b) {
+    if (is_point(a) && is_point(b)) return point((float)a.lo - (float)b.lo);
+    return fl32(a.lo - b.hi, a.hi - b.lo);
+}
+/* a / b for b > 0 */
+static interval iv_div(interval a, interval b) {
+    if (is_point(a) && is_point(b)) return point((float)a.lo / (float)b.lo);
+    interval q = hull4(a.lo / b.lo, a.lo / b.hi, a.hi / b.lo, a.hi / b.hi);
+    return fl32(q.lo, q.hi);
+}
+/* expf of a float interval, either device's within `spread` (relative) of the host's. */
+static interval iv_expf(interval a, double spread) {
+    if (is_point(a) && spread == 0.0) return point(expf((float)a.lo));
+    return fl32(expf((float)a.lo) * (1.0 - spread), expf((float)a.hi) * (1.0 + spread));
+}
+static double width(interval a) { return a.hi - a.lo; }
+
+/* A sum of terms (intervals), the exact sum's range and its magnitude sum |term|. */
+typedef struct interval_sum {
+    double lo, hi, magnitude;
+} interval_sum;
+static void sum_add(interval_sum *s, interval term) {
+    s->lo += term.lo, s->hi += term.hi, s->magnitude += fmax(fabs(term.lo), fabs(term.hi));
+}
+/* Either device's sum of `additions` additions in any order, each within `unit`: gamma(additions) magnitude
+ * around the exact range (and additions 2^-53 magnitude for this program's own double sums), plus 2^-126 per
+ * addition for a product or partial sum below FLT_MIN that a device rounds or flushes to zero (tensor cores may);
+ * a sum of zeros is zero on any device. */
+static interval sum_result(interval_sum s, double additions, double unit) {
+    double g = additions * unit / (1.0 - additions * unit);
+    double radius = s.magnitude > 0.0 ? (g + additions * 0x1p-53) * s.magnitude + additions * 0x1p-126 : 0.0;
+    return (interval){s.lo - radius, s.hi + radius};
+}
+static interval sum_float(interval_sum s, double additions, double unit) {
+    interval r = sum_result(s, additions, unit);
+    return fl32(r.lo, r.hi);
+}
+
+/* Random inputs rounded to bfloat16 values (the layers' premise; the emulator refuses a GEMM of others). */
+static float *random_bf16(size_t count, uint64_t stream, float scale) {
+    float *x = random_floats(count, stream, scale);
+    dtype_round_to(x, count, DTYPE_BFLOAT16);
+    return x;
+}
+
+/* compare() with the intervals' widths as bounds, naming at how many elements the bound is not 0 (for a bfloat16
+ * output: where a rounding could flip; elsewhere the check is bit equality). */
+static void compare_intervals(const char *what, const float *cpu, const float *gpu_values, const interval *expected,
+                              size_t count) {
+    double *bound = bounds(count);
+    size_t flips = 0;
+    for (size_t i = 0; i < count; i++) {
+        bound[i] = width(expected[i]);
+        flips += bound[i] > 0.0;
+    }
+    char name[160];
+    snprintf(name, sizeof name, "%s (bound > 0 at %zu of %zu)", what, flips, count);
+    compare(name, cpu, gpu_values, bound, count);
+    free(bound);
+}
+
+static interval *intervals(size_t count) {
+    interval *x = host_alloc((count > 0 ? count : 1) * sizeof(interval));
+    for (size_t i = 0; i < count; i++) x[i] = point(0.0);
+    return x;
+}
+
+static device cpu_device(void) {
+    device host;
+    device_cpu_init(&host);
+    return host;
+}
+
+/* ---- linear in bfloat16 ---- */
+
+static void check_linear_bf16(int N, int IC, int OC, int with_bias, int with_dinp) {
+    char name[128];
+    device host = cpu_device();
+    size_t n_in = (size_t)N * IC, n_out = (size_t)N * OC, n_w = (size_t)OC * IC;
+    float *inp = random_bf16(n_in, 120, 1.0f), *weight = random_bf16(n_w, 121, 0.2f);
+    float *bias = with_bias ? random_bf16(OC, 122, 1.0f) : NULL;
+    float *dout = random_bf16(n_out, 123, 1.0f), *dinp = random_bf16(n_in, 124, 0.5f);
+    float *dweight = random_floats(n_w, 125, 0.5f), *dbias = random_floats(OC, 126, 0.5f);
+    float *dinp0 = copy_floats(dinp, n_in), *dweight0 = copy_floats(dweight, n_w), *dbias0 = copy_floats(dbias, OC);
+    buffer d_inp = to_device(inp, n_in * 4), d_weight = to_device(weight, n_w * 4);
+    buffer d_bias = with_bias ? to_device(bias, OC * 4) : device_alloc(4), d_out = device_alloc(n_out * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dinp = to_device(dinp, n_in * 4);
+    buffer d_dweight = to_device(dweight, n_w * 4), d_dbias = to_device(dbias, OC * 4);
+
+    float *out = host_alloc(n_out * 4);
+    host.linear_forward_bf16(&host, out, inp, weight, bias, N, IC, OC);
+    gpu.linear_forward_bf16(&gpu, d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : NULL, N, IC, OC);
+    float *g_out = from_device(d_out, n_out * 4);
+    /* out = bf16(bias + sum_k inp w): IC exact products, IC additions (the bias added by beta on the GPU). */
+    interval *out_iv = intervals(n_out);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            interval_sum s = {0, 0, 0};
+            if (with_bias) sum_add(&s, point(bias[o]));
+            for (int k = 0; k < IC; k++)
+                sum_add(&s, point((double)inp[(size_t)n * IC + k] * weight[(size_t)o * IC + k]));
+            out_iv[(size_t)n * OC + o] = iv_round16(sum_float(s, IC + 1, GEMM_UNIT));
+        }
+    snprintf(name, sizeof name, "linear_forward_bf16 N=%d IC=%d OC=%d%s", N, IC, OC, with_bias ? " bias" : "");
+    compare_intervals(name, out, g_out, out_iv, n_out);
+
+    host.linear_backward_bf16(&host, with_dinp ? dinp : NULL, dweight, with_bias ? dbias : NULL, dout, inp, weight, N,
+                              IC, OC);
+    gpu.linear_backward_bf16(&gpu, with_dinp ? d_dinp.ptr : NULL, d_dweight.ptr, with_bias ? d_dbias.ptr : NULL,
+                             d_dout.ptr, d_inp.ptr, d_weight.ptr, N, IC, OC);
+    float *g_dinp = from_device(d_dinp, n_in * 4), *g_dweight = from_device(d_dweight, n_w * 4);
+    float *g_dbias = from_device(d_dbias, OC * 4);
+    /* dinp = bf16(dinp0 + sum_o dout w): OC + 1 terms. dweight = dweight0 + sum_n dout inp (float32, not rounded):
+     * N + 1 terms. dbias = dbias0 + column sums of dout: the CPU row by row (N additions), the GPU 16 row groups and
+     * their 16 partials (N / 16 + 16): within N + 16 additions' gamma either way. */
+    interval *dinp_iv = intervals(n_in), *dweight_iv = intervals(n_w), *dbias_iv = intervals(OC);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < IC; k++) {
+            interval_sum s = {0, 0, 0};
+            sum_add(&s, point(dinp0[(size_t)n * IC + k]));
+            for (int o = 0; o < OC; o++)
+                sum_add(&s, point((double)dout[(size_t)n * OC + o] * weight[(size_t)o * IC + k]));
+            dinp_iv[(size_t)n * IC + k] = iv_round16(sum_float(s, OC + 1, GEMM_UNIT));
+        }
+    for (int o = 0; o < OC; o++) {
+        for (int k = 0; k < IC; k++) {
+            interval_sum s = {0, 0, 0};
+            sum_add(&s, point(dweight0[(size_t)o * IC + k]));
+            for (int n = 0; n < N; n++)
+                sum_add(&s, point((double)dout[(size_t)n * OC + o] * inp[(size_t)n * IC + k]));
+            dweight_iv[(size_t)o * IC + k] = sum_float(s, N + 1, GEMM_UNIT);
+        }
+        interval_sum s = {0, 0, 0};
+        sum_add(&s, point(dbias0[o]));
+        for (int n = 0; n < N; n++) sum_add(&s, point(dout[(size_t)n * OC + o]));
+        dbias_iv[o] = sum_float(s, N + 16, U);
+    }
+    if (with_dinp) {
+        snprintf(name, sizeof name, "linear_backward_bf16 dinp N=%d IC=%d OC=%d", N, IC, OC);
+        compare_intervals(name, dinp, g_dinp, dinp_iv, n_in);
+    } else {
+        snprintf(name, sizeof name, "linear_backward_bf16 dinp=NULL leaves it N=%d IC=%d OC=%d", N, IC, OC);
+        compare(name, dinp0, g_dinp, NULL, n_in);
+    }
+    snprintf(name, sizeof name, "linear_backward_bf16 dweight N=%d IC=%d OC=%d", N, IC, OC);
+    compare_intervals(name, dweight, g_dweight, dweight_iv, n_w);
+    if (with_bias) {
+        snprintf(name, sizeof name, "linear_backward_bf16 dbias N=%d IC=%d OC=%d", N, IC, OC);
+        compare_intervals(name, dbias, g_dbias, dbias_iv, OC);
+    }
+    device_free(d_inp), device_free(d_weight), device_free(d_bias), device_free(d_out), device_free(d_dout);
+    device_free(d_dinp), device_free(d_dweight), device_free(d_dbias);
+    free(inp), free(weight), free(bias), free(dout), free(dinp), free(dweight), free(dbias), free(dinp0);
+    free(dweight0), free(dbias0), free(out), free(g_out), free(out_iv), free(g_dinp), free(g_dweight), free(g_dbias);
+    free(dinp_iv), free(dweight_iv), free(dbias_iv);
+}
+
+/* Two stacked modules' input gradient: dinp = bf16(bf16(dout_1 w_1) + bf16(dout_2 w_2)), each an OC-term GEMM. */
+static void check_linear_stacked_bf16(int N, int IC, int OC) {
+    char name[128];
+    device host = cpu_device();
+    size_t n_in = (size_t)N * IC, n_out = (size_t)N * 2 * OC, n_w = (size_t)2 * OC * IC;
+    float *weight = random_bf16(n_w, 127, 0.2f), *dout = random_bf16(n_out, 128, 1.0f);
+    float *dinp = random_floats(n_in, 129, 9.0f), *scratch = host_alloc(n_in * 4); /* overwritten */
+    buffer d_weight = to_device(weight, n_w * 4), d_dout = to_device(dout, n_out * 4);
+    buffer d_dinp = to_device(dinp, n_in * 4), d_scratch = device_alloc(n_in * 4);
+    host.linear_backward_input_stacked_bf16(&host, dinp, scratch, dout, weight, N, IC, OC);
+    gpu.linear_backward_input_stacked_bf16(&gpu, d_dinp.ptr, d_scratch.ptr, d_dout.ptr, d_weight.ptr, N, IC, OC);
+    float *g_dinp = from_device(d_dinp, n_in * 4);
+    interval *dinp_iv = intervals(n_in);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < IC; k++) {
+            interval part[2];
+            for (int m = 0; m < 2; m++) {
+                interval_sum s = {0, 0, 0};
+                for (int o = 0; o < OC; o++)
+                    sum_add(&s, point((double)dout[(size_t)n * 2 * OC + (size_t)m * OC + o] *
+                                      weight[((size_t)m * OC + o) * IC + k]));
+                part[m] = iv_round16(sum_float(s, OC, GEMM_UNIT));
+            }
+            dinp_iv[(size_t)n * IC + k] = iv_round16(iv_add(part[0], part[1]));
+        }
+    snprintf(name, sizeof name, "linear_backward_input_stacked_bf16 N=%d IC=%d OC=%d", N, IC, OC);
+    compare_intervals(name, dinp, g_dinp, dinp_iv, n_in);
+    device_free(d_weight), device_free(d_dout), device_free(d_dinp), device_free(d_scratch);
+    free(weight), free(dout), free(dinp), free(scratch), free(g_dinp), free(dinp_iv);
+}
+
+/* ---- RMSNorm in bfloat16 ---- */
+
+static void check_rmsnorm_bf16(int N, int C, float scale) {
+    char name[128];
+    device host = cpu_device();
+    size_t n_elements = (size_t)N * C;
+    float eps = 1e-6f;
+    float *inp = random_bf16(n_elements, 130, scale), *weight = random_bf16(C, 131, 1.5f);
+    float *dout = random_bf16(n_elements, 132, 1.0f), *dinp = random_bf16(n_elements, 133, 0.5f);
+    float *dweight = random_floats(C, 134, 0.5f);
+    float *dinp0 = copy_floats(dinp, n_elements), *dweight0 = copy_floats(dweight, C);
+    buffer d_inp = to_device(inp, n_elements * 4), d_weight = to_device(weight, C * 4);
+    buffer d_out = device_alloc(n_elements * 4), d_rstd = device_alloc((size_t)N * 4);
+    buffer d_dout = to_device(dout, n_elements * 4), d_dinp = to_device(dinp, n_elements * 4);
+    buffer d_dweight = to_device(dweight, C * 4);
+    float *out = host_alloc(n_elements * 4), *rstd = host_alloc((size_t)N * 4);
+    host.rmsnorm_forward_bf16(&host, out, rstd, inp, weight, N, C, eps);
+    gpu.rmsnorm_forward_bf16(&gpu, d_out.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, N, C, eps);
+    float *g_out = from_device(d_out, n_elements * 4), *g_rstd = from_device(d_rstd, (size_t)N * 4);
+    /* rstd = float(1 / sqrt(S / C + eps)), S the double sum of the exact squares (C additions, double): decreasing
+     * in S, the three double operations within 8 2^-53 (generous: layers.c's may be reassociated by -ffast-math);
+     * out = bf16(w bf16(x r)): two products, two roundings, from r's interval. */
+    interval *rstd_iv = intervals(N), *out_iv = intervals(n_elements);
+    for (int n = 0; n < N; n++) {
+        interval_sum s = {0, 0, 0};
+        for (int c = 0; c < C; c++) sum_add(&s, point(km_square(inp[(size_t)n * C + c])));
+        interval squares = sum_result(s, C, DOUBLE_UNIT);
+        double slack = 1.0 + 8.0 * DOUBLE_UNIT;
+        rstd_iv[n] = fl32(1.0 / sqrt(squares.hi / C + (double)eps) / slack,
+                          1.0 / sqrt(squares.lo / C + (double)eps) * slack);
+        for (int c = 0; c < C; c++) {
+            size_t at = (size_t)n * C + c;
+            out_iv[at] = iv_round16(iv_mul(point(weight[c]), iv_round16(iv_mul(point(inp[at]), rstd_iv[n]))));
+        }
+    }
+    snprintf(name, sizeof name, "rmsnorm_forward_bf16 rstd N=%d C=%d", N, C);
+    compare_intervals(name, rstd, g_rstd, rstd_iv, N);
+    snprintf(name, sizeof name, "rmsnorm_forward_bf16 out N=%d C=%d", N, C);
+    compare_intervals(name, out, g_out, out_iv, n_elements);
+
+    /* Backward from the CPU's rstd on both (copied over the GPU's): r is a point. */
+    gpu.copy(&gpu, d_rstd.ptr, rstd, (size_t)N * 4, DEVICE_H2D);
+    host.rmsnorm_backward_bf16(&host, dinp, dweight, dout, inp, weight, rstd, N, C);
+    gpu.rmsnorm_backward_bf16(&gpu, d_dinp.ptr, d_dweight.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, d_rstd.ptr, N, C);
+    float *g_dinp = from_device(d_dinp, n_elements * 4), *g_dweight = from_device(d_dweight, C * 4);
+    /* dh = bf16(dy w): a point. dot = sum_c dh x in double (exact terms, C additions); coefficient =
+     * float(dot r r r / C), four double operations (and this program's three for r^3 / C: 8 2^-53 more); dinp = bf16(dinp0 + bf16(r dh - x coef)).
+     * dweight = dweight0 + bf16(float(sum_n bf16(dy bf16(x r)))): the terms points, the double sum over N rows
+     * (the GPU's in 16 groups and their partials: N + 16 additions). */
+    interval *dinp_iv = intervals(n_elements), *dweight_iv = intervals(C);
+    for (int n = 0; n < N; n++) {
+        interval r = point(rstd[n]);
+        interval_sum s = {0, 0, 0};
+        for (int c = 0; c < C; c++) {
+            size_t at = (size_t)n * C + c;
+            sum_add(&s, point((double)km_bf16_rmsnorm_dh(dout[at], weight[c]) * inp[at]));
+        }
+        interval dot = sum_result(s, C, DOUBLE_UNIT);
+        double factor = (double)rstd[n] * rstd[n] * rstd[n] / C, slack = 8.0 * DOUBLE_UNIT;
+        interval coefficient = hull4(dot.lo * factor, dot.hi * factor, dot.lo * factor, dot.hi * factor);
+        coefficient = fl32(coefficient.lo - fabs(coefficient.lo) * slack, coefficient.hi + fabs(coefficient.hi) * slack);
+        for (int c = 0; c < C; c++) {
+            size_t at = (size_t)n * C + c;
+            interval dh = point(km_bf16_rmsnorm_dh(dout[at], weight[c]));
+            interval norm = iv_round16(iv_sub(iv_mul(r, dh), iv_mul(point(inp[at]), coefficient)));
+            dinp_iv[at] = iv_round16(iv_add(point(dinp0[at]), norm));
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        interval_sum s = {0, 0, 0};
+        for (int n = 0; n < N; n++) {
+            size_t at = (size_t)n * C + c;
+            sum_add(&s, point(km_bf16_rmsnorm_dweight_term(dout[at], inp[at], rstd[n])));
+        }
+        interval column = sum_result(s, N + 16, DOUBLE_UNIT);
+        dweight_iv[c] = iv_add(point(dweight0[c]), iv_round16(fl32(column.lo, column.hi)));
+    }
+    snprintf(name, sizeof name, "rmsnorm_backward_bf16 dinp N=%d C=%d", N, C);
+    compare_intervals(name, dinp, g_dinp, dinp_iv, n_elements);
+    snprintf(name, sizeof name, "rmsnorm_backward_bf16 dweight N=%d C=%d", N, C);
+    compare_intervals(name, dweight, g_dweight, dweight_iv, C);
+    device_free(d_inp), device_free(d_weight), device_free(d_out), device_free(d_rstd), device_free(d_dout);
+    device_free(d_dinp), device_free(d_dweight);
+    free(inp), free(weight), free(dout), free(dinp), free(dweight), free(dinp0), free(dweight0), free(out), free(rstd);
+    free(g_out), free(g_rstd), free(rstd_iv), free(out_iv), free(g_dinp), free(g_dweight), free(dinp_iv);
+    free(dweight_iv);
+}
+
+/* ---- RoPE in bfloat16: products and sums rounded one by one, no reductions: bits ----
+ * Twice: with layers.h's tables (HF's layout: the two halves of a row hold equal values) and with random tables
+ * whose halves differ, so that a kernel reading the other half's cos or sin is seen too. */
+
+static void check_rope_bf16(int B, int T, int H, int D) {
+    char name[128];
+    device host = cpu_device();
+    size_t count = (size_t)B * T * H * D, table = (size_t)T * D;
+    for (int random_tables = 0; random_tables <= 1; random_tables++) {
+        float *cos_table = random_floats(table, 137, 1.0f), *sin_table = random_floats(table, 138, 1.0f);
+        if (!random_tables) rope_tables(cos_table, sin_table, T, D, 1000000.0f);
+        buffer d_cos = to_device(cos_table, table * 4), d_sin = to_device(sin_table, table * 4);
+        for (int backward = 0; backward <= 1; backward++) {
+            float *x = random_bf16(count, 135 + backward, 2.0f);
+            buffer d_x = to_device(x, count * 4);
+            if (backward) {
+                host.rope_backward_bf16(&host, x, cos_table, sin_table, B, T, H, D);
+                gpu.rope_backward_bf16(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
+            } else {
+                host.rope_forward_bf16(&host, x, cos_table, sin_table, B, T, H, D);
+                gpu.rope_forward_bf16(&gpu, d_x.ptr, d_cos.ptr, d_sin.ptr, B, T, H, D);
+            }
+            float *g_x = from_device(d_x, count * 4);
+            snprintf(name, sizeof name, "rope_%s_bf16 B=%d T=%d H=%d D=%d%s (bits)", backward ? "backward" : "forward",
+                     B, T, H, D, random_tables ? " random tables" : "");
+            compare(name, x, g_x, NULL, count);
+            device_free(d_x);
+            free(x), free(g_x);
+        }
+        device_free(d_cos), device_free(d_sin);
+        free(cos_table), free(sin_table);
+    }
+}
+
+/* ---- attention in bfloat16 ---- */
+
+static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, float scale_qk) {
+    char name[160];
+    device host = cpu_device();
+    int keys = past + T, group = H / KVH;
+    size_t n_q = (size_t)B * T * H * D, n_kv = (size_t)B * keys * KVH * D, n_p = (size_t)B * H * T * keys;
+    float *q = random_bf16(n_q, 140, scale_qk), *k = random_bf16(n_kv, 141, scale_qk), *v = random_bf16(n_kv, 142, 1);
+    buffer d_q = to_device(q, n_q * 4), d_k = to_device(k, n_kv * 4), d_v = to_device(v, n_kv * 4);
+    buffer d_out = device_alloc(n_q * 4), d_probs = device_alloc(n_p * 4);
+    buffer d_scratch = device_alloc((size_t)(2 * T * T + T * D > T * keys ? 2 * T * T + T * D : T * keys) * 4);
+    float *out = host_alloc(n_q * 4), *probs = host_alloc(n_p * 4), *scratch = host_alloc((size_t)T * keys * 4);
+    host.attention_forward_bf16(&host, out, probs, scratch, q, k, v, B, T, past, H, KVH, D);
+    gpu.attention_forward_bf16(&gpu, d_out.ptr, d_probs.ptr, d_scratch.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past, H,
+                               KVH, D);
+    float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
+    /* Per row of a head: s_j = bf16(bf16(q.k_j) scale) (a D-term GEMM, two roundings); the float32 softmax:
+     * max (exact of the s's), e_j = expf(fl(s_j - max)), S = their double sum (keys additions), p_j =
+     * fl(e_j fl(1 / S)); saved float32 probs; out = bf16(sum_j bf16(p_j) v_j) (a keys-term GEMM). */
+    float scale = (float)(1.0 / sqrt((double)D));
+    interval *p_iv = intervals(n_p), *out_iv = intervals(n_q), *s = intervals(keys), *e = intervals(keys);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q_row = q + (((size_t)b * T + t) * H + h) * D;
+                int last = past + t;
+                interval max_value = point(-INFINITY);
+                for (int j = 0; j <= last; j++) {
+                    const float *k_row = k + (((size_t)b * keys + j) * KVH + h / group) * D;
+                    interval_sum dot = {0, 0, 0};
+                    for (int d = 0; d < D; d++) sum_add(&dot, point((double)q_row[d] * k_row[d]));
+                    s[j] = iv_round16(iv_mul(iv_round16(sum_float(dot, D, GEMM_UNIT)), point(scale)));
+                    max_value.lo = fmax(max_value.lo, s[j].lo), max_value.hi = fmax(max_value.hi, s[j].hi);
+                }
+                interval_sum total = {0, 0, 0};
+                for (int j = 0; j <= last; j++) {
+                    e[j] = iv_expf(iv_sub(s[j], max_value), SOFTMAX_EXP_SPREAD);
+                    sum_add(&total, e[j]);
+                }
+                interval sum = sum_result(total, last + 1, DOUBLE_UNIT);
+                interval inverse = fl32(1.0 / sum.hi * (1.0 - 2.0 * DOUBLE_UNIT), 1.0 / sum.lo * (1.0 + 2 * DOUBLE_UNIT));
+                interval *p_row = p_iv + (((size_t)b * H + h) * T + t) * keys;
+                for (int j = 0; j <= last; j++) p_row[j] = iv_mul(e[j], inverse);
+                for (int d = 0; d < D; d++) {
+                    interval_sum o = {0, 0, 0};
+                    for (int j = 0; j <= last; j++)
+                        sum_add(&o, exact_mul(iv_round16(p_row[j]),
+                                              point(v[(((size_t)b * keys + j) * KVH + h / group) * D + d])));
+                    out_iv[(((size_t)b * T + t) * H + h) * D + d] = iv_round16(sum_float(o, last + 1, GEMM_UNIT));
+                }
+            }
+    snprintf(name, sizeof name, "attention_forward_bf16 probs B=%d T=%d past=%d H=%d KVH=%d D=%d", B, T, past, H, KVH,
+             D);
+    compare_intervals(name, probs, g_probs, p_iv, n_p);
+    snprintf(name, sizeof name, "attention_forward_bf16 out B=%d T=%d past=%d H=%d KVH=%d D=%d", B, T, past, H, KVH, D);
+    compare_intervals(name, out, g_out, out_iv, n_q);
+
+    if (past == 0) {
+        /* The backward from the CPU's probs on both (a point each). dq, dk, dv zero on entry (the contract). */
+        gpu.copy(&gpu, d_probs.ptr, probs, n_p * 4, DEVICE_H2D);
+        float *dout = random_bf16(n_q, 143, 1.0f), *dq = calloc(n_q, 4), *dk = calloc(n_kv, 4), *dv = calloc(n_kv, 4);
+        float *bscratch = host_alloc((size_t)(2 * T * T + T * D) * 4);
+        buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(dq, n_q * 4), d_dk = to_device(dk, n_kv * 4);
+        buffer d_dv = to_device(dv, n_kv * 4);
+        host.attention_backward_bf16(&host, dq, dk, dv, bscratch, dout, probs, q, k, v, B, T, H, KVH, D);
+        gpu.attention_backward_bf16(&gpu, d_dq.ptr, d_dk.ptr, d_dv.ptr, d_scratch.ptr, d_dout.ptr, d_probs.ptr,
+                                    d_q.ptr, d_k.ptr, d_v.ptr, B, T, H, KVH, D);
+        float *g_dq = from_device(d_dq, n_q * 4), *g_dk = from_device(d_dk, n_kv * 4),
+              *g_dv = from_device(d_dv, n_kv * 4);
+        /* Per head: dp_tj = bf16(dout_t . v_j) (D terms); dot_t = sum_j p_tj dp_tj (double, t + 1 additions);
+         * ds_tj = bf16(bf16(p_tj fl(dp_tj - float(dot_t))) scale); dq_t = bf16(sum_j ds_tj k_j) (T terms, dq 0);
+         * a head's dk_j term bf16(sum_t ds_tj q_t), its dv_j term bf16(sum_t bf16(p_tj) dout_t) (T terms each),
+         * added over the group's heads in float32 in head order on both (fl per addition), rounded once. */
+        interval *dq_iv = intervals(n_q), *dk_iv = intervals(n_kv), *dv_iv = intervals(n_kv);
+        interval *ds = intervals((size_t)T * T), *dp = intervals(T);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                int kv = h / group;
+                const float *p = probs + ((size_t)b * H + h) * T * T;
+                for (int t = 0; t < T; t++) {
+                    const float *do_row = dout + (((size_t)b * T + t) * H + h) * D;
+                    interval_sum dot = {0, 0, 0};
+                    for (int j = 0; j <= t; j++) {
+                        const float *v_row = v + (((size_t)b * T + j) * KVH + kv) * D;
+                        interval_sum a = {0, 0, 0};
+                        for (int d = 0; d < D; d++) sum_add(&a, point((double)do_row[d] * v_row[d]));
+                        dp[j] = iv_round16(sum_float(a, D, GEMM_UNIT));
+                        sum_add(&dot, exact_mul(point(p[(size_t)t * T + j]), dp[j]));
+                    }
+                    interval dot_value = sum_result(dot, t + 1, DOUBLE_UNIT);
+                    dot_value = fl32(dot_value.lo, dot_value.hi);
+                    for (int j = 0; j < T; j++)
+                        ds[(size_t)t * T + j] =
+                            j <= t ? iv_round16(iv_mul(
+                                         iv_round16(iv_mul(point(p[(size_t)t * T + j]), iv_sub(dp[j], dot_value))),
+                                         point(scale)))
+                                   : point(0.0);
+                }
+                for (int t = 0; t < T; t++)
+                    for (int d = 0; d < D; d++) {
+                        interval_sum a = {0, 0, 0};
+                        for (int j = 0; j <= t; j++)
+                            sum_add(&a, exact_mul(ds[(size_t)t * T + j],
+                                                  point(k[(((size_t)b * T + j) * KVH + kv) * D + d])));
+                        dq_iv[(((size_t)b * T + t) * H + h) * D + d] = iv_round16(sum_float(a, T + 1, GEMM_UNIT));
+                    }
+                for (int j = 0; j < T; j++)
+                    for (int d = 0; d < D; d++) {
+                        interval_sum a = {0, 0, 0}, c = {0, 0, 0};
+                        for (int t = j; t < T; t++) {
+                            size_t qi = (((size_t)b * T + t) * H + h) * D + d;
+                            sum_add(&a, exact_mul(ds[(size_t)t * T + j], point(q[qi])));
+                            sum_add(&c, point((double)km_bf16_round(p[(size_t)t * T + j]) * dout[qi]));
+                        }
+                        size_t ki = (((size_t)b * T + j) * KVH + kv) * D + d;
+                        dk_iv[ki] = iv_add(dk_iv[ki], iv_round16(sum_float(a, T, GEMM_UNIT)));
+                        dv_iv[ki] = iv_add(dv_iv[ki], iv_round16(sum_float(c, T, GEMM_UNIT)));
+                    }
+            }
+        for (size_t i = 0; i < n_kv; i++) dk_iv[i] = iv_round16(dk_iv[i]), dv_iv[i] = iv_round16(dv_iv[i]);
+        snprintf(name, sizeof name, "attention_backward_bf16 dq B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
+        compare_intervals(name, dq, g_dq, dq_iv, n_q);
+        snprintf(name, sizeof name, "attention_backward_bf16 dk B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
+        compare_intervals(name, dk, g_dk, dk_iv, n_kv);
+        snprintf(name, sizeof name, "attention_backward_bf16 dv B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
+        compare_intervals(name, dv, g_dv, dv_iv, n_kv);
+        device_free(d_dout), device_free(d_dq), device_free(d_dk), device_free(d_dv);
+        free(dout), free(dq), free(dk), free(dv), free(bscratch), free(g_dq), free(g_dk), free(g_dv);
+        free(dq_iv), free(dk_iv), free(dv_iv), free(ds), free(dp);
+    }
+    device_free(d_q), device_free(d_k), device_free(d_v), device_free(d_out), device_free(d_probs);
+    device_free(d_scratch);
+    free(q), free(k), free(v), free(out), free(probs), free(scratch), free(g_out), free(g_probs), free(p_iv);
+    free(out_iv), free(s), free(e);
+}
+
+/* ---- SwiGLU in bfloat16: element-wise, no reductions ---- */
+
+static void check_swiglu_bf16(int N, int width) {
+    char name[128];
+    device host = cpu_device();
+    size_t n_out = (size_t)N * width, n_in = 2 * n_out;
+    float *gate_up = random_bf16(n_in, 150, 6.0f), *dout = random_bf16(n_out, 151, 1.0f);
+    float *dgate_up = random_floats(n_in, 152, 0.5f), *dgate_up0 = copy_floats(dgate_up, n_in);
+    buffer d_gate_up = to_device(gate_up, n_in * 4), d_out = device_alloc(n_out * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dgate_up = to_device(dgate_up, n_in * 4);
+    float *out = host_alloc(n_out * 4);
+    host.swiglu_forward_bf16(&host, out, gate_up, N, width);
+    gpu.swiglu_forward_bf16(&gpu, d_out.ptr, d_gate_up.ptr, N, width);
+    float *g_out = from_device(d_out, n_out * 4);
+    host.swiglu_backward_bf16(&host, dgate_up, dout, gate_up, N, width);
+    gpu.swiglu_backward_bf16(&gpu, d_dgate_up.ptr, d_dout.ptr, d_gate_up.ptr, N, width);
+    float *g_dgate_up = from_device(d_dgate_up, n_in * 4);
+    /* silu(g) = fl(g / fl(1 + expf(-g))), s = fl(1 / fl(1 + expf(-g))): points on the emulator (the same expf),
+     * within EXP_SPREAD on a GPU; then kernel_math.h's ops one by one (each rounded once on both). */
+    interval *out_iv = intervals(n_out), *d_iv = intervals(n_in);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < width; i++) {
+            size_t o = (size_t)n * width + i, gi = (size_t)n * 2 * width + i, ui = gi + width;
+            interval g = point(gate_up[gi]), up = point(gate_up[ui]), dy = point(dout[o]), one = point(1.0);
+            interval denominator = iv_add(one, iv_expf(point(-gate_up[gi]), SWIGLU_EXP_SPREAD));
+            interval silu = iv_round16(iv_div(g, denominator)), sigmoid = iv_div(one, denominator);
+            out_iv[o] = iv_round16(iv_mul(silu, up));
+            interval dact = iv_round16(iv_mul(dy, up));
+            interval slope = iv_add(one, iv_mul(g, iv_sub(one, sigmoid)));
+            d_iv[gi] = iv_add(point(dgate_up0[gi]), iv_round16(iv_mul(iv_mul(dact, sigmoid), slope)));
+            d_iv[ui] = iv_add(point(dgate_up0[ui]), iv_round16(iv_mul(dy, silu)));
+        }
+#ifdef FSDPLAB_CUDA_EMULATOR
+    /* The same expf on both sides: every interval above is a point, and the check is bit equality. */
+    snprintf(name, sizeof name, "swiglu_forward_bf16 N=%d width=%d (bits)", N, width);
+    compare(name, out, g_out, NULL, n_out);
+    snprintf(name, sizeof name, "swiglu_backward_bf16 N=%d width=%d (bits)", N, width);
+    compare(name, dgate_up, g_dgate_up, NULL, n_in);
+#else
+    snprintf(name, sizeof name, "swiglu_forward_bf16 N=%d width=%d", N, width);
+    compare_intervals(name, out, g_out, out_iv, n_out);
+    snprintf(name, sizeof name, "swiglu_backward_bf16 N=%d width=%d", N, width);
+    compare_intervals(name, dgate_up, g_dgate_up, d_iv, n_in);
+#endif
+    device_free(d_gate_up), device_free(d_out), device_free(d_dout), device_free(d_dgate_up);
+    free(gate_up), free(dout), free(dgate_up), free(dgate_up0), free(out), free(g_out), free(g_dgate_up);
+    free(out_iv), free(d_iv);
+}
+
+#ifdef FSDPLAB_CUDA_EMULATOR
+/* The emulator's GemmEx (tests/cuda_emulator/cublas_v2.h): other element or compute types are refused with
+ * CUBLAS_STATUS_NOT_SUPPORTED, CUBLAS_COMPUTE_32F takes any float, and CUBLAS_COMPUTE_32F_FAST_16BF aborts when an
+ * element it reads is not a bfloat16 value (in a child process: the abort is the expected outcome). */
+static void check_emulator_gemm_ex(void) {
+    cuda_device_state *state = (cuda_device_state *)gpu.impl;
+    float host[4] = {1.0f, 0.5f, 0.25f, 1.0f + 0x1p-20f}; /* the last is not a bfloat16 value */
+    buffer d_a = to_device(host, sizeof host), d_c = device_alloc(sizeof host);
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t wrong_type = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr,
+                                             CUDA_R_16BF, 2, d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 2,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t wrong_compute = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr,
+                                                CUDA_R_32F, 2, d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 2,
+                                                CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t plain = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr, CUDA_R_32F, 2,
+                                        d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
+    /* Under FAST_16BF a (1, 2) A with lda 2 reads elements 0 and 2, a (2, 1) B elements 0 and 1: all bfloat16
+     * values, so it runs; the (2, 2) product below reads element 3 and aborts. */
+    cublasStatus_t bf16_ok = cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 2, &one, d_a.ptr, CUDA_R_32F,
+                                          2, d_a.ptr, CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 1,
+                                          CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+    /* The child's message (stderr, through a pipe) must name the call, the operand, the element and its value. */
+    fflush(stdout);
+    fflush(stderr);
+    int pipe_ends[2];
+    if (pipe(pipe_ends) != 0) {
+        perror("gpu_layers: pipe");
+        exit(2);
+    }
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(pipe_ends[1], 2);
+        close(pipe_ends[0]);
+        cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr, CUDA_R_32F, 2, d_a.ptr, CUDA_R_32F,
+                     2, &zero, d_c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+        _exit(0); /* not reached when the emulator checks */
+    }
+    close(pipe_ends[1]);
+    char message[4096] = {0};
+    size_t used = 0;
+    ssize_t got;
+    while (used < sizeof message - 1 && (got = read(pipe_ends[0], message + used, sizeof message - 1 - used)) > 0)
+        used += (size_t)got;
+    close(pipe_ends[0]);
+    int status = 0;
+    int aborted = child > 0 && waitpid(child, &status, 0) == child && WIFSIGNALED(status) &&
+                  WTERMSIG(status) == SIGABRT && strstr(message, "cublasGemmEx") != NULL &&
+                  strstr(message, "operand A's element (row 1, column 1; index 3") != NULL &&
+                  strstr(message, "1.00000095") != NULL;
+    if (!aborted) fprintf(stderr, "gpu_layers: the emulator's message was: %s\n", message);
+    int ok[5] = {wrong_type == CUBLAS_STATUS_NOT_SUPPORTED, wrong_compute == CUBLAS_STATUS_NOT_SUPPORTED,
+                 plain == CUBLAS_STATUS_SUCCESS, bf16_ok == CUBLAS_STATUS_SUCCESS, aborted};
+    const char *what[5] = {"emulator GemmEx: CUDA_R_16BF operand refused", "emulator GemmEx: FAST_TF32 refused",
+                           "emulator GemmEx: COMPUTE_32F takes any float",
+                           "emulator GemmEx: FAST_16BF on bfloat16 values runs",
+                           "emulator GemmEx: FAST_16BF aborts on a non-bfloat16 operand"};
+    for (int i = 0; i < 5; i++) {
+        checks++;
+        failures += !ok[i];
+        printf("%-58s %11s %11s %9s  %s\n", what[i], "-", "-", "-", ok[i] ? "PASS" : "FAIL");
+    }
+    device_free(d_a), device_free(d_c);
+}
+#endif
+
 int main(void) {
     char error[256];
     if (!device_cuda_available()) {
@@ -834,6 +1476,28 @@ int main(void) {
     check_adamw(100003, 1, 0.1f);
     check_adamw(4097, 1000, 0.1f);
     check_adamw(513, 3, 0.75f); /* lerp's other branch */
+    /* the layers in bfloat16 (inputs rounded to bfloat16 first) */
+    check_linear_bf16(37, 129, 70, 1, 1);
+    check_linear_bf16(64, 64, 256, 0, 1);
+    check_linear_bf16(5, 33, 7, 1, 0);
+    check_linear_stacked_bf16(37, 129, 70);
+    check_linear_stacked_bf16(8, 64, 200);
+    check_rmsnorm_bf16(13, 257, 1.0f);
+    check_rmsnorm_bf16(64, 896, 30.0f);
+    check_rmsnorm_bf16(3, 1, 1.0f);
+    check_rope_bf16(2, 7, 4, 8);
+    check_rope_bf16(1, 33, 3, 64);
+    check_attention_bf16(2, 7, 0, 4, 2, 8, 1.0f);   /* grouped-query, G = 2 */
+    check_attention_bf16(1, 33, 0, 6, 1, 16, 2.0f); /* multi-query, G = 6 */
+    check_attention_bf16(3, 16, 0, 4, 4, 32, 1.0f); /* plain multi-head */
+    check_attention_bf16(2, 5, 11, 4, 2, 8, 1.0f);  /* a KV cache: past = 11 */
+    check_attention_bf16(1, 1, 6, 14, 2, 64, 1.0f); /* one new token, Qwen2-0.5B's heads */
+    check_attention_bf16(1, 40, 0, 2, 1, 16, 12.0f); /* scores spread over hundreds */
+    check_swiglu_bf16(17, 123);
+    check_swiglu_bf16(4, 4864);
+#ifdef FSDPLAB_CUDA_EMULATOR
+    check_emulator_gemm_ex();
+#endif
 
     device_destroy(&gpu);
     printf("\n%d passed, %d failed\n", checks - failures, failures);

@@ -10,7 +10,13 @@
  * Float32 GEMMs are exact fp32 (CUBLAS_DEFAULT_MATH) unless the device allows TF32 (ALLOW_TF32=1:
  * CUBLAS_TF32_TENSOR_OP_MATH, 10-bit mantissa products, the GPU check's bounds no longer hold). The backward
  * GEMMs add into the gradients (beta = 1), as core/layers.h's backward functions do.
+ *
+ * The bfloat16 layers' GEMMs (GEMM_BF16 below) read float32 buffers holding bfloat16 values: cublasGemmEx with
+ * CUBLAS_COMPUTE_32F_FAST_16BF converts A and B to bfloat16 (exact: they already are) and runs the bfloat16 tensor
+ * cores with float32 accumulation; C stays float32. Every A and B must therefore be rounded before the call (the
+ * CUDA emulator aborts on one that is not); outputs are rounded after, by a kernel, where layers_bf16.h says.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -199,6 +205,192 @@ static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, 
     }
 }
 
+/* ---- the layers in bfloat16 (core/layers_bf16.h; the CPU's are core/layers_bf16.c) ---- */
+
+/* A GEMM of bfloat16 values (float32 buffers), float32 accumulation and output; checked, naming the rank and the call
+ * as written at the call site. */
+#define GEMM_BF16(s, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)                                  \
+    CUBLAS_CHECK((s)->rank, cublasGemmEx((s)->cublas, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, B,        \
+                                         CUDA_R_32F, ldb, beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF,   \
+                                         CUBLAS_GEMM_DEFAULT))
+#define GEMM_BF16_BATCHED(s, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc,         \
+                          strideC, batch)                                                                            \
+    CUBLAS_CHECK((s)->rank, cublasGemmStridedBatchedEx((s)->cublas, transa, transb, m, n, k, alpha, A, CUDA_R_32F,  \
+                                                       lda, strideA, B, CUDA_R_32F, ldb, strideB, beta, C,          \
+                                                       CUDA_R_32F, ldc, strideC, batch,                             \
+                                                       CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT))
+
+/* HF's scaling, head_dim ** -0.5 in double taken to float32 (layers_bf16.c's, not the float32 layer's sqrtf). */
+static float attention_scale_bf16(int D) { return (float)(1.0 / sqrt((double)D)); }
+
+/* out = bf16(inp @ weight^T + bias): cuda_linear_forward's GEMM (m = OC, n = N, k = IC) on the tensor cores, the
+ * float32 sum (with the bias, broadcast first and added by beta = 1) rounded once. */
+static void cuda_linear_forward_bf16(device *d, float *out, const float *inp, const float *weight, const float *bias,
+                                     int N, int IC, int OC) {
+    cuda_device_state *s = state_of(d);
+    if (N <= 0 || OC <= 0) return;
+    const float one = 1.0f, zero = 0.0f;
+    if (bias != NULL) LAUNCH(s, bias_broadcast_launch(out, bias, N, OC, s->compute));
+    GEMM_BF16(s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp, IC, bias != NULL ? &one : &zero, out, OC);
+    LAUNCH(s, round_to_bf16_launch(out, (size_t)N * OC, s->compute));
+}
+
+/* cuda_linear_backward's GEMMs on the tensor cores (dout, inp, weight are bfloat16 values):
+ *   dinp (N, IC) = bf16(dinp + dout @ weight):  m = IC, n = N, k = OC, beta = 1, then rounded;
+ *   dweight (OC, IC) += dout^T @ inp:            m = IC, n = OC, k = N, a float32 sum (rounded at the reduce);
+ *   dbias (OC) += column sums of dout (the float32 kernel). */
+static void cuda_linear_backward_bf16(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const float *inp, const float *weight, int N, int IC, int OC) {
+    cuda_device_state *s = state_of(d);
+    if (N <= 0 || OC <= 0 || IC <= 0) return;
+    const float one = 1.0f;
+    if (dinp != NULL) {
+        GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, OC, &one, dinp, IC);
+        LAUNCH(s, round_to_bf16_launch(dinp, (size_t)N * IC, s->compute));
+    }
+    GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC, &one, dweight, IC);
+    if (dbias != NULL) LAUNCH(s, bias_backward_launch(dbias, dout, N, OC, s->compute));
+}
+
+/* Two Linear modules' input gradients, weights stacked (2 OC, IC), dout (N, 2 OC) (layers_bf16.h):
+ *   dinp (N, IC) = dout[:, :OC] @ weight[:OC]:      m = IC, n = N, k = OC, dout's row stride 2 OC;
+ *   scratch (N, IC) = dout[:, OC:] @ weight[OC:]:   the same, from column OC and row OC;
+ *   dinp = bf16(bf16(dinp) + bf16(scratch)) (a kernel). */
+static void cuda_linear_backward_input_stacked_bf16(device *d, float *dinp, float *scratch, const float *dout,
+                                                    const float *weight, int N, int IC, int OC) {
+    cuda_device_state *s = state_of(d);
+    if (N <= 0 || IC <= 0) return;
+    const float one = 1.0f, zero = 0.0f;
+    GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, 2 * OC, &zero, dinp, IC);
+    GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight + (size_t)OC * IC, IC, dout + OC, 2 * OC, &zero,
+              scratch, IC);
+    LAUNCH(s, add_rounded_bf16_launch(dinp, scratch, (size_t)N * IC, s->compute));
+}
+
+static void cuda_rmsnorm_forward_bf16(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                      int C, float eps) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, rmsnorm_forward_bf16_launch(out, rstd, inp, weight, N, C, eps, s->compute));
+}
+
+static void cuda_rmsnorm_backward_bf16(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
+                                       const float *weight, const float *rstd, int N, int C) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, rmsnorm_backward_bf16_launch(dinp, dweight, dout, inp, weight, rstd, N, C, s->compute));
+}
+
+static void cuda_rope_forward_bf16(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
+                                   int H, int D) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, rope_bf16_launch(x, cos_table, sin_table, B, T, H, D, 0, s->compute));
+}
+
+static void cuda_rope_backward_bf16(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,
+                                    int H, int D) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, rope_bf16_launch(dx, cos_table, sin_table, B, T, H, D, 1, s->compute));
+}
+
+/* HF's eager attention in bfloat16 (layers_bf16.h), q (B, T, H, D), k and v (B, keys, KVH, D), probs (B, H, T, keys):
+ *   scores: per (b, kv group) one strided-batched GEMM as cuda_attention_forward_at's, alpha 1 (the scaling is its
+ *           own rounded op): scores^T (keys, T) = op_T(k as (D, keys)) @ q_h^T (D, T), m = keys, n = T, k = D;
+ *   then on all of probs bf16(bf16(s) * scale) (a kernel) and the float32 causal softmax (cuda's kernel), saved;
+ *   per head (the scratch holds one head's (T, keys)): scratch = bf16(probs_h), and
+ *           out_h (T, D) = scratch (T, keys) @ v (keys, D): out^T (D, T) = v^T (D, keys) @ scratch^T (keys, T),
+ *           m = D, n = T, k = keys;
+ *   then out rounded once, all heads (each head's block is written once, so rounding at the end is the CPU's
+ *   per-head rounding). */
+static void cuda_attention_forward_bf16(device *d, float *out, float *probs, float *scratch, const float *q,
+                                        const float *k, const float *v, int B, int T, int past, int H, int KVH,
+                                        int D) {
+    cuda_device_state *s = state_of(d);
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    if (KVH <= 0 || H % KVH != 0) ops_fatal(s, "attention_forward_bf16: query heads not a multiple of key/value heads");
+    int group = H / KVH, keys = past + T;
+    long long q_stride = (long long)H * D, kv_stride = (long long)KVH * D, block = (long long)T * keys;
+    const float one = 1.0f, zero = 0.0f;
+    for (int b = 0; b < B; b++) {
+        for (int kv = 0; kv < KVH; kv++) {
+            const float *q_group = q + (size_t)b * T * q_stride + (size_t)kv * group * D;
+            const float *k_head = k + (size_t)b * keys * kv_stride + (size_t)kv * D;
+            float *p_group = probs + ((size_t)b * H + (size_t)kv * group) * block;
+            GEMM_BF16_BATCHED(s, CUBLAS_OP_T, CUBLAS_OP_N, keys, T, D, &one, k_head, (int)kv_stride, 0, q_group,
+                              (int)q_stride, D, &zero, p_group, keys, block, group);
+        }
+    }
+    LAUNCH(s, attention_scores_bf16_launch(probs, (size_t)B * H * block, attention_scale_bf16(D), s->compute));
+    LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
+            float *o_head = out + (size_t)b * T * q_stride + (size_t)h * D;
+            LAUNCH(s, round_copy_bf16_launch(scratch, probs + ((size_t)b * H + h) * block, (size_t)block, s->compute));
+            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, D, T, keys, &one, v_head, (int)kv_stride, scratch, keys, &zero,
+                      o_head, (int)q_stride);
+        }
+    }
+    LAUNCH(s, round_to_bf16_launch(out, (size_t)B * T * q_stride, s->compute));
+}
+
+/* Its backward (past = 0), per (b, h) as layers_bf16.c: the scratch (2 T T + T D) holds one head's rounded probs,
+ * its dp and a (T, D) term:
+ *   rounded = bf16(probs_h) (a kernel);
+ *   term = rounded^T dout_h: term^T (D, T) = dout_h^T (D, T) @ rounded (stored as rounded^T: T),
+ *          m = D, n = T, k = T; then dv_kv += bf16(term) (a kernel: the group's heads summed in float32, in order);
+ *   dp = dout_h v^T:        dp^T (T, T) = op_T(v^T as (D, T)) @ dout_h^T (D, T), m = T, n = T, k = D;
+ *   ds = bf16(bf16(p (bf16(dp) - rowsum(p bf16(dp)))) * scale) (a kernel, in place on dp);
+ *   dq_h = bf16(dq_h + ds k): dq^T (D, T) += k^T (D, T) @ ds^T (T, T), m = D, n = T, k = T, beta 1 (dq is zero:
+ *          each head writes its own columns once, so all of dq is rounded once at the end);
+ *   term = ds^T q_h:         term^T (D, T) = q_h^T (D, T) @ op_T(ds^T), m = D, n = T, k = T; dk_kv += bf16(term);
+ * and finally dk, dv rounded once (repeat_kv's backward: the float32 sum over the group, rounded). */
+static void cuda_attention_backward_bf16(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                         const float *probs, const float *q, const float *k, const float *v, int B,
+                                         int T, int H, int KVH, int D) {
+    cuda_device_state *s = state_of(d);
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    if (KVH <= 0 || H % KVH != 0)
+        ops_fatal(s, "attention_backward_bf16: query heads not a multiple of key/value heads");
+    int group = H / KVH;
+    int q_stride = H * D, kv_stride = KVH * D;
+    size_t block = (size_t)T * T;
+    float scale = attention_scale_bf16(D);
+    float *rounded = scratch, *dp = scratch + block, *term = scratch + 2 * block;
+    const float one = 1.0f, zero = 0.0f;
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            size_t q_offset = (size_t)b * T * q_stride + (size_t)h * D;
+            size_t kv_offset = (size_t)b * T * kv_stride + (size_t)(h / group) * D;
+            const float *p = probs + ((size_t)b * H + h) * block;
+            LAUNCH(s, round_copy_bf16_launch(rounded, p, block, s->compute));
+            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dout + q_offset, q_stride, rounded, T, &zero, term,
+                      D);
+            LAUNCH(s, add_rounded_rows_launch(dv + kv_offset, (size_t)kv_stride, term, T, D, s->compute));
+            GEMM_BF16(s, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v + kv_offset, kv_stride, dout + q_offset, q_stride,
+                      &zero, dp, T);
+            LAUNCH(s, softmax_backward_bf16_launch(dp, p, T, scale, s->compute));
+            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k + kv_offset, kv_stride, dp, T, &one, dq + q_offset,
+                      q_stride);
+            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q + q_offset, q_stride, dp, T, &zero, term, D);
+            LAUNCH(s, add_rounded_rows_launch(dk + kv_offset, (size_t)kv_stride, term, T, D, s->compute));
+        }
+    }
+    size_t q_count = (size_t)B * T * q_stride, kv_count = (size_t)B * T * kv_stride;
+    LAUNCH(s, round_to_bf16_launch(dq, q_count, s->compute));
+    LAUNCH(s, round_to_bf16_launch(dk, kv_count, s->compute));
+    LAUNCH(s, round_to_bf16_launch(dv, kv_count, s->compute));
+}
+
+static void cuda_swiglu_forward_bf16(device *d, float *out, const float *gate_up, int N, int width) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, swiglu_forward_bf16_launch(out, gate_up, N, width, s->compute));
+}
+
+static void cuda_swiglu_backward_bf16(device *d, float *dgate_up, const float *dout, const float *gate_up, int N,
+                                      int width) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, swiglu_backward_bf16_launch(dgate_up, dout, gate_up, N, width, s->compute));
+}
+
 static void cuda_swiglu_forward(device *d, float *out, const float *gate_up, int N, int width) {
     cuda_device_state *s = state_of(d);
     LAUNCH(s, swiglu_forward_launch(out, gate_up, N, width, s->compute));
@@ -334,4 +526,15 @@ void cuda_ops_install(device *d) {
     d->convert = cuda_convert;
     d->round_to = cuda_round_to;
     d->adamw_update = cuda_adamw_update;
+    d->linear_forward_bf16 = cuda_linear_forward_bf16;
+    d->linear_backward_bf16 = cuda_linear_backward_bf16;
+    d->rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;
+    d->rmsnorm_backward_bf16 = cuda_rmsnorm_backward_bf16;
+    d->rope_forward_bf16 = cuda_rope_forward_bf16;
+    d->rope_backward_bf16 = cuda_rope_backward_bf16;
+    d->attention_forward_bf16 = cuda_attention_forward_bf16;
+    d->attention_backward_bf16 = cuda_attention_backward_bf16;
+    d->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
+    d->swiglu_backward_bf16 = cuda_swiglu_backward_bf16;
+    d->linear_backward_input_stacked_bf16 = cuda_linear_backward_input_stacked_bf16;
 }

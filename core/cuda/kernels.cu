@@ -8,6 +8,8 @@
  *     then one warp over the warps' results) for the row's max or its double sum;
  *   - column sums into a weight gradient (RMSNorm's dweight, a bias's gradient): 16 row groups per column each sum
  *     their rows in order, then one thread adds the 16 partials in order: no atomics, the same bits every run;
+ *   - the bfloat16 layers (core/layers_bf16.h): the same splits, each element's formula kernel_math.h's km_bf16_*
+ *     (the CPU's layers_bf16.c calls them too), so every rounding sits where the CPU's does;
  *   - the embedding's gradient: each destination row is summed by one thread in the order of the tokens, exactly
  *     the CPU's order (the same bits as the CPU).
  * Nothing here uses atomics; every result is deterministic run to run.
@@ -125,9 +127,10 @@ cudaError_t embedding_backward_launch(floatX *dweight, const floatX *dout, const
 /* ---- RMSNorm ---- */
 
 /* One block per row: the sum of squares in double (a block reduction: other order than the CPU's loop, each
- * square exact), rstd from it, then each element's scale (the CPU's formula). */
+ * square exact), rstd from it, then each element's scale (the CPU's formula: float32's, or bfloat16's two
+ * roundings when bf16). */
 __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int C,
-                                       float eps) {
+                                       float eps, int bf16) {
     int n = blockIdx.x;
     const floatX *x = inp + (size_t)n * C;
     floatX *y = out + (size_t)n * C;
@@ -136,14 +139,26 @@ __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *i
     sum_squares = block_sum(sum_squares);
     float r = km_rmsnorm_rstd(sum_squares, C, eps);
     if (threadIdx.x == 0) rstd[n] = r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = (floatX)km_rmsnorm_scale((float)x[c], (float)weight[c], r);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        y[c] = (floatX)(bf16 ? km_bf16_rmsnorm_scale((float)x[c], (float)weight[c], r)
+                             : km_rmsnorm_scale((float)x[c], (float)weight[c], r));
+}
+
+static cudaError_t rmsnorm_forward_any(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N, int C,
+                                       float eps, int bf16, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    rmsnorm_forward_kernel<<<N, THREADS, 0, stream>>>(out, rstd, inp, weight, C, eps, bf16);
+    return cudaGetLastError();
 }
 
 cudaError_t rmsnorm_forward_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N, int C,
                                    float eps, cudaStream_t stream) {
-    if (N <= 0 || C <= 0) return cudaSuccess;
-    rmsnorm_forward_kernel<<<N, THREADS, 0, stream>>>(out, rstd, inp, weight, C, eps);
-    return cudaGetLastError();
+    return rmsnorm_forward_any(out, rstd, inp, weight, N, C, eps, 0, stream);
+}
+
+cudaError_t rmsnorm_forward_bf16_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N,
+                                        int C, float eps, cudaStream_t stream) {
+    return rmsnorm_forward_any(out, rstd, inp, weight, N, C, eps, 1, stream);
 }
 
 /* One block per row: the dot sum_j w_j dy_j x_j in double, the coefficient r^3 / C * dot, then dx += ... */
@@ -163,24 +178,31 @@ __global__ void rmsnorm_backward_dinp_kernel(floatX *dinp, const floatX *dout, c
 }
 
 /* Column sums into a weight gradient without atomics: a block covers 32 columns (threadIdx.x) and 16 row groups
- * (threadIdx.y); group g sums rows g, g + 16, ... in order in float, then thread (c, 0) adds the 16 partials in
- * order and adds that to out[c]. Term(n, c) gives the row's term. */
+ * (threadIdx.y); group g sums rows g, g + 16, ... in order, in the type Term(n, c) returns (float; double for the
+ * bfloat16 RMSNorm's, as its CPU loop), then thread (c, 0) adds the 16 partials in order and Finish folds that
+ * into out[c]. */
 #define COLUMN_GROUPS 16
-template <typename Term>
-__global__ void column_sum_kernel(floatX *out, int N, int C, Term term) {
-    __shared__ float partial[COLUMN_GROUPS][32];
+template <typename Term, typename Finish>
+__global__ void column_sum_kernel(floatX *out, int N, int C, Term term, Finish finish) {
+    typedef decltype(term(0, 0)) Sum;
+    __shared__ Sum partial[COLUMN_GROUPS][32];
     int c = blockIdx.x * 32 + threadIdx.x;
-    float sum = 0.0f;
+    Sum sum = 0;
     if (c < C)
         for (int n = threadIdx.y; n < N; n += COLUMN_GROUPS) sum += term(n, c);
     partial[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        float total = partial[0][threadIdx.x];
+        Sum total = partial[0][threadIdx.x];
         for (int g = 1; g < COLUMN_GROUPS; g++) total += partial[g][threadIdx.x];
-        out[c] = (floatX)((float)out[c] + total);
+        out[c] = finish((float)out[c], total);
     }
 }
+
+/* out[c] + total, in float (a float32 gradient). */
+struct add_total {
+    __device__ floatX operator()(float old, float total) const { return (floatX)(old + total); }
+};
 
 struct rmsnorm_dweight_term {
     const floatX *dout, *inp;
@@ -198,10 +220,11 @@ struct column_term {
     __device__ float operator()(int n, int c) const { return (float)values[(size_t)n * C + c]; }
 };
 
-template <typename Term>
-static cudaError_t column_sum_launch(floatX *out, int N, int C, Term term, cudaStream_t stream) {
+template <typename Term, typename Finish = add_total>
+static cudaError_t column_sum_launch(floatX *out, int N, int C, Term term, cudaStream_t stream,
+                                     Finish finish = Finish()) {
     if (N <= 0 || C <= 0) return cudaSuccess;
-    column_sum_kernel<<<(unsigned)((C + 31) / 32), dim3(32, COLUMN_GROUPS), 0, stream>>>(out, N, C, term);
+    column_sum_kernel<<<(unsigned)((C + 31) / 32), dim3(32, COLUMN_GROUPS), 0, stream>>>(out, N, C, term, finish);
     return cudaGetLastError();
 }
 
@@ -213,6 +236,50 @@ cudaError_t rmsnorm_backward_launch(floatX *dinp, floatX *dweight, const floatX 
     if (status != cudaSuccess) return status;
     rmsnorm_dweight_term term = {dout, inp, rstd, C};
     return column_sum_launch(dweight, N, C, term, stream);
+}
+
+/* The bfloat16 backward (layers_bf16.h): one block per row, dh = bf16(dy w), the dot sum_c dh_c x_c in double,
+ * the coefficient (the float32 one's), dinp = bf16(dinp + bf16(r dh - x coef)). */
+__global__ void rmsnorm_backward_bf16_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp,
+                                                  const floatX *weight, const float *rstd, int C) {
+    int n = blockIdx.x;
+    const floatX *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    floatX *dx = dinp + (size_t)n * C;
+    float r = rstd[n];
+    double dot = 0.0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dot += km_bf16_rmsnorm_dot_term(km_bf16_rmsnorm_dh((float)dy[c], (float)weight[c]), (float)x[c]);
+    dot = block_sum(dot);
+    float coefficient = km_rmsnorm_coefficient(dot, r, C);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dx[c] = (floatX)km_bf16_rmsnorm_dinp((float)dx[c], r, km_bf16_rmsnorm_dh((float)dy[c], (float)weight[c]),
+                                             (float)x[c], coefficient);
+}
+
+/* dweight's term bf16(dy bf16(x r)), summed over the rows in double (the CPU's loop does), and the column's sum
+ * rounded once before the float32 add: dweight += bf16(float(sum)). */
+struct rmsnorm_bf16_dweight_term {
+    const floatX *dout, *inp;
+    const float *rstd;
+    int C;
+    __device__ double operator()(int n, int c) const {
+        size_t at = (size_t)n * C + c;
+        return km_bf16_rmsnorm_dweight_term((float)dout[at], (float)inp[at], rstd[n]);
+    }
+};
+
+struct add_rounded_total {
+    __device__ floatX operator()(float old, double total) const { return (floatX)(old + km_bf16_round((float)total)); }
+};
+
+cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
+                                         const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    rmsnorm_backward_bf16_dinp_kernel<<<N, THREADS, 0, stream>>>(dinp, dout, inp, weight, rstd, C);
+    cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    rmsnorm_bf16_dweight_term term = {dout, inp, rstd, C};
+    return column_sum_launch(dweight, N, C, term, stream, add_rounded_total());
 }
 
 /* ---- linear's bias ---- */
@@ -236,9 +303,13 @@ cudaError_t bias_backward_launch(floatX *dbias, const floatX *dout, int N, int O
 
 /* ---- RoPE ---- */
 
-/* One thread per pair (x[i], x[i + D/2]) of one head at one position: x is (B, T, H, D), the tables (T, D). */
+/* One thread per pair (x[i], x[i + D/2]) of one head at one position: x is (B, T, H, D), the tables (T, D).
+ * float32 (bf16 0): km_rope_first / second, direction +1 forward, -1 backward. bfloat16 (bf16 1, layers_bf16.h):
+ * forward x1' = bf16(bf16(x1 c1) - bf16(x2 s1)), x2' = bf16(bf16(x2 c2) + bf16(x1 s2)); backward
+ * dx1 = bf16(bf16(dy1 c1) + bf16(dy2 s2)), dx2 = bf16(bf16(dy2 c2) - bf16(dy1 s1)); the tables rounded to bfloat16 as
+ * read (kernel_math.h). */
 __global__ void rope_kernel(floatX *x, const float *cos_table, const float *sin_table, size_t pairs, int T, int H,
-                            int D, float direction) {
+                            int D, float direction, int bf16) {
     int half = D / 2;
     for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < pairs; p += (size_t)gridDim.x * blockDim.x) {
         int i = (int)(p % half);
@@ -247,17 +318,36 @@ __global__ void rope_kernel(floatX *x, const float *cos_table, const float *sin_
         floatX *v = x + head * D;
         const float *cos_row = cos_table + (size_t)t * D, *sin_row = sin_table + (size_t)t * D;
         float x1 = (float)v[i], x2 = (float)v[i + half];
-        v[i] = (floatX)km_rope_first(x1, x2, cos_row[i], sin_row[i], direction);
-        v[i + half] = (floatX)km_rope_second(x1, x2, cos_row[i + half], sin_row[i + half], direction);
+        if (!bf16) {
+            v[i] = (floatX)km_rope_first(x1, x2, cos_row[i], sin_row[i], direction);
+            v[i + half] = (floatX)km_rope_second(x1, x2, cos_row[i + half], sin_row[i + half], direction);
+        } else if (direction < 0.0f) {
+            v[i] = (floatX)km_bf16_rope_sum(x1, cos_row[i], x2, sin_row[i + half]);
+            v[i + half] = (floatX)km_bf16_rope_difference(x2, cos_row[i + half], x1, sin_row[i]);
+        } else {
+            v[i] = (floatX)km_bf16_rope_difference(x1, cos_row[i], x2, sin_row[i]);
+            v[i + half] = (floatX)km_bf16_rope_sum(x2, cos_row[i + half], x1, sin_row[i + half]);
+        }
     }
+}
+
+static cudaError_t rope_any_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H,
+                                   int D, float direction, int bf16, cudaStream_t stream) {
+    size_t pairs = (size_t)B * T * H * (D / 2);
+    if (pairs == 0) return cudaSuccess;
+    rope_kernel<<<grid_for(pairs, THREADS), THREADS, 0, stream>>>(x, cos_table, sin_table, pairs, T, H, D, direction,
+                                                                   bf16);
+    return cudaGetLastError();
 }
 
 cudaError_t rope_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
                         float direction, cudaStream_t stream) {
-    size_t pairs = (size_t)B * T * H * (D / 2);
-    if (pairs == 0) return cudaSuccess;
-    rope_kernel<<<grid_for(pairs, THREADS), THREADS, 0, stream>>>(x, cos_table, sin_table, pairs, T, H, D, direction);
-    return cudaGetLastError();
+    return rope_any_launch(x, cos_table, sin_table, B, T, H, D, direction, 0, stream);
+}
+
+cudaError_t rope_bf16_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
+                             int backward, cudaStream_t stream) {
+    return rope_any_launch(x, cos_table, sin_table, B, T, H, D, backward ? -1.0f : 1.0f, 1, stream);
 }
 
 /* ---- attention's softmaxes ---- */
@@ -307,41 +397,128 @@ cudaError_t softmax_backward_launch(float *dp, const float *probs, int T, cudaSt
     return cudaGetLastError();
 }
 
+/* The bfloat16 attention's element steps (layers_bf16.h).
+ * Scores in place: s = bf16(bf16(q.k) * scale) on every entry (the softmax masks the future ones after). */
+__global__ void attention_scores_bf16_kernel(float *scores, size_t count, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        scores[i] = km_bf16_attention_score(scores[i], scale);
+}
+
+cudaError_t attention_scores_bf16_launch(float *scores, size_t count, float scale, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    attention_scores_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(scores, count, scale);
+    return cudaGetLastError();
+}
+
+/* One block per row t of dp (T, T): dot = sum_{j <= t} p_j bf16(dp_j) in double, then
+ * ds_j = bf16(bf16(p_j (bf16(dp_j) - dot)) * scale) for j <= t, 0 after. */
+__global__ void softmax_backward_bf16_kernel(float *dp, const float *probs, int T, float scale) {
+    int t = blockIdx.x;
+    float *row = dp + (size_t)t * T;
+    const float *p_row = probs + (size_t)t * T;
+    double dot = 0.0;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += km_softmax_dot_term(p_row[j], km_bf16_round(row[j]));
+    dot = block_sum(dot);
+    for (int j = threadIdx.x; j < T; j += blockDim.x)
+        row[j] = j <= t ? km_bf16_softmax_backward(p_row[j], row[j], dot, scale) : 0.0f;
+}
+
+cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int T, float scale, cudaStream_t stream) {
+    if (T <= 0) return cudaSuccess;
+    softmax_backward_bf16_kernel<<<T, THREADS, 0, stream>>>(dp, probs, T, scale);
+    return cudaGetLastError();
+}
+
+/* block (rows, columns) with row stride ld += bf16(term), term (rows, columns) contiguous: one head's gradient
+ * into a key/value head's float32 sum. */
+__global__ void add_rounded_rows_kernel(float *block, size_t ld, const float *term, size_t count, int columns) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        block[i / columns * ld + i % columns] += km_bf16_round(term[i]);
+}
+
+cudaError_t add_rounded_rows_launch(float *block, size_t ld, const float *term, int rows, int columns,
+                                    cudaStream_t stream) {
+    size_t count = (size_t)rows * columns;
+    if (count == 0) return cudaSuccess;
+    add_rounded_rows_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(block, ld, term, count, columns);
+    return cudaGetLastError();
+}
+
 /* ---- SwiGLU ---- */
 
-__global__ void swiglu_forward_kernel(floatX *out, const floatX *gate_up, size_t count, int width) {
+/* One thread per output element. float32 (bf16 0): silu(gate) up and its derivatives (kernel_math.h); bfloat16
+ * (bf16 1, layers_bf16.h): out = bf16(bf16(silu(gate)) up); dgate += bf16(bf16(dy up) silu'(gate)),
+ * dup += bf16(dy bf16(silu(gate))), each added in float32 (the gradient buffers' own adds). */
+__global__ void swiglu_forward_kernel(floatX *out, const floatX *gate_up, size_t count, int width, int bf16) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         size_t n = i / width, k = i % width;
         const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
-        out[i] = (floatX)(km_silu((float)gate[k]) * (float)up[k]);
+        out[i] = (floatX)(bf16 ? km_bf16_swiglu((float)gate[k], (float)up[k]) : km_silu((float)gate[k]) * (float)up[k]);
     }
 }
 
 __global__ void swiglu_backward_kernel(floatX *dgate_up, const floatX *dout, const floatX *gate_up, size_t count,
-                                       int width) {
+                                       int width, int bf16) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         size_t n = i / width, k = i % width;
         const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
         floatX *dgate = dgate_up + n * 2 * width, *dup = dgate + width;
         float g = (float)gate[k], u = (float)up[k], dy = (float)dout[i];
-        float s = km_sigmoid(g); /* one exp serves silu and its derivative */
-        dgate[k] = (floatX)((float)dgate[k] + km_swiglu_dgate(dy, u, s, g));
-        dup[k] = (floatX)((float)dup[k] + km_swiglu_dup(dy, g, s));
+        if (bf16) {
+            dgate[k] = (floatX)((float)dgate[k] + km_bf16_swiglu_dgate(dy, u, g));
+            dup[k] = (floatX)((float)dup[k] + km_bf16_swiglu_dup(dy, g));
+        } else {
+            float s = km_sigmoid(g); /* one exp serves silu and its derivative */
+            dgate[k] = (floatX)((float)dgate[k] + km_swiglu_dgate(dy, u, s, g));
+            dup[k] = (floatX)((float)dup[k] + km_swiglu_dup(dy, g, s));
+        }
     }
 }
 
-cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream) {
+static cudaError_t swiglu_forward_any(floatX *out, const floatX *gate_up, int N, int width, int bf16,
+                                      cudaStream_t stream) {
     size_t count = (size_t)N * width;
     if (count == 0) return cudaSuccess;
-    swiglu_forward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, gate_up, count, width);
+    swiglu_forward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, gate_up, count, width, bf16);
     return cudaGetLastError();
+}
+
+static cudaError_t swiglu_backward_any(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
+                                       int bf16, cudaStream_t stream) {
+    size_t count = (size_t)N * width;
+    if (count == 0) return cudaSuccess;
+    swiglu_backward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dgate_up, dout, gate_up, count, width,
+                                                                              bf16);
+    return cudaGetLastError();
+}
+
+cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream) {
+    return swiglu_forward_any(out, gate_up, N, width, 0, stream);
 }
 
 cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                    cudaStream_t stream) {
-    size_t count = (size_t)N * width;
+    return swiglu_backward_any(dgate_up, dout, gate_up, N, width, 0, stream);
+}
+
+cudaError_t swiglu_forward_bf16_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream) {
+    return swiglu_forward_any(out, gate_up, N, width, 1, stream);
+}
+
+cudaError_t swiglu_backward_bf16_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
+                                        cudaStream_t stream) {
+    return swiglu_backward_any(dgate_up, dout, gate_up, N, width, 1, stream);
+}
+
+/* out = bf16(bf16(out) + bf16(other)): two modules' bfloat16 input gradients added (kernel_math.h). */
+__global__ void add_rounded_bf16_kernel(floatX *out, const floatX *other, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = (floatX)km_bf16_add_rounded((float)out[i], (float)other[i]);
+}
+
+cudaError_t add_rounded_bf16_launch(floatX *out, const floatX *other, size_t count, cudaStream_t stream) {
     if (count == 0) return cudaSuccess;
-    swiglu_backward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dgate_up, dout, gate_up, count, width);
+    add_rounded_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, other, count);
     return cudaGetLastError();
 }
 
@@ -515,6 +692,18 @@ __global__ void bf16_to_float_kernel(float *dst, const uint16_t *src, size_t cou
 __global__ void round_to_bf16_kernel(float *x, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
         x[i] = km_bf16_round(x[i]);
+}
+
+/* dst = bf16(src), float32 to float32 (a rounded copy: the probabilities as the GEMM with V reads them). */
+__global__ void round_copy_bf16_kernel(float *dst, const float *src, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = km_bf16_round(src[i]);
+}
+
+cudaError_t round_copy_bf16_launch(float *dst, const float *src, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    round_copy_bf16_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, src, count);
+    return cudaGetLastError();
 }
 
 cudaError_t float_to_bf16_launch(uint16_t *dst, const float *src, size_t count, cudaStream_t stream) {

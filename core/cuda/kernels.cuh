@@ -64,6 +64,29 @@ cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const f
 cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
                                  int ignore_index, void *scratch, cudaStream_t stream);
 
+/* ---- the layers in bfloat16 (core/layers_bf16.h's rules; every input a bfloat16 value in a float) ---- */
+cudaError_t rmsnorm_forward_bf16_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N,
+                                        int C, float eps, cudaStream_t stream);
+cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
+                                         const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream);
+/* backward 0: forward; 1: backward. */
+cudaError_t rope_bf16_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
+                             int backward, cudaStream_t stream);
+/* In place on count raw scores: bf16(bf16(s) * scale). */
+cudaError_t attention_scores_bf16_launch(float *scores, size_t count, float scale, cudaStream_t stream);
+/* In place on dp (T, T) from the float32 probs: the softmax's backward and the scaling's, rounded as torch. */
+cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int T, float scale, cudaStream_t stream);
+/* block (rows, columns; row stride ld) += bf16(term (rows, columns), contiguous). */
+cudaError_t add_rounded_rows_launch(float *block, size_t ld, const float *term, int rows, int columns,
+                                    cudaStream_t stream);
+cudaError_t swiglu_forward_bf16_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream);
+cudaError_t swiglu_backward_bf16_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
+                                        cudaStream_t stream);
+/* out = bf16(bf16(out) + bf16(other)). */
+cudaError_t add_rounded_bf16_launch(floatX *out, const floatX *other, size_t count, cudaStream_t stream);
+/* dst = bf16(src). */
+cudaError_t round_copy_bf16_launch(float *dst, const float *src, size_t count, cudaStream_t stream);
+
 /* ---- vectors ---- */
 cudaError_t add_inplace_launch(floatX *out, const floatX *inp, size_t count, cudaStream_t stream);
 cudaError_t accumulate_bf16_launch(float *out, const uint16_t *inp, size_t count, cudaStream_t stream);

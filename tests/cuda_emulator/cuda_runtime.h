@@ -18,7 +18,8 @@
  *     cudaFree / cudaFreeHost take only a block's start; a stream or event used after its destroy is an error.
  *     A call the emulator refuses returns an error code (cudaErrorInvalidValue, ...), which the caller's CUDA_CHECK
  *     reports with the rank and line; cudaGetLastError returns and clears the calling thread's last error.
- *   - cuBLAS (cublas_v2.h): OpenBLAS's column-major cblas_sgemm, cuBLAS's exact meaning.
+ *   - cuBLAS (cublas_v2.h): OpenBLAS's column-major cblas_sgemm, cuBLAS's exact meaning; the GemmEx GEMMs under
+ *     CUBLAS_COMPUTE_32F_FAST_16BF also check that every A and B element is a bfloat16 value (abort otherwise).
  *   - GPUs: CUDA_EMULATOR_DEVICES (default 1) of them, all the same memory; cudaSetDevice per thread.
  *
  * What it does not model: asynchrony (no work is ever in flight, so a missing cudaStreamSynchronize, event or
@@ -33,6 +34,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Defined in the emulator's build only: a check may tell the emulator (the host's arithmetic: glibc's expf, no
+ * contraction) from a GPU (CUDA's expf, nvcc's fused multiply-adds). */
+#define FSDPLAB_CUDA_EMULATOR 1
 
 #ifdef __cplusplus
 extern "C" {

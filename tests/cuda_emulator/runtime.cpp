@@ -365,6 +365,7 @@ const char *cublasGetStatusName(cublasStatus_t status) {
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }
     return "CUBLAS_STATUS_UNKNOWN";
 }
@@ -376,6 +377,8 @@ const char *cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_INVALID_VALUE: return "an invalid value was used as an argument";
     case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute (emulator: an operand is not in GPU "
                                                 "memory, or passes its block's end)";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported (emulator: GemmEx computes "
+                                             "float32 operands under CUBLAS_COMPUTE_32F or _32F_FAST_16BF only)";
     }
     return "unknown status";
 }
@@ -386,9 +389,10 @@ static size_t operand_bytes(int rows, int cols, int ld) {
     return ((size_t)ld * (size_t)(cols - 1) + (size_t)rows) * sizeof(float);
 }
 
-cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                           int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
-                           const float *beta, float *C, int ldc) {
+/* One column-major GEMM as cuBLAS means it, through cblas_sgemm; `call` names the cuBLAS function for messages. */
+static cublasStatus_t gemm(const char *call, cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float *alpha, const float *A, int lda,
+                           const float *B, int ldb, const float *beta, float *C, int ldc) {
     if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (m < 0 || n < 0 || k < 0 || lda < (transa == CUBLAS_OP_N ? m : k) || lda < 1 ||
         ldb < (transb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
@@ -398,8 +402,8 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
     size_t b = operand_bytes(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
     if ((a > 0 && !emulator_is_device(A, a)) || (b > 0 && !emulator_is_device(B, b)) ||
         !emulator_is_device(C, operand_bytes(m, n, ldc))) {
-        fprintf(stderr, "cuda emulator: cublasSgemm (m %d, n %d, k %d): an operand is not inside one GPU block\n", m,
-                n, k);
+        fprintf(stderr, "cuda emulator: %s (m %d, n %d, k %d): an operand is not inside one GPU block\n", call, m, n,
+                k);
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
     emulator_device_access_begin();
@@ -409,17 +413,110 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
     return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc) {
+    return gemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                          int m, int n, int k, const float *alpha, const float *A, int lda,
                                          long long strideA, const float *B, int ldb, long long strideB,
                                          const float *beta, float *C, int ldc, long long strideC, int batch) {
     if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
     for (int i = 0; i < batch; i++) {
-        cublasStatus_t status = cublasSgemm(handle, transa, transb, m, n, k, alpha, A + i * strideA, lda,
-                                            B + i * strideB, ldb, beta, C + i * strideC, ldc);
+        cublasStatus_t status = gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha,
+                                     A + i * strideA, lda, B + i * strideB, ldb, beta, C + i * strideC, ldc);
         if (status != CUBLAS_STATUS_SUCCESS) return status;
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* CUBLAS_COMPUTE_32F_FAST_16BF's premise: every element of the column-major operand `name` (op(X) is the GEMM's
+ * rows x depth or depth x columns; X itself (rows, cols) with leading dimension ld) the call reads is a bfloat16
+ * value, its low 16 bits zero. Aborts with the call, the batch, the operand, the element and its value, and a
+ * backtrace (the caller's frame names the table function). With the GPU memory open. */
+static void require_bfloat16(const char *call, int batch_index, const char *name, const float *X, int rows, int cols,
+                             int ld, int m, int n, int k) {
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++) {
+            float value = X[(size_t)c * ld + r];
+            uint32_t bits;
+            memcpy(&bits, &value, sizeof bits);
+            if ((bits & 0xffffu) == 0) continue;
+            fprintf(stderr,
+                    "cuda emulator: %s (m %d, n %d, k %d, batch %d) under CUBLAS_COMPUTE_32F_FAST_16BF: operand %s's "
+                    "element (row %d, column %d; index %zu from its start) is %.9g (bits 0x%08x), not a bfloat16 "
+                    "value: a GPU would round it to bfloat16 first, so the caller must have rounded it; backtrace:\n",
+                    call, m, n, k, batch_index, name, r, c, (size_t)c * ld + r, (double)value, bits);
+            void *frames[24];
+            backtrace_symbols_fd(frames, backtrace(frames, 24), 2);
+            abort();
+        }
+}
+
+/* The Ex GEMMs: the types and the compute type checked (float32 only), then per batch the bfloat16 premise (under
+ * FAST_16BF) and the float32 GEMM. */
+static cublasStatus_t gemm_ex(const char *call, cublasHandle_t handle, cublasOperation_t transa,
+                              cublasOperation_t transb, int m, int n, int k, const void *alpha, const void *A,
+                              cudaDataType Atype, int lda, long long strideA, const void *B, cudaDataType Btype,
+                              int ldb, long long strideB, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                              long long strideC, int batch, cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F ||
+        (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_16BF) ||
+        algo != CUBLAS_GEMM_DEFAULT) {
+        fprintf(stderr,
+                "cuda emulator: %s: types A %d, B %d, C %d, compute type %d, algorithm %d: the emulator computes "
+                "CUDA_R_32F operands under CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_16BF with "
+                "CUBLAS_GEMM_DEFAULT only\n",
+                call, (int)Atype, (int)Btype, (int)Ctype, (int)computeType, (int)algo);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    for (int i = 0; i < batch; i++) {
+        const float *a = (const float *)A + i * strideA, *b = (const float *)B + i * strideB;
+        if (computeType == CUBLAS_COMPUTE_32F_FAST_16BF && m > 0 && n > 0 && k > 0) {
+            /* Check the bounds first (the same as gemm's), so the reads below stay inside GPU memory. */
+            if (lda < (transa == CUBLAS_OP_N ? m : k) || ldb < (transb == CUBLAS_OP_N ? k : n))
+                return CUBLAS_STATUS_INVALID_VALUE;
+            size_t a_bytes = operand_bytes(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda);
+            size_t b_bytes = operand_bytes(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
+            if (!emulator_is_device(a, a_bytes) || !emulator_is_device(b, b_bytes)) {
+                fprintf(stderr, "cuda emulator: %s (m %d, n %d, k %d, batch %d): an operand is not inside one GPU "
+                                "block\n", call, m, n, k, i);
+                return CUBLAS_STATUS_EXECUTION_FAILED;
+            }
+            emulator_device_access_begin();
+            require_bfloat16(call, i, "A", a, transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda, m,
+                             n, k);
+            require_bfloat16(call, i, "B", b, transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb, m,
+                             n, k);
+            emulator_device_access_end();
+        }
+        cublasStatus_t status = gemm(call, handle, transa, transb, m, n, k, (const float *)alpha, a, lda, b, ldb,
+                                     (const float *)beta, (float *)C + i * strideC, ldc);
+        if (status != CUBLAS_STATUS_SUCCESS) return status;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    return gemm_ex("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta,
+                   C, Ctype, ldc, 0, 1, computeType, algo);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long strideA, const void *B, cudaDataType Btype, int ldb,
+                                          long long strideB, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
+    return gemm_ex("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B,
+                   Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo);
 }
 
 } // extern "C"
