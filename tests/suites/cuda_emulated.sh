@@ -16,14 +16,28 @@ STEPS05=2 ACC05=2 SEQ05=32 LR05=1e-3 GLOBAL05=4
 # emulated05 TAG ENV...: the CPU build's run (the reference) and the emulated CUDA device's, the same settings, then
 # the three equivalence checks; then (MEMORY=0: not, and why is said there) one more emulated run without GRADS (its
 # gathered gradients would count in the peak) whose device pool's memory table must equal the model's to the byte.
+# BF16=1 (after MEMORY=0, if both): the runs compute in bfloat16 (MP=bf16), and the checks are the bfloat16 ones:
+# every op's output is rounded at the same places on both devices, only float32 summation orders differ (cuBLAS's
+# bfloat16 tensor-core GEMMs against OpenBLAS's), so the losses are compared as check_train_parity.sh compares them
+# with torch's (compare_losses.py bf16: the rounding-flip bound, lr x the measured step-1 gradient difference per
+# later step, that difference under twice the bfloat16 reduce's error bound), and the parameters within AdamW's.
 emulated05() {
-  local tag=$1 memory=1 log
+  local tag=$1 memory=1 bf16=0 log dir
   shift
   [ "${1:-}" = MEMORY=0 ] && { memory=0; shift; }
+  [ "${1:-}" = BF16=1 ] && { bf16=1; shift; }
   REFERENCE05=runs/check/emu05_cpu_$tag
+  dir=runs/check/emu05_cuda_$tag
   lab05 "05_full_step -np 2 $tag (CPU build)" 2 $REFERENCE05 "$@"
-  lab05 "05_full_step -np 2 $tag (emulated CUDA device)" 2 runs/check/emu05_cuda_$tag DEVICE=cuda BACKEND=mpi "$@"
-  equal05 "emulated CUDA $tag vs CPU" runs/check/emu05_cuda_$tag
+  lab05 "05_full_step -np 2 $tag (emulated CUDA device)" 2 $dir DEVICE=cuda BACKEND=mpi "$@"
+  if [ $bf16 = 1 ]; then
+    check "emulated CUDA $tag vs CPU: losses within the bfloat16 flip bound and drift" python3 tests/compare_losses.py \
+      $REFERENCE05 $dir $((GLOBAL05 * SEQ05 * ACC05)) $SEQ05 $LR05 bf16
+    check "emulated CUDA $tag vs CPU: parameters within AdamW's bound" env OUT=runs/check/compare tests/bin/qwen2_tool \
+      compare "$dir/checkpoint" $REFERENCE05/checkpoint "$(python3 tests/tolerances.py adamw $LR05 $STEPS05)" absolute
+  else
+    equal05 "emulated CUDA $tag vs CPU" $dir
+  fi
   if [ $memory = 1 ]; then
     log=runs/check/emu05_memory_$tag.log
     check "emulated CUDA $tag: device memory model exact to the byte" bash -c "env OUT=runs/check/emu05_memory \
@@ -48,8 +62,9 @@ emulated05 MP_reduce_bf16 STRATEGY=FULL_SHARD MP=fp32,reduce=bf16
 # OFFLOAD: the host pool's table on the CUDA device also holds the MPI staging buffers and the data, which
 # core/memory_model.c does not predict yet: equivalence only.
 emulated05 OFFLOAD MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1
-check_fails "emulated CUDA device refuses MP=bf16 (bfloat16 compute is the CPU's), saying why" \
-  "MP='bf16': bfloat16 parameters and compute run on the CPU device only so far" \
-  env OUT=runs/check/emu05_refused DEVICE=cuda BACKEND=mpi STEPS=1 MP=bf16 $MPIRUN -np 2 $EMU/lab/05_full_step
+# MP=bf16: the CUDA device's bfloat16 layers (cuBLAS GEMMs under CUBLAS_COMPUTE_32F_FAST_16BF, which the emulator
+# aborts on if any input is not a bfloat16 value) against the CPU's core/layers_bf16.c; with LOSS_CHUNK and CKPT too
+emulated05 MP_bf16 BF16=1 STRATEGY=FULL_SHARD MP=bf16
+emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK=100 CKPT=1
 check_fails "emulated CUDA build refuses BACKEND=nccl: NCCL is not emulated" "NCCL is not emulated" \
   env OUT=runs/check/emu05_refused CUDA_EMULATOR_DEVICES=2 BACKEND=nccl STEPS=1 $MPIRUN -np 2 $EMU/lab/05_full_step
