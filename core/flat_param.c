@@ -506,8 +506,9 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
 }
 
 /* post_unshard, once the all-gather is done: the low-precision shard is freed (torch's
- * _free_low_precision_sharded_param; NO_SHARD keeps it: it is the unsharded parameter), and, on CPU, the gathered
- * values are widened into the float32 copy the layers read (exact: every bfloat16 is a float32). */
+ * _free_low_precision_sharded_param; NO_SHARD keeps it: it is the unsharded parameter), and the gathered values are
+ * widened into the float32 copy the device's layers read (exact: every bfloat16 is a float32; device.h's bfloat16
+ * layers take float32 buffers holding bfloat16 values, on the CPU and the GPU). */
 static void post_unshard(flat_param *fp) {
     context *ctx = fp->ctx;
     fp->post_unshard_pending = 0;

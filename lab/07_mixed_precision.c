@@ -33,7 +33,8 @@
  *   every reduce_scatter with reduce_dtype bfloat16. In the trace, the all_gather slices (args: dtype bfloat16) carry
  *   half the bytes; on the memory track param_shard_low_precision appears at each _pre_forward / _pre_backward_hook
  *   (pre_unshard) and is gone once the all-gather is done, and param_unsharded holds the 2-byte gathered unit (plus,
- *   on CPU, its 4-byte compute copy: param_unsharded's peak is 1.5x float32's here, where a GPU's would be 0.5x)
+ *   its 4-byte compute copy, which the device's layers read: param_unsharded's peak is 1.5x float32's, on the CPU
+ *   and on the CUDA device alike so far; layers that read 2-byte tensors would make it 0.5x)
  *   until reshard. The peak table: param_shard, grad_shard and optim_state are the
  *   same bytes in both runs (the float32 master and AdamW did not shrink); the memory model predicts every category
  *   to the byte in both. The losses: side by side, the bfloat16 run tracks the float32 one within the bound
