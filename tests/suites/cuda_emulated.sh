@@ -66,5 +66,14 @@ emulated05 OFFLOAD MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1
 # aborts on if any input is not a bfloat16 value) against the CPU's core/layers_bf16.c; with LOSS_CHUNK and CKPT too
 emulated05 MP_bf16 BF16=1 STRATEGY=FULL_SHARD MP=bf16
 emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK=100 CKPT=1
+# What users open, from the CUDA device's runs, in the clients they use (the device mark, the cudaMalloc segments'
+# backend names, the comm streams' threads): the timeline in Perfetto UI and Catapult, the memory page in headless
+# Chromium, the snapshot in PyTorch's memory viewer's format
+check "emulated CUDA runs: trace.json opens in Perfetto UI and Catapult (every arrow, every stream's thread)" \
+  python3 tests/check_trace_viewers.py runs/check/emu05_cuda_COMM_STREAMS_BACKWARD_PRE runs/check/emu05_cuda_MP_bf16
+check "emulated CUDA MP=bf16: memory.html in headless Chromium" python3 tests/check_memory_page.py \
+  runs/check/emu05_cuda_MP_bf16
+check "emulated CUDA MP=bf16: memory_snapshot.pickle loads, addresses consistent" python3 tests/check_snapshot.py \
+  runs/check/emu05_cuda_MP_bf16
 check_fails "emulated CUDA build refuses BACKEND=nccl: NCCL is not emulated" "NCCL is not emulated" \
   env OUT=runs/check/emu05_refused CUDA_EMULATOR_DEVICES=2 BACKEND=nccl STEPS=1 $MPIRUN -np 2 $EMU/lab/05_full_step
