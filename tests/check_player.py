@@ -37,7 +37,7 @@ def merged(ranks):
         for event in events:
             if event["kind"] == "meta":
                 continue
-            ts = event["ts"] if event["_line"] > last_t0 and event["ts"] >= 0 else 0.0
+            ts = event["ts"] if event["_line"] >= last_t0 and event["ts"] >= 0 else 0.0
             rows.append((ts, rank, event["_line"], event))
     rows.sort(key=lambda row: row[:3])
     return rows

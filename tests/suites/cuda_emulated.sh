@@ -75,5 +75,7 @@ check "emulated CUDA MP=bf16: memory.html in headless Chromium" python3 tests/ch
   runs/check/emu05_cuda_MP_bf16
 check "emulated CUDA MP=bf16: memory_snapshot.pickle loads, addresses consistent" python3 tests/check_snapshot.py \
   runs/check/emu05_cuda_MP_bf16
+check "emulated CUDA MP=bf16: player.html in headless Chromium equals the JSONL" python3 tests/check_player.py \
+  runs/check/emu05_cuda_MP_bf16
 check_fails "emulated CUDA build refuses BACKEND=nccl: NCCL is not emulated" "NCCL is not emulated" \
   env OUT=runs/check/emu05_refused CUDA_EMULATOR_DEVICES=2 BACKEND=nccl STEPS=1 $MPIRUN -np 2 $EMU/lab/05_full_step
