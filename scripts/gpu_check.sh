@@ -26,11 +26,25 @@
 #      H100 and H200 SXM: 67 and 989; A100: 19.5 and 312)
 # Budget: about 9 minutes on one H200 (the build is most of it; the 0.5B runs are 3 steps each). Exit status 0 only
 # when every step passed.
+#
+# GPU_CHECK_DRY_RUN=1 runs the same script here, without a GPU, to find the script's own mistakes before GPU time is
+# spent on them: the CUDA build is the emulator's (make CUDA=emulated, tests/cuda_emulator/), our GPU runs are
+# DEVICE=cuda BACKEND=mpi on it, the runs are small (the tiny model in step 4 too, with torch on gloo and fsdplab's
+# CPU build there: train.sh's BACKEND=nccl needs a GPU), and the peaks are PEAK_TFLOPS_* or unknown. Its numbers say
+# nothing about a GPU; its PASS lines say the script's steps and comparisons run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+dry=${GPU_CHECK_DRY_RUN:-0}
+if [ "$dry" = 1 ]; then
+  cuda_make=CUDA=emulated cuda_bin=build/cuda_emulated gpu_backend=mpi train_backend=gloo
+  tiny_steps=2 tiny_mbs=2 tiny_seq=32 q_model=tiny q_mbs=2 q_seq=32 q_label="tiny (dry run)"
+else
+  cuda_make=CUDA=1 cuda_bin=build/cuda gpu_backend=nccl train_backend=nccl
+  tiny_steps=5 tiny_mbs=8 tiny_seq=128 q_model=qwen2 q_mbs=8 q_seq=256 q_label=Qwen2-0.5B
+fi
 summary=$out/gpu_check.txt
 : >"$summary"
 failures=0
@@ -42,7 +56,9 @@ result() { # result NAME STATUS DETAIL
   say "$(printf '%-4s %-58s %s  (%ds)' "$verdict" "$1" "$3" $(($(date +%s) - t0)))"
 }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-mpirun_cmd=(mpirun --oversubscribe)
+# each run under a time limit (GPU_CHECK_STEP_TIMEOUT seconds, default 300): a hang fails its step, not the lease
+limit=(timeout --kill-after=10 "${GPU_CHECK_STEP_TIMEOUT:-300}")
+mpirun_cmd=("${limit[@]}" mpirun --oversubscribe)
 
 # ---- 0. environment
 need_bundle=0
@@ -64,98 +80,124 @@ if [ "$need_bundle" = 1 ]; then
   ln -sf openblas-pthread/libopenblas.so.0 "$lib/libopenblas.so.0"
   export PATH=$root/usr/bin:$PATH OPAL_PREFIX=$root/usr
   export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+  # -L, not LIBRARY_PATH: Debian's and Ubuntu's gcc search a LIBRARY_PATH entry only with its multiarch suffix
+  # ($lib/x86_64-linux-gnu/), after the system's own folder
+  export LDFLAGS="-L$lib -L$lib/openblas-pthread${LDFLAGS:+ $LDFLAGS}"
   export CPATH=$root/usr/include${CPATH:+:$CPATH}
   export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$root/usr/share/pkgconfig
   export PKG_CONFIG_SYSROOT_DIR=$root
   [ -d "$bundle/data/qwen2" ] && [ ! -d data/qwen2 ] && mkdir -p data && cp -r "$bundle/data/qwen2" data/
 fi
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
+# no toolkit there: the one whose nvcc is on PATH
+[ -x "$cuda_home/bin/nvcc" ] || { command -v nvcc >/dev/null 2>&1 && cuda_home=$(dirname "$(dirname "$(command -v nvcc)")"); }
 export CUDA_HOME=$cuda_home PATH=$cuda_home/bin:$PATH
-if [ ! -f "$cuda_home/include/nccl.h" ] && [ -z "${NCCL_HOME:-}" ]; then
-  # pip's nvidia-nccl: headers and libnccl.so.2, without the unversioned link the linker looks for
-  pip_nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
-  if [ -n "$pip_nccl" ]; then
-    mkdir -p /tmp/fsdplab-nccl/lib
-    ln -sf "$pip_nccl/include" /tmp/fsdplab-nccl/include
-    ln -sf "$pip_nccl"/lib/libnccl.so.* /tmp/fsdplab-nccl/lib/
-    ln -sf "$(ls "$pip_nccl"/lib/libnccl.so.* | head -n 1)" /tmp/fsdplab-nccl/lib/libnccl.so
-    export NCCL_HOME=/tmp/fsdplab-nccl LD_LIBRARY_PATH=/tmp/fsdplab-nccl/lib:${LD_LIBRARY_PATH:-}
-  fi
+# pip_library NAME HEADER: a home (DIR/include/HEADER, DIR/lib/NAME.so*) for a library the toolkit lacks, made of links
+# to pip's nvidia-* package that ships it (a namespace package: searched under every sys.path entry), with the
+# unversioned NAME.so the linker looks for
+pip_library() {
+  local found home=/tmp/fsdplab-$1
+  found=$(python3 - "$1" "$2" <<'PY'
+import glob, os, sys
+name, header = sys.argv[1], sys.argv[2]
+for entry in sys.path:
+    for h in sorted(glob.glob(os.path.join(entry or ".", "nvidia", "**", "include", header), recursive=True)):
+        lib = os.path.join(os.path.dirname(os.path.dirname(h)), "lib")
+        if glob.glob(os.path.join(lib, name + ".so*")):
+            print(os.path.dirname(os.path.dirname(h)))
+            sys.exit(0)
+PY
+  ) || return 1
+  [ -n "$found" ] || return 1
+  mkdir -p "$home/lib"
+  ln -sfn "$found/include" "$home/include"
+  ln -sf "$found"/lib/"$1".so* "$home/lib/"
+  [ -e "$home/lib/$1.so" ] || ln -sf "$(ls "$found"/lib/"$1".so.* | head -n 1)" "$home/lib/$1.so"
+  echo "$home"
+}
+has_library() { ls "$1"/lib64/"$2".so* "$1"/lib/"$2".so* >/dev/null 2>&1; }
+if [ -z "${NCCL_HOME:-}" ] && ! { [ -f "$cuda_home/include/nccl.h" ] && has_library "$cuda_home" libnccl; }; then
+  NCCL_HOME=$(pip_library libnccl nccl.h) && export NCCL_HOME LD_LIBRARY_PATH=$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}
+fi
+if [ -z "${CUBLAS_HOME:-}" ] && ! has_library "$cuda_home" libcublas; then
+  CUBLAS_HOME=$(pip_library libcublas cublas_v2.h) && export CUBLAS_HOME LD_LIBRARY_PATH=$CUBLAS_HOME/lib:${LD_LIBRARY_PATH:-}
 fi
 {
   echo "date: $(date -u)"; nvidia-smi -L 2>&1; nvcc --version 2>&1 | tail -n 2; mpicc --version 2>&1 | head -n 1
-  echo "NCCL_HOME=${NCCL_HOME:-$cuda_home}"; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+  echo "CUDA_HOME=$cuda_home NCCL_HOME=${NCCL_HOME:-$cuda_home} CUBLAS_HOME=${CUBLAS_HOME:-$cuda_home}"
+  ls "${NCCL_HOME:-$cuda_home}"/lib*/libnccl* "${CUBLAS_HOME:-$cuda_home}"/lib*/libcublas.so* 2>&1; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
 } >"$out/environment.log"
 say "environment: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'no nvidia-smi'); $(grep -m1 ^torch "$out/environment.log")"
 
 # ---- 1. build
 jobs=$(nproc)
-if make -j"$jobs" >"$out/build_cpu.log" 2>&1 && make -j"$jobs" CUDA=1 >"$out/build_cuda.log" 2>&1; then
-  result "build: make and make CUDA=1" 0 ""
+if make -j"$jobs" >"$out/build_cpu.log" 2>&1 && make -j"$jobs" $cuda_make >"$out/build_cuda.log" 2>&1 &&
+  { [ "$dry" != 1 ] || make -j"$jobs" $cuda_make $cuda_bin/tests/bin/gpu_layers >>"$out/build_cuda.log" 2>&1; }; then
+  result "build: make and make $cuda_make" 0 ""
 else
-  result "build: make and make CUDA=1" 1 "see build_cpu.log / build_cuda.log"
+  result "build: make and make $cuda_make" 1 "see build_cpu.log / build_cuda.log"
   exit 1
 fi
-cuda_bin=build/cuda
 
 # ---- 2. every layer on the GPU vs the CPU
-"$cuda_bin/tests/bin/gpu_layers" >"$out/layers.log" 2>&1
+"${limit[@]}" "$cuda_bin/tests/bin/gpu_layers" >"$out/layers.log" 2>&1
 result "layers: GPU vs CPU, forward and backward" $? "$(grep -c PASS "$out/layers.log") pass, $(grep -c FAIL "$out/layers.log") fail"
 
 # ---- 3. tiny model, 5 steps: GPU vs CPU
-tiny=(MODEL=tiny STEPS=5 ACC=2 SEQ=128 LR=1e-3 MBS=8 SEED=1234)
+tiny=(MODEL=tiny STEPS=$tiny_steps ACC=2 SEQ=$tiny_seq LR=1e-3 MBS=$tiny_mbs SEED=1234)
+tiny_tokens=$((tiny_mbs * tiny_seq * 2))
 env "${tiny[@]}" OUT="$out/tiny_cpu" SAVE="$out/tiny_cpu/checkpoint" GRADS="$out/tiny_cpu/grads" \
   "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_cpu.log" 2>&1
 cpu_status=$?
-env "${tiny[@]}" DEVICE=cuda BACKEND=nccl OUT="$out/tiny_gpu" SAVE="$out/tiny_gpu/checkpoint" \
+env "${tiny[@]}" DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_gpu" SAVE="$out/tiny_gpu/checkpoint" \
   GRADS="$out/tiny_gpu/grads" "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_gpu.log" 2>&1
 gpu_status=$?
 status=$((cpu_status | gpu_status))
 if [ $status = 0 ]; then
-  tokens=$((8 * 128 * 2)) config=$out/tiny_cpu/grads/config.json
-  python3 tests/compare_losses.py "$out/tiny_cpu" "$out/tiny_gpu" $tokens 128 1e-3 >"$out/tiny_compare.log" 2>&1 &&
+  config=$out/tiny_cpu/grads/config.json
+  python3 tests/compare_losses.py "$out/tiny_cpu" "$out/tiny_gpu" $tiny_tokens $tiny_seq 1e-3 \
+    >"$out/tiny_compare.log" 2>&1 &&
     OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/grads" "$out/tiny_cpu/grads" \
-      "$(python3 tests/tolerances.py gradients "$config" $tokens 128)" relative >>"$out/tiny_compare.log" 2>&1 &&
+      "$(python3 tests/tolerances.py gradients "$config" $tiny_tokens $tiny_seq)" relative >>"$out/tiny_compare.log" 2>&1 &&
     OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/checkpoint" "$out/tiny_cpu/checkpoint" \
-      "$(python3 tests/tolerances.py adamw 1e-3 5)" absolute >>"$out/tiny_compare.log" 2>&1
+      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_compare.log" 2>&1
   status=$?
 fi
-result "tiny 5 steps: GPU losses, gradients, parameters = CPU's" $status "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
+result "tiny $tiny_steps steps: GPU losses, gradients, parameters = CPU's" $status "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
 
 # ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/layers_bf16.c
 env "${tiny[@]}" MP=bf16 OUT="$out/tiny_bf16_cpu" SAVE="$out/tiny_bf16_cpu/checkpoint" GRADS="$out/tiny_bf16_cpu/grads" \
   "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_bf16_cpu.log" 2>&1
 cpu_status=$?
-env "${tiny[@]}" MP=bf16 DEVICE=cuda BACKEND=nccl OUT="$out/tiny_bf16_gpu" SAVE="$out/tiny_bf16_gpu/checkpoint" \
+env "${tiny[@]}" MP=bf16 DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_bf16_gpu" SAVE="$out/tiny_bf16_gpu/checkpoint" \
   GRADS="$out/tiny_bf16_gpu/grads" "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_bf16_gpu.log" 2>&1
 gpu_status=$?
 status=$((cpu_status | gpu_status))
 if [ $status = 0 ]; then
-  python3 tests/compare_losses.py "$out/tiny_bf16_cpu" "$out/tiny_bf16_gpu" $((8 * 128 * 2)) 128 1e-3 bf16 \
+  python3 tests/compare_losses.py "$out/tiny_bf16_cpu" "$out/tiny_bf16_gpu" $tiny_tokens $tiny_seq 1e-3 bf16 \
     >"$out/tiny_bf16_compare.log" 2>&1 &&
     OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_bf16_gpu/checkpoint" "$out/tiny_bf16_cpu/checkpoint" \
-      "$(python3 tests/tolerances.py adamw 1e-3 5)" absolute >>"$out/tiny_bf16_compare.log" 2>&1
+      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_bf16_compare.log" 2>&1
   status=$?
 fi
-result "tiny 5 steps MP=bf16: GPU losses, parameters = CPU's" $status \
+result "tiny $tiny_steps steps MP=bf16: GPU losses, parameters = CPU's" $status \
   "$(grep -m1 -i 'bound' "$out/tiny_bf16_compare.log" 2>/dev/null)"
 
 # ---- 4. Qwen2-0.5B, the seed's run: fsdplab (NCCL, 1 rank) beside PyTorch FSDP on the same GPU
 # Losses within the bounds tests/check_train_parity.sh uses on the CPU (tests/tolerances.py: rounding of the first
 # step from the same bytes, plus AdamW's drift per later step), derived from this config and its gradients.
-seed_run=(PROCESSES=1 MODEL=qwen2 MBS=8 SEQ=256 ACC=2 STEPS=3 EVAL=0 BACKEND=nccl)
+seed_run=(PROCESSES=1 MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 BACKEND=$train_backend)
+q_tokens=$((q_mbs * q_seq * 2))
 qdir=$out/qwen2_nccl
-env "${seed_run[@]}" FSDP=both TRAIN_DIR="$qdir" GRADS="$qdir/grads" scripts/train.sh >"$out/qwen2_nccl.log" 2>&1
+env "${seed_run[@]}" FSDP=both TRAIN_DIR="$qdir" GRADS="$qdir/grads" "${limit[@]}" scripts/train.sh >"$out/qwen2_nccl.log" 2>&1
 status=$?
 if [ $status = 0 ]; then
-  tokens=$((8 * 256 * 2))
   python3 scripts/compare_runs.py "$qdir/fsdplab.log" "$qdir/torch.log" \
-    --max-loss-diff "$(python3 tests/tolerances.py loss "$qdir/grads/config.json" $tokens 256)" \
-    --drift "$(python3 tests/tolerances.py drift "$qdir/grads" $tokens 256 1e-3)" >"$out/qwen2_compare.log" 2>&1
+    --max-loss-diff "$(python3 tests/tolerances.py loss "$qdir/grads/config.json" $q_tokens $q_seq)" \
+    --drift "$(python3 tests/tolerances.py drift "$qdir/grads" $q_tokens $q_seq 1e-3)" >"$out/qwen2_compare.log" 2>&1
   status=$?
 fi
-result "Qwen2-0.5B BACKEND=nccl 1 rank vs torch FSDP (losses, time, peak)" $status \
+result "$q_label BACKEND=$train_backend 1 rank vs torch FSDP (losses, time, peak)" $status \
   "$(tail -n 1 "$out/qwen2_compare.log" 2>/dev/null)"
 cat "$qdir/fsdplab.log" "$qdir/torch.log" "$out/qwen2_compare.log" 2>/dev/null | grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' |
   tee -a "$summary" >/dev/null
@@ -163,28 +205,27 @@ cat "$qdir/fsdplab.log" "$qdir/torch.log" "$out/qwen2_compare.log" 2>/dev/null |
 # the measured step-1 gradient difference per later step; torch writes its gradients with TORCH_GRADS)
 bdir=$out/qwen2_nccl_bf16
 env "${seed_run[@]}" MP=bf16 FSDP=both TRAIN_DIR="$bdir" GRADS="$bdir/grads" TORCH_GRADS="$bdir/torch_grads" \
-  scripts/train.sh >"$out/qwen2_nccl_bf16.log" 2>&1
+  "${limit[@]}" scripts/train.sh >"$out/qwen2_nccl_bf16.log" 2>&1
 status=$?
 if [ $status = 0 ]; then
-  tokens=$((8 * 256 * 2))
   drift=$(python3 tests/tolerances.py torch_bf16_drift "$bdir/grads" "$bdir/torch_grads" 1e-3 2>"$out/qwen2_bf16_compare.log") &&
     python3 scripts/compare_runs.py "$bdir/fsdplab.log" "$bdir/torch.log" --drift "$drift" \
-      --max-loss-diff "$(python3 tests/tolerances.py torch_bf16_loss "$bdir/grads/config.json" $tokens 256)" \
+      --max-loss-diff "$(python3 tests/tolerances.py torch_bf16_loss "$bdir/grads/config.json" $q_tokens $q_seq)" \
       >>"$out/qwen2_bf16_compare.log" 2>&1
   status=$?
 fi
-result "Qwen2-0.5B MP=bf16 BACKEND=nccl vs torch MixedPrecision" $status \
+result "$q_label MP=bf16 BACKEND=$train_backend vs torch MixedPrecision" $status \
   "$(tail -n 1 "$out/qwen2_bf16_compare.log" 2>/dev/null)"
 cat "$bdir/fsdplab.log" "$bdir/torch.log" "$out/qwen2_bf16_compare.log" 2>/dev/null |
   grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' | tee -a "$summary" >/dev/null
-env MODEL=qwen2 MBS=8 SEQ=256 ACC=2 STEPS=3 EVAL=0 DEVICE=cuda BACKEND=mpi OUT="$out/qwen2_mpi2" \
+env MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 DEVICE=cuda BACKEND=mpi OUT="$out/qwen2_mpi2" \
   "${mpirun_cmd[@]}" -np 2 "$cuda_bin/lab/05_full_step" >"$out/qwen2_mpi2.log" 2>&1
 status=$?
-result "Qwen2-0.5B DEVICE=cuda BACKEND=mpi, 2 ranks on one GPU" $status "$(grep -m1 '^3/3' "$out/qwen2_mpi2.log")"
+result "$q_label DEVICE=cuda BACKEND=mpi, 2 ranks on one GPU" $status "$(grep -m1 '^3/3' "$out/qwen2_mpi2.log")"
 
 # ---- 5. throughput of step 4's runs (ours and torch's): tokens/s, achieved TFLOP/s (median step time of steps 2-3),
 # MFU against the dense peak of the run's arithmetic (float32 CUDA cores; bfloat16 tensor cores)
-flops_per_micro=$(OUT="$out/flops" tests/bin/qwen2_tool flops qwen2 8 256 | awk '/^step_flops/ {print $2}')
+flops_per_micro=$(OUT="$out/flops" tests/bin/qwen2_tool flops $q_model $q_mbs $q_seq | awk '/^step_flops/ {print $2}')
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case "$gpu_name" in
   *H100*|*H200*) peak_fp32=67 peak_bf16=989 ;;
@@ -194,9 +235,10 @@ esac
 peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf16}
 for run in "fp32 fsdplab $qdir/fsdplab.log $peak_fp32" "fp32 torch $qdir/torch.log $peak_fp32" \
   "bf16 fsdplab $bdir/fsdplab.log $peak_bf16" "bf16 torch $bdir/torch.log $peak_bf16"; do
-  python3 - $run "$flops_per_micro" <<'PY' | tee -a "$summary"
+  python3 - $run "$flops_per_micro" $q_tokens <<'PY' | tee -a "$summary"
 import re, statistics, sys
-precision, side, path, peak, flops_per_micro = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
+precision, side, path, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+flops_per_micro, tokens = float(sys.argv[5]), int(sys.argv[6])  # tokens: MBS x SEQ x ACC, one rank
 try:
     lines = [l for l in open(path) if re.match(r"\d+/\d+: Loss", l)]
 except OSError:
@@ -205,7 +247,6 @@ times = [float(re.search(r"Time = ([0-9.]+)s", l).group(1)) for l in lines][1:]
 if not times:
     sys.exit(f"throughput {precision} {side}: no step lines in {path}")
 step = statistics.median(times)
-tokens = 8 * 256 * 2  # MBS x SEQ x ACC, one rank
 flops = flops_per_micro * 2
 achieved = flops / step / 1e12
 mfu = f", MFU {100 * achieved / peak:.1f}% of {peak:g} TFLOP/s" if peak > 0 else ", MFU: peak unknown (PEAK_TFLOPS_*)"

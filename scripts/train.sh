@@ -106,7 +106,7 @@ run_torch() {
   OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" ${CONFIG:+"$CONFIG"} >/dev/null
   OUT="$work/torch/tool" tests/bin/qwen2_tool batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" \
     ${DATA:+"$DATA"}
-  OMP_NUM_THREADS=1 timed torch torchrun --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
+  OMP_NUM_THREADS=1 timed torch python3 -m torch.distributed.run --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --shard-group "${SHARD_GROUP:-0}" \
     --backward-prefetch "$BACKWARD_PREFETCH" \
