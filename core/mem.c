@@ -255,6 +255,22 @@ void mem_reset_peak(mem_tracker *tracker) {
         tracker->category_peak_bytes[category] = tracker->category_live_bytes[category];
 }
 
+mem_peaks mem_peaks_now(const mem_tracker *tracker) {
+    mem_peaks saved;
+    saved.peak_bytes = tracker->peak_bytes;
+    memcpy(saved.category_peak_bytes, tracker->category_peak_bytes, sizeof saved.category_peak_bytes);
+    return saved;
+}
+
+void mem_peaks_restore(mem_tracker *tracker, const mem_peaks *saved) {
+    tracker->peak_bytes = saved->peak_bytes > tracker->live_bytes ? saved->peak_bytes : tracker->live_bytes;
+    for (int category = 0; category < MEM_CATEGORY_COUNT; category++) {
+        size_t live = tracker->category_live_bytes[category];
+        tracker->category_peak_bytes[category] =
+            saved->category_peak_bytes[category] > live ? saved->category_peak_bytes[category] : live;
+    }
+}
+
 size_t mem_empty_cache(mem_tracker *tracker) {
     size_t released = allocator_empty_cache(&tracker->allocator);
     tracker->reserved_bytes = tracker->allocator.reserved_bytes;

@@ -79,6 +79,8 @@ if [ "$need_bundle" = 1 ]; then
   ln -sf mpirun.openmpi "$root/usr/bin/mpirun"
   ln -sf openblas-pthread/libopenblas.so.0 "$lib/libopenblas.so.0"
   export PATH=$root/usr/bin:$PATH OPAL_PREFIX=$root/usr
+  # PMIx looks for its plugins where Debian installs them; a machine with another PMIx there would lend it its own
+  export PMIX_MCA_mca_base_component_path=$root/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
   export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # -L, not LIBRARY_PATH: Debian's and Ubuntu's gcc search a LIBRARY_PATH entry only with its multiarch suffix
   # ($lib/x86_64-linux-gnu/), after the system's own folder
@@ -160,10 +162,11 @@ if [ $status = 0 ]; then
     OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/grads" "$out/tiny_cpu/grads" \
       "$(python3 tests/tolerances.py gradients "$config" $tiny_tokens $tiny_seq)" relative >>"$out/tiny_compare.log" 2>&1 &&
     OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/checkpoint" "$out/tiny_cpu/checkpoint" \
-      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_compare.log" 2>&1
+      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_compare.log" 2>&1 &&
+    python3 tests/check_memory_model.py "$out/tiny_gpu.log" >>"$out/tiny_compare.log" 2>&1
   status=$?
 fi
-result "tiny $tiny_steps steps: GPU losses, gradients, parameters = CPU's" $status "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
+result "tiny $tiny_steps steps: GPU losses, gradients, parameters = CPU's; memory model" $status "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
 
 # ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/layers_bf16.c
 env "${tiny[@]}" MP=bf16 OUT="$out/tiny_bf16_cpu" SAVE="$out/tiny_bf16_cpu/checkpoint" GRADS="$out/tiny_bf16_cpu/grads" \
@@ -177,10 +180,11 @@ if [ $status = 0 ]; then
   python3 tests/compare_losses.py "$out/tiny_bf16_cpu" "$out/tiny_bf16_gpu" $tiny_tokens $tiny_seq 1e-3 bf16 \
     >"$out/tiny_bf16_compare.log" 2>&1 &&
     OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_bf16_gpu/checkpoint" "$out/tiny_bf16_cpu/checkpoint" \
-      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_bf16_compare.log" 2>&1
+      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_bf16_compare.log" 2>&1 &&
+    python3 tests/check_memory_model.py "$out/tiny_bf16_gpu.log" >>"$out/tiny_bf16_compare.log" 2>&1
   status=$?
 fi
-result "tiny $tiny_steps steps MP=bf16: GPU losses, parameters = CPU's" $status \
+result "tiny $tiny_steps steps MP=bf16: GPU losses, parameters = CPU's; memory" $status \
   "$(grep -m1 -i 'bound' "$out/tiny_bf16_compare.log" 2>/dev/null)"
 
 # ---- 4. Qwen2-0.5B, the seed's run: fsdplab (NCCL, 1 rank) beside PyTorch FSDP on the same GPU
@@ -194,11 +198,12 @@ status=$?
 if [ $status = 0 ]; then
   python3 scripts/compare_runs.py "$qdir/fsdplab.log" "$qdir/torch.log" \
     --max-loss-diff "$(python3 tests/tolerances.py loss "$qdir/grads/config.json" $q_tokens $q_seq)" \
-    --drift "$(python3 tests/tolerances.py drift "$qdir/grads" $q_tokens $q_seq 1e-3)" >"$out/qwen2_compare.log" 2>&1
+    --drift "$(python3 tests/tolerances.py drift "$qdir/grads" $q_tokens $q_seq 1e-3)" >"$out/qwen2_compare.log" 2>&1 &&
+    python3 tests/check_memory_model.py "$qdir/fsdplab.log" >>"$out/qwen2_compare.log" 2>&1
   status=$?
 fi
 result "$q_label BACKEND=$train_backend 1 rank vs torch FSDP (losses, time, peak)" $status \
-  "$(tail -n 1 "$out/qwen2_compare.log" 2>/dev/null)"
+  "$(grep -m1 -E "^(OK|FAIL)" "$out/qwen2_compare.log" 2>/dev/null)"
 cat "$qdir/fsdplab.log" "$qdir/torch.log" "$out/qwen2_compare.log" 2>/dev/null | grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' |
   tee -a "$summary" >/dev/null
 # MP=bf16 beside torch's MixedPrecision: check_train_parity.sh bf16's bounds (the flip bound of the first step, lr x
@@ -211,16 +216,18 @@ if [ $status = 0 ]; then
   drift=$(python3 tests/tolerances.py torch_bf16_drift "$bdir/grads" "$bdir/torch_grads" 1e-3 2>"$out/qwen2_bf16_compare.log") &&
     python3 scripts/compare_runs.py "$bdir/fsdplab.log" "$bdir/torch.log" --drift "$drift" \
       --max-loss-diff "$(python3 tests/tolerances.py torch_bf16_loss "$bdir/grads/config.json" $q_tokens $q_seq)" \
-      >>"$out/qwen2_bf16_compare.log" 2>&1
+      >>"$out/qwen2_bf16_compare.log" 2>&1 &&
+    python3 tests/check_memory_model.py "$bdir/fsdplab.log" >>"$out/qwen2_bf16_compare.log" 2>&1
   status=$?
 fi
 result "$q_label MP=bf16 BACKEND=$train_backend vs torch MixedPrecision" $status \
-  "$(tail -n 1 "$out/qwen2_bf16_compare.log" 2>/dev/null)"
+  "$(grep -m1 -E "^(OK|FAIL)" "$out/qwen2_bf16_compare.log" 2>/dev/null)"
 cat "$bdir/fsdplab.log" "$bdir/torch.log" "$out/qwen2_bf16_compare.log" 2>/dev/null |
   grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' | tee -a "$summary" >/dev/null
 env MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 DEVICE=cuda BACKEND=mpi OUT="$out/qwen2_mpi2" \
   "${mpirun_cmd[@]}" -np 2 "$cuda_bin/lab/05_full_step" >"$out/qwen2_mpi2.log" 2>&1
 status=$?
+[ $status = 0 ] && { python3 tests/check_memory_model.py "$out/qwen2_mpi2.log" >"$out/qwen2_mpi2_memory.log" 2>&1; status=$?; }
 result "$q_label DEVICE=cuda BACKEND=mpi, 2 ranks on one GPU" $status "$(grep -m1 '^3/3' "$out/qwen2_mpi2.log")"
 
 # ---- 5. throughput of step 4's runs (ours and torch's): tokens/s, achieved TFLOP/s (median step time of steps 2-3),

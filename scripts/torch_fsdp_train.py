@@ -183,8 +183,14 @@ def main():
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
             (loss / args.acc).backward()
             loss_sum += loss.item()
+        peak_before_dump = 0
         if step == 1 and args.grads:
+            # a diagnostic outside FSDP (every gradient gathered at once): the step's GPU peak leaves it out, as lab
+            # 05's GRADS does (the CPU's max RSS cannot)
+            peak_before_dump = torch.cuda.max_memory_allocated() if gpu else 0
             save_gradients(model, args.grads, rank, world)
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
         if args.clip > 0:
             model.clip_grad_norm_(args.clip)
         optimizer.step()
@@ -194,7 +200,8 @@ def main():
         elapsed = time.perf_counter() - start
         stats = torch.tensor([loss_sum / args.acc, 0.0, 0.0], dtype=torch.float64, device=device)
         dist.all_reduce(stats[:1])  # sum of the ranks' losses
-        used = torch.cuda.max_memory_allocated() if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+        used = max(peak_before_dump, torch.cuda.max_memory_allocated()) if gpu else \
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
         peak = torch.tensor([float(used), elapsed], dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if rank == 0:

@@ -102,9 +102,10 @@ run_torch() {
   [ "$OFFLOAD" = 0 ] || echo "(OFFLOAD applies to fsdplab only: torch's CPUOffload needs a CUDA device)" >&2
   local model_dir="$work/torch/init" batches="$work/torch/batches.bin"
   mkdir -p "$work/torch"
-  # fsdplab's own initialisation as an HF checkpoint, and the global micro-batches lab 05 reads.
-  OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" ${CONFIG:+"$CONFIG"} >/dev/null
-  OUT="$work/torch/tool" tests/bin/qwen2_tool batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" \
+  # fsdplab's own initialisation as an HF checkpoint, and the global micro-batches lab 05 reads: the CPU build's tool,
+  # on the CPU whatever BACKEND the runs use (BACKEND=nccl would choose DEVICE=cuda, which that build has not)
+  BACKEND=mpi DEVICE=cpu OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" ${CONFIG:+"$CONFIG"} >/dev/null
+  BACKEND=mpi DEVICE=cpu OUT="$work/torch/tool" tests/bin/qwen2_tool batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" \
     ${DATA:+"$DATA"}
   OMP_NUM_THREADS=1 timed torch python3 -m torch.distributed.run --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
