@@ -67,7 +67,8 @@ typedef struct unit_sizes {
  *                     all-gather is still in flight on its stream holds only its p bytes: a pair x (in use), y
  *                     (prefetched) costs (4 + p) x + p y. Without comm streams every gather completes at once.
  *   param_shard_low_precision   the _mp_shard, pre_unshard to post_unshard: one unit's shard, or two neighbours' when a
- *                     prefetch is issued before the unit in use was waited for (streams and prefetch).
+ *                     prefetch is issued before the unit in use was waited for (streams and prefetch; the root's
+ *                     with the first layer's only under forward prefetch: backward finds the root unsharded).
  *   grad_unsharded    when reduce_dtype is not float32: at the reduce the float32 gradient (4 bytes) and its r-byte
  *                     copy live together for a moment, then only the r-byte copy until the wait (in the next unit's
  *                     _post_backward_hook with streams, beside that unit's float32 gradient).
@@ -83,14 +84,18 @@ static void predict_mixed_precision(count *peak, const unit_sizes *units, int un
     count p = (count)dtype_size(options->mixed_precision.param_dtype);
     count r = (count)dtype_size(options->mixed_precision.reduce_dtype), f = sizeof(float);
     int streams = options->comm_streams;
-    int param_pairs = options->backward_prefetch == BACKWARD_PRE || (options->forward_prefetch && forward_passes > 1);
+    int forward_pairs = options->forward_prefetch && forward_passes > 1;
+    int param_pairs = options->backward_prefetch == BACKWARD_PRE || forward_pairs;
     count root = units[0].padded_unsharded_numel, all = 0, largest_shard = 0, shard_pair = 0;
     count one_unit = 0, unit_pair = 0; /* param_unsharded of the non-root units in flight, in bytes */
     for (int unit = 0; unit < unit_count; unit++) {
         count x = units[unit].padded_unsharded_numel;
         all += x;
         largest_shard = max_of(largest_shard, units[unit].sharded_numel);
-        if (unit > 0) shard_pair = max_of(shard_pair, units[unit].sharded_numel + units[unit - 1].sharded_numel);
+        /* neighbours' _mp_shards: the root's with the first layer's only in forward (its prefetch issued before the
+         * root was waited for); backward never unshards the root, which stays unsharded after forward */
+        if (unit > 1 || (unit == 1 && forward_pairs))
+            shard_pair = max_of(shard_pair, units[unit].sharded_numel + units[unit - 1].sharded_numel);
         if (unit > 0) one_unit = max_of(one_unit, (f + p) * x);
         if (unit > 1) {
             count y = units[unit - 1].padded_unsharded_numel;

@@ -75,6 +75,7 @@ check "05_full_step BACKWARD_PRE: prefetched units' transitions in PyTorch FSDP1
   python3 tests/check_state_order.py runs/check/05_states_prefetch 4 BACKWARD_PRE
 for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "WRAP=size:100000" "ALLOC=malloc" "MAX_SPLIT_SIZE_MB=21" \
   "LOSS_CHUNK=100 CONFIG=vocab_size=4096" "LOSS_CHUNK=100 CKPT=1 CONFIG=vocab_size=4096" "MP=fp32,reduce=bf16" \
+  "GRADS=runs/check/05_memory_grads" \
   "CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408 MBS=2 SEQ=64"; do
   name="05_full_step memory model exact to the byte, reserved within its bound (${variant:-tiny})"
   check "$name" bash -c "env OUT=runs/check/05_memory STEPS=2 $variant $MPIRUN -np 2 lab/05_full_step > runs/check/05_memory.log &&

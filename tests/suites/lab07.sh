@@ -60,8 +60,12 @@ mixedreduce "HYBRID_SHARD 2 x 2 streams" 4 hybrid STRATEGY=HYBRID_SHARD SHARD_GR
 check "05_full_step -np 4 MP=bf16 HYBRID_SHARD 2 x 2: bytes across groups exactly the bfloat16 replicate all-reduces'" \
   python3 tests/check_lab08.py traffic runs/check/07_hybrid_bf16 runs/check/07_hybrid_bf16/grads/config.json 2 1 1 2
 mixedreduce "_HYBRID_SHARD_ZERO2 2 x 2" 4 hybrid_zero2 STRATEGY=_HYBRID_SHARD_ZERO2 SHARD_GROUP=2
-# The memory model of each (runs without GRADS, whose gathered gradients the model does not count), to the byte.
+# The memory model of each, to the byte; and with the root's shard the largest (a 4000-word embedding, as Qwen2-0.5B's
+# 151,936 words make it: the H200 run showed the model counting the root's _mp_shard beside the first layer's, a pair
+# only forward prefetch makes), with streams and BACKWARD_PRE, forward prefetch off and on.
 for variant in "2 STRATEGY=NO_SHARD" "3 STRATEGY=NO_SHARD MBS=3" \
+  "2 CONFIG=vocab_size=4000 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=0" \
+  "2 CONFIG=vocab_size=4000 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1" \
   "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 MBS=2 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE" \
   "4 STRATEGY=_HYBRID_SHARD_ZERO2 SHARD_GROUP=2 MBS=2" "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=1 MBS=2" \
   "4 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 MBS=2 MP=bf16,reduce=fp32"; do
