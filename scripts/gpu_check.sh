@@ -46,10 +46,13 @@ else
   tiny_steps=5 tiny_mbs=8 tiny_seq=128 q_model=qwen2 q_mbs=8 q_seq=256 q_label=Qwen2-0.5B
 fi
 summary=$out/gpu_check.txt
+q_tokens=$((q_mbs * q_seq * 2)) qdir=$out/qwen2_nccl bdir=$out/qwen2_nccl_bf16 # step 4's runs, step 5's inputs
 : >"$summary"
 failures=0
 t0=$(date +%s)
 say() { echo "$*" | tee -a "$summary"; }
+# GPU_CHECK_STEPS="2 3": only those of steps 2-5 (0 and 1, the environment and the build, always run)
+want() { [ -z "${GPU_CHECK_STEPS:-}" ] || [[ " $GPU_CHECK_STEPS " == *" $1 "* ]]; }
 result() { # result NAME STATUS DETAIL
   local verdict=PASS
   [ "$2" = 0 ] || { verdict=FAIL; failures=$((failures + 1)); }
@@ -142,10 +145,13 @@ else
 fi
 
 # ---- 2. every layer on the GPU vs the CPU
+if want 2; then
 "${limit[@]}" "$cuda_bin/tests/bin/gpu_layers" >"$out/layers.log" 2>&1
 result "layers: GPU vs CPU, forward and backward" $? "$(grep -c PASS "$out/layers.log") pass, $(grep -c FAIL "$out/layers.log") fail"
+fi
 
 # ---- 3. tiny model, 5 steps: GPU vs CPU
+if want 3; then
 tiny=(MODEL=tiny STEPS=$tiny_steps ACC=2 SEQ=$tiny_seq LR=1e-3 MBS=$tiny_mbs SEED=1234)
 tiny_tokens=$((tiny_mbs * tiny_seq * 2))
 env "${tiny[@]}" OUT="$out/tiny_cpu" SAVE="$out/tiny_cpu/checkpoint" GRADS="$out/tiny_cpu/grads" \
@@ -186,13 +192,13 @@ if [ $status = 0 ]; then
 fi
 result "tiny $tiny_steps steps MP=bf16: GPU losses, parameters = CPU's; memory" $status \
   "$(grep -m1 -i 'bound' "$out/tiny_bf16_compare.log" 2>/dev/null)"
+fi
 
 # ---- 4. Qwen2-0.5B, the seed's run: fsdplab (NCCL, 1 rank) beside PyTorch FSDP on the same GPU
 # Losses within the bounds tests/check_train_parity.sh uses on the CPU (tests/tolerances.py: rounding of the first
 # step from the same bytes, plus AdamW's drift per later step), derived from this config and its gradients.
+if want 4; then
 seed_run=(PROCESSES=1 MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 BACKEND=$train_backend)
-q_tokens=$((q_mbs * q_seq * 2))
-qdir=$out/qwen2_nccl
 env "${seed_run[@]}" FSDP=both TRAIN_DIR="$qdir" GRADS="$qdir/grads" "${limit[@]}" scripts/train.sh >"$out/qwen2_nccl.log" 2>&1
 status=$?
 if [ $status = 0 ]; then
@@ -208,7 +214,6 @@ cat "$qdir/fsdplab.log" "$qdir/torch.log" "$out/qwen2_compare.log" 2>/dev/null |
   tee -a "$summary" >/dev/null
 # MP=bf16 beside torch's MixedPrecision: check_train_parity.sh bf16's bounds (the flip bound of the first step, lr x
 # the measured step-1 gradient difference per later step; torch writes its gradients with TORCH_GRADS)
-bdir=$out/qwen2_nccl_bf16
 env "${seed_run[@]}" MP=bf16 FSDP=both TRAIN_DIR="$bdir" GRADS="$bdir/grads" TORCH_GRADS="$bdir/torch_grads" \
   "${limit[@]}" scripts/train.sh >"$out/qwen2_nccl_bf16.log" 2>&1
 status=$?
@@ -229,9 +234,11 @@ env MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 DEVICE=cuda BACKEN
 status=$?
 [ $status = 0 ] && { python3 tests/check_memory_model.py "$out/qwen2_mpi2.log" >"$out/qwen2_mpi2_memory.log" 2>&1; status=$?; }
 result "$q_label DEVICE=cuda BACKEND=mpi, 2 ranks on one GPU" $status "$(grep -m1 '^3/3' "$out/qwen2_mpi2.log")"
+fi
 
 # ---- 5. throughput of step 4's runs (ours and torch's): tokens/s, achieved TFLOP/s (median step time of steps 2-3),
 # MFU against the dense peak of the run's arithmetic (float32 CUDA cores; bfloat16 tensor cores)
+if want 5; then
 flops_per_micro=$(OUT="$out/flops" tests/bin/qwen2_tool flops $q_model $q_mbs $q_seq | awk '/^step_flops/ {print $2}')
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case "$gpu_name" in
@@ -261,5 +268,7 @@ print(f"throughput {precision} {side}: {tokens / step:,.0f} tokens/s, {achieved:
       f"({flops / 1e12:.2f} TFLOP per step, step {step:.3f} s)")
 PY
 done
+fi
+
 say "gpu_check: $failures failed, $(($(date +%s) - t0)) s; logs and traces in $out"
 [ "$failures" = 0 ]
