@@ -24,8 +24,8 @@
 #   5. throughput: tokens/s, achieved TFLOP/s and MFU of step 4's runs (qwen2_tool flops: the matmul count, 3 x
 #      forward, attention included), against the GPU's dense peak (PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16, known for
 #      H100 and H200 SXM: 67 and 989; A100: 19.5 and 312)
-# Budget: 6 minutes 10 s on one H200 (2026-12-04: the build 21 s, torch's start-up and loading most of the rest). Exit status 0 only
-# when every step passed.
+# Budget: 6 minutes 10 s on one H200 (2026-12-04: the build 21 s, torch's start-up and loading most of the rest).
+# Exit status 0 only when every step passed.
 #
 # GPU_CHECK_DRY_RUN=1 runs the same script here, without a GPU, to find the script's own mistakes before GPU time is
 # spent on them: the CUDA build is the emulator's (make CUDA=emulated, tests/cuda_emulator/), our GPU runs are
