@@ -36,6 +36,36 @@ START_TEST(test_live_and_peak_by_category) {
 }
 END_TEST
 
+/* GRADS' dump: peaks saved before work the window must not count, put back after it; a block still live then keeps
+ * its bytes in the peaks */
+START_TEST(test_peaks_restored_around_uncounted_work) {
+    mem_tracker tracker;
+    mem_init(&tracker, 0, NULL, NULL);
+    void *activation = mem_alloc(&tracker, 300, MEM_ACTIVATION, "layer.saved");
+    mem_free(&tracker, activation);
+    void *shard = mem_alloc(&tracker, 100, MEM_PARAM_SHARD, "unit.shard");
+    mem_peaks before = mem_peaks_now(&tracker);
+    ck_assert_uint_eq(before.peak_bytes, 300);
+    void *dump = mem_alloc(&tracker, 1000, MEM_GRAD_UNSHARDED, "unit.full_grad_padded");
+    ck_assert_uint_eq(tracker.peak_bytes, 1100);
+    mem_free(&tracker, dump);
+    mem_peaks_restore(&tracker, &before);
+    ck_assert_uint_eq(tracker.peak_bytes, 300);
+    ck_assert_uint_eq(tracker.category_peak_bytes[MEM_GRAD_UNSHARDED], 0);
+    ck_assert_uint_eq(tracker.category_peak_bytes[MEM_ACTIVATION], 300);
+    ck_assert_uint_eq(tracker.category_peak_bytes[MEM_PARAM_SHARD], 100);
+    /* a block allocated in between and still live: the restored peaks hold it */
+    before = mem_peaks_now(&tracker);
+    void *kept = mem_alloc(&tracker, 500, MEM_GRAD_SHARD, "unit.grad_shard");
+    mem_peaks_restore(&tracker, &before);
+    ck_assert_uint_eq(tracker.peak_bytes, 600);
+    ck_assert_uint_eq(tracker.category_peak_bytes[MEM_GRAD_SHARD], 500);
+    mem_free(&tracker, kept);
+    mem_free(&tracker, shard);
+    ck_assert_uint_eq(mem_shutdown(&tracker), 0);
+}
+END_TEST
+
 START_TEST(test_double_free_names_the_owner) {
     mem_tracker tracker;
     mem_init(&tracker, 3, NULL, NULL);
@@ -229,6 +259,7 @@ int main(void) {
     Suite *suite = suite_create("mem");
     TCase *tc = tcase_create("tracked allocator");
     tcase_add_test(tc, test_live_and_peak_by_category);
+    tcase_add_test(tc, test_peaks_restored_around_uncounted_work);
     tcase_add_test(tc, test_double_free_names_the_owner);
     tcase_add_test(tc, test_unknown_pointer_is_refused);
     tcase_add_test_raise_signal(tc, test_mem_free_aborts_on_double_free, SIGABRT);
