@@ -104,10 +104,12 @@ run_torch() {
   mkdir -p "$work/torch"
   # fsdplab's own initialisation as an HF checkpoint, and the global micro-batches lab 05 reads: the CPU build's tool,
   # on the CPU whatever BACKEND the runs use (BACKEND=nccl would choose DEVICE=cuda, which that build has not)
-  BACKEND=mpi DEVICE=cpu OUT="$work/torch/tool" tests/bin/qwen2_tool init "$MODEL" "$SEED" "$model_dir" ${CONFIG:+"$CONFIG"} >/dev/null
-  BACKEND=mpi DEVICE=cpu OUT="$work/torch/tool" tests/bin/qwen2_tool batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" \
-    ${DATA:+"$DATA"}
-  OMP_NUM_THREADS=1 timed torch python3 -m torch.distributed.run --standalone --nproc_per_node "$PROCESSES" scripts/torch_fsdp_train.py \
+  local tool=(env BACKEND=mpi DEVICE=cpu OUT="$work/torch/tool" tests/bin/qwen2_tool)
+  "${tool[@]}" init "$MODEL" "$SEED" "$model_dir" ${CONFIG:+"$CONFIG"} >/dev/null
+  "${tool[@]}" batches "$SEED" $((MBS * PROCESSES)) "$SEQ" $((STEPS * ACC)) "$batches" ${DATA:+"$DATA"}
+  # torchrun, as its module (a python3 without torchrun's script on PATH runs it too)
+  OMP_NUM_THREADS=1 timed torch python3 -m torch.distributed.run --standalone --nproc_per_node "$PROCESSES" \
+    scripts/torch_fsdp_train.py \
     --model-dir "$model_dir" --batches "$batches" --mbs "$MBS" --seq "$SEQ" --acc "$ACC" --steps "$STEPS" \
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --shard-group "${SHARD_GROUP:-0}" \
     --backward-prefetch "$BACKWARD_PREFETCH" \
