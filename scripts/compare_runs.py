@@ -3,8 +3,9 @@ step with both losses, their relative difference, and the time and peak ratios (
 logs have different step counts, or when --max-loss-diff is given and a step's losses differ by more than
 REL x loss + (step - 1) x DRIFT + 1e-6 (the printed 6 decimals round each side by up to 5e-7).
 
-usage: python3 scripts/compare_runs.py FSDPLAB_LOG TORCH_LOG [--max-loss-diff REL [--drift DRIFT]]
-       (tests/check_train_parity.sh derives REL and DRIFT with tests/tolerances.py)
+usage: python3 scripts/compare_runs.py FSDPLAB_LOG TORCH_LOG [--gpu] [--max-loss-diff REL [--drift DRIFT]]
+       (tests/check_train_parity.sh derives REL and DRIFT with tests/tolerances.py; --gpu: the runs were on a GPU,
+       where each Peak is GPU memory, not the process's max RSS)
 """
 import re
 import sys
@@ -17,6 +18,8 @@ def steps(path):
 
 
 def main(first, second, *options):
+    gpu = "--gpu" in options
+    options = [o for o in options if o != "--gpu"]
     settings = dict(zip(options[::2], map(float, options[1::2])))
     if len(options) % 2 or not set(settings) <= {"--max-loss-diff", "--drift"}:
         print(__doc__, file=sys.stderr)
@@ -30,7 +33,9 @@ def main(first, second, *options):
     for (step, loss, peak, time), (_, loss_t, peak_t, time_t) in zip(ours, theirs):
         print(f"{step:>4} {loss:>13.6f} {loss_t:>11.6f} {abs(loss - loss_t) / loss_t:>10.1e} {time / time_t:>10.2f}x"
               f" {peak / peak_t:>10.2f}x")
-    print("(ratios are fsdplab / torch; peak: each run's largest process max RSS)")
+    measure = ("GPU memory, fsdplab's tracked allocated peak beside torch.cuda.max_memory_allocated()" if gpu
+               else "each run's largest process max RSS")
+    print(f"(ratios are fsdplab / torch; peak: {measure})")
     if limit is None:
         return 0
     outside = [step for (step, loss, _, _), (_, loss_t, _, _) in zip(ours, theirs)

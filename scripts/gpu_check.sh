@@ -39,10 +39,10 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 dry=${GPU_CHECK_DRY_RUN:-0}
 if [ "$dry" = 1 ]; then
-  cuda_make=CUDA=emulated cuda_bin=build/cuda_emulated gpu_backend=mpi train_backend=gloo
+  cuda_make=CUDA=emulated cuda_bin=build/cuda_emulated gpu_backend=mpi train_backend=gloo gpu_flag=
   tiny_steps=2 tiny_mbs=2 tiny_seq=32 q_model=tiny q_mbs=2 q_seq=32 q_label="tiny (dry run)"
 else
-  cuda_make=CUDA=1 cuda_bin=build/cuda gpu_backend=nccl train_backend=nccl
+  cuda_make=CUDA=1 cuda_bin=build/cuda gpu_backend=nccl train_backend=nccl gpu_flag=--gpu
   tiny_steps=5 tiny_mbs=8 tiny_seq=128 q_model=qwen2 q_mbs=8 q_seq=256 q_label=Qwen2-0.5B
 fi
 summary=$out/gpu_check.txt
@@ -95,7 +95,9 @@ if [ "$need_bundle" = 1 ]; then
 fi
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 # no toolkit there: the one whose nvcc is on PATH
-[ -x "$cuda_home/bin/nvcc" ] || { command -v nvcc >/dev/null 2>&1 && cuda_home=$(dirname "$(dirname "$(command -v nvcc)")"); }
+if [ ! -x "$cuda_home/bin/nvcc" ] && command -v nvcc >/dev/null 2>&1; then
+  cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+fi
 export CUDA_HOME=$cuda_home PATH=$cuda_home/bin:$PATH
 # pip_library NAME HEADER: a home (DIR/include/HEADER, DIR/lib/NAME.so*) for a library the toolkit lacks, made of links
 # to pip's nvidia-* package that ships it (a namespace package: searched under every sys.path entry), with the
@@ -122,15 +124,20 @@ PY
 }
 has_library() { ls "$1"/lib64/"$2".so* "$1"/lib/"$2".so* >/dev/null 2>&1; }
 if [ -z "${NCCL_HOME:-}" ] && ! { [ -f "$cuda_home/include/nccl.h" ] && has_library "$cuda_home" libnccl; }; then
-  NCCL_HOME=$(pip_library libnccl nccl.h) && export NCCL_HOME LD_LIBRARY_PATH=$NCCL_HOME/lib:${LD_LIBRARY_PATH:-}
+  NCCL_HOME=$(pip_library libnccl nccl.h) && export NCCL_HOME
 fi
 if [ -z "${CUBLAS_HOME:-}" ] && ! has_library "$cuda_home" libcublas; then
-  CUBLAS_HOME=$(pip_library libcublas cublas_v2.h) && export CUBLAS_HOME LD_LIBRARY_PATH=$CUBLAS_HOME/lib:${LD_LIBRARY_PATH:-}
+  CUBLAS_HOME=$(pip_library libcublas cublas_v2.h) && export CUBLAS_HOME
 fi
+# the labs find them through their rpath; LD_LIBRARY_PATH for anything else that loads them
+for home in "${NCCL_HOME:-}" "${CUBLAS_HOME:-}"; do
+  [ -n "$home" ] && export LD_LIBRARY_PATH=$home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+done
 {
   echo "date: $(date -u)"; nvidia-smi -L 2>&1; nvcc --version 2>&1 | tail -n 2; mpicc --version 2>&1 | head -n 1
   echo "CUDA_HOME=$cuda_home NCCL_HOME=${NCCL_HOME:-$cuda_home} CUBLAS_HOME=${CUBLAS_HOME:-$cuda_home}"
-  ls "${NCCL_HOME:-$cuda_home}"/lib*/libnccl* "${CUBLAS_HOME:-$cuda_home}"/lib*/libcublas.so* 2>&1; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+  ls "${NCCL_HOME:-$cuda_home}"/lib*/libnccl* "${CUBLAS_HOME:-$cuda_home}"/lib*/libcublas.so* 2>&1
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
 } >"$out/environment.log"
 say "environment: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'no nvidia-smi'); $(grep -m1 ^torch "$out/environment.log")"
 
@@ -146,110 +153,122 @@ fi
 
 # ---- 2. every layer on the GPU vs the CPU
 if want 2; then
-"${limit[@]}" "$cuda_bin/tests/bin/gpu_layers" >"$out/layers.log" 2>&1
-result "layers: GPU vs CPU, forward and backward" $? "$(grep -c PASS "$out/layers.log") pass, $(grep -c FAIL "$out/layers.log") fail"
+  "${limit[@]}" "$cuda_bin/tests/bin/gpu_layers" >"$out/layers.log" 2>&1
+  result "layers: GPU vs CPU, forward and backward" $? \
+    "$(grep -c PASS "$out/layers.log") pass, $(grep -c FAIL "$out/layers.log") fail"
 fi
 
 # ---- 3. tiny model, 5 steps: GPU vs CPU
 if want 3; then
-tiny=(MODEL=tiny STEPS=$tiny_steps ACC=2 SEQ=$tiny_seq LR=1e-3 MBS=$tiny_mbs SEED=1234)
-tiny_tokens=$((tiny_mbs * tiny_seq * 2))
-env "${tiny[@]}" OUT="$out/tiny_cpu" SAVE="$out/tiny_cpu/checkpoint" GRADS="$out/tiny_cpu/grads" \
-  "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_cpu.log" 2>&1
-cpu_status=$?
-env "${tiny[@]}" DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_gpu" SAVE="$out/tiny_gpu/checkpoint" \
-  GRADS="$out/tiny_gpu/grads" "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_gpu.log" 2>&1
-gpu_status=$?
-status=$((cpu_status | gpu_status))
-if [ $status = 0 ]; then
-  config=$out/tiny_cpu/grads/config.json
-  python3 tests/compare_losses.py "$out/tiny_cpu" "$out/tiny_gpu" $tiny_tokens $tiny_seq 1e-3 \
-    >"$out/tiny_compare.log" 2>&1 &&
-    OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/grads" "$out/tiny_cpu/grads" \
-      "$(python3 tests/tolerances.py gradients "$config" $tiny_tokens $tiny_seq)" relative >>"$out/tiny_compare.log" 2>&1 &&
-    OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/checkpoint" "$out/tiny_cpu/checkpoint" \
-      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_compare.log" 2>&1 &&
-    python3 tests/check_memory_model.py "$out/tiny_gpu.log" >>"$out/tiny_compare.log" 2>&1
-  status=$?
-fi
-result "tiny $tiny_steps steps: GPU losses, gradients, parameters = CPU's; memory model" $status "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
+  tiny=(MODEL=tiny STEPS=$tiny_steps ACC=2 SEQ=$tiny_seq LR=1e-3 MBS=$tiny_mbs SEED=1234)
+  tiny_tokens=$((tiny_mbs * tiny_seq * 2))
+  env "${tiny[@]}" OUT="$out/tiny_cpu" SAVE="$out/tiny_cpu/checkpoint" GRADS="$out/tiny_cpu/grads" \
+    "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_cpu.log" 2>&1
+  cpu_status=$?
+  env "${tiny[@]}" DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_gpu" SAVE="$out/tiny_gpu/checkpoint" \
+    GRADS="$out/tiny_gpu/grads" "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_gpu.log" 2>&1
+  gpu_status=$?
+  status=$((cpu_status | gpu_status))
+  if [ $status = 0 ]; then
+    config=$out/tiny_cpu/grads/config.json
+    python3 tests/compare_losses.py "$out/tiny_cpu" "$out/tiny_gpu" $tiny_tokens $tiny_seq 1e-3 \
+      >"$out/tiny_compare.log" 2>&1 &&
+      OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/grads" "$out/tiny_cpu/grads" \
+        "$(python3 tests/tolerances.py gradients "$config" $tiny_tokens $tiny_seq)" relative \
+        >>"$out/tiny_compare.log" 2>&1 &&
+      OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_gpu/checkpoint" "$out/tiny_cpu/checkpoint" \
+        "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_compare.log" 2>&1 &&
+      python3 tests/check_memory_model.py "$out/tiny_gpu.log" >>"$out/tiny_compare.log" 2>&1
+    status=$?
+  fi
+  result "tiny $tiny_steps steps: GPU losses, gradients, parameters = CPU's; memory model" $status \
+    "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
 
-# ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/layers_bf16.c
-env "${tiny[@]}" MP=bf16 OUT="$out/tiny_bf16_cpu" SAVE="$out/tiny_bf16_cpu/checkpoint" GRADS="$out/tiny_bf16_cpu/grads" \
-  "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_bf16_cpu.log" 2>&1
-cpu_status=$?
-env "${tiny[@]}" MP=bf16 DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_bf16_gpu" SAVE="$out/tiny_bf16_gpu/checkpoint" \
-  GRADS="$out/tiny_bf16_gpu/grads" "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_bf16_gpu.log" 2>&1
-gpu_status=$?
-status=$((cpu_status | gpu_status))
-if [ $status = 0 ]; then
-  python3 tests/compare_losses.py "$out/tiny_bf16_cpu" "$out/tiny_bf16_gpu" $tiny_tokens $tiny_seq 1e-3 bf16 \
-    >"$out/tiny_bf16_compare.log" 2>&1 &&
-    OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_bf16_gpu/checkpoint" "$out/tiny_bf16_cpu/checkpoint" \
-      "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_bf16_compare.log" 2>&1 &&
-    python3 tests/check_memory_model.py "$out/tiny_bf16_gpu.log" >>"$out/tiny_bf16_compare.log" 2>&1
-  status=$?
-fi
-result "tiny $tiny_steps steps MP=bf16: GPU losses, parameters = CPU's; memory" $status \
-  "$(grep -m1 -i 'bound' "$out/tiny_bf16_compare.log" 2>/dev/null)"
+  # ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/layers_bf16.c
+  env "${tiny[@]}" MP=bf16 OUT="$out/tiny_bf16_cpu" SAVE="$out/tiny_bf16_cpu/checkpoint" \
+    GRADS="$out/tiny_bf16_cpu/grads" \
+    "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_bf16_cpu.log" 2>&1
+  cpu_status=$?
+  env "${tiny[@]}" MP=bf16 DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_bf16_gpu" \
+    SAVE="$out/tiny_bf16_gpu/checkpoint" GRADS="$out/tiny_bf16_gpu/grads" \
+    "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_bf16_gpu.log" 2>&1
+  gpu_status=$?
+  status=$((cpu_status | gpu_status))
+  if [ $status = 0 ]; then
+    python3 tests/compare_losses.py "$out/tiny_bf16_cpu" "$out/tiny_bf16_gpu" $tiny_tokens $tiny_seq 1e-3 bf16 \
+      >"$out/tiny_bf16_compare.log" 2>&1 &&
+      OUT="$out/compare" tests/bin/qwen2_tool compare "$out/tiny_bf16_gpu/checkpoint" "$out/tiny_bf16_cpu/checkpoint" \
+        "$(python3 tests/tolerances.py adamw 1e-3 $tiny_steps)" absolute >>"$out/tiny_bf16_compare.log" 2>&1 &&
+      python3 tests/check_memory_model.py "$out/tiny_bf16_gpu.log" >>"$out/tiny_bf16_compare.log" 2>&1
+    status=$?
+  fi
+  result "tiny $tiny_steps steps MP=bf16: GPU losses, parameters = CPU's; memory" $status \
+    "$(grep -m1 -i 'bound' "$out/tiny_bf16_compare.log" 2>/dev/null)"
 fi
 
 # ---- 4. Qwen2-0.5B, the seed's run: fsdplab (NCCL, 1 rank) beside PyTorch FSDP on the same GPU
 # Losses within the bounds tests/check_train_parity.sh uses on the CPU (tests/tolerances.py: rounding of the first
 # step from the same bytes, plus AdamW's drift per later step), derived from this config and its gradients.
 if want 4; then
-seed_run=(PROCESSES=1 MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 BACKEND=$train_backend)
-env "${seed_run[@]}" FSDP=both TRAIN_DIR="$qdir" GRADS="$qdir/grads" "${limit[@]}" scripts/train.sh >"$out/qwen2_nccl.log" 2>&1
-status=$?
-if [ $status = 0 ]; then
-  python3 scripts/compare_runs.py "$qdir/fsdplab.log" "$qdir/torch.log" \
-    --max-loss-diff "$(python3 tests/tolerances.py loss "$qdir/grads/config.json" $q_tokens $q_seq)" \
-    --drift "$(python3 tests/tolerances.py drift "$qdir/grads" $q_tokens $q_seq 1e-3)" >"$out/qwen2_compare.log" 2>&1 &&
-    python3 tests/check_memory_model.py "$qdir/fsdplab.log" >>"$out/qwen2_compare.log" 2>&1
+  seed_run=(PROCESSES=1 MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 BACKEND=$train_backend)
+  env "${seed_run[@]}" FSDP=both TRAIN_DIR="$qdir" GRADS="$qdir/grads" "${limit[@]}" scripts/train.sh \
+    >"$out/qwen2_nccl.log" 2>&1
   status=$?
-fi
-result "$q_label BACKEND=$train_backend 1 rank vs torch FSDP (losses, time, peak)" $status \
-  "$(grep -m1 -E "^(OK|FAIL)" "$out/qwen2_compare.log" 2>/dev/null)"
-cat "$qdir/fsdplab.log" "$qdir/torch.log" "$out/qwen2_compare.log" 2>/dev/null | grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' |
-  tee -a "$summary" >/dev/null
-# MP=bf16 beside torch's MixedPrecision: check_train_parity.sh bf16's bounds (the flip bound of the first step, lr x
-# the measured step-1 gradient difference per later step; torch writes its gradients with TORCH_GRADS)
-env "${seed_run[@]}" MP=bf16 FSDP=both TRAIN_DIR="$bdir" GRADS="$bdir/grads" TORCH_GRADS="$bdir/torch_grads" \
-  "${limit[@]}" scripts/train.sh >"$out/qwen2_nccl_bf16.log" 2>&1
-status=$?
-if [ $status = 0 ]; then
-  drift=$(python3 tests/tolerances.py torch_bf16_drift "$bdir/grads" "$bdir/torch_grads" 1e-3 2>"$out/qwen2_bf16_compare.log") &&
-    python3 scripts/compare_runs.py "$bdir/fsdplab.log" "$bdir/torch.log" --drift "$drift" \
-      --max-loss-diff "$(python3 tests/tolerances.py torch_bf16_loss "$bdir/grads/config.json" $q_tokens $q_seq)" \
-      >>"$out/qwen2_bf16_compare.log" 2>&1 &&
-    python3 tests/check_memory_model.py "$bdir/fsdplab.log" >>"$out/qwen2_bf16_compare.log" 2>&1
+  if [ $status = 0 ]; then
+    python3 scripts/compare_runs.py "$qdir/fsdplab.log" "$qdir/torch.log" $gpu_flag \
+      --max-loss-diff "$(python3 tests/tolerances.py loss "$qdir/grads/config.json" $q_tokens $q_seq)" \
+      --drift "$(python3 tests/tolerances.py drift "$qdir/grads" $q_tokens $q_seq 1e-3)" \
+      >"$out/qwen2_compare.log" 2>&1 &&
+      python3 tests/check_memory_model.py "$qdir/fsdplab.log" >>"$out/qwen2_compare.log" 2>&1
+    status=$?
+  fi
+  result "$q_label BACKEND=$train_backend 1 rank vs torch FSDP (losses, time, peak)" $status \
+    "$(grep -m1 -E "^(OK|FAIL)" "$out/qwen2_compare.log" 2>/dev/null)"
+  cat "$qdir/fsdplab.log" "$qdir/torch.log" "$out/qwen2_compare.log" 2>/dev/null |
+    grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' |
+    tee -a "$summary" >/dev/null
+  # MP=bf16 beside torch's MixedPrecision: check_train_parity.sh bf16's bounds (the flip bound of the first step, lr x
+  # the measured step-1 gradient difference per later step; torch writes its gradients with TORCH_GRADS)
+  env "${seed_run[@]}" MP=bf16 FSDP=both TRAIN_DIR="$bdir" GRADS="$bdir/grads" TORCH_GRADS="$bdir/torch_grads" \
+    "${limit[@]}" scripts/train.sh >"$out/qwen2_nccl_bf16.log" 2>&1
   status=$?
-fi
-result "$q_label MP=bf16 BACKEND=$train_backend vs torch MixedPrecision" $status \
-  "$(grep -m1 -E "^(OK|FAIL)" "$out/qwen2_bf16_compare.log" 2>/dev/null)"
-cat "$bdir/fsdplab.log" "$bdir/torch.log" "$out/qwen2_bf16_compare.log" 2>/dev/null |
-  grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' | tee -a "$summary" >/dev/null
-env MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 DEVICE=cuda BACKEND=mpi OUT="$out/qwen2_mpi2" \
-  "${mpirun_cmd[@]}" -np 2 "$cuda_bin/lab/05_full_step" >"$out/qwen2_mpi2.log" 2>&1
-status=$?
-[ $status = 0 ] && { python3 tests/check_memory_model.py "$out/qwen2_mpi2.log" >"$out/qwen2_mpi2_memory.log" 2>&1; status=$?; }
-result "$q_label DEVICE=cuda BACKEND=mpi, 2 ranks on one GPU" $status "$(grep -m1 '^3/3' "$out/qwen2_mpi2.log")"
+  if [ $status = 0 ]; then
+    drift=$(python3 tests/tolerances.py torch_bf16_drift "$bdir/grads" "$bdir/torch_grads" 1e-3 \
+      2>"$out/qwen2_bf16_compare.log") &&
+      python3 scripts/compare_runs.py "$bdir/fsdplab.log" "$bdir/torch.log" $gpu_flag --drift "$drift" \
+        --max-loss-diff "$(python3 tests/tolerances.py torch_bf16_loss "$bdir/grads/config.json" $q_tokens $q_seq)" \
+        >>"$out/qwen2_bf16_compare.log" 2>&1 &&
+      python3 tests/check_memory_model.py "$bdir/fsdplab.log" >>"$out/qwen2_bf16_compare.log" 2>&1
+    status=$?
+  fi
+  result "$q_label MP=bf16 BACKEND=$train_backend vs torch MixedPrecision" $status \
+    "$(grep -m1 -E "^(OK|FAIL)" "$out/qwen2_bf16_compare.log" 2>/dev/null)"
+  cat "$bdir/fsdplab.log" "$bdir/torch.log" "$out/qwen2_bf16_compare.log" 2>/dev/null |
+    grep -E '^[0-9]+/[0-9]+: Loss|^ *[0-9]+ |ratio' | tee -a "$summary" >/dev/null
+  env MODEL=$q_model MBS=$q_mbs SEQ=$q_seq ACC=2 STEPS=3 EVAL=0 DEVICE=cuda BACKEND=mpi OUT="$out/qwen2_mpi2" \
+    "${mpirun_cmd[@]}" -np 2 "$cuda_bin/lab/05_full_step" >"$out/qwen2_mpi2.log" 2>&1
+  status=$?
+  if [ $status = 0 ]; then
+    python3 tests/check_memory_model.py "$out/qwen2_mpi2.log" >"$out/qwen2_mpi2_memory.log" 2>&1
+    status=$?
+  fi
+  result "$q_label DEVICE=cuda BACKEND=mpi, 2 ranks on one GPU" $status "$(grep -m1 '^3/3' "$out/qwen2_mpi2.log")"
 fi
 
 # ---- 5. throughput of step 4's runs (ours and torch's): tokens/s, achieved TFLOP/s (median step time of steps 2-3),
 # MFU against the dense peak of the run's arithmetic (float32 CUDA cores; bfloat16 tensor cores)
 if want 5; then
-flops_per_micro=$(OUT="$out/flops" tests/bin/qwen2_tool flops $q_model $q_mbs $q_seq | awk '/^step_flops/ {print $2}')
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-case "$gpu_name" in
-  *H100*|*H200*) peak_fp32=67 peak_bf16=989 ;;
-  *A100*) peak_fp32=19.5 peak_bf16=312 ;;
-  *) peak_fp32=0 peak_bf16=0 ;;
-esac
-peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf16}
-for run in "fp32 fsdplab $qdir/fsdplab.log $peak_fp32" "fp32 torch $qdir/torch.log $peak_fp32" \
-  "bf16 fsdplab $bdir/fsdplab.log $peak_bf16" "bf16 torch $bdir/torch.log $peak_bf16"; do
-  python3 - $run "$flops_per_micro" $q_tokens <<'PY' | tee -a "$summary"
+  flops_per_micro=$(OUT="$out/flops" tests/bin/qwen2_tool flops $q_model $q_mbs $q_seq | awk '/^step_flops/ {print $2}')
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  case "$gpu_name" in
+    *H100*|*H200*) peak_fp32=67 peak_bf16=989 ;;
+    *A100*) peak_fp32=19.5 peak_bf16=312 ;;
+    *) peak_fp32=0 peak_bf16=0 ;;
+  esac
+  peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf16}
+  for run in "fp32 fsdplab $qdir/fsdplab.log $peak_fp32" "fp32 torch $qdir/torch.log $peak_fp32" \
+    "bf16 fsdplab $bdir/fsdplab.log $peak_bf16" "bf16 torch $bdir/torch.log $peak_bf16"; do
+    python3 - $run "$flops_per_micro" $q_tokens <<'PY' | tee -a "$summary"
 import re, statistics, sys
 precision, side, path, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 flops_per_micro, tokens = float(sys.argv[5]), int(sys.argv[6])  # tokens: MBS x SEQ x ACC, one rank
@@ -267,7 +286,7 @@ mfu = f", MFU {100 * achieved / peak:.1f}% of {peak:g} TFLOP/s" if peak > 0 else
 print(f"throughput {precision} {side}: {tokens / step:,.0f} tokens/s, {achieved:.1f} TFLOP/s achieved{mfu} "
       f"({flops / 1e12:.2f} TFLOP per step, step {step:.3f} s)")
 PY
-done
+  done
 fi
 
 say "gpu_check: $failures failed, $(($(date +%s) - t0)) s; logs and traces in $out"

@@ -128,6 +128,6 @@ case "$FSDP" in
     echo
     run_torch | tee "$work/torch.log"
     echo
-    python3 scripts/compare_runs.py "$work/fsdplab.log" "$work/torch.log"
+    python3 scripts/compare_runs.py "$work/fsdplab.log" "$work/torch.log" $([ "$BACKEND" = nccl ] && echo --gpu)
     ;;
 esac
