@@ -162,13 +162,21 @@ fi
 if want 3; then
   tiny=(MODEL=tiny STEPS=$tiny_steps ACC=2 SEQ=$tiny_seq LR=1e-3 MBS=$tiny_mbs SEED=1234)
   tiny_tokens=$((tiny_mbs * tiny_seq * 2))
-  env "${tiny[@]}" OUT="$out/tiny_cpu" SAVE="$out/tiny_cpu/checkpoint" GRADS="$out/tiny_cpu/grads" \
-    "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_cpu.log" 2>&1
-  cpu_status=$?
-  env "${tiny[@]}" DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_gpu" SAVE="$out/tiny_gpu/checkpoint" \
-    GRADS="$out/tiny_gpu/grads" "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_gpu.log" 2>&1
-  gpu_status=$?
-  status=$((cpu_status | gpu_status))
+  # tiny_runs NAME ENV...: the CPU build's lab 05 into OUT_DIR/NAME_cpu, the CUDA build's into NAME_gpu (each with its
+  # checkpoint and step-1 gradients, log beside); the status is non-zero when either failed
+  tiny_runs() {
+    local name=$1 cpu_status
+    shift
+    env "${tiny[@]}" "$@" OUT="$out/${name}_cpu" SAVE="$out/${name}_cpu/checkpoint" GRADS="$out/${name}_cpu/grads" \
+      "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/${name}_cpu.log" 2>&1
+    cpu_status=$?
+    env "${tiny[@]}" "$@" DEVICE=cuda BACKEND=$gpu_backend OUT="$out/${name}_gpu" \
+      SAVE="$out/${name}_gpu/checkpoint" GRADS="$out/${name}_gpu/grads" \
+      "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/${name}_gpu.log" 2>&1
+    return $((cpu_status | $?))
+  }
+  tiny_runs tiny
+  status=$?
   if [ $status = 0 ]; then
     config=$out/tiny_cpu/grads/config.json
     python3 tests/compare_losses.py "$out/tiny_cpu" "$out/tiny_gpu" $tiny_tokens $tiny_seq 1e-3 \
@@ -185,15 +193,8 @@ if want 3; then
     "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
 
   # ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/layers_bf16.c
-  env "${tiny[@]}" MP=bf16 OUT="$out/tiny_bf16_cpu" SAVE="$out/tiny_bf16_cpu/checkpoint" \
-    GRADS="$out/tiny_bf16_cpu/grads" \
-    "${mpirun_cmd[@]}" -np 1 lab/05_full_step >"$out/tiny_bf16_cpu.log" 2>&1
-  cpu_status=$?
-  env "${tiny[@]}" MP=bf16 DEVICE=cuda BACKEND=$gpu_backend OUT="$out/tiny_bf16_gpu" \
-    SAVE="$out/tiny_bf16_gpu/checkpoint" GRADS="$out/tiny_bf16_gpu/grads" \
-    "${mpirun_cmd[@]}" -np 1 "$cuda_bin/lab/05_full_step" >"$out/tiny_bf16_gpu.log" 2>&1
-  gpu_status=$?
-  status=$((cpu_status | gpu_status))
+  tiny_runs tiny_bf16 MP=bf16
+  status=$?
   if [ $status = 0 ]; then
     python3 tests/compare_losses.py "$out/tiny_bf16_cpu" "$out/tiny_bf16_gpu" $tiny_tokens $tiny_seq 1e-3 bf16 \
       >"$out/tiny_bf16_compare.log" 2>&1 &&
