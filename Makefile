@@ -75,7 +75,7 @@ ifeq ($(CUDA),1)
     $(dir $(NCCL_LIBRARY) $(CUBLAS_LIBRARY) $(CUDART_LIBRARY))))
   CUDA_ARCH_FLAGS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
   NVCCFLAGS ?= -O2 -g -lineinfo
-  REQUIRED_NVCCFLAGS := -std=c++17 $(CUDA_ARCH_FLAGS) -DFSDPLAB_CUDA $(CUDA_INCLUDES) \
+  REQUIRED_NVCCFLAGS := -std=c++17 $(CUDA_ARCH_FLAGS) -DFSDPLAB_CUDA -I. $(CUDA_INCLUDES) \
     $(shell mpicc --showme:compile 2>/dev/null) -Xcompiler -Wall,-Wextra --Werror all-warnings
 endif
 
@@ -90,7 +90,7 @@ ifeq ($(CUDA),emulated)
   REQUIRED_CFLAGS_CUDA := -DFSDPLAB_CUDA -I$(EMULATOR)
   REQUIRED_LDLIBS_CUDA := -lstdc++
   EMULATOR_CXX := g++ -std=c++17 -O2 -ffp-contract=off -Wall -Wextra -Werror -Wno-unused-parameter -I$(EMULATOR) \
-    -Icore/cuda -Icore $(shell pkg-config --cflags openblas) $(shell mpicc --showme:compile 2>/dev/null)
+    -I. -Icore/cuda $(shell pkg-config --cflags openblas) $(shell mpicc --showme:compile 2>/dev/null)
 endif
 
 CC := mpicc
@@ -99,7 +99,7 @@ CC := mpicc
 # the required ones, so they can refine them (-O0, -Wno-error=...).
 CFLAGS ?= -O2 -g
 # Messages into fixed buffers may be cut short, on purpose: gcc's guesses about that are not errors here.
-REQUIRED_CFLAGS := -std=c11 -Wall -Wextra -Werror -Wno-format-truncation \
+REQUIRED_CFLAGS := -std=c11 -Wall -Wextra -Werror -Wno-format-truncation -I. \
   $(shell pkg-config --cflags libcjson openblas libpcre2-8 libutf8proc) $(REQUIRED_CFLAGS_CUDA)
 REQUIRED_LDLIBS := $(shell pkg-config --libs libcjson openblas libpcre2-8 libutf8proc) -lm $(REQUIRED_LDLIBS_CUDA)
 COMPILE = $(CC) $(REQUIRED_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS)
@@ -116,8 +116,13 @@ export MPIRUN
 TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
   trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
   trace/export.c
-CORE_SRC := core/allocator.c core/mem.c core/device_cpu.c core/context.c core/config.c core/stream.c core/group.c core/comm.c core/module.c core/rng.c core/flat_param.c core/safetensors.c core/layers.c core/layers_bf16.c core/qwen2.c core/mlp.c core/checkpoint.c core/dcp.c core/fsdp.c core/memory_model.c core/offload.c core/data.c core/optim.c core/tokenizer.c \
-  core/device_select.c
+# core/ is one folder a floor, lowest first; a floor includes only the floors below it (tests/check_layers.py).
+# core/cuda/ is the CUDA plug-in: the CUDA builds add it below, and it takes core/runtime/plugins_none.c's place.
+CORE_FLOORS := base kernels memory device runtime data comm fsdp models io
+CORE_SRC := $(filter-out core/runtime/plugins_none.c,$(foreach floor,$(CORE_FLOORS),$(wildcard core/$(floor)/*.c)))
+ifeq ($(CUDA),)
+  CORE_SRC += core/runtime/plugins_none.c
+endif
 
 # The CUDA build's sources: core/cuda/*.c (mpicc) and *.cu (nvcc), and the GPU test program.
 ifeq ($(CUDA),1)
@@ -127,14 +132,17 @@ ifeq ($(CUDA),1)
   GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers)
 endif
 ifeq ($(CUDA),emulated)
-  CORE_SRC += core/cuda/cuda_device.c core/cuda/cuda_stream.c $(EMULATOR)/nccl_absent.c
+  CORE_SRC += core/cuda/cuda_device.c core/cuda/cuda_stream.c core/cuda/plugin.c $(EMULATOR)/nccl_absent.c
   CUDA_SRC := $(wildcard core/cuda/*.cu)
   EMULATOR_OBJ := $(EMULATOR)/emulator.o $(EMULATOR)/runtime.o
   GPU_TESTS := tests/bin/gpu_layers
 endif
-# BUILD (default empty: objects beside their sources, binaries where the README says) prefixes every output, so a
-# second build with other flags lives in its own tree: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
-O := $(if $(BUILD),$(patsubst %/,%,$(BUILD))/)
+# BUILD (default build/) holds every object, library and binary, so the sources' folders hold sources only, and a
+# second build with other flags lives in a tree of its own: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.
+# The default build's programs are also linked where users and the checks type them (LINKS: lab/05_full_step,
+# trace/fsdptrace, tests/bin/, scripts/bench_model), so `mpirun -np 2 lab/05_full_step` works from the root.
+BUILD ?= build
+O := $(patsubst %/,%,$(BUILD))/
 TRACE_OBJ := $(addprefix $(O),$(TRACE_SRC:.c=.o))
 CORE_OBJ := $(addprefix $(O),$(CORE_SRC:.c=.o) $(CUDA_SRC:.cu=.o) $(EMULATOR_OBJ))
 LABS := $(addprefix $(O),$(patsubst %.c,%,$(wildcard lab/[0-9][0-9]_*.c)))
@@ -145,11 +153,23 @@ LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
 .PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
+ifeq ($(O),build/)
+LAB_LINKS := $(patsubst build/%,%,$(LABS))
+LINKS := $(LAB_LINKS) trace/fsdptrace scripts/bench_model tests/bin
+$(LAB_LINKS) trace/fsdptrace scripts/bench_model: %: build/%
+	ln -sfn ../build/$* $@
+# A directory of an older build in the way is removed first (ln would put the link inside it).
+tests/bin: $(UNIT_TESTS) $(TEST_TOOLS)
+	@if [ -d $@ ] && [ ! -L $@ ]; then rm -rf $@; fi
+	ln -sfn ../build/tests/bin $@
+endif
+
 all: $(LIBS) $(O)trace/fsdptrace $(LABS) $(UNIT_TESTS) $(TEST_TOOLS) $(O)scripts/bench_model \
-  $(addprefix $(O),$(GPU_TESTS))
+  $(addprefix $(O),$(GPU_TESTS)) $(LINKS)
+
 
 # Every object depends on every header: the project is small, and a stale object is a worse bug than a rebuild.
-HEADERS := $(wildcard core/*.h core/cuda/*.h trace/*.h)
+HEADERS := $(wildcard core/*/*.h trace/*.h)
 ifeq ($(CUDA),emulated)
   EMULATOR_HEADERS := $(wildcard $(EMULATOR)/*.h) core/cuda/kernels.cuh
   HEADERS += $(EMULATOR_HEADERS)
@@ -177,12 +197,12 @@ endif
 # The layer kernels' element-wise loops (exp in softmax, SiLU, cross-entropy) vectorise only under fast-math, as
 # llm.c builds with -Ofast. Only this file: the parity and finite-difference checks bound what it may change. After
 # the user's CFLAGS, so `make CFLAGS=-O1` keeps the kernels fast; `make KERNEL_CFLAGS=` builds them with CFLAGS alone.
-$(O)core/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
+$(O)core/kernels/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 # AdamW's element loop vectorises at -O3 once sqrtf needs no errno; fused multiply-adds stay exactly where the source
-# writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/optim.c says why).
-$(O)core/optim.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
+# writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/kernels/adamw_kernel.c says why).
+$(O)core/kernels/adamw_kernel.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 # The bfloat16 layers round a product before the addition that follows it, as torch's ops do: no contraction either.
-$(O)core/layers_bf16.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
+$(O)core/kernels/layers_bf16.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 
 # Made afresh each time: `ar r` keeps members whose source left the build (a stand-in replaced by the real file), and
 # the linker would take the first definition it finds.
@@ -280,5 +300,5 @@ bench-tokenizer: all
 	scripts/bench_tokenizer.sh
 
 clean:
-	rm -f core/*.o trace/*.o $(LIBS) trace/fsdptrace $(LABS) scripts/bench_model
-	rm -rf tests/bin runs/check build
+	rm -f $(patsubst build/%,%,$(wildcard build/lab/[0-9][0-9]_*)) trace/fsdptrace scripts/bench_model tests/bin
+	rm -rf runs/check build

@@ -20,13 +20,15 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../core/comm.h"
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/flat_param.h"
+#include "core/comm/comm.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/fsdp/flat_param.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 
 /* A small module with tensors of uneven sizes: 65 floats, so 2, 3 and 4 ranks all need padding. */
-static const fp_tensor_spec module_params[] = {
+static const flat_param_tensor_spec module_params[] = {
     {"embed_tokens.weight", 2, {11, 4}},
     {"norm.weight", 1, {4}},
     {"q_proj.weight", 2, {3, 4}},
@@ -46,7 +48,7 @@ static void print_layout(const context *ctx, const flat_param *fp) {
            fp->param_count, fp->unpadded_numel, fp->padded_unsharded_numel, fp->pad_numel, fp->sharded_numel);
     printf("  %-22s %-9s %6s  %s\n", "parameter", "shape", "numel", "flat range");
     for (int i = 0; i < fp->param_count; i++) {
-        const fp_param_info *info = &fp->params[i];
+        const flat_param_param_info *info = &fp->params[i];
         char shape[32] = "[";
         for (int d = 0; d < info->ndim; d++) APPEND(shape, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
         APPEND(shape, "]");
@@ -63,32 +65,32 @@ static void print_layout(const context *ctx, const flat_param *fp) {
 static void print_my_shard(context *ctx, const flat_param *fp) {
     char report[4096] = "";
     size_t begin, end;
-    fp_shard_range(fp, ctx->rank, &begin, &end);
+    flat_param_shard_range(fp, ctx->rank, &begin, &end);
     size_t shard_bytes = fp->sharded_numel * sizeof(float), full_bytes = fp->unpadded_numel * sizeof(float);
     APPEND(report, "rank %d owns flat [%zu, %zu): %zu B of the unit's %zu B (%.1f%%)\n", ctx->rank, begin, end,
            shard_bytes, full_bytes, 100.0 * (double)shard_bytes / (double)full_bytes);
     for (int i = 0; i < fp->param_count; i++) {
         size_t first, last;
-        if (!fp_param_shard_overlap(fp, i, ctx->rank, &first, &last)) continue;
+        if (!flat_param_param_shard_overlap(fp, i, ctx->rank, &first, &last)) continue;
         APPEND(report, "    %-22s elements [%zu, %zu) of %zu%s\n", fp->params[i].name, first, last,
                fp->params[i].numel, last - first < fp->params[i].numel ? "   <- split across ranks" : "");
     }
     size_t padding_here = end > fp->unpadded_numel ? end - (begin > fp->unpadded_numel ? begin : fp->unpadded_numel) : 0;
     if (padding_here > 0) APPEND(report, "    %-22s %zu float%s of zeros\n", "(padding)", padding_here,
                                  padding_here == 1 ? "" : "s");
-    ctx_print_ordered(ctx, report);
+    world_print_ordered(ctx, report);
 }
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "01_shard", "runs/01_shard");
-    ctx_require_world_size(&ctx, 2, 8);
-    fp_normal_init init = {.seed = cfg_env_seed(&ctx), .std = 1.0f};
+    session_open(&ctx, &argc, &argv, "01_shard", "runs/01_shard");
+    world_require_size(&ctx, 2, 8);
+    flat_param_normal_init init = {.seed = env_seed(&ctx), .std = 1.0f};
 
     flat_param fp;
-    if (fp_init(&fp, &ctx, "block", module_params, MODULE_PARAM_COUNT) != 0) ctx_fatal(&ctx, "%s", ctx.error);
+    if (flat_param_init(&fp, &ctx, "block", module_params, MODULE_PARAM_COUNT) != 0) world_fatal(&ctx, "%s", ctx.error);
     /* Every rank fills only its own chunk, computing values from (seed, name, index): no rank ever holds the whole. */
-    fp_fill_local_shard(&fp, fp_fill_normal, &init);
+    flat_param_fill_local_shard(&fp, flat_param_fill_normal, &init);
     trace_mark(&ctx.trace, "lab 01: local shard filled");
 
     print_layout(&ctx, &fp);
@@ -99,16 +101,16 @@ int main(int argc, char **argv) {
     float *gathered = mem_alloc(&ctx.mem, fp.padded_unsharded_numel * sizeof(float), MEM_WORKSPACE, "lab01.gathered");
     float *original = mem_alloc(&ctx.mem, fp.padded_unsharded_numel * sizeof(float), MEM_WORKSPACE, "lab01.original");
     COMM_CHECK(&ctx, comm_all_gather(&ctx, fp.local_shard, gathered, fp.padded_unsharded_numel, "check"));
-    fp_fill_flat_range(&fp, fp_fill_normal, &init, 0, fp.padded_unsharded_numel, original);
+    flat_param_fill_flat_range(&fp, flat_param_fill_normal, &init, 0, fp.padded_unsharded_numel, original);
     int same = memcmp(gathered, original, fp.padded_unsharded_numel * sizeof(float)) == 0;
-    int all_same = ctx_all_true(&ctx, same);
+    int all_same = world_all_true(&ctx, same);
     if (ctx.rank == 0)
         printf("\ncheck: concatenated shards == flattened original (%zu floats, %d ranks): %s\n",
                fp.padded_unsharded_numel, ctx.world_size, all_same ? "OK" : "MISMATCH");
     mem_free(&ctx.mem, gathered);
     mem_free(&ctx.mem, original);
-    fp_free(&fp);
+    flat_param_free(&fp);
 
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     return all_same ? status : 1;
 }

@@ -6,7 +6,7 @@
  *   parameter at its slice of it; right after, it frees that buffer again (reshard). So the peak memory of FSDP is
  *   "all shards + one (or two) unsharded units", and every unshard costs an all-gather in which each rank sends its
  *   shard to the N-1 others and receives theirs: (N-1)/N of the unit's bytes each way.
- *   Freed is not returned: like PyTorch's caching allocator, fsdplab's (core/allocator.h) keeps the freed buffer's
+ *   Freed is not returned: like PyTorch's caching allocator, fsdplab's (core/memory/allocator.h) keeps the freed buffer's
  *   segment *reserved*, so `live` (allocated) drops at reshard but `reserved` does not, and the next unshard gets the
  *   very same block back without asking the system for memory: why torch.cuda.memory_reserved() exceeds
  *   memory_allocated(), and why after the first step FSDP costs no more system allocations.
@@ -30,10 +30,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../core/comm.h"
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/flat_param.h"
+#include "core/comm/comm.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/fsdp/flat_param.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "lesson_layer.h"
 
 typedef struct memory_row {
@@ -59,13 +61,13 @@ static void print_memory_table(const memory_row *rows, int count) {
 }
 
 /* Compares every parameter's view in the unsharded buffer with the values it was initialised with. */
-static int views_match_original(context *ctx, const flat_param *fp, fp_normal_init *init) {
+static int views_match_original(context *ctx, const flat_param *fp, flat_param_normal_init *init) {
     int all_match = 1;
     for (int i = 0; i < fp->param_count; i++) {
-        const fp_param_info *info = &fp->params[i];
+        const flat_param_param_info *info = &fp->params[i];
         float *expected = mem_alloc(&ctx->mem, info->numel * sizeof(float), MEM_WORKSPACE, "lab02.expected");
-        fp_fill_normal(info->name, 0, info->numel, expected, init);
-        const float *view = fp_param_view(fp, info->name);
+        flat_param_fill_normal(info->name, 0, info->numel, expected, init);
+        const float *view = flat_param_param_view(fp, info->name);
         if (memcmp(view, expected, info->numel * sizeof(float)) != 0) {
             fprintf(stderr, "rank %d: unit '%s': gathered '%s' differs from the original\n", ctx->rank, fp->unit,
                     info->name);
@@ -78,14 +80,14 @@ static int views_match_original(context *ctx, const flat_param *fp, fp_normal_in
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "02_gather", "runs/02_gather");
-    ctx_require_world_size(&ctx, 2, 8);
-    fp_normal_init init = {.seed = cfg_env_seed(&ctx), .std = 0.02f};
+    session_open(&ctx, &argc, &argv, "02_gather", "runs/02_gather");
+    world_require_size(&ctx, 2, 8);
+    flat_param_normal_init init = {.seed = env_seed(&ctx), .std = 0.02f};
 
     flat_param fp;
-    if (fp_init(&fp, &ctx, "layers.0", lesson_layer_params, LESSON_LAYER_PARAM_COUNT) != 0)
-        ctx_fatal(&ctx, "%s", ctx.error);
-    fp_fill_local_shard(&fp, fp_fill_normal, &init);
+    if (flat_param_init(&fp, &ctx, "layers.0", lesson_layer_params, LESSON_LAYER_PARAM_COUNT) != 0)
+        world_fatal(&ctx, "%s", ctx.error);
+    flat_param_fill_local_shard(&fp, flat_param_fill_normal, &init);
 
     char unsharded_text[32], shard_text[32];
     if (ctx.rank == 0) {
@@ -99,27 +101,27 @@ int main(int argc, char **argv) {
     memory_row rows[5];
     rows[0] = memory_now(&ctx, "before unshard");
     trace_mark(&ctx.trace, "lab 02: before unshard");
-    if (fp_unshard(&fp, "lab02.unshard") != 0) ctx_fatal(&ctx, "%s", ctx.error);
+    if (flat_param_unshard(&fp, "lab02.unshard") != 0) world_fatal(&ctx, "%s", ctx.error);
     trace_collective_info gather = ctx.last_collective;
     const float *first_buffer = fp.full_param_padded;
     rows[1] = memory_now(&ctx, "after unshard");
-    int views_ok = ctx_all_true(&ctx, views_match_original(&ctx, &fp, &init));
-    fp_reshard(&fp, "lab02.reshard");
+    int views_ok = world_all_true(&ctx, views_match_original(&ctx, &fp, &init));
+    flat_param_reshard(&fp, "lab02.reshard");
     rows[2] = memory_now(&ctx, "after reshard");
     trace_mark(&ctx.trace, "lab 02: after reshard");
-    int memory_ok = ctx_all_true(&ctx, rows[2].live == rows[0].live && rows[2].param_unsharded == 0);
+    int memory_ok = world_all_true(&ctx, rows[2].live == rows[0].live && rows[2].param_unsharded == 0);
 
     /* Once more: the cache hands the freed block back. */
-    if (fp_unshard(&fp, "lab02.unshard_again") != 0) ctx_fatal(&ctx, "%s", ctx.error);
+    if (flat_param_unshard(&fp, "lab02.unshard_again") != 0) world_fatal(&ctx, "%s", ctx.error);
     int same_block = fp.full_param_padded == first_buffer;
     rows[3] = memory_now(&ctx, "unshard again");
-    views_ok = ctx_all_true(&ctx, views_match_original(&ctx, &fp, &init)) && views_ok;
-    fp_reshard(&fp, "lab02.reshard_again");
+    views_ok = world_all_true(&ctx, views_match_original(&ctx, &fp, &init)) && views_ok;
+    flat_param_reshard(&fp, "lab02.reshard_again");
     rows[4] = memory_now(&ctx, "reshard again");
     trace_mark(&ctx.trace, "lab 02: after the second reshard");
     int caching = ctx.mem.allocator.settings.caching;
     /* (The view check between the rows allocates scratch buffers of its own, hence rows 2 and 3 are compared.) */
-    int cache_ok = ctx_all_true(&ctx, !caching || (same_block && rows[2].reserved >= rows[1].reserved &&
+    int cache_ok = world_all_true(&ctx, !caching || (same_block && rows[2].reserved >= rows[1].reserved &&
                                                    rows[3].reserved == rows[2].reserved &&
                                                    rows[3].segment_allocs == rows[2].segment_allocs));
 
@@ -139,7 +141,7 @@ int main(int argc, char **argv) {
         else
             printf("ALLOC=malloc: no cache, so reserved falls with live and the second unshard takes a new segment\n");
     }
-    fp_free(&fp);
-    int status = ctx_finish(&ctx);
+    flat_param_free(&fp);
+    int status = session_close(&ctx);
     return views_ok && memory_ok && cache_ok ? status : 1;
 }

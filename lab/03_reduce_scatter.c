@@ -31,26 +31,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/comm.h"
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/flat_param.h"
+#include "core/comm/comm.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/fsdp/flat_param.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "lesson_layer.h"
 
 /* Rank r's gradient comes from its own "data": the same RNG with a per-rank seed. Any rank can recompute it. */
-static fp_normal_init gradient_of_rank(uint64_t seed, int rank) {
-    return (fp_normal_init){.seed = seed + 1000 + (uint64_t)rank, .std = 1.0f};
+static flat_param_normal_init gradient_of_rank(uint64_t seed, int rank) {
+    return (flat_param_normal_init){.seed = seed + 1000 + (uint64_t)rank, .std = 1.0f};
 }
 
 /* Largest |actual - expected| over the shard, expected = mean over ranks of their gradients (summed in double). */
 static double max_error_vs_mean(context *ctx, const flat_param *fp, uint64_t seed, const float *actual) {
     size_t begin, end;
-    fp_shard_range(fp, ctx->rank, &begin, &end);
+    flat_param_shard_range(fp, ctx->rank, &begin, &end);
     float *one_rank = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_WORKSPACE, "lab03.one_rank_grad");
     double *sum = (double *)mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(double), MEM_WORKSPACE, "lab03.mean");
     for (int rank = 0; rank < ctx->world_size; rank++) {
-        fp_normal_init gradient = gradient_of_rank(seed, rank);
-        fp_fill_flat_range(fp, fp_fill_normal, &gradient, begin, end, one_rank);
+        flat_param_normal_init gradient = gradient_of_rank(seed, rank);
+        flat_param_fill_flat_range(fp, flat_param_fill_normal, &gradient, begin, end, one_rank);
         for (size_t i = 0; i < fp->sharded_numel; i++) sum[i] += one_rank[i];
     }
     double max_error = 0.0;
@@ -65,8 +67,8 @@ static double max_error_vs_mean(context *ctx, const flat_param *fp, uint64_t see
 
 /* Fills this rank's full (padded) gradient, as its backward would have. */
 static void fill_my_full_gradient(const context *ctx, const flat_param *fp, uint64_t seed, float *full) {
-    fp_normal_init gradient = gradient_of_rank(seed, ctx->rank);
-    fp_fill_flat_range(fp, fp_fill_normal, &gradient, 0, fp->padded_unsharded_numel, full);
+    flat_param_normal_init gradient = gradient_of_rank(seed, ctx->rank);
+    flat_param_fill_flat_range(fp, flat_param_fill_normal, &gradient, 0, fp->padded_unsharded_numel, full);
 }
 
 static void print_collective(const char *label, const trace_collective_info *info, double median_us,
@@ -165,22 +167,22 @@ static void bandwidth_table(context *ctx, int repeat, long largest_mib) {
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "03_reduce_scatter", "runs/03_reduce_scatter");
-    ctx_require_world_size(&ctx, 2, 8);
-    uint64_t seed = cfg_env_seed(&ctx);
-    int repeat = (int)cfg_env_int(&ctx, "REPEAT", 5, 1, 64);
-    long bandwidth_mib = cfg_env_int(&ctx, "BW_MB", 64, 0, 4096);
+    session_open(&ctx, &argc, &argv, "03_reduce_scatter", "runs/03_reduce_scatter");
+    world_require_size(&ctx, 2, 8);
+    uint64_t seed = env_seed(&ctx);
+    int repeat = (int)env_int(&ctx, "REPEAT", 5, 1, 64);
+    long bandwidth_mib = env_int(&ctx, "BW_MB", 64, 0, 4096);
     /* float32 sums of N values of size ~1 in a different order than the double reference: far below 1e-5. */
     const double tolerance = 1e-5;
 
     flat_param fp;
-    if (fp_init(&fp, &ctx, "layers.0", lesson_layer_params, LESSON_LAYER_PARAM_COUNT) != 0)
-        ctx_fatal(&ctx, "%s", ctx.error);
+    if (flat_param_init(&fp, &ctx, "layers.0", lesson_layer_params, LESSON_LAYER_PARAM_COUNT) != 0)
+        world_fatal(&ctx, "%s", ctx.error);
 
     /* FSDP's way: full gradient → reduce-scatter (mean) → this rank's shard; the full gradient is freed. */
     trace_mark(&ctx.trace, "lab 03: backward produced a full gradient");
-    fill_my_full_gradient(&ctx, &fp, seed, fp_alloc_full_grad(&fp));
-    if (fp_reduce_scatter_grad(&fp, COMM_AVG) != 0) ctx_fatal(&ctx, "%s", ctx.error);
+    fill_my_full_gradient(&ctx, &fp, seed, flat_param_alloc_full_grad(&fp));
+    if (flat_param_reduce_scatter_grad(&fp, COMM_AVG) != 0) world_fatal(&ctx, "%s", ctx.error);
     trace_collective_info reduce_scatter = ctx.last_collective;
     double shard_error = max_error_vs_mean(&ctx, &fp, seed, fp.grad_shard);
 
@@ -192,7 +194,7 @@ int main(int argc, char **argv) {
     COMM_CHECK(&ctx, comm_all_reduce(&ctx, all_reduced, fp.padded_unsharded_numel, COMM_AVG, "layers.0"));
     trace_collective_info all_reduce = ctx.last_collective;
     size_t begin, end;
-    fp_shard_range(&fp, ctx.rank, &begin, &end);
+    flat_param_shard_range(&fp, ctx.rank, &begin, &end);
     double slice_error = 0.0;
     for (size_t i = begin; i < end; i++)
         slice_error = fmax(slice_error, fabs((double)all_reduced[i] - (double)fp.grad_shard[i - begin]));
@@ -201,8 +203,8 @@ int main(int argc, char **argv) {
     fill_my_full_gradient(&ctx, &fp, seed, all_reduced);
     time_both(&ctx, &fp, all_reduced, repeat, &reduce_scatter_us, &all_reduce_us);
 
-    int mean_ok = ctx_all_true(&ctx, shard_error <= tolerance);
-    int slice_ok = ctx_all_true(&ctx, slice_error <= tolerance);
+    int mean_ok = world_all_true(&ctx, shard_error <= tolerance);
+    int slice_ok = world_all_true(&ctx, slice_error <= tolerance);
     if (ctx.rank == 0) {
         char full_text[32];
         printf("lab 03 — reduce-scatter vs all-reduce of a %s gradient across %d ranks\n\n",
@@ -220,8 +222,8 @@ int main(int argc, char **argv) {
                slice_error, slice_ok ? "OK" : "MISMATCH");
     }
     mem_free(&ctx.mem, all_reduced);
-    fp_free(&fp);
+    flat_param_free(&fp);
     bandwidth_table(&ctx, repeat, bandwidth_mib);
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     return mean_ok && slice_ok ? status : 1;
 }

@@ -24,12 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/data.h"
-#include "../core/fsdp.h"
-#include "../core/offload.h"
-#include "../core/qwen2.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/data/data.h"
+#include "core/fsdp/fsdp.h"
+#include "core/runtime/offload.h"
+#include "core/models/qwen2.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 
 typedef struct run_result {
     size_t activation_peak, checkpoint_input_peak, total_peak, reserved_peak;
@@ -45,7 +47,7 @@ static run_result run_once(context *ctx, qwen2_model *model, int checkpointing, 
     fsdp_runtime runtime;
     module view;
     qwen2_as_module(model, &view);
-    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) ctx_fatal(ctx, "%s", ctx->error);
+    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) world_fatal(ctx, "%s", ctx->error);
     trace_mark(&ctx->trace, checkpointing ? "lab 04: with activation checkpointing" : "lab 04: without checkpointing");
     /* torch.cuda.empty_cache() + reset_peak_memory_stats(): the first run's cached blocks would otherwise count in
      * the second's reserved peak. */
@@ -98,36 +100,36 @@ static void print_row(const char *label, const run_result *r) {
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "04_checkpoint", "runs/04_checkpoint");
-    ctx_require_world_size(&ctx, 1, 8);
-    int B = (int)cfg_env_int(&ctx, "MBS", 4, 1, 4096), T = (int)cfg_env_int(&ctx, "SEQ", 128, 2, 32768);
-    uint64_t seed = cfg_env_seed(&ctx);
+    session_open(&ctx, &argc, &argv, "04_checkpoint", "runs/04_checkpoint");
+    world_require_size(&ctx, 1, 8);
+    int B = (int)env_int(&ctx, "MBS", 4, 1, 4096), T = (int)env_int(&ctx, "SEQ", 128, 2, 32768);
+    uint64_t seed = env_seed(&ctx);
     qwen2_config config;
     qwen2_config_from_env(&ctx, &config, T);
 
     qwen2_model model;
     qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
     if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
-        ctx_exit_all(&ctx, 2, "%s", ctx.error);
-    const char *data = cfg_env_text(&ctx, "DATA");
+        world_exit_all(&ctx, 2, "%s", ctx.error);
+    const char *data = env_text(&ctx, "DATA");
     char tokenizer_note[1024]; /* TOKENIZER as in lab 05: Qwen2's BPE for qwen2-0.5b's vocabulary, bytes for tiny */
     tok_tokenizer *tokenizer = data_tokenizer_from_env(&ctx, config.vocab_size, tokenizer_note, sizeof tokenizer_note);
     data_loader loader;
     if (data_loader_open_tokenized(&loader, &ctx, data, tokenizer, config.vocab_size, B, T, seed, 1) != 0)
-        ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
+        world_exit_all(&ctx, 2, "DATA: %s", ctx.error);
     int *tokens = mem_alloc(offload_data_pool(&ctx), (size_t)B * T * sizeof(int), MEM_DATA, "batch.tokens_host");
     int *targets = mem_alloc(offload_data_pool(&ctx), (size_t)B * T * sizeof(int), MEM_DATA, "batch.targets_host");
     data_next_batch(&loader, tokens, targets);
 
     run_once(&ctx, &model, 0, tokens, targets, B, T); /* warm-up: the first touch of every buffer is not the lesson */
-    for (int unit = 0; unit < model.unit_count; unit++) fp_zero_grad(&model.units[unit]);
+    for (int unit = 0; unit < model.unit_count; unit++) flat_param_zero_grad(&model.units[unit]);
     run_result without = run_once(&ctx, &model, 0, tokens, targets, B, T);
     size_t gradient_count;
     float *gradients = copy_gradients(&ctx, &model, &gradient_count);
-    for (int unit = 0; unit < model.unit_count; unit++) fp_zero_grad(&model.units[unit]);
+    for (int unit = 0; unit < model.unit_count; unit++) flat_param_zero_grad(&model.units[unit]);
     run_result with = run_once(&ctx, &model, 1, tokens, targets, B, T);
-    int identical = ctx_all_true(&ctx, gradients_equal(&model, gradients) && with.loss == without.loss);
-    int smaller = ctx_all_true(&ctx, with.activation_peak + with.checkpoint_input_peak < without.activation_peak);
+    int identical = world_all_true(&ctx, gradients_equal(&model, gradients) && with.loss == without.loss);
+    int smaller = world_all_true(&ctx, with.activation_peak + with.checkpoint_input_peak < without.activation_peak);
 
     if (ctx.rank == 0) {
         double layer_flops = qwen2_forward_flops(&config, B, T, 1), step_flops = 3.0 * qwen2_forward_flops(&config, B, T, 0);
@@ -152,6 +154,6 @@ int main(int argc, char **argv) {
     if (tokenizer != NULL) tok_free(tokenizer);
     free(tokenizer);
     qwen2_model_free(&model);
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     return identical && smaller ? status : 1;
 }

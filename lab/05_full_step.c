@@ -7,7 +7,7 @@
  *   in backward each unit is unsharded again (_pre_backward_hook), its gradient reduce-scattered and its parameters
  *   freed (_post_backward_hook). After ACC micro-batches AdamW updates only this rank's shard, with optimizer
  *   state for the shard alone. Peak memory is "1/N of everything + the unsharded units in flight + activations".
- *   The bytes come from a caching allocator like PyTorch's (core/allocator.h): a freed unit's buffer stays
+ *   The bytes come from a caching allocator like PyTorch's (core/memory/allocator.h): a freed unit's buffer stays
  *   *reserved* and serves the next unit's all-gather, so after the first steps nothing is asked of the system;
  *   reserved - allocated is what the cache holds plus fragmentation.
  *
@@ -41,7 +41,7 @@
  *   lab 06's overlap settings, off here: COMM_STREAMS (1: collectives on an all-gather and a reduce-scatter stream),
  *   BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST), FORWARD_PREFETCH, LIMIT_ALL_GATHERS (scripts/train.sh turns
  *   on torch's defaults: comm streams, BACKWARD_PRE, limit_all_gathers);
- *   checkpoints (core/dcp.h, torch.distributed.checkpoint's layout): CHECKPOINT_EVERY (steps; 0 off, the default),
+ *   checkpoints (core/io/dcp.h, torch.distributed.checkpoint's layout): CHECKPOINT_EVERY (steps; 0 off, the default),
  *   CHECKPOINT_DIR (default OUT/checkpoints), CHECKPOINT_KEEP (newest kept, default 2), RESUME (a step_N directory,
  *   or auto: the newest committed one under CHECKPOINT_DIR, if any); STEPS counts from the start of training, so a
  *   resumed run ends where the uninterrupted one would; KILL_AT_STEP and KILL_RANK inject a kill -9 (for the check).
@@ -70,17 +70,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/checkpoint.h"
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/data.h"
-#include "../core/dcp.h"
-#include "../core/fsdp.h"
-#include "../core/group.h"
-#include "../core/memory_model.h"
-#include "../core/offload.h"
-#include "../core/optim.h"
-#include "../core/qwen2.h"
+#include "core/io/pretrained.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/data/data.h"
+#include "core/io/dcp.h"
+#include "core/fsdp/fsdp.h"
+#include "core/comm/group.h"
+#include "core/models/memory_model.h"
+#include "core/runtime/offload.h"
+#include "core/fsdp/optim.h"
+#include "core/models/qwen2.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 
 typedef struct settings {
     const char *strategy, *data, *save, *grads, *wrap, *peak, *checkpoint_dir, *resume;
@@ -94,31 +96,31 @@ static settings read_settings(context *ctx) {
     static const char *const strategies[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
                                              "_HYBRID_SHARD_ZERO2", NULL};
     settings s = {
-        .strategy = cfg_env_choice(ctx, "STRATEGY", "FULL_SHARD", strategies),
-        .micro_batch = (int)cfg_env_int(ctx, "MBS", 4, 1, 4096),
-        .accumulation = (int)cfg_env_int(ctx, "ACC", 2, 1, 4096),
-        .steps = (int)cfg_env_int(ctx, "STEPS", 3, 1, 1000000),
-        .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
-        .eval_every = (int)cfg_env_int(ctx, "EVAL", 0, 0, 1000000),
-        .checkpointing = (int)cfg_env_int(ctx, "CKPT", 0, 0, 1),
-        .no_sync = (int)cfg_env_int(ctx, "NO_SYNC", 0, 0, 1),
-        .offload = (int)cfg_env_int(ctx, "OFFLOAD", 0, 0, 1),
-        .lr = cfg_env_real(ctx, "LR", 1e-3, 0.0, 10.0),
-        .clip = cfg_env_real(ctx, "CLIP", 0.0, 0.0, 1e9),
-        .seed = cfg_env_seed(ctx),
-        .data = cfg_env_text(ctx, "DATA"),
-        .save = cfg_env_text(ctx, "SAVE"),
-        .grads = cfg_env_text(ctx, "GRADS"),
-        .wrap = cfg_env_text(ctx, "WRAP"),
-        .peak = cfg_env_choice(ctx, "PEAK", "tracked", (const char *const[]){"tracked", "rss", NULL}),
-        .checkpoint_every = (int)cfg_env_int(ctx, "CHECKPOINT_EVERY", 0, 0, 1000000),
-        .checkpoint_keep = (int)cfg_env_int(ctx, "CHECKPOINT_KEEP", 2, 1, 1000000),
-        .checkpoint_dir = cfg_env_text(ctx, "CHECKPOINT_DIR"),
-        .resume = cfg_env_text(ctx, "RESUME"),
+        .strategy = env_choice(ctx, "STRATEGY", "FULL_SHARD", strategies),
+        .micro_batch = (int)env_int(ctx, "MBS", 4, 1, 4096),
+        .accumulation = (int)env_int(ctx, "ACC", 2, 1, 4096),
+        .steps = (int)env_int(ctx, "STEPS", 3, 1, 1000000),
+        .seq_len = (int)env_int(ctx, "SEQ", 128, 2, 32768),
+        .eval_every = (int)env_int(ctx, "EVAL", 0, 0, 1000000),
+        .checkpointing = (int)env_int(ctx, "CKPT", 0, 0, 1),
+        .no_sync = (int)env_int(ctx, "NO_SYNC", 0, 0, 1),
+        .offload = (int)env_int(ctx, "OFFLOAD", 0, 0, 1),
+        .lr = env_real(ctx, "LR", 1e-3, 0.0, 10.0),
+        .clip = env_real(ctx, "CLIP", 0.0, 0.0, 1e9),
+        .seed = env_seed(ctx),
+        .data = env_text(ctx, "DATA"),
+        .save = env_text(ctx, "SAVE"),
+        .grads = env_text(ctx, "GRADS"),
+        .wrap = env_text(ctx, "WRAP"),
+        .peak = env_choice(ctx, "PEAK", "tracked", (const char *const[]){"tracked", "rss", NULL}),
+        .checkpoint_every = (int)env_int(ctx, "CHECKPOINT_EVERY", 0, 0, 1000000),
+        .checkpoint_keep = (int)env_int(ctx, "CHECKPOINT_KEEP", 2, 1, 1000000),
+        .checkpoint_dir = env_text(ctx, "CHECKPOINT_DIR"),
+        .resume = env_text(ctx, "RESUME"),
         /* Fault injection, for the resume check: rank KILL_RANK sends itself SIGKILL (kill -9) right after step
          * KILL_AT_STEP, its checkpoint included; 0: never. */
-        .kill_at_step = (int)cfg_env_int(ctx, "KILL_AT_STEP", 0, 0, 1000000),
-        .kill_rank = (int)cfg_env_int(ctx, "KILL_RANK", 0, 0, ctx->world_size - 1),
+        .kill_at_step = (int)env_int(ctx, "KILL_AT_STEP", 0, 0, 1000000),
+        .kill_rank = (int)env_int(ctx, "KILL_RANK", 0, 0, ctx->world_size - 1),
     };
     /* HYBRID_SHARD's shard group size (lab 08); unset: the ranks per node. Read whatever the strategy (settings are
      * collective), resolved and checked only for a hybrid one. */
@@ -139,9 +141,9 @@ static fsdp_options make_options(context *ctx, const settings *s) {
                             .accumulation_steps = s->accumulation, .offload_params = s->offload};
     fsdp_prefetch_options_from_env(ctx, &options);
     fsdp_mixed_precision_from_env(ctx, &options);
-    /* LOSS_CHUNK: the loss this many rows at a time (core/qwen2.h); on a GPU 1024 by default, so the B x T x V logits
+    /* LOSS_CHUNK: the loss this many rows at a time (core/models/qwen2.h); on a GPU 1024 by default, so the B x T x V logits
      * of a 151,936-word vocabulary never exist at once; on the CPU 0, all at once. */
-    options.loss_chunk = (int)cfg_env_int(ctx, "LOSS_CHUNK", ctx->device.kind == DEVICE_CPU ? 0 : 1024, 0, 1 << 30);
+    options.loss_chunk = (int)env_int(ctx, "LOSS_CHUNK", ctx->device.kind == DEVICE_CPU ? 0 : 1024, 0, 1 << 30);
     return options;
 }
 
@@ -151,8 +153,8 @@ static void check_save_directories(context *ctx, const settings *s) {
     const char *names[] = {"SAVE", "GRADS", "CHECKPOINT_DIR"};
     const char *values[] = {s->save, s->grads, s->checkpoint_every > 0 ? s->checkpoint_dir : NULL};
     for (int i = 0; i < 3; i++)
-        if (values[i] != NULL && values[i][0] != '\0' && ckpt_check_writable(ctx, values[i]) != 0)
-            ctx_exit_all(ctx, 2, "%s='%s': %s", names[i], values[i], ctx->error);
+        if (values[i] != NULL && values[i][0] != '\0' && pretrained_check_writable(ctx, values[i]) != 0)
+            world_exit_all(ctx, 2, "%s='%s': %s", names[i], values[i], ctx->error);
 }
 
 /* Before the model is allocated: the analytic memory model's peak for these settings, from the config and the wrap
@@ -173,7 +175,7 @@ static void require_memory_fit(context *ctx, const settings *s, const qwen2_conf
     memory_prediction prediction;
     if (memory_model_predict_config(&prediction, ctx, config, wrap, wrap_user, &options, s->micro_batch, s->seq_len,
                                     data_bytes, s->steps * s->accumulation) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     memory_model_require_fit(ctx, &prediction);
 }
 
@@ -190,7 +192,7 @@ static void build_model(context *ctx, const settings *s, qwen2_model *model) {
         errno = 0; /* digits only: strtoull would take "-5" as 2^64 - 5, and saturate past 2^64 */
         if (strncmp(s->wrap, "size:", 5) != 0 || !isdigit((unsigned char)s->wrap[5]) ||
             (min_params = strtoull(s->wrap + 5, &end, 10)) == 0 || errno != 0 || *end != '\0')
-            ctx_exit_all(ctx, 2, "WRAP='%s' is not a wrap policy; choose layers or size:<min params>, e.g. size:100000",
+            world_exit_all(ctx, 2, "WRAP='%s' is not a wrap policy; choose layers or size:<min params>, e.g. size:100000",
                          s->wrap);
         wrap = fsdp_wrap_by_size, wrap_user = &min_params;
     }
@@ -198,7 +200,7 @@ static void build_model(context *ctx, const settings *s, qwen2_model *model) {
     qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
     if (qwen2_model_init_wrapped(model, ctx, &config, wrap, wrap_user, (fsdp_strategy)fsdp_strategy_from_name(s->strategy),
                         &init) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
 }
 
 /* A story from "Once upon a time", every unit unsharded for the moment (collective), printed by rank 0; in and out
@@ -211,16 +213,16 @@ static void print_story(context *ctx, qwen2_model *model, tok_tokenizer *tokeniz
     } else {
         tok_ids ids = {0};
         if (tok_encode(tokenizer, prompt_text, strlen(prompt_text), &ids, ctx->error, sizeof ctx->error) != 0)
-            ctx_fatal(ctx, "EVAL: %s", ctx->error);
+            world_fatal(ctx, "EVAL: %s", ctx->error);
         prompt_length = (int)ids.count;
         memcpy(prompt, ids.ids, ids.count * sizeof *prompt); /* 4 tokens: well within 64 */
         tok_ids_free(&ids);
     }
     for (int unit = 0; unit < model->unit_count; unit++)
-        if (fp_unshard(&model->units[unit], "eval") != 0) ctx_fatal(ctx, "%s", ctx->error);
+        if (flat_param_unshard(&model->units[unit], "eval") != 0) world_fatal(ctx, "%s", ctx->error);
     int count = qwen2_generate(model, prompt, prompt_length, 200, 0.8f, seed, generated);
-    if (count < 0) ctx_exit_all(ctx, 2, "EVAL: %s", ctx->error); /* the same on every rank */
-    for (int unit = 0; unit < model->unit_count; unit++) fp_reshard(&model->units[unit], "eval");
+    if (count < 0) world_exit_all(ctx, 2, "EVAL: %s", ctx->error); /* the same on every rank */
+    for (int unit = 0; unit < model->unit_count; unit++) flat_param_reshard(&model->units[unit], "eval");
     if (ctx->rank == 0) {
         char text[2048];
         if (tokenizer == NULL) data_decode(generated, (size_t)count, text, sizeof text);
@@ -230,7 +232,7 @@ static void print_story(context *ctx, qwen2_model *model, tok_tokenizer *tokeniz
     }
 }
 
-/* ---- Sharded checkpoints (core/dcp.h): CHECKPOINT_EVERY, RESUME ---- */
+/* ---- Sharded checkpoints (core/io/dcp.h): CHECKPOINT_EVERY, RESUME ---- */
 
 /* What a checkpoint records of the settings, so a resume can say what it changed. */
 static void record_settings(const settings *s, const qwen2_model *model, const data_loader *loader, dcp_progress *p) {
@@ -264,10 +266,10 @@ static void save_checkpoint(context *ctx, const settings *s, qwen2_model *model,
     uint64_t bytes = 0;
     if (dcp_save(ctx, s->checkpoint_dir, model->units, states, model->unit_count, &progress, s->checkpoint_keep,
                  write_config, model, directory, sizeof directory, &bytes) != 0)
-        ctx_exit_all(ctx, 2, "CHECKPOINT_DIR='%s': %s (training stopped at step %d; earlier checkpoints are untouched)",
+        world_exit_all(ctx, 2, "CHECKPOINT_DIR='%s': %s (training stopped at step %d; earlier checkpoints are untouched)",
                      s->checkpoint_dir, ctx->error, step);
     if (ctx->rank == 0) {
-        /* who writes (core/dcp.c): rank 0 alone for NO_SHARD, the first shard group for HYBRID_SHARD, else all */
+        /* who writes (core/io/dcp.c): rank 0 alone for NO_SHARD, the first shard group for HYBRID_SHARD, else all */
         int files = model->units[0].replicated ? 1 : ctx->mesh ? ctx->mesh->shard_size : ctx->world_size;
         printf("    checkpoint: %s (%.1f MB in %d files, %.2f s)\n", directory, (double)bytes / 1e6, files,
                MPI_Wtime() - start);
@@ -281,8 +283,8 @@ static int resume(context *ctx, const settings *s, qwen2_model *model, adamw_sta
     if (strcmp(s->resume, "auto") == 0) {
         /* rank 0 looks, everyone takes its answer: the ranks must not start from different steps */
         int found = ctx->rank == 0 ? dcp_find_latest(s->checkpoint_dir, directory, sizeof directory) : 0;
-        CTX_MPI(ctx, MPI_Bcast(&found, 1, MPI_INT, 0, ctx->comm));
-        CTX_MPI(ctx, MPI_Bcast(directory, (int)sizeof directory, MPI_CHAR, 0, ctx->comm));
+        WORLD_MPI(ctx, MPI_Bcast(&found, 1, MPI_INT, 0, ctx->comm));
+        WORLD_MPI(ctx, MPI_Bcast(directory, (int)sizeof directory, MPI_CHAR, 0, ctx->comm));
         if (found != 0) {
             if (ctx->rank == 0) printf("RESUME=auto: no committed checkpoint under %s; starting at step 1\n",
                                        s->checkpoint_dir);
@@ -304,14 +306,14 @@ static int resume(context *ctx, const settings *s, qwen2_model *model, adamw_sta
                  "was saved", path, difference);
         ok = 0;
     }
-    if (!ctx_all_true(ctx, ok)) ctx_exit_all(ctx, 2, "RESUME='%s': %s", s->resume, ctx->error);
+    if (!world_all_true(ctx, ok)) world_exit_all(ctx, 2, "RESUME='%s': %s", s->resume, ctx->error);
     dcp_progress progress = {0};
     snprintf(progress.strategy, sizeof progress.strategy, "%s", s->strategy);
     if (dcp_load(ctx, directory, model->units, states, model->unit_count, &progress) != 0)
-        ctx_exit_all(ctx, 2, "RESUME='%s': %s", s->resume, ctx->error);
+        world_exit_all(ctx, 2, "RESUME='%s': %s", s->resume, ctx->error);
     uint64_t per_micro = (uint64_t)ctx->world_size * s->micro_batch;
     if (progress.data_windows % per_micro != 0)
-        ctx_exit_all(ctx, 2, "RESUME='%s': the checkpoint had read %llu data windows, not a whole number of this run's "
+        world_exit_all(ctx, 2, "RESUME='%s': the checkpoint had read %llu data windows, not a whole number of this run's "
                      "global micro-batches (%d ranks x MBS %d = %llu windows): choose MBS so that ranks x MBS divides "
                      "it", s->resume, (unsigned long long)progress.data_windows, ctx->world_size, s->micro_batch,
                      (unsigned long long)per_micro);
@@ -343,13 +345,13 @@ static int resume(context *ctx, const settings *s, qwen2_model *model, adamw_sta
  * ranks needs (tests/check_mixed_grads.py). Collective. */
 static void save_local_grad_l1(context *ctx, qwen2_model *model, const fsdp_options *options, const char *directory) {
     for (int unit = 0; unit < model->unit_count; unit++)
-        ctx_allreduce(ctx, model->units[unit].local_grad_l1, model->units[unit].param_count, MPI_DOUBLE, MPI_SUM,
+        world_allreduce(ctx, model->units[unit].local_grad_l1, model->units[unit].param_count, MPI_DOUBLE, MPI_SUM,
                       "the local gradients' sums");
     if (ctx->rank != 0) return;
     char path[1200];
     snprintf(path, sizeof path, "%s/local_grad_l1.json", directory);
     FILE *file = fopen(path, "w");
-    if (file == NULL) ctx_fatal(ctx, "GRADS='%s': cannot write %s", directory, path);
+    if (file == NULL) world_fatal(ctx, "GRADS='%s': cannot write %s", directory, path);
     /* The reduction's levels, in the order they run: one ring over the world (a reduce-scatter, or NO_SHARD's
      * all-reduce), or HYBRID_SHARD's reduce-scatter in the shard group then all-reduce across the replicate group. */
     const flat_param *root = &model->units[0];
@@ -366,17 +368,17 @@ static void save_local_grad_l1(context *ctx, qwen2_model *model, const fsdp_opti
                 model->units[at.unit].local_grad_l1[at.index]);
     }
     fprintf(file, "\n}}\n");
-    if (fclose(file) != 0) ctx_fatal(ctx, "GRADS='%s': writing %s failed", directory, path);
+    if (fclose(file) != 0) world_fatal(ctx, "GRADS='%s': writing %s failed", directory, path);
 }
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "05_full_step", "runs/05_full_step");
+    session_open(&ctx, &argc, &argv, "05_full_step", "runs/05_full_step");
     settings s = read_settings(&ctx);
     check_save_directories(&ctx, &s);
     group_mesh mesh; /* HYBRID_SHARD: shard groups of SHARD_GROUP ranks x replicate groups (lab 08), before the model */
     if (fsdp_strategy_is_hybrid((fsdp_strategy)fsdp_strategy_from_name(s.strategy))) {
-        if (group_mesh_init(&mesh, &ctx, s.shard_group) != 0) ctx_exit_all(&ctx, 2, "SHARD_GROUP: %s", ctx.error);
+        if (group_mesh_init(&mesh, &ctx, s.shard_group) != 0) world_exit_all(&ctx, 2, "SHARD_GROUP: %s", ctx.error);
         ctx.mesh = &mesh;
     }
     qwen2_model model;
@@ -386,7 +388,7 @@ int main(int argc, char **argv) {
     fsdp_runtime runtime;
     module view;
     qwen2_as_module(&model, &view);
-    if (fsdp_runtime_init(&runtime, &ctx, &view, &options) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    if (fsdp_runtime_init(&runtime, &ctx, &view, &options) != 0) world_exit_all(&ctx, 2, "%s", ctx.error);
     adamw_config optimizer = adamw_default_config();
     optimizer.lr = s.lr;
     adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
@@ -397,14 +399,14 @@ int main(int argc, char **argv) {
     data_loader loader;
     if (data_loader_open_tokenized(&loader, &ctx, s.data, tokenizer, model.config.vocab_size, s.micro_batch,
                                    s.seq_len, s.seed, 1) != 0)
-        ctx_exit_all(&ctx, 2, "DATA: %s", ctx.error);
+        world_exit_all(&ctx, 2, "DATA: %s", ctx.error);
 
     size_t batch = (size_t)s.micro_batch * s.seq_len;
     int *tokens = mem_alloc(offload_data_pool(&ctx), batch * sizeof(int), MEM_DATA, "batch.tokens_host");
     int *targets = mem_alloc(offload_data_pool(&ctx), batch * sizeof(int), MEM_DATA, "batch.targets_host");
     if (ctx.rank == 0) {
         printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx.world_size, s.accumulation);
-        if (fp_mixed_precision_enabled(&options.mixed_precision))
+        if (flat_param_mixed_precision_enabled(&options.mixed_precision))
             printf("(mixed precision: param_dtype %s, reduce_dtype %s; float32 master shards and AdamW)\n",
                    dtype_name(options.mixed_precision.param_dtype), dtype_name(options.mixed_precision.reduce_dtype));
         char mesh_text[64] = "";
@@ -438,14 +440,14 @@ int main(int argc, char **argv) {
              * in the trace) to write them; the step's peaks leave it out, so the memory table and Peak are the
              * training's, with or without GRADS */
             mem_peaks before = mem_peaks_now(&ctx.mem);
-            if (ckpt_save_gradients(&model, s.grads) != 0) ctx_fatal(&ctx, "GRADS='%s': %s", s.grads, ctx.error);
+            if (pretrained_save_gradients(&model, s.grads) != 0) world_fatal(&ctx, "GRADS='%s': %s", s.grads, ctx.error);
             mem_peaks_restore(&ctx.mem, &before);
         }
-        if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && fp_mixed_precision_enabled(&options.mixed_precision))
+        if (step == 1 && s.grads != NULL && s.grads[0] != '\0' && flat_param_mixed_precision_enabled(&options.mixed_precision))
             save_local_grad_l1(&ctx, &model, &options, s.grads);
         /* Divergence stops the run before the optimizer writes NaN into the parameters (and before SAVE). */
         double step_loss = loss_sum;
-        ctx_allreduce(&ctx, &step_loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
+        world_allreduce(&ctx, &step_loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
         int bad_unit = adamw_first_nonfinite_gradient(&ctx, model.units, model.unit_count);
         if (!isfinite(step_loss) || bad_unit >= 0) {
             char kept[700] = "";
@@ -463,7 +465,7 @@ int main(int argc, char **argv) {
         if (s.clip > 0.0) adamw_clip_grad_norm(&ctx, model.units, model.unit_count, s.clip);
         for (int unit = 0; unit < model.unit_count; unit++) {
             adamw_step(&states[unit], &model.units[unit], &optimizer);
-            fp_zero_grad(&model.units[unit]);
+            flat_param_zero_grad(&model.units[unit]);
         }
         double elapsed = MPI_Wtime() - start;
         /* The step's loss: the mean over micro-batches and ranks (every rank saw a different slice). */
@@ -473,9 +475,9 @@ int main(int argc, char **argv) {
         getrusage(RUSAGE_SELF, &usage);
         double peak = strcmp(s.peak, "rss") == 0 ? (double)usage.ru_maxrss * 1024.0 : (double)ctx.mem.peak_bytes;
         double loss = loss_sum / s.accumulation, slowest = elapsed;
-        ctx_allreduce(&ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
-        ctx_allreduce(&ctx, &peak, 1, MPI_DOUBLE, MPI_MAX, "the step's peak");
-        ctx_allreduce(&ctx, &slowest, 1, MPI_DOUBLE, MPI_MAX, "the step's time");
+        world_allreduce(&ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
+        world_allreduce(&ctx, &peak, 1, MPI_DOUBLE, MPI_MAX, "the step's peak");
+        world_allreduce(&ctx, &slowest, 1, MPI_DOUBLE, MPI_MAX, "the step's time");
         loss /= ctx.world_size;
         trace_step(&ctx.trace, step, -1, loss, ctx.mem.peak_bytes, ctx.mem.peak_reserved_bytes, elapsed);
         for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
@@ -516,7 +518,7 @@ int main(int argc, char **argv) {
     if (diverged[0]) {
         if (ctx.rank == 0) fprintf(stderr, "05_full_step: error: %s (lower LR, or CLIP)\n", diverged);
     } else if (s.save != NULL && s.save[0] != '\0') {
-        if (ckpt_save_pretrained(&model, s.save) != 0) ctx_fatal(&ctx, "SAVE='%s': %s", s.save, ctx.error);
+        if (pretrained_save(&model, s.save) != 0) world_fatal(&ctx, "SAVE='%s': %s", s.save, ctx.error);
         if (ctx.rank == 0) printf("checkpoint: %s (config.json, model.safetensors)\n", s.save);
     }
     mem_free(offload_data_pool(&ctx), tokens);
@@ -530,6 +532,6 @@ int main(int argc, char **argv) {
     qwen2_model_free(&model);
     if (ctx.mesh) group_mesh_free(&mesh);
     ctx.mesh = NULL;
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     return diverged[0] ? 3 : status; /* the views are written either way: they load a diverged run */
 }

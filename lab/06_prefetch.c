@@ -2,7 +2,7 @@
  *
  * What it teaches
  *   In lab 05 every collective blocks: the host waits for each all-gather before a unit computes and for each
- *   reduce-scatter after, so communication adds to the step. FSDP hides it with streams (core/stream.h): collectives
+ *   reduce-scatter after, so communication adds to the step. FSDP hides it with streams (core/comm/stream.h): collectives
  *   run on an all-gather stream and a reduce-scatter stream while the compute stream works, and the hooks *issue*
  *   a collective early and *wait* for it late. Which all-gather is issued early is FSDP1's prefetch policy:
  *     backward_prefetch=None           unit i's all-gather is issued in its own _pre_backward_hook: nothing to hide
@@ -42,15 +42,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/data.h"
-#include "../core/fsdp.h"
-#include "../core/memory_model.h"
-#include "../core/optim.h"
-#include "../core/qwen2.h"
-#include "../trace/run.h"
-#include "../trace/summary.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/data/data.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/memory_model.h"
+#include "core/fsdp/optim.h"
+#include "core/models/qwen2.h"
+#include "trace/run.h"
+#include "trace/summary.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "lesson_trainer.h"
 
 typedef struct mode {
@@ -77,12 +79,12 @@ typedef struct settings {
 
 static settings read_settings(context *ctx) {
     settings s = {
-        .micro_batch = (int)cfg_env_int(ctx, "MBS", 4, 1, 4096),
-        .steps = (int)cfg_env_int(ctx, "STEPS", 4, 2, 100000),
-        .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
-        .seed = cfg_env_seed(ctx),
+        .micro_batch = (int)env_int(ctx, "MBS", 4, 1, 4096),
+        .steps = (int)env_int(ctx, "STEPS", 4, 2, 100000),
+        .seq_len = (int)env_int(ctx, "SEQ", 128, 2, 32768),
+        .seed = env_seed(ctx),
     };
-    const char *modes = cfg_env_text(ctx, "MODES");
+    const char *modes = env_text(ctx, "MODES");
     if (modes == NULL || modes[0] == '\0') {
         for (int m = 0; m < MODE_COUNT; m++) s.selected[m] = 1;
         return s;
@@ -94,7 +96,7 @@ static settings read_settings(context *ctx) {
         for (int m = 0; m < MODE_COUNT; m++)
             if (strcmp(all_modes[m].name, name) == 0) found = m;
         if (found < 0)
-            ctx_exit_all(ctx, 2, "MODES='%s': no mode '%s'; choose from blocking, none, BACKWARD_PRE, BACKWARD_POST, "
+            world_exit_all(ctx, 2, "MODES='%s': no mode '%s'; choose from blocking, none, BACKWARD_PRE, BACKWARD_POST, "
                          "forward, no_limit", modes, name);
         s.selected[found] = 1;
     }
@@ -132,7 +134,7 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
 
     char text[128];
     snprintf(text, sizeof text, "lab 06 mode %s", m->name);
-    CTX_MPI(ctx, MPI_Barrier(ctx->comm)); /* the modes' windows on the timeline do not overlap across ranks */
+    WORLD_MPI(ctx, MPI_Barrier(ctx->comm)); /* the modes' windows on the timeline do not overlap across ranks */
     trace_mark(&ctx->trace, text);
     mem_reset_peak(&ctx->mem);
     size_t measured_peak[MEM_CATEGORY_COUNT] = {0};
@@ -141,7 +143,7 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
         double start = MPI_Wtime();
         float loss = lesson_trainer_step(&trainer);
         double elapsed = MPI_Wtime() - start;
-        CTX_MPI(ctx, MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, ctx->comm));
+        WORLD_MPI(ctx, MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, ctx->comm));
         if (step > 1) timed += elapsed;
         if (step <= 64) result.losses[step - 1] = loss;
         trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, elapsed);
@@ -160,7 +162,7 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
                         sizeof report);
     char block[4400];
     snprintf(block, sizeof block, "rank %d, mode %s: %s", ctx->rank, m->name, report);
-    ctx_print_ordered(ctx, block);
+    world_print_ordered(ctx, block);
     lesson_trainer_close(&trainer); /* every mode starts from an empty cache */
     return result;
 }
@@ -237,9 +239,9 @@ static int print_table(const char *outdir, const settings *s, const mode_result 
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "06_prefetch", "runs/06_prefetch");
+    session_open(&ctx, &argc, &argv, "06_prefetch", "runs/06_prefetch");
     settings s = read_settings(&ctx);
-    if (s.steps > 64) ctx_exit_all(&ctx, 2, "STEPS='%d': lab 06 keeps at most 64 steps' losses per mode", s.steps);
+    if (s.steps > 64) world_exit_all(&ctx, 2, "STEPS='%d': lab 06 keeps at most 64 steps' losses per mode", s.steps);
     mode_result results[MODE_COUNT] = {{0}};
     if (ctx.rank == 0) {
         printf("Ranks = %d, lab 06: the same %d steps in each mode; the memory model per mode and rank first\n",
@@ -262,11 +264,11 @@ int main(int argc, char **argv) {
             used += (size_t)snprintf(lines + used, sizeof lines - used, " limiter_waits %llu\n",
                                      (unsigned long long)results[m].limiter_waits);
     }
-    ctx_print_ordered(&ctx, lines);
+    world_print_ordered(&ctx, lines);
     int rank = ctx.rank;
     char outdir[sizeof ctx.outdir];
     snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     if (rank == 0 && status == 0 && print_table(outdir, &s, results) != 0) status = 1;
     return status;
 }

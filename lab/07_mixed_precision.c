@@ -9,9 +9,9 @@
  *                     param_shard_low_precision), and that is what the all-gather moves: half the bytes;
  *     post_unshard    once gathered, the low-precision shard is freed (as torch frees it); forward and backward run
  *                     on the bfloat16 values (on CPU, widened into a float32 copy for OpenBLAS, which has no
- *                     bfloat16 GEMM: bfloat16 inputs, float32 accumulation, see core/flat_param.h) and compute as
+ *                     bfloat16 GEMM: bfloat16 inputs, float32 accumulation, see core/fsdp/flat_param.h) and compute as
  *                     torch does on bfloat16 tensors: every op's output rounded to bfloat16 where torch's autograd
- *                     graph holds one (core/layers_bf16.h: each Linear, RMSNorm's two roundings, RoPE's three,
+ *                     graph holds one (core/kernels/layers_bf16.h: each Linear, RMSNorm's two roundings, RoPE's three,
  *                     attention's scores, scaling, probabilities and output, SiLU and its product, the residual
  *                     adds, the logits; in backward every activation gradient);
  *     _post_backward_hook   the gradient (bfloat16 values, as torch's autograd leaves them) is reduce-scattered in
@@ -56,14 +56,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/data.h"
-#include "../core/fsdp.h"
-#include "../core/memory_model.h"
-#include "../core/optim.h"
-#include "../core/qwen2.h"
-#include "../trace/run.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/data/data.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/memory_model.h"
+#include "core/fsdp/optim.h"
+#include "core/models/qwen2.h"
+#include "trace/run.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "lesson_trainer.h"
 
 #define MAX_STEPS 200
@@ -78,20 +80,20 @@ typedef struct settings {
 
 static settings read_settings(context *ctx) {
     settings s = {
-        .micro_batch = (int)cfg_env_int(ctx, "MBS", 4, 1, 4096),
-        .steps = (int)cfg_env_int(ctx, "STEPS", 20, 2, MAX_STEPS),
-        .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
-        .lr = cfg_env_real(ctx, "LR", 1e-3, 0.0, 10.0),
-        .seed = cfg_env_seed(ctx),
+        .micro_batch = (int)env_int(ctx, "MBS", 4, 1, 4096),
+        .steps = (int)env_int(ctx, "STEPS", 20, 2, MAX_STEPS),
+        .seq_len = (int)env_int(ctx, "SEQ", 128, 2, 32768),
+        .lr = env_real(ctx, "LR", 1e-3, 0.0, 10.0),
+        .seed = env_seed(ctx),
     };
     s.options = (fsdp_options){.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1};
     fsdp_prefetch_options_from_env(ctx, &s.options);
-    const char *mp = cfg_env_text(ctx, "MP");
+    const char *mp = env_text(ctx, "MP");
     if (fsdp_mixed_precision_parse(mp != NULL && mp[0] != '\0' ? mp : "bf16", &s.options.mixed_precision, ctx->error,
                                    sizeof ctx->error) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     if (s.options.mixed_precision.param_dtype == DTYPE_FLOAT32)
-        ctx_exit_all(ctx, 2, "MP='%s': lab 07 compares a bfloat16 param_dtype against float32; choose bf16, "
+        world_exit_all(ctx, 2, "MP='%s': lab 07 compares a bfloat16 param_dtype against float32; choose bf16, "
                      "bf16,reduce=fp32 or bf16,keep_low_precision_grads=1", mp);
     fsdp_mixed_precision_label(&s.options.mixed_precision, s.mp_label, sizeof s.mp_label);
     return s;
@@ -118,7 +120,7 @@ static double rounding_sensitivity(context *ctx, const qwen2_model *model, dtype
             sum += fabs((double)fp->grad_shard[i]) * fabs((double)w - (double)rounded);
         }
     }
-    ctx_allreduce(ctx, &sum, 1, MPI_DOUBLE, MPI_SUM, "the rounding sensitivity");
+    world_allreduce(ctx, &sum, 1, MPI_DOUBLE, MPI_SUM, "the rounding sensitivity");
     return sum;
 }
 
@@ -132,11 +134,11 @@ typedef struct kept_gradients {
 static void keep_gradients(kept_gradients *kept, const qwen2_model *model) {
     kept->unit_count = model->unit_count;
     kept->shards = calloc((size_t)model->unit_count, sizeof *kept->shards);
-    if (kept->shards == NULL) ctx_fatal(model->ctx, "out of memory");
+    if (kept->shards == NULL) world_fatal(model->ctx, "out of memory");
     for (int unit = 0; unit < model->unit_count; unit++) {
         const flat_param *fp = &model->units[unit];
         kept->shards[unit] = calloc(fp->sharded_numel, sizeof(float));
-        if (kept->shards[unit] == NULL) ctx_fatal(model->ctx, "out of memory");
+        if (kept->shards[unit] == NULL) world_fatal(model->ctx, "out of memory");
         if (fp->grad_shard != NULL) memcpy(kept->shards[unit], fp->grad_shard, fp->sharded_numel * sizeof(float));
     }
 }
@@ -148,7 +150,7 @@ static double gradient_difference(context *ctx, const kept_gradients *kept, cons
         for (size_t i = 0; i < fp->sharded_numel; i++)
             sum += fabs((double)(fp->grad_shard ? fp->grad_shard[i] : 0.0f) - (double)kept->shards[unit][i]);
     }
-    ctx_allreduce(ctx, &sum, 1, MPI_DOUBLE, MPI_SUM, "the gradient difference");
+    world_allreduce(ctx, &sum, 1, MPI_DOUBLE, MPI_SUM, "the gradient difference");
     return sum;
 }
 
@@ -161,11 +163,11 @@ static void run(context *ctx, const settings *s, const char *name, const fsdp_op
     qwen2_model *model = &training.model;
     adamw_config optimizer = adamw_default_config();
     optimizer.lr = s->lr;
-    int mixed = fp_mixed_precision_enabled(&options->mixed_precision);
+    int mixed = flat_param_mixed_precision_enabled(&options->mixed_precision);
 
     char text[128];
     snprintf(text, sizeof text, "lab 07 run %s", name);
-    CTX_MPI(ctx, MPI_Barrier(ctx->comm)); /* the runs' windows on the timeline do not overlap across ranks */
+    WORLD_MPI(ctx, MPI_Barrier(ctx->comm)); /* the runs' windows on the timeline do not overlap across ranks */
     trace_mark(&ctx->trace, text);
     mem_reset_peak(&ctx->mem);
     double timed = 0.0;
@@ -179,12 +181,12 @@ static void run(context *ctx, const settings *s, const char *name, const fsdp_op
         if (step == 1 && mixed) result->gradient_l1_difference = gradient_difference(ctx, kept, model);
         for (int unit = 0; unit < model->unit_count; unit++) {
             adamw_step(&training.states[unit], &model->units[unit], &optimizer);
-            fp_zero_grad(&model->units[unit]);
+            flat_param_zero_grad(&model->units[unit]);
         }
         double elapsed = MPI_Wtime() - start;
-        ctx_allreduce(ctx, &elapsed, 1, MPI_DOUBLE, MPI_MAX, "the step's time");
+        world_allreduce(ctx, &elapsed, 1, MPI_DOUBLE, MPI_MAX, "the step's time");
         trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, elapsed);
-        ctx_allreduce(ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
+        world_allreduce(ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
         result->losses[step - 1] = loss / ctx->world_size;
         if (step > 1) timed += elapsed;
     }
@@ -200,7 +202,7 @@ static void run(context *ctx, const settings *s, const char *name, const fsdp_op
     memory_model_report(&predicted, result->peak, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, report,
                         sizeof report);
     snprintf(block, sizeof block, "rank %d, run %s: %s", ctx->rank, name, report);
-    ctx_print_ordered(ctx, block);
+    world_print_ordered(ctx, block);
 
     lesson_trainer_close(&training); /* the second run starts from an empty cache, as the first */
 }
@@ -216,7 +218,7 @@ static void print_peaks(context *ctx, const settings *s, const run_result *fp32,
                                  ctx->rank, mem_category_name((mem_category)c), fp32->peak[c], mixed->peak[c],
                                  fp32->peak[c] ? (double)mixed->peak[c] / (double)fp32->peak[c] : 0.0);
     }
-    ctx_print_ordered(ctx, text);
+    world_print_ordered(ctx, text);
 }
 
 /* After the run, from the events: per rank and run, what each kind of collective moved (dtype from bytes / count). */
@@ -268,16 +270,16 @@ static int print_bytes(const char *outdir) {
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "07_mixed_precision", "runs/07_mixed_precision");
+    session_open(&ctx, &argc, &argv, "07_mixed_precision", "runs/07_mixed_precision");
     settings s = read_settings(&ctx);
     fsdp_options fp32_options = s.options;
-    fp32_options.mixed_precision = (fp_mixed_precision){0};
+    fp32_options.mixed_precision = (flat_param_mixed_precision){0};
     qwen2_config config; /* written beside the events: the loss bound's shapes (tests/check_lab07.py) */
     qwen2_config_from_env(&ctx, &config, s.seq_len);
     char path[700];
     snprintf(path, sizeof path, "%s/config.json", ctx.outdir);
     if (ctx.rank == 0 && qwen2_config_save_json(&config, path, ctx.error, sizeof ctx.error) != 0)
-        ctx_fatal(&ctx, "%s", ctx.error);
+        world_fatal(&ctx, "%s", ctx.error);
     if (ctx.rank == 0) {
         printf("Ranks = %d, lab 07: the same %d steps in float32, then with MP=%s (param_dtype %s, reduce_dtype %s%s); "
                "the memory model per run and rank first\n", ctx.world_size, s.steps, s.mp_label,
@@ -310,7 +312,7 @@ int main(int argc, char **argv) {
     int rank = ctx.rank;
     char outdir[sizeof ctx.outdir];
     snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     if (rank == 0 && status == 0 && print_bytes(outdir) != 0) status = 1;
     return status;
 }

@@ -4,7 +4,7 @@
  *   FULL_SHARD spreads every unit over all W ranks: the least memory (shards of 1/W), but every all-gather and
  *   reduce-scatter is a ring through all of them, and on a cluster that ring crosses the links between nodes,
  *   which are several times slower than those inside one. HYBRID_SHARD (torch's ShardingStrategy.HYBRID_SHARD) lays
- *   the ranks out as a mesh (core/group.h): shard groups of S ranks (a node), R = W / S of them, and replicate groups
+ *   the ranks out as a mesh (core/comm/group.h): shard groups of S ranks (a node), R = W / S of them, and replicate groups
  *   of the R ranks that hold the same shard, one per node.
  *     inside a shard group   FULL_SHARD as in lab 05: all-gather before forward and backward, reduce-scatter after
  *                            backward, shards of 1/S (S/W times FULL_SHARD's memory for parameters, gradients and
@@ -41,10 +41,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/group.h"
-#include "../trace/run.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/comm/group.h"
+#include "trace/run.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "lesson_trainer.h"
 
 static const fsdp_strategy modes[] = {FSDP_FULL_SHARD, FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2, FSDP_NO_SHARD};
@@ -67,10 +69,10 @@ static int default_shard_group(context *ctx) {
 
 static settings read_settings(context *ctx) {
     settings s = {
-        .micro_batch = (int)cfg_env_int(ctx, "MBS", 2, 1, 4096),
-        .steps = (int)cfg_env_int(ctx, "STEPS", 3, 1, MAX_STEPS),
-        .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
-        .seed = cfg_env_seed(ctx),
+        .micro_batch = (int)env_int(ctx, "MBS", 2, 1, 4096),
+        .steps = (int)env_int(ctx, "STEPS", 3, 1, MAX_STEPS),
+        .seq_len = (int)env_int(ctx, "SEQ", 128, 2, 32768),
+        .seed = env_seed(ctx),
     };
     s.shard_group = group_shard_size_from_env(ctx, default_shard_group(ctx), 1);
     return s;
@@ -95,7 +97,7 @@ static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strat
 
     char text[128];
     snprintf(text, sizeof text, "lab 08 mode %s", fsdp_strategy_name(strategy));
-    CTX_MPI(ctx, MPI_Barrier(ctx->comm)); /* the modes' windows on the timeline do not overlap across ranks */
+    WORLD_MPI(ctx, MPI_Barrier(ctx->comm)); /* the modes' windows on the timeline do not overlap across ranks */
     trace_mark(&ctx->trace, text);
     mem_reset_peak(&ctx->mem);
     for (int step = 1; step <= s->steps; step++) {
@@ -103,7 +105,7 @@ static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strat
         double loss = lesson_trainer_step(&trainer);
         trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes,
                    MPI_Wtime() - start);
-        ctx_allreduce(ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
+        world_allreduce(ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
         result.losses[step - 1] = loss / ctx->world_size;
     }
     trace_mark(&ctx->trace, "lab 08 mode end");
@@ -144,7 +146,7 @@ static void print_memory(context *ctx, const mode_result *results) {
                "  %-20s %4s %12s %12s %10s   %s\n", "mode", "rank", "sharded", "unsharded", "peak", "memory model");
         fflush(stdout);
     }
-    ctx_print_ordered(ctx, block);
+    world_print_ordered(ctx, block);
 }
 
 /* The traffic of each mode's window, per rank, from the events: what it sent in each group, and what of it crossed
@@ -216,11 +218,11 @@ static int print_traffic(const char *outdir, const settings *s) {
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "08_hybrid_shard", "runs/08_hybrid_shard");
-    ctx_require_world_size(&ctx, 2, 1024);
+    session_open(&ctx, &argc, &argv, "08_hybrid_shard", "runs/08_hybrid_shard");
+    world_require_size(&ctx, 2, 1024);
     settings s = read_settings(&ctx);
     group_mesh mesh;
-    if (group_mesh_init(&mesh, &ctx, s.shard_group) != 0) ctx_exit_all(&ctx, 2, "SHARD_GROUP: %s", ctx.error);
+    if (group_mesh_init(&mesh, &ctx, s.shard_group) != 0) world_exit_all(&ctx, 2, "SHARD_GROUP: %s", ctx.error);
     if (ctx.rank == 0) {
         printf("Ranks = %d as %d shard groups of %d (HYBRID_SHARD's mesh: replicate x shard = %d x %d), %d steps per "
                "mode, micro-batch %d x %d tokens per rank\n", ctx.world_size, mesh.replicate_size, mesh.shard_size,
@@ -232,7 +234,7 @@ int main(int argc, char **argv) {
              group_ranks_text(&mesh.shard, (char[96]){0}, 96));
     snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "replicate group %d (ranks %s)\n",
              mesh.replicate.index, group_ranks_text(&mesh.replicate, (char[96]){0}, 96));
-    ctx_print_ordered(&ctx, groups);
+    world_print_ordered(&ctx, groups);
 
     mode_result results[MODE_COUNT];
     for (int m = 0; m < MODE_COUNT; m++) results[m] = run_mode(&ctx, &s, modes[m], &mesh);
@@ -251,7 +253,7 @@ int main(int argc, char **argv) {
     int rank = ctx.rank, world_size = ctx.world_size;
     char outdir[sizeof ctx.outdir];
     snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     if (rank == 0 && status == 0) {
         if (print_traffic(outdir, &s) != 0) status = 1;
         printf("\nthe lesson: HYBRID_SHARD keeps shards of 1/%d of each unit instead of FULL_SHARD's 1/%d (the "

@@ -10,12 +10,12 @@
  *        AdamW steps on the host, where the shard, its gradient and its moments are.
  *      The device pool is left with the unsharded units in flight, their gradients, one gradient shard (the
  *      reduce-scatter's output until its copy) and the activations. On this CPU build the "device" is a caching
- *      allocator of its own beside the host's (core/mem.h), with its own budget (DEVICE_MEMORY_MB), so the lesson
+ *      allocator of its own beside the host's (core/memory/mem.h), with its own budget (DEVICE_MEMORY_MB), so the lesson
  *      runs on a laptop; on a GPU the same copies cross PCIe, and their time is the price.
  *      A copy is exact: the losses and the parameters are the same with and without offload, bit for bit.
  *   2. Deferred initialisation. torch without the meta device builds the whole model on every rank and then shards
  *      it: every rank's peak holds the whole model. fsdplab's initialisation draws each value from a counter-based
- *      RNG keyed by (seed, parameter name, index) (core/rng.h), so a rank can make its own shard and nothing else:
+ *      RNG keyed by (seed, parameter name, index) (core/base/rng.h), so a rank can make its own shard and nothing else:
  *      the peak is the shard. The lab builds tiny and qwen2-0.5b both ways and shows the two peaks; the shards are
  *      the same bits either way.
  *
@@ -48,14 +48,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/config.h"
-#include "../core/context.h"
-#include "../core/data.h"
-#include "../core/fsdp.h"
-#include "../core/memory_model.h"
-#include "../core/offload.h"
-#include "../core/optim.h"
-#include "../core/qwen2.h"
+#include "core/runtime/env.h"
+#include "core/runtime/context.h"
+#include "core/data/data.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/memory_model.h"
+#include "core/runtime/offload.h"
+#include "core/fsdp/optim.h"
+#include "core/models/qwen2.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 
 enum { MAX_STEPS = 32, MAX_INIT_MODELS = 4 };
 
@@ -67,12 +69,12 @@ typedef struct settings {
 
 static settings read_settings(context *ctx) {
     settings s = {
-        .micro_batch = (int)cfg_env_int(ctx, "MBS", 4, 1, 4096),
-        .accumulation = (int)cfg_env_int(ctx, "ACC", 2, 1, 4096),
-        .steps = (int)cfg_env_int(ctx, "STEPS", 3, 1, MAX_STEPS),
-        .seq_len = (int)cfg_env_int(ctx, "SEQ", 128, 2, 32768),
-        .seed = cfg_env_seed(ctx),
-        .init_models = cfg_env_text(ctx, "INIT_MODELS"),
+        .micro_batch = (int)env_int(ctx, "MBS", 4, 1, 4096),
+        .accumulation = (int)env_int(ctx, "ACC", 2, 1, 4096),
+        .steps = (int)env_int(ctx, "STEPS", 3, 1, MAX_STEPS),
+        .seq_len = (int)env_int(ctx, "SEQ", 128, 2, 32768),
+        .seed = env_seed(ctx),
+        .init_models = env_text(ctx, "INIT_MODELS"),
     };
     if (s.init_models == NULL || s.init_models[0] == '\0') s.init_models = "tiny,qwen2-0.5b";
     /* Refused now, not after the training part: every name a preset, at most MAX_INIT_MODELS of them. */
@@ -83,9 +85,9 @@ static settings read_settings(context *ctx) {
     for (char *save = NULL, *name = strtok_r(copy, ",", &save); name && strcmp(s.init_models, "none") != 0;
          name = strtok_r(NULL, ",", &save)) {
         if (qwen2_config_preset(&config, name, error, sizeof error) != 0)
-            ctx_exit_all(ctx, 2, "INIT_MODELS='%s': %s", s.init_models, error);
+            world_exit_all(ctx, 2, "INIT_MODELS='%s': %s", s.init_models, error);
         if (++count > MAX_INIT_MODELS)
-            ctx_exit_all(ctx, 2, "INIT_MODELS='%s': at most %d models", s.init_models, MAX_INIT_MODELS);
+            world_exit_all(ctx, 2, "INIT_MODELS='%s': at most %d models", s.init_models, MAX_INIT_MODELS);
     }
     return s;
 }
@@ -132,31 +134,31 @@ static run_result run_training(context *ctx, const settings *s, int offload) {
     memory_prediction prediction;
     if (memory_model_predict_config(&prediction, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, &options,
                                     s->micro_batch, s->seq_len, 0, s->steps * s->accumulation) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     memory_model_require_fit(ctx, &prediction);
     qwen2_model model;
     qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
     if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
                                  FSDP_FULL_SHARD, &init) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     module view;
     qwen2_as_module(&model, &view);
     fsdp_runtime runtime;
-    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) world_exit_all(ctx, 2, "%s", ctx->error);
     adamw_config optimizer = adamw_default_config();
     adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
-    if (states == NULL) ctx_fatal(ctx, "out of memory");
+    if (states == NULL) world_fatal(ctx, "out of memory");
     for (int unit = 0; unit < model.unit_count; unit++) adamw_init(&states[unit]);
     data_loader loader;
     if (data_loader_open(&loader, ctx, NULL, config.vocab_size, s->micro_batch, s->seq_len, s->seed, 1) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     size_t batch = (size_t)s->micro_batch * (size_t)s->seq_len;
     int *tokens = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.tokens_host");
     int *targets = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.targets_host");
 
     /* The window the check reads: after the runtime moved the shards to the host (a one-time d2h per unit), before
      * the first step. */
-    CTX_MPI(ctx, MPI_Barrier(ctx->comm));
+    WORLD_MPI(ctx, MPI_Barrier(ctx->comm));
     trace_mark(&ctx->trace, offload ? "lab 09 offload=1" : "lab 09 offload=0");
     uint64_t copies_before[2] = {ctx->copies[0], ctx->copies[1]};
     uint64_t bytes_before[2] = {ctx->copy_bytes[0], ctx->copy_bytes[1]};
@@ -173,7 +175,7 @@ static run_result run_training(context *ctx, const settings *s, int offload) {
         }
         for (int unit = 0; unit < model.unit_count; unit++) {
             adamw_step(&states[unit], &model.units[unit], &optimizer);
-            fp_zero_grad(&model.units[unit]);
+            flat_param_zero_grad(&model.units[unit]);
         }
         result.losses[step - 1] = loss_sum / s->accumulation;
         trace_step(&ctx->trace, step, -1, result.losses[step - 1], ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes,
@@ -214,7 +216,7 @@ static void print_memory_tables(context *ctx, const run_result *r, int offload) 
         snprintf(block + used, sizeof block - (size_t)used, "rank %d, offload=%d, host pool: %s", ctx->rank, offload,
                  report);
     }
-    ctx_print_ordered(ctx, block);
+    world_print_ordered(ctx, block);
 }
 
 /* The lesson's tables, rank 0's figures: what lives where, what moves, what it costs. */
@@ -261,18 +263,18 @@ typedef struct init_result {
 } init_result;
 
 /* Builds one model's FlatParameters (one per decoder layer, the root) on this rank and measures the device pool's peak
- * during it. deferred: each rank draws its own shard (fp_fill_local_shard, inside module_units_build). naive: torch
+ * during it. deferred: each rank draws its own shard (flat_param_fill_local_shard, inside module_units_build). naive: torch
  * without the meta device: every unit's whole padded flat buffer is materialised first (the whole model on every
- * rank), then each is sharded (fp_shard_from_full) and freed. */
+ * rank), then each is sharded (flat_param_shard_from_full) and freed. */
 static init_result build_units(context *ctx, const qwen2_config *config, uint64_t seed, int naive) {
     init_result result = {0};
     module_tree tree;
-    if (qwen2_module_tree(config, &tree) != 0) ctx_fatal(ctx, "out of memory building the module tree");
+    if (qwen2_module_tree(config, &tree) != 0) world_fatal(ctx, "out of memory building the module tree");
     int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param);
-    if (unit_of_param == NULL) ctx_fatal(ctx, "out of memory");
+    if (unit_of_param == NULL) world_fatal(ctx, "out of memory");
     int unit_count = fsdp_auto_wrap(&tree, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, unit_of_param);
     qwen2_init_spec init = {.seed = seed, .std = (float)config->initializer_range};
-    CTX_MPI(ctx, MPI_Barrier(ctx->comm));
+    WORLD_MPI(ctx, MPI_Barrier(ctx->comm));
     size_t live_before = ctx->mem.live_bytes;
     mem_reset_peak(&ctx->mem);
     double start = MPI_Wtime();
@@ -280,20 +282,20 @@ static init_result build_units(context *ctx, const qwen2_config *config, uint64_
     module_location *locations = NULL;
     if (module_units_build(ctx, &tree, unit_of_param, unit_count, 0, "model.", naive ? NULL : qwen2_init_fill, &init,
                            &units, &locations) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     if (naive) {
         float **full = calloc((size_t)unit_count, sizeof *full);
-        if (full == NULL) ctx_fatal(ctx, "out of memory");
+        if (full == NULL) world_fatal(ctx, "out of memory");
         char owner[MEM_OWNER_MAX];
         for (int unit = 0; unit < unit_count; unit++) { /* the whole model, on this rank */
             snprintf(owner, sizeof owner, "%s.unsharded_init", units[unit].unit);
             size_t numel = units[unit].padded_unsharded_numel;
             full[unit] = mem_alloc_uninitialized(&ctx->mem, numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
-            fp_fill_flat_range(&units[unit], qwen2_init_fill, &init, 0, numel, full[unit]);
+            flat_param_fill_flat_range(&units[unit], qwen2_init_fill, &init, 0, numel, full[unit]);
             result.model_bytes += numel * sizeof(float);
         }
         for (int unit = 0; unit < unit_count; unit++) { /* then sharded, unit by unit */
-            fp_shard_from_full(&units[unit], full[unit]);
+            flat_param_shard_from_full(&units[unit], full[unit]);
             mem_free(&ctx->mem, full[unit]);
         }
         free(full);
@@ -314,10 +316,10 @@ static init_result build_units(context *ctx, const qwen2_config *config, uint64_
 static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
     qwen2_config config;
     if (qwen2_config_preset(&config, preset, ctx->error, sizeof ctx->error) != 0) /* read_settings checked it */
-        ctx_fatal(ctx, "INIT_MODELS: %s", ctx->error);
+        world_fatal(ctx, "INIT_MODELS: %s", ctx->error);
     init_result deferred = build_units(ctx, &config, seed, 0);
     init_result naive = build_units(ctx, &config, seed, 1);
-    /* Deferred init writes each value straight into the shard (fp_fill_flat_range into local_shard): no workspace,
+    /* Deferred init writes each value straight into the shard (flat_param_fill_flat_range into local_shard): no workspace,
      * so its peak is the shards, to the byte. The naive peak: the shards (allocated first, zeroed) plus every unit's
      * whole padded buffer, alive together before the first is sharded. */
     size_t deferred_bound = deferred.shard_bytes + 0;
@@ -333,7 +335,7 @@ static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
              (unsigned long long)naive.checksum, same_bits ? "same shards" : "SHARDS DIFFER",
              deferred_ok ? "deferred peak = shards" : "DEFERRED PEAK IS NOT THE SHARDS",
              naive_ok ? "naive peak = shards + model" : "NAIVE PEAK UNEXPECTED");
-    ctx_print_ordered(ctx, line);
+    world_print_ordered(ctx, line);
     if (ctx->rank == 0) {
         printf("  %s: deferred init peaks at %s per rank (its shard), the naive one at %s (%.1fx): the whole model on "
                "every rank; deferred %.2f s, naive %.2f s\n", preset, mem_format_bytes(deferred.peak, a, sizeof a),
@@ -341,12 +343,12 @@ static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
                naive.seconds);
         fflush(stdout);
     }
-    return ctx_all_true(ctx, same_bits && deferred_ok && naive_ok) ? 0 : -1;
+    return world_all_true(ctx, same_bits && deferred_ok && naive_ok) ? 0 : -1;
 }
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "09_offload_and_init", "runs/09_offload_and_init");
+    session_open(&ctx, &argc, &argv, "09_offload_and_init", "runs/09_offload_and_init");
     settings s = read_settings(&ctx);
     if (ctx.rank == 0) {
         printf("Ranks = %d, lab 09: the same %d steps (ACC %d) without and with CPU offload; the memory model per pool "
@@ -373,10 +375,10 @@ int main(int argc, char **argv) {
                          (unsigned long long)r->copies[0], (unsigned long long)r->copy_bytes[0],
                          (unsigned long long)r->copies[1], (unsigned long long)r->copy_bytes[1]);
     }
-    ctx_print_ordered(&ctx, lines);
+    world_print_ordered(&ctx, lines);
     print_offload_lesson(&ctx, &s, &plain, &offloaded);
     int status = 0;
-    if (!ctx_all_true(&ctx, same)) status = 1;
+    if (!world_all_true(&ctx, same)) status = 1;
     if (ctx.rank == 0)
         printf("losses and parameters with and without offload: %s\n",
                status == 0 ? "the same, bit for bit" : "DIFFERENT (a copy lost or changed bytes)");
@@ -389,6 +391,6 @@ int main(int argc, char **argv) {
         for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save))
             if (init_lesson(&ctx, name, s.seed) != 0) status = 1;
     }
-    int finished = ctx_finish(&ctx);
+    int finished = session_close(&ctx);
     return status != 0 ? status : finished;
 }

@@ -4,9 +4,9 @@
 #ifndef FSDPLAB_LESSON_LAYER_H
 #define FSDPLAB_LESSON_LAYER_H
 
-#include "../core/flat_param.h"
+#include "core/fsdp/flat_param.h"
 
-static const fp_tensor_spec lesson_layer_params[] = {
+static const flat_param_tensor_spec lesson_layer_params[] = {
     {"layers.0.input_layernorm.weight", 1, {256}},
     {"layers.0.self_attn.q_proj.weight", 2, {256, 256}},
     {"layers.0.self_attn.q_proj.bias", 1, {256}},

@@ -7,13 +7,14 @@
 
 #include <stdlib.h>
 
-#include "../core/config.h"
-#include "../core/data.h"
-#include "../core/fsdp.h"
-#include "../core/memory_model.h"
-#include "../core/offload.h"
-#include "../core/optim.h"
-#include "../core/qwen2.h"
+#include "core/runtime/env.h"
+#include "core/data/data.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/memory_model.h"
+#include "core/runtime/offload.h"
+#include "core/fsdp/optim.h"
+#include "core/models/qwen2.h"
+#include "core/runtime/world.h"
 
 typedef struct lesson_trainer {
     context *ctx;
@@ -39,20 +40,20 @@ static inline void lesson_trainer_open(lesson_trainer *t, context *ctx, const fs
     memory_prediction prediction;
     if (memory_model_predict_config(&prediction, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, options,
                                     micro_batch, seq_len, 0, steps) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     memory_model_require_fit(ctx, &prediction);
     qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
     if (qwen2_model_init_wrapped(&t->model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
                                  options->strategy, &init) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     qwen2_as_module(&t->model, &t->view);
-    if (fsdp_runtime_init(&t->runtime, ctx, &t->view, options) != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+    if (fsdp_runtime_init(&t->runtime, ctx, &t->view, options) != 0) world_exit_all(ctx, 2, "%s", ctx->error);
     t->optimizer = adamw_default_config();
     t->states = calloc((size_t)t->model.unit_count, sizeof *t->states);
-    if (t->states == NULL) ctx_fatal(ctx, "out of memory");
+    if (t->states == NULL) world_fatal(ctx, "out of memory");
     for (int unit = 0; unit < t->model.unit_count; unit++) adamw_init(&t->states[unit]);
     if (data_loader_open(&t->loader, ctx, NULL, config.vocab_size, micro_batch, seq_len, seed, 1) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     size_t batch = (size_t)micro_batch * (size_t)seq_len;
     t->tokens = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.tokens_host");
     t->targets = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.targets_host");
@@ -66,7 +67,7 @@ static inline float lesson_trainer_step(lesson_trainer *t) {
                                        FSDP_MICRO_BATCH_LAST);
     for (int unit = 0; unit < t->model.unit_count; unit++) {
         adamw_step(&t->states[unit], &t->model.units[unit], &t->optimizer);
-        fp_zero_grad(&t->model.units[unit]);
+        flat_param_zero_grad(&t->model.units[unit]);
     }
     return loss;
 }

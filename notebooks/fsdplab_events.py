@@ -257,7 +257,7 @@ def parse_size(text: str) -> float:
 
 
 def format_bytes(nbytes: float) -> str:
-    """Bytes as the C side prints them (core/mem.c mem_format_bytes): '1.5 MB', '873.0 KB', '512 B'."""
+    """Bytes as the C side prints them (core/memory/mem.c mem_format_bytes): '1.5 MB', '873.0 KB', '512 B'."""
     nbytes = int(nbytes)
     if nbytes >= 1_000_000_000:
         return f"{nbytes / 1e9:.2f} GB"

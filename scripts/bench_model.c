@@ -19,11 +19,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/context.h"
-#include "../core/fsdp.h"
-#include "../core/layers.h"
-#include "../core/qwen2.h"
-#include "../core/rng.h"
+#include "core/runtime/context.h"
+#include "core/fsdp/fsdp.h"
+#include "core/kernels/layers.h"
+#include "core/models/qwen2.h"
+#include "core/base/rng.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 
 static double now_seconds(void) {
     struct timespec t;
@@ -65,35 +67,35 @@ static const char *argument(int argc, char **argv, const char *key, const char *
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "bench_model", "runs/bench_model");
+    session_open(&ctx, &argc, &argv, "bench_model", "runs/bench_model");
     qwen2_config config;
     if (qwen2_config_preset(&config, argument(argc, argv, "model", "tiny"), ctx.error, sizeof ctx.error) != 0)
-        ctx_exit_all(&ctx, 2, "%s", ctx.error);
+        world_exit_all(&ctx, 2, "%s", ctx.error);
     for (int i = 1; i < argc; i++) {
         char key[64];
         const char *equals = strchr(argv[i], '=');
-        if (equals == NULL || (size_t)(equals - argv[i]) >= sizeof key) ctx_exit_all(&ctx, 2, "'%s' is not key=value", argv[i]);
+        if (equals == NULL || (size_t)(equals - argv[i]) >= sizeof key) world_exit_all(&ctx, 2, "'%s' is not key=value", argv[i]);
         snprintf(key, sizeof key, "%.*s", (int)(equals - argv[i]), argv[i]);
         if (strcmp(key, "model") == 0 || strcmp(key, "B") == 0 || strcmp(key, "T") == 0 || strcmp(key, "iterations") == 0 ||
             strcmp(key, "probe") == 0)
             continue;
-        if (qwen2_config_set(&config, key, equals + 1, ctx.error, sizeof ctx.error) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+        if (qwen2_config_set(&config, key, equals + 1, ctx.error, sizeof ctx.error) != 0) world_exit_all(&ctx, 2, "%s", ctx.error);
     }
-    if (qwen2_config_validate(&config, ctx.error, sizeof ctx.error) != 0) ctx_exit_all(&ctx, 2, "%s", ctx.error);
+    if (qwen2_config_validate(&config, ctx.error, sizeof ctx.error) != 0) world_exit_all(&ctx, 2, "%s", ctx.error);
     int B = atoi(argument(argc, argv, "B", "4")), T = atoi(argument(argc, argv, "T", "128"));
     int iterations = atoi(argument(argc, argv, "iterations", "5"));
-    if (B < 1 || T < 1 || iterations < 1) ctx_exit_all(&ctx, 2, "B, T and iterations must be positive");
+    if (B < 1 || T < 1 || iterations < 1) world_exit_all(&ctx, 2, "B, T and iterations must be positive");
 
     if (atoi(argument(argc, argv, "probe", "0")) != 0) {
         /* The peak under the lab's load: every rank multiplies at once, after a barrier. */
         layers_set_threads(ctx.threads);
-        CTX_MPI(&ctx, MPI_Barrier(ctx.comm));
+        WORLD_MPI(&ctx, MPI_Barrier(ctx.comm));
         double peak = sgemm_peak_gflops(&ctx, 10), forward = qwen2_forward_flops(&config, B, T, 0);
         char line[512];
         snprintf(line, sizeof line, "{\"rank\": %d, \"threads\": %d, \"B\": %d, \"T\": %d, \"forward_flops\": %.0f, "
                  "\"step_flops\": %.0f, \"sgemm_peak_gflops\": %.2f}\n", ctx.rank, ctx.threads, B, T, forward,
                  3.0 * forward, peak);
-        ctx_print_ordered(&ctx, line);
+        world_print_ordered(&ctx, line);
         trace_close(&ctx.trace);
         size_t leaks = mem_shutdown(&ctx.mem);
         MPI_Finalize();
@@ -102,9 +104,9 @@ int main(int argc, char **argv) {
     qwen2_init_spec init = {.seed = 1, .std = (float)config.initializer_range};
     qwen2_model model;
     if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
-        ctx_exit_all(&ctx, 2, "%s", ctx.error);
+        world_exit_all(&ctx, 2, "%s", ctx.error);
     for (int unit = 0; unit < model.unit_count; unit++)
-        if (fp_unshard(&model.units[unit], "bench") != 0) ctx_fatal(&ctx, "%s", ctx.error);
+        if (flat_param_unshard(&model.units[unit], "bench") != 0) world_fatal(&ctx, "%s", ctx.error);
 
     int *tokens = calloc((size_t)B * T, sizeof *tokens), *targets = calloc((size_t)B * T, sizeof *targets);
     for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_bits(2, 3, (uint64_t)i) % (uint64_t)config.vocab_size);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen2's tokenizer on one thread: core/tokenizer.c (through tests/bin/tokenize_tool) vs HF `tokenizers` built from
+# Qwen2's tokenizer on one thread: core/data/tokenizer.c (through tests/bin/tokenize_tool) vs HF `tokenizers` built from
 # the same qwen.tiktoken (tests/check_tokenizer_parity.py's construction), encoding the same text. Prints both rates
 # in tokens/s and ours / HF. Ours encodes the text whole, repeatedly for about SECONDS, its pre-token cache warm
 # after the first pass. HF is timed two ways, caches warm likewise: the text whole (encode: slow on one string of
@@ -48,7 +48,7 @@ whole = rate(lambda: len(tokenizer.encode(text, add_special_tokens=False).ids))
 batch = rate(lambda: sum(len(e.ids) for e in tokenizer.encode_batch_fast(lines, add_special_tokens=False)))
 ours_tokens, ours_rate = int(ours[1]), float(ours[7])
 print(f"text: {path} ({os.path.getsize(path)} bytes, {len(lines)} lines)")
-print(f"ours (core/tokenizer.c), whole text:        {ours_rate:12,.0f} tokens/s  ({ours_tokens} tokens in {ours[5]} s)")
+print(f"ours (core/data/tokenizer.c), whole text:        {ours_rate:12,.0f} tokens/s  ({ours_tokens} tokens in {ours[5]} s)")
 print(f"HF tokenizers, 1 thread, whole text:        {whole[0]:12,.0f} tokens/s  ({whole[1]} tokens in {whole[2]:.3f} s)")
 print(f"HF tokenizers, 1 thread, encode_batch_fast: {batch[0]:12,.0f} tokens/s  ({batch[1]} tokens in {batch[2]:.3f} s)")
 print(f"ours / HF (the faster): {ours_rate / max(whole[0], batch[0]):.2f}x")

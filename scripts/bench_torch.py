@@ -11,14 +11,14 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-PRESETS = {  # the same values as core/qwen2.c's presets
+PRESETS = {  # the same values as core/models/qwen2.c's presets
     "tiny": dict(vocab_size=260, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0),
     "qwen2-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=131072,
                        rope_theta=1000000.0),
 }
-PRESETS["qwen2"] = PRESETS["qwen2-0.5b"]  # the seed's name for it, as core/qwen2.c accepts
+PRESETS["qwen2"] = PRESETS["qwen2-0.5b"]  # the seed's name for it, as core/models/qwen2.c accepts
 RUN_KEYS = {"model", "B", "T", "iterations"}  # everything else is a Qwen2Config field, as for scripts/bench_model
 
 

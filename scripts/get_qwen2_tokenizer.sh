@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches Qwen2's vocabulary, qwen.tiktoken (151,643 byte-level BPE tokens as "base64token rank" lines, the ranks
-# Qwen2's tokenizer.json merges by), into data/qwen2/qwen.tiktoken, for core/tokenizer.c and its checks.
+# Qwen2's tokenizer.json merges by), into data/qwen2/qwen.tiktoken, for core/data/tokenizer.c and its checks.
 #
 # Source: PyPI only (no Hugging Face hub needed): the wheel of dashscope 2.0.2 ships it as
 # dashscope/resources/qwen.tiktoken. The file is Qwen's, released under the Apache License 2.0 (as the dashscope

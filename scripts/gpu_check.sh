@@ -14,7 +14,7 @@
 #      (tests/compare_losses.py), gradients and parameters (qwen2_tool compare) within tests/tolerances.py's bounds,
 #      the same bounds that hold 1 rank against N ranks on the CPU (float32 sums in another order, TF32 off)
 #      then the same with MP=bf16 (the device's bfloat16 layers: cuBLAS GEMMs on bfloat16 tensor cores) against the
-#      CPU's core/layers_bf16.c: losses within the bfloat16 flip bound and drift (compare_losses.py bf16), parameters
+#      CPU's core/kernels/layers_bf16.c: losses within the bfloat16 flip bound and drift (compare_losses.py bf16), parameters
 #      within AdamW's bound
 #   4. Qwen2-0.5B, MBS=8 SEQ=256 ACC=2 STEPS=3 (the seed's run): BACKEND=nccl on 1 rank beside PyTorch FSDP on the same
 #      GPU, same init and batches (scripts/train.sh FSDP=both: the table of loss difference, time and peak ratios),
@@ -192,7 +192,7 @@ if want 3; then
   result "tiny $tiny_steps steps: GPU losses, gradients, parameters = CPU's; memory model" $status \
     "$(grep -m1 -i 'bound' "$out/tiny_compare.log" 2>/dev/null)"
 
-  # ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/layers_bf16.c
+  # ---- 3b. the same in bfloat16 (MP=bf16): the GPU's bfloat16 layers vs core/kernels/layers_bf16.c
   tiny_runs tiny_bf16 MP=bf16
   status=$?
   if [ $status = 0 ]; then

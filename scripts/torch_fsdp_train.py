@@ -103,7 +103,7 @@ def my_batches(path, rank, world, mbs, seq, count):
 
 
 def hybrid_mesh(args, world):
-    """HYBRID_SHARD's 2-D mesh, (replicate, shard) = (world / S, S), as fsdplab's core/group.h lays it out: shard
+    """HYBRID_SHARD's 2-D mesh, (replicate, shard) = (world / S, S), as fsdplab's core/comm/group.h lays it out: shard
     groups of consecutive ranks. Without a mesh torch would split by CUDA devices per node, which CPU has none of.
     None for the other strategies."""
     if not args.strategy.lstrip("_").startswith("HYBRID_SHARD"):

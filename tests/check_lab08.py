@@ -9,7 +9,7 @@ rank sends across groups are derived here from the model's config alone, not fro
 root: embedding + final norm, untied lm_head too; one per decoder layer) is a FlatParameter of numel parameters,
 padded to a multiple of S = SHARD_GROUP and cut into shards of padded / S floats; after each gradient reduction (ACC
 per step, 1 with NO_SYNC: REDUCTIONS_PER_STEP) the shard is all-reduced across the replicate group of R = W / S
-ranks, which under a ring moves 2 (R-1)/R of the shard each way (core/comm.c, EVENTS.md: the product in double,
+ranks, which under a ring moves 2 (R-1)/R of the shard each way (core/comm/comm.c, EVENTS.md: the product in double,
 truncated to bytes), in ELEMENT_BYTES per element: 4 (float32), 2 when the gradients reduce in bfloat16 (MP=bf16: the
 all-reduce's event must then say dtype bfloat16). So per rank: replicate-group bytes = STEPS x REDUCTIONS x sum over units of that, exactly; and
 every other collective runs in this rank's shard group (ranks S*i .. S*i + S-1), none in the world or across.
@@ -26,7 +26,7 @@ from collections import defaultdict
 
 
 def unit_numels(config):
-    """The FlatParameters' unpadded sizes, as core/qwen2.c registers the parameters (transformer_auto_wrap_policy)."""
+    """The FlatParameters' unpadded sizes, as core/models/qwen2.c registers the parameters (transformer_auto_wrap_policy)."""
     C, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim", C // heads)

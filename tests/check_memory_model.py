@@ -1,10 +1,10 @@
 """Reads lab 05's printed memory table (analytic model vs measured peak, per category) and checks that every
 category's measured peak equals the model's to the byte. Nothing here is rounded: allocations are whole bytes,
-the same on every CPU, and core/memory_model.c counts the very buffers the code allocates, so a difference of one
+the same on every CPU, and core/models/memory_model.c counts the very buffers the code allocates, so a difference of one
 byte is a bug in the runtime (a buffer kept too long, one too many in flight) or in the model.
 
 Reserved bytes (the caching allocator's segments) are bounded, not predicted: allocated peak <= reserved peak <=
-the model's bound (core/memory_model.c says what the bound assumes). ALLOC=malloc runs have reserved == the rounded
+the model's bound (core/models/memory_model.c says what the bound assumes). ALLOC=malloc runs have reserved == the rounded
 allocations, so the same check holds.
 
 usage: python3 tests/check_memory_model.py LAB05_OUTPUT_LOG

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Qwen2's tokenizer, core/tokenizer.c vs HF `tokenizers`, both built from the SAME qwen.tiktoken.
+"""Qwen2's tokenizer, core/data/tokenizer.c vs HF `tokenizers`, both built from the SAME qwen.tiktoken.
 
 The HF side is Qwen2's tokenizer.json rebuilt from the ranks: vocab = each token's byte-level (GPT-2 table) string
 with its rank as id; merges recovered from the ranks as HF's tiktoken converter does (for each token of 2+ bytes, run

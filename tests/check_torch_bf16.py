@@ -1,4 +1,4 @@
-"""fsdplab's bfloat16 compute (MP=bf16, core/layers_bf16.h) against torch's: what torch does, then the model.
+"""fsdplab's bfloat16 compute (MP=bf16, core/kernels/layers_bf16.h) against torch's: what torch does, then the model.
 
   A. torch's rules. Each rule layers_bf16.h states about torch's bfloat16 ops on CPU is checked on torch itself, on
      random bfloat16 data: element-wise ops (x * scalar, a * b, a + b, silu, RMSNorm as HF's Qwen2RMSNorm, RoPE as HF's

@@ -23,16 +23,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/context.h"
-#include "../core/data.h"
-#include "../core/dcp.h"
-#include "../core/mem.h"
-#include "../core/qwen2.h"
-#include "../core/safetensors.h"
-#include "../core/tokenizer.h"
-#include "../trace/export.h"
-#include "../trace/run.h"
-#include "../trace/trace.h"
+#include "core/runtime/context.h"
+#include "core/data/data.h"
+#include "core/io/dcp.h"
+#include "core/memory/mem.h"
+#include "core/models/qwen2.h"
+#include "core/io/safetensors.h"
+#include "core/data/tokenizer.h"
+#include "trace/export.h"
+#include "trace/run.h"
+#include "trace/trace.h"
+#include "core/runtime/world.h"
+#include "core/base/file.h"
+#include "core/runtime/session.h"
 
 enum { TIME_LIMIT_S = 20, REFUSALS_PER_PARSER = 40, TOKENS_SEQ_LEN = 16, TOKENS_VOCAB = 260 };
 
@@ -630,7 +633,7 @@ static void replace_first(const buffer *seed, buffer *out, const char *from, con
     out->size--;
 }
 
-/* A sharded checkpoint's .metadata (core/dcp.h): two units on two ranks. An accepted one must keep every range
+/* A sharded checkpoint's .metadata (core/io/dcp.h): two units on two ranks. An accepted one must keep every range
  * inside its unit and every file name inside the checkpoint's directory. */
 static const char dcp_valid[] =
     "{\"format\":\"" DCP_FORMAT "\",\"version\":1,\"step\":4,\"data_windows\":\"64\",\"world_size\":2,"
@@ -685,7 +688,7 @@ static void dcp_refusal(const buffer *seed, uint64_t *rng, buffer *out, char *wh
     snprintf(what, what_size, "%s", edits[kind][2]);
 }
 
-/* A tiktoken ranks file (core/tokenizer.c; tests/data/tiny_ranks.tiktoken: the 256 bytes and "Hi"). An accepted
+/* A tiktoken ranks file (core/data/tokenizer.c; tests/data/tiny_ranks.tiktoken: the 256 bytes and "Hi"). An accepted
  * vocabulary has a token for every byte, so any text must come back from decode(encode(text)) unchanged. */
 static int tiktoken_seed(fuzz_state *state) {
     buffer b = {0};
@@ -781,7 +784,7 @@ static int fuzz_one(int index, context *ctx, const char *outdir, uint64_t seed, 
     char error[2048];
     buffer valid = {0}, mutant = {0};
     int failures = 0;
-    if (ctx_make_directories(state.dir) != 0 || parser->make_seed(&state) != 0 || file_read(state.path, &valid) != 0) {
+    if (file_make_directories(state.dir) != 0 || parser->make_seed(&state) != 0 || file_read(state.path, &valid) != 0) {
         printf("FAIL %s: cannot write its valid file in %s\n", parser->name, state.dir);
         return 1;
     }
@@ -823,12 +826,12 @@ static int fuzz_one(int index, context *ctx, const char *outdir, uint64_t seed, 
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "fuzz_parsers", "runs/fuzz_parsers");
+    session_open(&ctx, &argc, &argv, "fuzz_parsers", "runs/fuzz_parsers");
     char *end = NULL;
     uint64_t seed = argc >= 3 ? strtoull(argv[1], &end, 10) : 0;
     long iterations = argc >= 3 ? strtol(argv[2], NULL, 10) : -1;
     if (argc < 3 || argc > 4 || end == argv[1] || *end != '\0' || iterations < 0 || ctx.world_size != 1)
-        ctx_exit_all(&ctx, 2, "usage: fuzz_parsers SEED ITERATIONS [PARSER]   (one process; files under OUT)\n");
+        world_exit_all(&ctx, 2, "usage: fuzz_parsers SEED ITERATIONS [PARSER]   (one process; files under OUT)\n");
     setvbuf(stdout, NULL, _IOLBF, 0); /* each parser's line before a sanitizer's report, should one abort us */
     signal(SIGALRM, on_alarm);
     int failures = 0, matched = 0;
@@ -837,8 +840,8 @@ int main(int argc, char **argv) {
         matched++;
         failures += fuzz_one((int)index, &ctx, ctx.outdir, seed, iterations);
     }
-    if (matched == 0) ctx_exit_all(&ctx, 2, "fuzz_parsers: no parser named '%s'\n", argv[3]);
+    if (matched == 0) world_exit_all(&ctx, 2, "fuzz_parsers: no parser named '%s'\n", argv[3]);
     printf("%s\n", failures ? "fuzz_parsers: FAILED" : "fuzz_parsers: every parser survived");
-    int status = ctx_finish(&ctx);
+    int status = session_close(&ctx);
     return failures == 0 && status == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,9 +1,9 @@
 /* gpu_layers.c — the CUDA device against the CPU, function by function (step 1 of scripts/gpu_check.sh).
  *
- * For every function of core/device.h's table that computes (all but zero, copy and synchronize), on several shapes
+ * For every function of core/device/device.h's table that computes (all but zero, copy and synchronize), on several shapes
  * (grouped-query, multi-query and plain attention, a KV cache with past > 0, odd row and column counts, tokens that
  * repeat, ignore_index targets, a batch where every target is ignored), the same random inputs go to the CPU
- * (core/layers.c and the CPU's element loops, called directly) and to the CUDA device (device_cuda_init, then the
+ * (core/kernels/layers.c and the CPU's element loops, called directly) and to the CUDA device (cuda_device_init, then the
  * table), and every output element is compared within a bound derived for it, next to each check below. Prints one
  * row per check (what, max |cpu - gpu|, the bound at the worst element, worst |diff| / bound, PASS or FAIL) and
  * exits 1 when any check fails, 77 when this build or machine has no CUDA device.
@@ -21,7 +21,7 @@
  * and the two fmaf's only; km_mul_unfused keeps nvcc from fusing the rest). TF32 must be off (the GEMM bounds
  * assume float32 products).
  *
- * The bfloat16 layers (device.h's *_bf16 entries: the CPU device's, core/layers_bf16.c, against the CUDA device's)
+ * The bfloat16 layers (device.h's *_bf16 entries: the CPU device's, core/kernels/layers_bf16.c, against the CUDA device's)
  * run on inputs rounded to bfloat16 and are checked with intervals carried through each layer op by op (see "the
  * layers in bfloat16" below): bit equality wherever no bfloat16 rounding can flip, one bfloat16 ulp (or what a
  * flip upstream carries) where one can. On the emulator, a last check shows its GemmEx refusing other types and
@@ -36,13 +36,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../core/device.h"
-#include "../core/dtype.h"
-#include "../core/kernel_math.h"
-#include "../core/layers.h"
-#include "../core/rng.h"
+#include "core/device/device.h"
+#include "core/base/dtype.h"
+#include "core/base/kernel_math.h"
+#include "core/kernels/layers.h"
+#include "core/base/rng.h"
 #ifdef FSDPLAB_CUDA
-#include "../core/cuda/cuda_device.h"
+#include "core/cuda/cuda_device.h"
 #endif
 
 #define U 0x1p-24
@@ -762,9 +762,9 @@ static void check_adamw(size_t count, int step, float lerp_weight) {
     for (size_t i = 0; i < count; i += 97) param[i] = grad[i] = 0.0f; /* padding-like zeros */
     buffer d_param = to_device(param, count * 4), d_grad = to_device(grad, count * 4);
     buffer d_m = to_device(exp_avg, count * 4), d_v = to_device(exp_avg_sq, count * 4);
-    /* The scalars as core/optim.c derives them (lr 1e-3, betas 0.9 / 0.999, eps 1e-8, weight decay 0.01). */
+    /* The scalars as core/fsdp/optim.c derives them (lr 1e-3, betas 0.9 / 0.999, eps 1e-8, weight decay 0.01). */
     double lr = 1e-3, beta1 = 0.9, beta2 = 0.999;
-    device_adamw_scalars s = {
+    adamw_kernel_scalars s = {
         .decay = (float)(1.0 - lr * 0.01),
         .lerp_weight = lerp_weight,
         .beta2 = (float)beta2,
@@ -773,7 +773,7 @@ static void check_adamw(size_t count, int step, float lerp_weight) {
         .eps = 1e-8f,
         .negative_step_size = (float)(-lr / (1.0 - pow(beta1, step))),
     };
-    /* The CPU: core/optim.c's loop body, kernel_math.h's element (this file is built without contraction, -std=c11,
+    /* The CPU: core/fsdp/optim.c's loop body, kernel_math.h's element (this file is built without contraction, -std=c11,
      * as optim.c is with -ffp-contract=off: the same bits). */
     for (size_t i = 0; i < count; i++) {
         km_adamw_result r =
@@ -794,7 +794,7 @@ static void check_adamw(size_t count, int step, float lerp_weight) {
     free(param), free(grad), free(exp_avg), free(exp_avg_sq), free(g_param), free(g_m), free(g_v);
 }
 
-/* ---- the layers in bfloat16 (core/layers_bf16.h): intervals that hold both devices' values ----
+/* ---- the layers in bfloat16 (core/kernels/layers_bf16.h): intervals that hold both devices' values ----
  *
  * Both devices run each bfloat16 layer on the same bfloat16 inputs and round at the same places (kernel_math.h's
  * km_bf16_* on both), but take their float32 sums in other orders (the GPU's GEMMs on bfloat16 tensor cores), and on
@@ -1429,11 +1429,7 @@ static void check_emulator_gemm_ex(void) {
 
 int main(void) {
     char error[256];
-    if (!device_cuda_available()) {
-        printf("gpu_layers: this is not a CUDA build (make CUDA=1): nothing to compare\n");
-        return 77;
-    }
-    if (device_cuda_init(&gpu, 0, 1, error, sizeof error) != 0) {
+    if (cuda_device_init(&gpu, 0, 1, error, sizeof error) != 0) {
         printf("gpu_layers: no CUDA device: %s\n", error);
         return 77;
     }

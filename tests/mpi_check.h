@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../core/context.h"
+#include "core/runtime/context.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 
-#define CK_ASSERT_ALL(ctx, ok, ...) ck_assert_msg(ctx_all_true((ctx), (ok)), __VA_ARGS__)
+#define CK_ASSERT_ALL(ctx, ok, ...) ck_assert_msg(world_all_true((ctx), (ok)), __VA_ARGS__)
 
 /* Runs the suite on every rank; the exit status is 0 only when every rank passed every test. */
 static inline int mpi_check_run(context *ctx, Suite *suite) {
@@ -21,9 +23,9 @@ static inline int mpi_check_run(context *ctx, Suite *suite) {
     srunner_run_all(runner, ctx->rank == 0 ? CK_NORMAL : CK_SILENT);
     int failed = srunner_ntests_failed(runner);
     srunner_free(runner);
-    int all_passed = ctx_all_true(ctx, failed == 0);
+    int all_passed = world_all_true(ctx, failed == 0);
     if (ctx->rank == 0) printf("world size %d: %s\n", ctx->world_size, all_passed ? "all ranks passed" : "FAILED");
-    int status = ctx_finish(ctx);
+    int status = session_close(ctx);
     return all_passed && status == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 

@@ -25,12 +25,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/checkpoint.h"
-#include "../core/context.h"
-#include "../core/data.h"
-#include "../core/fsdp.h"
-#include "../core/qwen2.h"
-#include "../core/safetensors.h"
+#include "core/io/pretrained.h"
+#include "core/runtime/context.h"
+#include "core/data/data.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/qwen2.h"
+#include "core/io/safetensors.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: qwen2_tool params <preset>\n"
@@ -49,7 +51,7 @@ static long long integer_argument(context *ctx, const char *what, const char *te
     errno = 0;
     long long value = strtoll(text, &end, 10);
     if (errno != 0 || end == text || *end != '\0' || value < least || value > most)
-        ctx_exit_all(ctx, 2, "%s '%s' is not an integer in %lld..%lld", what, text, least, most);
+        world_exit_all(ctx, 2, "%s '%s' is not an integer in %lld..%lld", what, text, least, most);
     return value;
 }
 
@@ -57,18 +59,18 @@ static long long integer_argument(context *ctx, const char *what, const char *te
 static void load_config(context *ctx, const char *what, qwen2_config *config) {
     int status = strstr(what, ".json") ? qwen2_config_load_json(config, what, ctx->error, sizeof ctx->error)
                                        : qwen2_config_preset(config, what, ctx->error, sizeof ctx->error);
-    if (status != 0) ctx_exit_all(ctx, 2, "%s", ctx->error);
+    if (status != 0) world_exit_all(ctx, 2, "%s", ctx->error);
 }
 
 /* One unit per decoder layer, as lab 05 wraps it. */
 static void make_model(context *ctx, qwen2_model *model, const qwen2_config *config, const qwen2_init_spec *init) {
     if (qwen2_model_init_wrapped(model, ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, init) != 0)
-        ctx_fatal(ctx, "%s", ctx->error);
+        world_fatal(ctx, "%s", ctx->error);
 }
 
 static void unshard_all(qwen2_model *model) {
     for (int unit = 0; unit < model->unit_count; unit++)
-        if (fp_unshard(&model->units[unit], "tool") != 0) ctx_fatal(model->ctx, "%s", model->ctx->error);
+        if (flat_param_unshard(&model->units[unit], "tool") != 0) world_fatal(model->ctx, "%s", model->ctx->error);
 }
 
 static void load_model(context *ctx, qwen2_model *model, const char *directory) {
@@ -77,13 +79,13 @@ static void load_model(context *ctx, qwen2_model *model, const char *directory) 
     qwen2_config config;
     load_config(ctx, path, &config);
     make_model(ctx, model, &config, NULL);
-    if (ckpt_load_pretrained(model, directory) != 0) ctx_exit_all(ctx, 1, "%s", ctx->error);
+    if (pretrained_load(model, directory) != 0) world_exit_all(ctx, 1, "%s", ctx->error);
     /* MP (as lab 05's, e.g. bf16): the units gather and the layers compute as under torch's MixedPrecision */
     fsdp_options options = {0};
     fsdp_mixed_precision_from_env(ctx, &options);
     for (int unit = 0; unit < model->unit_count; unit++)
-        if (fp_set_mixed_precision(&model->units[unit], &options.mixed_precision) != 0)
-            ctx_exit_all(ctx, 2, "%s", ctx->error);
+        if (flat_param_set_mixed_precision(&model->units[unit], &options.mixed_precision) != 0)
+            world_exit_all(ctx, 2, "%s", ctx->error);
     unshard_all(model);
 }
 
@@ -91,7 +93,7 @@ static int command_params(context *ctx, const char *preset) {
     qwen2_config config;
     load_config(ctx, preset, &config);
     qwen2_tree tree;
-    if (qwen2_tree_build(&tree, &config) != 0) ctx_fatal(ctx, "out of memory");
+    if (qwen2_tree_build(&tree, &config) != 0) world_fatal(ctx, "out of memory");
     size_t total = 0;
     for (int p = 0; p < tree.param_count; p++) {
         const qwen2_param *param = &tree.params[p];
@@ -112,7 +114,7 @@ static int command_flops(context *ctx, const char *what, const char *B_text, con
     int B = (int)integer_argument(ctx, "flops: B", B_text, 1, 1 << 20);
     int T = (int)integer_argument(ctx, "flops: T", T_text, 1, 1 << 24);
     qwen2_tree tree;
-    if (qwen2_tree_build(&tree, &config) != 0) ctx_fatal(ctx, "out of memory");
+    if (qwen2_tree_build(&tree, &config) != 0) world_fatal(ctx, "out of memory");
     size_t params = 0;
     for (int p = 0; p < tree.param_count; p++) params += qwen2_param_numel(&tree.params[p]);
     qwen2_tree_free(&tree);
@@ -126,12 +128,12 @@ static int command_init(context *ctx, const char *what, const char *seed_text, c
     qwen2_config config;
     load_config(ctx, what, &config);
     if (overrides != NULL && overrides[0] && qwen2_config_apply(&config, overrides, ctx->error, sizeof ctx->error) != 0)
-        ctx_exit_all(ctx, 2, "%s", ctx->error);
+        world_exit_all(ctx, 2, "%s", ctx->error);
     uint64_t seed = (uint64_t)integer_argument(ctx, "init: seed", seed_text, 0, INT64_MAX);
     qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
     qwen2_model model;
     make_model(ctx, &model, &config, &init);
-    int status = ckpt_save_pretrained(&model, directory);
+    int status = pretrained_save(&model, directory);
     if (status != 0) fprintf(stderr, "qwen2_tool: %s\n", ctx->error);
     qwen2_model_free(&model);
     return status == 0 ? 0 : 1;
@@ -183,19 +185,19 @@ static int command_run(context *ctx, const char *directory, const char *batch_pa
     int *targets = batch ? read_matrix(batch, "targets", &target_rows, &target_columns) : NULL;
     cJSON_Delete(batch);
     if (tokens == NULL || targets == NULL || target_rows != B || target_columns != T)
-        ctx_exit_all(ctx, 2, "%s: needs input_ids and targets, equal-length rows of the same shape", batch_path);
+        world_exit_all(ctx, 2, "%s: needs input_ids and targets, equal-length rows of the same shape", batch_path);
     qwen2_model model;
     load_model(ctx, &model, directory);
     int V = model.config.vocab_size, L = model.config.num_hidden_layers;
 
     qwen2_activations acts;
-    if (qwen2_activations_begin(&model, &acts, tokens, targets, B, T) != 0) ctx_exit_all(ctx, 1, "%s", ctx->error);
+    if (qwen2_activations_begin(&model, &acts, tokens, targets, B, T) != 0) world_exit_all(ctx, 1, "%s", ctx->error);
     qwen2_embed_forward(&model, &acts);
     for (int l = 0; l < L; l++) qwen2_layer_forward(&model, &acts, l);
     float loss = qwen2_head_forward(&model, &acts);
     float *logits = mem_alloc(&ctx->mem, (size_t)B * T * V * sizeof(float), MEM_WORKSPACE, "tool.logits");
     memcpy(logits, acts.logits, (size_t)B * T * V * sizeof(float));
-    for (int unit = 0; unit < model.unit_count; unit++) fp_alloc_full_grad(&model.units[unit]);
+    for (int unit = 0; unit < model.unit_count; unit++) flat_param_alloc_full_grad(&model.units[unit]);
     qwen2_head_backward(&model, &acts);
     for (int l = L - 1; l >= 0; l--) qwen2_layer_backward(&model, &acts, l);
     qwen2_embed_backward(&model, &acts);
@@ -231,7 +233,7 @@ static int command_generate(context *ctx, int argc, char **argv) {
     char *end = NULL;
     float temperature = strtof(argv[4], &end);
     if (end == argv[4] || *end != '\0' || !isfinite(temperature) || temperature < 0.0f)
-        ctx_exit_all(ctx, 2, "generate: temperature '%s' is not a finite number >= 0", argv[4]);
+        world_exit_all(ctx, 2, "generate: temperature '%s' is not a finite number >= 0", argv[4]);
     int max_new = (int)integer_argument(ctx, "generate: max_new", argv[5], 0, 1 << 20), prompt_length = argc - 6;
     int *prompt = calloc((size_t)prompt_length, sizeof *prompt), *out = calloc((size_t)(max_new > 0 ? max_new : 1), sizeof *out);
     for (int i = 0; i < prompt_length; i++)
@@ -278,8 +280,8 @@ static cJSON *read_config_json(context *ctx, const char *directory) {
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", directory);
     cJSON *json = read_json(path);
-    if (json == NULL && errno != 0) ctx_exit_all(ctx, 2, "compare: cannot read %s: %s", path, strerror(errno));
-    if (!cJSON_IsObject(json)) ctx_exit_all(ctx, 2, "compare: %s is not a JSON object", path);
+    if (json == NULL && errno != 0) world_exit_all(ctx, 2, "compare: cannot read %s: %s", path, strerror(errno));
+    if (!cJSON_IsObject(json)) world_exit_all(ctx, 2, "compare: %s is not a JSON object", path);
     return json;
 }
 
@@ -292,14 +294,14 @@ static int command_compare(context *ctx, const char *first, const char *second, 
     char *end = NULL;
     double tolerance = strtod(tolerance_text, &end);
     if (end == tolerance_text || *end != '\0' || !isfinite(tolerance) || tolerance < 0.0)
-        ctx_exit_all(ctx, 2, "compare: tolerance '%s' is not a finite number >= 0", tolerance_text);
+        world_exit_all(ctx, 2, "compare: tolerance '%s' is not a finite number >= 0", tolerance_text);
     int relative = strcmp(mode, "relative") == 0;
     if (!relative && strcmp(mode, "absolute") != 0)
-        ctx_exit_all(ctx, 2, "compare: mode '%s' is neither absolute nor relative", mode);
+        world_exit_all(ctx, 2, "compare: mode '%s' is neither absolute nor relative", mode);
     cJSON *config_a = read_config_json(ctx, first), *config_b = read_config_json(ctx, second);
     char detail[512];
     if (config_difference(config_a, config_b, detail, sizeof detail) != NULL)
-        ctx_exit_all(ctx, 2, "compare: %s and %s have different configs: %s", first, second, detail);
+        world_exit_all(ctx, 2, "compare: %s and %s have different configs: %s", first, second, detail);
     cJSON_Delete(config_a);
     cJSON_Delete(config_b);
 
@@ -308,7 +310,7 @@ static int command_compare(context *ctx, const char *first, const char *second, 
     load_model(ctx, &b, second);
     int count = a.tree.param_count, status = 0;
     double *error = calloc((size_t)count, sizeof *error), *scale = calloc((size_t)count, sizeof *scale);
-    if (error == NULL || scale == NULL) ctx_fatal(ctx, "out of memory");
+    if (error == NULL || scale == NULL) world_fatal(ctx, "out of memory");
     for (int p = 0; p < count && status == 0; p++) {
         const float *x = qwen2_param_data(&a, p), *y = qwen2_param_data(&b, p);
         for (size_t i = 0; i < qwen2_param_numel(&a.tree.params[p]); i++) {
@@ -324,7 +326,7 @@ static int command_compare(context *ctx, const char *first, const char *second, 
     if (status == 0) {
         double *measure = calloc((size_t)count, sizeof *measure);
         int *order = calloc((size_t)count, sizeof *order);
-        if (measure == NULL || order == NULL) ctx_fatal(ctx, "out of memory");
+        if (measure == NULL || order == NULL) world_fatal(ctx, "out of memory");
         for (int p = 0; p < count; p++) {
             double s = relative ? scale[p] : 1.0;
             measure[p] = s > 0.0 ? error[p] / s : (error[p] > 0.0 ? INFINITY : 0.0);
@@ -368,7 +370,7 @@ static int command_batches(context *ctx, int argc, char **argv) {
     data_loader loader;
     if (data_loader_open_tokenized(&loader, ctx, data, tokenizer, config.vocab_size, global_batch, seq_len, seed, 1)
         != 0)
-        ctx_exit_all(ctx, 1, "%s", ctx->error);
+        world_exit_all(ctx, 1, "%s", ctx->error);
     size_t count = (size_t)global_batch * seq_len;
     int *tokens = mem_alloc(&ctx->mem, count * sizeof(int), MEM_DATA, "tool.tokens");
     int *targets = mem_alloc(&ctx->mem, count * sizeof(int), MEM_DATA, "tool.targets");
@@ -390,8 +392,8 @@ static int command_batches(context *ctx, int argc, char **argv) {
 
 int main(int argc, char **argv) {
     context ctx;
-    ctx_init(&ctx, &argc, &argv, "qwen2_tool", "runs/qwen2_tool");
-    ctx_require_world_size(&ctx, 1, 1);
+    session_open(&ctx, &argc, &argv, "qwen2_tool", "runs/qwen2_tool");
+    world_require_size(&ctx, 1, 1);
     int status;
     if (argc == 3 && strcmp(argv[1], "params") == 0) status = command_params(&ctx, argv[2]);
     else if (argc == 5 && strcmp(argv[1], "flops") == 0) status = command_flops(&ctx, argv[2], argv[3], argv[4]);

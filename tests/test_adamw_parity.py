@@ -1,4 +1,4 @@
-"""fsdplab's AdamW (core/optim.c) against torch.optim.AdamW(foreach=False), through tests/bin/adamw_tool.
+"""fsdplab's AdamW (core/fsdp/optim.c) against torch.optim.AdamW(foreach=False), through tests/bin/adamw_tool.
 
 Random params and 5 steps of random gradients (fixed seed, an odd n so nothing lines up with a vector width), with
 torch's defaults and with a non-default lr, betas, eps and weight_decay: after the steps, param, exp_avg and

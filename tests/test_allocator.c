@@ -1,4 +1,4 @@
-/* test_allocator.c — the caching allocator (core/allocator.h): rounding, pool choice and segment sizes, split and
+/* test_allocator.c — the caching allocator (core/memory/allocator.h): rounding, pool choice and segment sizes, split and
  * merge, best fit, max_split_size, streams, empty_cache, the retry after a failed segment_alloc, caching off; and
  * long random alloc/free sequences replayed against a reference model written independently here (a flat list of
  * blocks searched linearly), comparing every address and the whole free-block set after every operation. */
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/allocator.h"
+#include "core/memory/allocator.h"
 #include "check_main.h"
 
 enum { MB = 1 << 20 };

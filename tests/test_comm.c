@@ -4,8 +4,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "../core/comm.h"
-#include "../core/rng.h"
+#include "core/comm/comm.h"
+#include "core/base/rng.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -27,7 +29,7 @@ static float *make_zeros(size_t count) { return mem_alloc(&ctx.mem, count * size
 
 /* Reference: in round k every rank sends to rank+k and receives from rank-k (no deadlock, no collective). */
 static void exchange(const float *send, size_t send_count, int to, float *recv, size_t recv_count, int from) {
-    CTX_MPI(&ctx, MPI_Sendrecv(send, (int)send_count, MPI_FLOAT, to, 7, recv, (int)recv_count, MPI_FLOAT, from, 7,
+    WORLD_MPI(&ctx, MPI_Sendrecv(send, (int)send_count, MPI_FLOAT, to, 7, recv, (int)recv_count, MPI_FLOAT, from, 7,
                                ctx.comm, MPI_STATUS_IGNORE));
 }
 
@@ -70,9 +72,9 @@ static void reference_broadcast(float *buffer, size_t count, int root) {
     if (ctx.rank == root) {
         for (int rank = 0; rank < ctx.world_size; rank++)
             if (rank != root)
-                CTX_MPI(&ctx, MPI_Send(buffer, (int)count, MPI_FLOAT, rank, 8, ctx.comm));
+                WORLD_MPI(&ctx, MPI_Send(buffer, (int)count, MPI_FLOAT, rank, 8, ctx.comm));
     } else {
-        CTX_MPI(&ctx, MPI_Recv(buffer, (int)count, MPI_FLOAT, root, 8, ctx.comm, MPI_STATUS_IGNORE));
+        WORLD_MPI(&ctx, MPI_Recv(buffer, (int)count, MPI_FLOAT, root, 8, ctx.comm, MPI_STATUS_IGNORE));
     }
 }
 
@@ -281,8 +283,8 @@ START_TEST(test_sequence_numbers_agree_across_ranks) {
     ck_assert_uint_eq(ctx.last_collective.seq, before);
     ck_assert_uint_eq(ctx.collective_seq, before + 1);
     double mine = (double)ctx.collective_seq, smallest = 0, largest = 0;
-    CTX_MPI(&ctx, MPI_Allreduce(&mine, &smallest, 1, MPI_DOUBLE, MPI_MIN, ctx.comm));
-    CTX_MPI(&ctx, MPI_Allreduce(&mine, &largest, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
+    WORLD_MPI(&ctx, MPI_Allreduce(&mine, &smallest, 1, MPI_DOUBLE, MPI_MIN, ctx.comm));
+    WORLD_MPI(&ctx, MPI_Allreduce(&mine, &largest, 1, MPI_DOUBLE, MPI_MAX, ctx.comm));
     CK_ASSERT_ALL(&ctx, smallest == largest, "collective seq differs across ranks: %g..%g", smallest, largest);
 }
 END_TEST
@@ -333,7 +335,7 @@ START_TEST(test_start_wait_on_streams_equals_blocking) {
 }
 END_TEST
 
-/* Process groups (core/group.h): for every shard group size S dividing the world, the mesh's collectives equal what
+/* Process groups (core/comm/group.h): for every shard group size S dividing the world, the mesh's collectives equal what
  * the inputs say (every rank's input is a function of (tag, world rank, index), so each rank computes the expected
  * result alone): an all-gather and a mean reduce-scatter in the shard group, blocking; an all-reduce across the
  * replicate group on a worker stream; ring bytes of the group's size; a mismatch inside a group names world ranks. */
@@ -560,7 +562,7 @@ START_TEST(test_bfloat16_all_reduce) {
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_comm", "runs/check/test_comm");
+    session_open(&ctx, &argc, &argv, "test_comm", "runs/check/test_comm");
     Suite *suite = suite_create("comm");
     TCase *tc = tcase_create("collectives");
     tcase_set_timeout(tc, 120);

@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/data.h"
+#include "core/data/data.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -278,8 +280,8 @@ static void gather_global_batch(data_loader *loader, int *local_tokens, int *loc
                                 int *targets) {
     int local_count = loader->micro_batch * loader->seq_len;
     data_next_batch(loader, local_tokens, local_targets);
-    CTX_MPI(&ctx, MPI_Allgather(local_tokens, local_count, MPI_INT, tokens, local_count, MPI_INT, ctx.comm));
-    CTX_MPI(&ctx, MPI_Allgather(local_targets, local_count, MPI_INT, targets, local_count, MPI_INT, ctx.comm));
+    WORLD_MPI(&ctx, MPI_Allgather(local_tokens, local_count, MPI_INT, tokens, local_count, MPI_INT, ctx.comm));
+    WORLD_MPI(&ctx, MPI_Allgather(local_targets, local_count, MPI_INT, targets, local_count, MPI_INT, ctx.comm));
 }
 
 /* Global batch 4 windows of 8 tokens over a 100-token stream, at every world size that divides 4: micro_batch is
@@ -578,7 +580,7 @@ START_TEST(test_one_rank_failing_stops_every_rank) {
     char path[256];
     temp_path(path, sizeof path, ctx.rank == 0 ? "present.txt" : "absent.txt");
     if (ctx.rank == 0) write_file(path, "a story long enough for one window", 34);
-    /* rank 0 loaded its file, and reports the lowest failing rank's failure, rank 1's (ctx_all_true hands it over);
+    /* rank 0 loaded its file, and reports the lowest failing rank's failure, rank 1's (world_all_true hands it over);
      * the others failed and report their own: rank, path and reason */
     data_loader loader;
     ck_assert_int_eq(data_loader_open(&loader, &ctx, path, 260, 1, 8, 1, 0), -1);
@@ -591,7 +593,7 @@ START_TEST(test_one_rank_failing_stops_every_rank) {
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_data", "runs/check/test_data");
+    session_open(&ctx, &argc, &argv, "test_data", "runs/check/test_data");
     Suite *suite = suite_create("data");
     TCase *tc = tcase_create("data");
     tcase_set_timeout(tc, 120);

@@ -16,8 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/comm.h"
-#include "../core/group.h"
+#include "core/comm/comm.h"
+#include "core/comm/group.h"
+#include "core/runtime/world.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -34,7 +36,7 @@ static int power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 static void *host_buffer(size_t bytes) {
     void *buffer = calloc(1, bytes ? bytes : 1);
-    if (buffer == NULL) ctx_fatal(&ctx, "out of memory for a %zu-byte host buffer", bytes);
+    if (buffer == NULL) world_fatal(&ctx, "out of memory for a %zu-byte host buffer", bytes);
     return buffer;
 }
 
@@ -291,10 +293,10 @@ START_TEST(test_group_collectives) {
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_device_comm", "runs/check/test_device_comm");
+    session_open(&ctx, &argc, &argv, "test_device_comm", "runs/check/test_device_comm");
     if (ctx.rank == 0)
         printf("device %s, backend %s, %d ranks\n", ctx.device.name,
-               ctx.backend == CTX_BACKEND_NCCL ? "nccl" : "mpi", ctx.world_size);
+               ctx.collectives != NULL ? ctx.collectives->name : "mpi", ctx.world_size);
     Suite *suite = suite_create("device_comm");
     TCase *tc = tcase_create("collectives on device memory");
     tcase_set_timeout(tc, 300);

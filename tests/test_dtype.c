@@ -1,4 +1,4 @@
-/* test_dtype.c — core/dtype.h: float32 -> bfloat16 rounds to nearest even as c10::BFloat16 does (ties, carries into
+/* test_dtype.c — core/base/dtype.h: float32 -> bfloat16 rounds to nearest even as c10::BFloat16 does (ties, carries into
  * the exponent, overflow to infinity), NaN stays NaN, every bfloat16 survives the round trip, names and sizes as
  * torch prints them. No MPI needed. */
 #include <check.h>
@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../core/dtype.h"
+#include "core/base/dtype.h"
 #include "check_main.h"
 
 static float from_bits(uint32_t bits) {

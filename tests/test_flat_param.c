@@ -4,15 +4,16 @@
 #include <math.h>
 #include <string.h>
 
-#include "../core/flat_param.h"
-#include "../core/rng.h"
+#include "core/fsdp/flat_param.h"
+#include "core/base/rng.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
 
 /* A shape list made from a seed: 1-6 tensors of 1-3 dims, each dim 1-9, so totals land on every residue. */
 typedef struct shape_list {
-    fp_tensor_spec specs[6];
+    flat_param_tensor_spec specs[6];
     char names[6][32];
     int count;
 } shape_list;
@@ -21,7 +22,7 @@ static void make_shape_list(shape_list *list, uint64_t seed) {
     list->count = 1 + (int)(rng_bits(seed, 1, 0) % 6);
     for (int i = 0; i < list->count; i++) {
         snprintf(list->names[i], sizeof list->names[i], "module.p%d.weight", i);
-        fp_tensor_spec *spec = &list->specs[i];
+        flat_param_tensor_spec *spec = &list->specs[i];
         spec->name = list->names[i];
         spec->ndim = 1 + (int)(rng_bits(seed, 2, (uint64_t)i) % 3);
         for (int d = 0; d < spec->ndim; d++) spec->shape[d] = 1 + (int64_t)(rng_bits(seed, 3, (uint64_t)(4 * i + d)) % 9);
@@ -41,13 +42,13 @@ START_TEST(test_shards_reassemble_to_the_original) {
         shape_list list;
         make_shape_list(&list, seed);
         flat_param fp;
-        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        ck_assert_int_eq(flat_param_init(&fp, &ctx, "unit", list.specs, list.count), 0);
         size_t world = (size_t)ctx.world_size;
         ck_assert_uint_eq(fp.padded_unsharded_numel % world, 0);
         ck_assert_uint_lt(fp.pad_numel, world);
         ck_assert_uint_eq(fp.sharded_numel * world, fp.padded_unsharded_numel);
 
-        fp_fill_local_shard(&fp, fill_values, &seed);
+        flat_param_fill_local_shard(&fp, fill_values, &seed);
         float *gathered = mem_alloc(&ctx.mem, fp.padded_unsharded_numel * sizeof(float), MEM_WORKSPACE, "gathered");
         float *original = mem_alloc(&ctx.mem, fp.padded_unsharded_numel * sizeof(float), MEM_WORKSPACE, "original");
         ck_assert_int_eq(comm_all_gather(&ctx, fp.local_shard, gathered, fp.padded_unsharded_numel, "test"), 0);
@@ -65,12 +66,12 @@ START_TEST(test_shards_reassemble_to_the_original) {
         for (int i = 0; i < list.count; i++) {
             size_t owned = 0, begin, end;
             for (int rank = 0; rank < ctx.world_size; rank++)
-                if (fp_param_shard_overlap(&fp, i, rank, &begin, &end)) owned += end - begin;
+                if (flat_param_param_shard_overlap(&fp, i, rank, &begin, &end)) owned += end - begin;
             ck_assert_uint_eq(owned, fp.params[i].numel);
         }
         mem_free(&ctx.mem, gathered);
         mem_free(&ctx.mem, original);
-        fp_free(&fp);
+        flat_param_free(&fp);
     }
 }
 END_TEST
@@ -80,16 +81,16 @@ START_TEST(test_views_alias_the_right_offsets) {
         shape_list list;
         make_shape_list(&list, seed);
         flat_param fp;
-        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
-        fp_fill_local_shard(&fp, fill_values, &seed);
+        ck_assert_int_eq(flat_param_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        flat_param_fill_local_shard(&fp, fill_values, &seed);
         size_t live_sharded = ctx.mem.live_bytes;
-        ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
-        ck_assert_int_eq(fp.shard_state, FP_UNSHARDED);
+        ck_assert_int_eq(flat_param_unshard(&fp, "test"), 0);
+        ck_assert_int_eq(fp.shard_state, FLAT_PARAM_UNSHARDED);
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * sizeof(float));
         int ok = 1;
         size_t expected_offset = 0;
         for (int i = 0; i < list.count; i++) {
-            const float *view = fp_param_view(&fp, list.names[i]);
+            const float *view = flat_param_param_view(&fp, list.names[i]);
             ok &= view == fp.full_param_padded + expected_offset;
             float expected[9 * 9 * 9];
             fill_values(list.names[i], 0, fp.params[i].numel, expected, &seed);
@@ -99,12 +100,12 @@ START_TEST(test_views_alias_the_right_offsets) {
         for (size_t pad = fp.unpadded_numel; pad < fp.padded_unsharded_numel; pad++) ok &= fp.full_param_padded[pad] == 0.0f;
         CK_ASSERT_ALL(&ctx, ok, "shape list %llu: a view is at the wrong offset or holds wrong values",
                       (unsigned long long)seed);
-        ck_assert_int_eq(fp_unshard(&fp, "test"), 0); /* already unsharded: no second gather, no second buffer */
+        ck_assert_int_eq(flat_param_unshard(&fp, "test"), 0); /* already unsharded: no second gather, no second buffer */
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * sizeof(float));
-        fp_reshard(&fp, "test");
+        flat_param_reshard(&fp, "test");
         ck_assert_ptr_null(fp.full_param_padded);
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded);
-        fp_free(&fp);
+        flat_param_free(&fp);
     }
 }
 END_TEST
@@ -125,20 +126,20 @@ START_TEST(test_reduce_scattered_gradient_is_the_mean_and_accumulates) {
         shape_list list;
         make_shape_list(&list, seed);
         flat_param fp;
-        ck_assert_int_eq(fp_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        ck_assert_int_eq(flat_param_init(&fp, &ctx, "unit", list.specs, list.count), 0);
         size_t begin, end;
-        fp_shard_range(&fp, ctx.rank, &begin, &end);
+        flat_param_shard_range(&fp, ctx.rank, &begin, &end);
         double *expected = (double *)mem_alloc(&ctx.mem, fp.sharded_numel * sizeof(double), MEM_WORKSPACE, "mean");
         float *one = mem_alloc(&ctx.mem, fp.sharded_numel * sizeof(float), MEM_WORKSPACE, "one");
         double worst = 0.0;
         for (int micro = 0; micro < 2; micro++) {
             gradient_key mine = {seed, ctx.rank, micro};
-            fp_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, fp_alloc_full_grad(&fp));
-            ck_assert_int_eq(fp_reduce_scatter_grad(&fp, COMM_AVG), 0);
+            flat_param_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, flat_param_alloc_full_grad(&fp));
+            ck_assert_int_eq(flat_param_reduce_scatter_grad(&fp, COMM_AVG), 0);
             ck_assert_ptr_null(fp.full_grad_padded); /* freed once reduced */
             for (int rank = 0; rank < ctx.world_size; rank++) {
                 gradient_key theirs = {seed, rank, micro};
-                fp_fill_flat_range(&fp, fill_gradient, &theirs, begin, end, one);
+                flat_param_fill_flat_range(&fp, fill_gradient, &theirs, begin, end, one);
                 for (size_t i = 0; i < fp.sharded_numel; i++) expected[i] += one[i] / (double)ctx.world_size;
             }
             for (size_t i = 0; i < fp.sharded_numel; i++)
@@ -148,11 +149,11 @@ START_TEST(test_reduce_scattered_gradient_is_the_mean_and_accumulates) {
                       (unsigned long long)seed, worst);
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_GRAD_SHARD], fp.sharded_numel * sizeof(float));
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_COMM_BUFFER], 0);
-        fp_zero_grad(&fp);
+        flat_param_zero_grad(&fp);
         ck_assert_ptr_null(fp.grad_shard);
         mem_free(&ctx.mem, expected);
         mem_free(&ctx.mem, one);
-        fp_free(&fp);
+        flat_param_free(&fp);
     }
 }
 END_TEST
@@ -164,12 +165,12 @@ END_TEST
  * times 1/N rounded once), widened and accumulated in float32 over two micro-batches. */
 /* A unit of shape list `seed` (replicated: NO_SHARD's) with bfloat16 param_dtype and reduce_dtype, its master filled. */
 static void mixed_precision_unit(flat_param *fp, shape_list *list, uint64_t seed, int replicated) {
-    fp_mixed_precision bf16_everywhere = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
+    flat_param_mixed_precision bf16_everywhere = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
     make_shape_list(list, seed);
-    ck_assert_int_eq(replicated ? fp_init_replicated(fp, &ctx, "unit", list->specs, list->count)
-                                : fp_init(fp, &ctx, "unit", list->specs, list->count), 0);
-    ck_assert_int_eq(fp_set_mixed_precision(fp, &bf16_everywhere), 0);
-    fp_fill_local_shard(fp, fill_values, &seed);
+    ck_assert_int_eq(replicated ? flat_param_init_replicated(fp, &ctx, "unit", list->specs, list->count)
+                                : flat_param_init(fp, &ctx, "unit", list->specs, list->count), 0);
+    ck_assert_int_eq(flat_param_set_mixed_precision(fp, &bf16_everywhere), 0);
+    flat_param_fill_local_shard(fp, fill_values, &seed);
 }
 
 START_TEST(test_mixed_precision_unshard_and_reduce) {
@@ -179,26 +180,26 @@ START_TEST(test_mixed_precision_unshard_and_reduce) {
         flat_param fp;
         mixed_precision_unit(&fp, &list, seed, 0);
         size_t live_sharded = ctx.mem.live_bytes;
-        ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
+        ck_assert_int_eq(flat_param_unshard(&fp, "test"), 0);
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * (2 + sizeof(float)));
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_PARAM_SHARD_LOW_PRECISION], 0);
         int ok = 1;
         for (int i = 0; i < list.count; i++) {
             float expected[9 * 9 * 9];
             fill_values(list.names[i], 0, fp.params[i].numel, expected, &seed);
-            const float *view = fp_param_view(&fp, list.names[i]);
+            const float *view = flat_param_param_view(&fp, list.names[i]);
             const bf16 *low = (const bf16 *)fp.low_precision_full_param + fp.params[i].offset;
             for (size_t k = 0; k < fp.params[i].numel; k++)
                 ok &= view[k] == bf16_round(expected[k]) && low[k] == bf16_from_float(expected[k]);
         }
         size_t begin, end;
-        fp_shard_range(&fp, ctx.rank, &begin, &end);
+        flat_param_shard_range(&fp, ctx.rank, &begin, &end);
         float *master = mem_alloc(&ctx.mem, fp.sharded_numel * sizeof(float), MEM_WORKSPACE, "master");
-        fp_fill_flat_range(&fp, fill_values, &seed, begin, end, master);
+        flat_param_fill_flat_range(&fp, fill_values, &seed, begin, end, master);
         ok &= memcmp(master, fp.local_shard, fp.sharded_numel * sizeof(float)) == 0;
         CK_ASSERT_ALL(&ctx, ok, "shape list %llu: the gathered unit is not the bfloat16-rounded master",
                       (unsigned long long)seed);
-        fp_reshard(&fp, "test");
+        flat_param_reshard(&fp, "test");
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.sharded_numel * sizeof(float));
         mem_free(&ctx.mem, master);
 
@@ -207,11 +208,11 @@ START_TEST(test_mixed_precision_unshard_and_reduce) {
                                   "every rank's gradient");
         for (int micro = 0; micro < 2; micro++) {
             gradient_key mine = {seed, ctx.rank, micro};
-            fp_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, fp_alloc_full_grad(&fp));
-            ck_assert_int_eq(fp_reduce_scatter_grad(&fp, COMM_AVG), 0);
+            flat_param_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, flat_param_alloc_full_grad(&fp));
+            ck_assert_int_eq(flat_param_reduce_scatter_grad(&fp, COMM_AVG), 0);
             for (int rank = 0; rank < world; rank++) {
                 gradient_key key = {seed, rank, micro};
-                fp_fill_flat_range(&fp, fill_gradient, &key, 0, fp.padded_unsharded_numel,
+                flat_param_fill_flat_range(&fp, fill_gradient, &key, 0, fp.padded_unsharded_numel,
                                    theirs + (size_t)rank * fp.padded_unsharded_numel);
             }
             for (size_t i = 0; i < fp.sharded_numel; i++) {
@@ -231,20 +232,20 @@ START_TEST(test_mixed_precision_unshard_and_reduce) {
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_GRAD_UNSHARDED], 0);
         mem_free(&ctx.mem, expected);
         mem_free(&ctx.mem, theirs);
-        fp_free(&fp);
+        flat_param_free(&fp);
     }
 }
 END_TEST
 
 START_TEST(test_bad_specs_are_refused_with_names) {
     flat_param fp;
-    fp_tensor_spec repeated[] = {{"a.weight", 1, {3}}, {"a.weight", 1, {4}}};
-    ck_assert_int_eq(fp_init(&fp, &ctx, "layers.2", repeated, 2), -1);
+    flat_param_tensor_spec repeated[] = {{"a.weight", 1, {3}}, {"a.weight", 1, {4}}};
+    ck_assert_int_eq(flat_param_init(&fp, &ctx, "layers.2", repeated, 2), -1);
     ck_assert_msg(strstr(ctx.error, "layers.2") && strstr(ctx.error, "registered twice"), "%s", ctx.error);
-    fp_tensor_spec empty_dim[] = {{"b.weight", 2, {3, 0}}};
-    ck_assert_int_eq(fp_init(&fp, &ctx, "layers.2", empty_dim, 1), -1);
+    flat_param_tensor_spec empty_dim[] = {{"b.weight", 2, {3, 0}}};
+    ck_assert_int_eq(flat_param_init(&fp, &ctx, "layers.2", empty_dim, 1), -1);
     ck_assert_msg(strstr(ctx.error, "dimension"), "%s", ctx.error);
-    ck_assert_int_eq(fp_init(&fp, &ctx, "layers.2", repeated, 0), -1);
+    ck_assert_int_eq(flat_param_init(&fp, &ctx, "layers.2", repeated, 0), -1);
     ck_assert_uint_eq(ctx.mem.live_bytes, 0); /* nothing allocated by a refused spec */
 }
 END_TEST
@@ -260,21 +261,21 @@ START_TEST(test_mixed_precision_no_shard) {
         flat_param fp;
         mixed_precision_unit(&fp, &list, seed, 1);
         size_t live = ctx.mem.live_bytes, numel = fp.padded_unsharded_numel;
-        ck_assert_int_eq(fp_unshard(&fp, "test"), 0);
+        ck_assert_int_eq(flat_param_unshard(&fp, "test"), 0);
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_PARAM_SHARD_LOW_PRECISION], numel * 2);
         ck_assert_uint_eq(ctx.mem.live_bytes, live + numel * (2 + sizeof(float)));
         int ok = 1;
         for (size_t i = 0; i < numel; i++) ok &= fp.full_param_padded[i] == bf16_round(fp.local_shard[i]);
         ck_assert_msg(ok, "shape list %llu: the unit is not the bfloat16-rounded master", (unsigned long long)seed);
-        fp_reshard(&fp, "test");
+        flat_param_reshard(&fp, "test");
         ck_assert_uint_eq(ctx.mem.live_bytes, live);
         float *theirs = mem_alloc(&ctx.mem, numel * (size_t)world * sizeof(float), MEM_WORKSPACE, "every rank's");
         gradient_key mine = {seed, ctx.rank, 0};
-        fp_fill_flat_range(&fp, fill_gradient, &mine, 0, numel, fp_alloc_full_grad(&fp));
-        ck_assert_int_eq(fp_reduce_scatter_grad(&fp, COMM_AVG), 0);
+        flat_param_fill_flat_range(&fp, fill_gradient, &mine, 0, numel, flat_param_alloc_full_grad(&fp));
+        ck_assert_int_eq(flat_param_reduce_scatter_grad(&fp, COMM_AVG), 0);
         for (int rank = 0; rank < world; rank++) {
             gradient_key key = {seed, rank, 0};
-            fp_fill_flat_range(&fp, fill_gradient, &key, 0, numel, theirs + (size_t)rank * numel);
+            flat_param_fill_flat_range(&fp, fill_gradient, &key, 0, numel, theirs + (size_t)rank * numel);
         }
         size_t base = numel / (size_t)world, extra = numel % (size_t)world;
         int exact = 1;
@@ -291,13 +292,13 @@ START_TEST(test_mixed_precision_no_shard) {
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_COMM_BUFFER], 0);
         ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_GRAD_UNSHARDED], 0);
         mem_free(&ctx.mem, theirs);
-        fp_free(&fp);
+        flat_param_free(&fp);
     }
 }
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_flat_param", "runs/check/test_flat_param");
+    session_open(&ctx, &argc, &argv, "test_flat_param", "runs/check/test_flat_param");
     Suite *suite = suite_create("flat_param");
     TCase *tc = tcase_create("FlatParameter");
     tcase_set_timeout(tc, 120);

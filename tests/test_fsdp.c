@@ -4,8 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/fsdp.h"
-#include "../core/qwen2.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/qwen2.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -114,7 +115,7 @@ START_TEST(test_a_micro_batch_leaves_everything_sharded_and_idle) {
     for (int unit = 0; unit < model.unit_count; unit++) {
         ck_assert_int_eq(runtime.units[unit].handle_state, HANDLE_IDLE);
         ck_assert_int_eq(runtime.units[unit].training_state, TRAINING_STATE_IDLE);
-        ck_assert_int_eq(model.units[unit].shard_state, FP_SHARDED);
+        ck_assert_int_eq(model.units[unit].shard_state, FLAT_PARAM_SHARDED);
         ck_assert_ptr_nonnull(model.units[unit].grad_shard);
     }
     ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_PARAM_UNSHARDED], 0);
@@ -148,7 +149,7 @@ static float *gradients_after(const fsdp_options *options, size_t *count) {
     ck_assert_ptr_nonnull(copy);
     size_t offset = 0;
     for (int unit = 0; unit < model.unit_count; unit++) {
-        ck_assert_msg(!fp_unshard_pending(&model.units[unit]) && !model.units[unit].reduce_handle.active,
+        ck_assert_msg(!flat_param_unshard_pending(&model.units[unit]) && !model.units[unit].reduce_handle.active,
                       "unit %d: a collective is still in flight after the micro-batch", unit);
         memcpy(copy + offset, model.units[unit].grad_shard, model.units[unit].sharded_numel * sizeof(float));
         offset += model.units[unit].sharded_numel;
@@ -190,7 +191,7 @@ START_TEST(test_prefetch_modes_give_the_same_gradients) {
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_fsdp", "runs/check/test_fsdp");
+    session_open(&ctx, &argc, &argv, "test_fsdp", "runs/check/test_fsdp");
     Suite *suite = suite_create("fsdp");
     TCase *tc = tcase_create("runtime");
     tcase_set_timeout(tc, 120);

@@ -1,4 +1,4 @@
-/* test_kernel_math.c — core/kernel_math.h, the per-element arithmetic the CPU loops and the CUDA kernels share, each
+/* test_kernel_math.c — core/base/kernel_math.h, the per-element arithmetic the CPU loops and the CUDA kernels share, each
  * function against an independent formula: a double-precision reference of the same real-number expression, fed
  * the same float inputs, within a bound from standard forward error analysis; and the exact properties that pin a
  * formula (bfloat16 ties to even, RoPE's backward is the forward at -angle, softmax sums to 1, AdamW's padding
@@ -17,8 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../core/kernel_math.h"
-#include "../core/rng.h"
+#include "core/base/kernel_math.h"
+#include "core/base/rng.h"
 #include "check_main.h"
 
 #define U 0x1p-24

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/layers.h"
-#include "../core/rng.h"
+#include "core/kernels/layers.h"
+#include "core/base/rng.h"
 #include "check_main.h"
 
 /* Finite differences in float: eps 1e-2 on O(1) inputs keeps truncation error ~1e-4 and rounding error ~1e-5. */

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/mem.h"
+#include "core/memory/mem.h"
 #include "check_main.h"
 
 START_TEST(test_live_and_peak_by_category) {

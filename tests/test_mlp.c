@@ -9,9 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/fsdp.h"
-#include "../core/mlp.h"
-#include "../core/rng.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/mlp.h"
+#include "core/base/rng.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -206,11 +207,11 @@ START_TEST(test_gradient_matches_finite_differences) {
                   "%s", ctx.error);
     for (int unit = 0; unit < model.unit_count; unit++) {
         flat_param *fp = &model.units[unit];
-        ck_assert_int_eq(fp_unshard(fp, "test"), 0);
+        ck_assert_int_eq(flat_param_unshard(fp, "test"), 0);
         /* noise on everything, so the biases are not 0 and no weight sits at a special point */
         for (size_t i = 0; i < fp->unpadded_numel; i++)
             fp->full_param_padded[i] += 0.2f * (rng_uniform(9, (uint64_t)unit, i) - 0.5f);
-        fp_alloc_full_grad(fp);
+        flat_param_alloc_full_grad(fp);
     }
     int tokens[N], targets[N];
     make_batch(tokens, targets, config.vocab_size, 0);
@@ -300,7 +301,7 @@ static gradients reference_gradients(const mlp_config *config, int micro_batches
     mlp_model model;
     int unit_of_param[64] = {0};
     ck_assert_msg(mlp_model_init(&model, &ctx, config, unit_of_param, 1, 1) == 0, "%s", ctx.error);
-    ck_assert_int_eq(fp_unshard(&model.units[0], "reference"), 0);
+    ck_assert_int_eq(flat_param_unshard(&model.units[0], "reference"), 0);
     size_t total = total_numel(&model.tree);
     gradients out = {.values = calloc(total, sizeof(float)), .magnitudes = calloc(total, sizeof(double))};
     float *micro = malloc(total * sizeof(float));
@@ -308,11 +309,11 @@ static gradients reference_gradients(const mlp_config *config, int micro_batches
     for (int m = 0; m < micro_batches; m++) {
         int tokens[N], targets[N];
         make_batch(tokens, targets, config->vocab_size, m);
-        fp_alloc_full_grad(&model.units[0]);
+        flat_param_alloc_full_grad(&model.units[0]);
         out.losses[m] = run_ops(&model, tokens, targets, 1, 1.0f);
         copy_gradients(&model, micro);
         for (size_t i = 0; i < total; i++) micro[i] *= 1.0f / (float)micro_batches;
-        fp_free_full_grad(&model.units[0]);
+        flat_param_free_full_grad(&model.units[0]);
         for (size_t i = 0; i < total; i++) {
             out.values[i] = m == 0 ? micro[i] : out.values[i] + micro[i];
             out.magnitudes[i] += fabs(micro[i]);
@@ -324,7 +325,7 @@ static gradients reference_gradients(const mlp_config *config, int micro_batches
 }
 
 /* The runtime's: wrapped by type (one unit per block), `micro_batches` micro-batches, then every unit's gradient
- * shard all-gathered (fp_gather_grad). Checks that the step left every unit SHARDED and IDLE and no model memory. */
+ * shard all-gathered (flat_param_gather_grad). Checks that the step left every unit SHARDED and IDLE and no model memory. */
 static gradients runtime_gradients(const mlp_config *config, const fsdp_options *options, int micro_batches,
                                    size_t *checkpoint_peak, size_t *activation_peak) {
     mlp_model model;
@@ -349,15 +350,15 @@ static gradients runtime_gradients(const mlp_config *config, const fsdp_options 
     for (int unit = 0; unit < model.unit_count; unit++) {
         ck_assert_int_eq(runtime.units[unit].handle_state, HANDLE_IDLE);
         ck_assert_int_eq(runtime.units[unit].training_state, TRAINING_STATE_IDLE);
-        ck_assert_int_eq(model.units[unit].shard_state, FP_SHARDED);
+        ck_assert_int_eq(model.units[unit].shard_state, FLAT_PARAM_SHARDED);
     }
     for (int category = MEM_PARAM_UNSHARDED; category < MEM_CATEGORY_COUNT; category++)
         if (category != MEM_GRAD_SHARD && category != MEM_OPTIM_STATE)
             ck_assert_msg(ctx.mem.category_live_bytes[category] == 0, "%s: %zu bytes live after the step",
                           mem_category_name((mem_category)category), ctx.mem.category_live_bytes[category]);
-    for (int unit = 0; unit < model.unit_count; unit++) ck_assert_int_eq(fp_gather_grad(&model.units[unit]), 0);
+    for (int unit = 0; unit < model.unit_count; unit++) ck_assert_int_eq(flat_param_gather_grad(&model.units[unit]), 0);
     copy_gradients(&model, out.values);
-    for (int unit = 0; unit < model.unit_count; unit++) fp_free_full_grad(&model.units[unit]);
+    for (int unit = 0; unit < model.unit_count; unit++) flat_param_free_full_grad(&model.units[unit]);
     fsdp_runtime_free(&runtime);
     mlp_model_free(&model);
     return out;
@@ -489,7 +490,7 @@ START_TEST(test_runtime_matches_the_model_alone) {
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_mlp", "runs/check/test_mlp");
+    session_open(&ctx, &argc, &argv, "test_mlp", "runs/check/test_mlp");
     Suite *suite = suite_create("mlp");
     TCase *tc = tcase_create("mlp");
     tcase_set_timeout(tc, 120);

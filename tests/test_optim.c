@@ -6,9 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../core/flat_param.h"
-#include "../core/optim.h"
-#include "../core/rng.h"
+#include "core/fsdp/flat_param.h"
+#include "core/fsdp/optim.h"
+#include "core/base/rng.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -17,7 +18,7 @@ static context ctx; /* the one context of this test program */
  * three ranks hold nothing of it but padding. */
 typedef struct unit_spec {
     const char *unit;
-    fp_tensor_spec specs[2];
+    flat_param_tensor_spec specs[2];
     int count;
 } unit_spec;
 static const unit_spec UNIT_SPECS[] = {
@@ -48,8 +49,8 @@ static void fill_gradient(const char *name, size_t first, size_t count, float *o
 
 static void make_units(flat_param *units, uint64_t seed) {
     for (int u = 0; u < UNIT_COUNT; u++) {
-        ck_assert_int_eq(fp_init(&units[u], &ctx, UNIT_SPECS[u].unit, UNIT_SPECS[u].specs, UNIT_SPECS[u].count), 0);
-        fp_fill_local_shard(&units[u], fill_params, &seed);
+        ck_assert_int_eq(flat_param_init(&units[u], &ctx, UNIT_SPECS[u].unit, UNIT_SPECS[u].specs, UNIT_SPECS[u].count), 0);
+        flat_param_fill_local_shard(&units[u], fill_params, &seed);
     }
 }
 
@@ -61,9 +62,9 @@ static void set_gradient(flat_param *fp, uint64_t seed, int step) {
         fp->grad_shard = mem_alloc(&ctx.mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
     }
     size_t begin, end;
-    fp_shard_range(fp, ctx.rank, &begin, &end);
+    flat_param_shard_range(fp, ctx.rank, &begin, &end);
     gradient_key key = {seed, step};
-    fp_fill_flat_range(fp, fill_gradient, &key, begin, end, fp->grad_shard);
+    flat_param_fill_flat_range(fp, fill_gradient, &key, begin, end, fp->grad_shard);
 }
 
 /* torch's AdamW formula in double over flat elements [begin, end), from the same initial values and gradients. */
@@ -71,11 +72,11 @@ static void reference_adamw(const flat_param *fp, uint64_t seed, int steps, cons
                             size_t end, double *param, double *exp_avg, double *exp_avg_sq) {
     size_t count = end - begin;
     float *values = mem_alloc(&ctx.mem, (count + 1) * sizeof(float), MEM_WORKSPACE, "reference.values");
-    fp_fill_flat_range(fp, fill_params, &seed, begin, end, values);
+    flat_param_fill_flat_range(fp, fill_params, &seed, begin, end, values);
     for (size_t i = 0; i < count; i++) param[i] = values[i], exp_avg[i] = 0.0, exp_avg_sq[i] = 0.0;
     for (int step = 1; step <= steps; step++) {
         gradient_key key = {seed, step};
-        fp_fill_flat_range(fp, fill_gradient, &key, begin, end, values);
+        flat_param_fill_flat_range(fp, fill_gradient, &key, begin, end, values);
         double bias_correction1 = 1.0 - pow(config->beta1, step), bias_correction2 = 1.0 - pow(config->beta2, step);
         for (size_t i = 0; i < count; i++) {
             double grad = values[i];
@@ -131,7 +132,7 @@ START_TEST(test_steps_match_double_reference) {
         for (int u = 0; u < UNIT_COUNT; u++) {
             flat_param *fp = &units[u];
             size_t begin, end, count = fp->sharded_numel;
-            fp_shard_range(fp, ctx.rank, &begin, &end);
+            flat_param_shard_range(fp, ctx.rank, &begin, &end);
             double *param = mem_alloc(&ctx.mem, 3 * count * sizeof(double), MEM_WORKSPACE, "reference");
             double *exp_avg = param + count, *exp_avg_sq = exp_avg + count;
             reference_adamw(fp, seed, STEPS, &configs[c], begin, end, param, exp_avg, exp_avg_sq);
@@ -148,7 +149,7 @@ START_TEST(test_steps_match_double_reference) {
         }
         CK_ASSERT_ALL(&ctx, trace_has_compute("layers.1.adamw", "optimizer"),
                       "no compute event 'layers.1.adamw' (phase optimizer) in %s", ctx.trace.path);
-        for (int u = 0; u < UNIT_COUNT; u++) adamw_free(&states[u]), fp_free(&units[u]);
+        for (int u = 0; u < UNIT_COUNT; u++) adamw_free(&states[u]), flat_param_free(&units[u]);
     }
     ck_assert_uint_eq(ctx.mem.live_bytes, 0);
 }
@@ -185,7 +186,7 @@ START_TEST(test_state_exists_only_for_the_shard) {
     for (int u = 0; u < UNIT_COUNT; u++) adamw_free(&states[u]);
     ck_assert_uint_eq(ctx.mem.category_live_bytes[MEM_OPTIM_STATE], 0);
     adamw_free(&states[0]); /* an emptied state frees nothing twice */
-    for (int u = 0; u < UNIT_COUNT; u++) fp_free(&units[u]);
+    for (int u = 0; u < UNIT_COUNT; u++) flat_param_free(&units[u]);
 }
 END_TEST
 
@@ -209,7 +210,7 @@ START_TEST(test_no_gradient_no_update_no_state) {
 
     set_gradient(fp, seed, 1);
     adamw_step(&state, fp, &config);
-    fp_zero_grad(fp); /* set_to_none: the next step skips this unit */
+    flat_param_zero_grad(fp); /* set_to_none: the next step skips this unit */
     memcpy(before, fp->local_shard, bytes);
     float first_moment = state.exp_avg[0];
     adamw_step(&state, fp, &config);
@@ -229,7 +230,7 @@ START_TEST(test_no_gradient_no_update_no_state) {
 
     mem_free(&ctx.mem, before);
     adamw_free(&state);
-    for (int u = 0; u < UNIT_COUNT; u++) fp_free(&units[u]);
+    for (int u = 0; u < UNIT_COUNT; u++) flat_param_free(&units[u]);
 }
 END_TEST
 
@@ -250,7 +251,7 @@ START_TEST(test_padding_stays_zero) {
     size_t padding_seen = 0;
     for (int u = 0; u < UNIT_COUNT; u++) {
         size_t begin, end;
-        fp_shard_range(&units[u], ctx.rank, &begin, &end);
+        flat_param_shard_range(&units[u], ctx.rank, &begin, &end);
         for (size_t flat = begin > units[u].unpadded_numel ? begin : units[u].unpadded_numel; flat < end; flat++) {
             size_t i = flat - begin;
             ok &= units[u].local_shard[i] == 0.0f && states[u].exp_avg[i] == 0.0f && states[u].exp_avg_sq[i] == 0.0f;
@@ -265,7 +266,7 @@ START_TEST(test_padding_stays_zero) {
     ck_assert_int_eq(comm_all_reduce(&ctx, &seen, 1, COMM_SUM, "test"), 0);
     ck_assert_uint_eq((size_t)seen, padding_total);
     if (ctx.world_size > 1) ck_assert_uint_gt(padding_total, 0);
-    for (int u = 0; u < UNIT_COUNT; u++) adamw_free(&states[u]), fp_free(&units[u]);
+    for (int u = 0; u < UNIT_COUNT; u++) adamw_free(&states[u]), flat_param_free(&units[u]);
 }
 END_TEST
 
@@ -287,10 +288,10 @@ START_TEST(test_gathered_params_do_not_depend_on_world_size) {
     for (int u = 0; u < UNIT_COUNT; u++) {
         flat_param sharded, whole;
         const unit_spec *spec = &UNIT_SPECS[u];
-        ck_assert_int_eq(fp_init(&sharded, &ctx, spec->unit, spec->specs, spec->count), 0);
-        ck_assert_int_eq(fp_init_replicated(&whole, &ctx, spec->unit, spec->specs, spec->count), 0);
-        fp_fill_local_shard(&sharded, fill_params, &seed);
-        fp_fill_local_shard(&whole, fill_params, &seed);
+        ck_assert_int_eq(flat_param_init(&sharded, &ctx, spec->unit, spec->specs, spec->count), 0);
+        ck_assert_int_eq(flat_param_init_replicated(&whole, &ctx, spec->unit, spec->specs, spec->count), 0);
+        flat_param_fill_local_shard(&sharded, fill_params, &seed);
+        flat_param_fill_local_shard(&whole, fill_params, &seed);
         adamw_state sharded_state, whole_state;
         adamw_init(&sharded_state);
         adamw_init(&whole_state);
@@ -308,8 +309,8 @@ START_TEST(test_gathered_params_do_not_depend_on_world_size) {
         mem_free(&ctx.mem, gathered);
         adamw_free(&sharded_state);
         adamw_free(&whole_state);
-        fp_free(&sharded);
-        fp_free(&whole);
+        flat_param_free(&sharded);
+        flat_param_free(&whole);
     }
 }
 END_TEST
@@ -321,7 +322,7 @@ static double full_gradient_norm(flat_param *units, int unit_count, uint64_t see
     for (int u = 0; u < unit_count; u++) {
         float *full = mem_alloc(&ctx.mem, units[u].unpadded_numel * sizeof(float), MEM_WORKSPACE, "full_grad");
         gradient_key key = {seed, step};
-        fp_fill_flat_range(&units[u], fill_gradient, &key, 0, units[u].unpadded_numel, full);
+        flat_param_fill_flat_range(&units[u], fill_gradient, &key, 0, units[u].unpadded_numel, full);
         for (size_t i = 0; i < units[u].unpadded_numel; i++) sum += (double)full[i] * full[i];
         mem_free(&ctx.mem, full);
     }
@@ -368,13 +369,13 @@ START_TEST(test_clip_grad_norm_is_the_full_norm_and_scales) {
     CK_ASSERT_ALL(&ctx, trace_has_compute("clip_grad_norm.scale", "optimizer"), "no clip_grad_norm.scale event");
 
     /* A unit without a gradient counts as zero and keeps none: the norm is that of the other two, as clipped. */
-    fp_zero_grad(&units[1]);
+    flat_param_zero_grad(&units[1]);
     expected = coefficient * hypot(full_gradient_norm(&units[0], 1, seed, 1), full_gradient_norm(&units[2], 1, seed, 1));
     norm = adamw_clip_grad_norm(&ctx, units, UNIT_COUNT, 1e30);
     CK_ASSERT_ALL(&ctx, fabs(norm - expected) <= 1e-5 * expected && units[1].grad_shard == NULL,
                   "rank %d: with layers.1 gradient-less the norm is %.9g, expected %.9g", ctx.rank, norm, expected);
     mem_free(&ctx.mem, before);
-    for (int u = 0; u < UNIT_COUNT; u++) fp_free(&units[u]);
+    for (int u = 0; u < UNIT_COUNT; u++) flat_param_free(&units[u]);
 }
 END_TEST
 
@@ -382,19 +383,19 @@ START_TEST(test_clip_grad_norm_counts_a_replicated_unit_once) {
     /* NO_SHARD: every rank holds the whole gradient; all-reducing it would count it world-size times. */
     uint64_t seed = 71;
     flat_param units[2];
-    ck_assert_int_eq(fp_init(&units[0], &ctx, UNIT_SPECS[0].unit, UNIT_SPECS[0].specs, UNIT_SPECS[0].count), 0);
-    ck_assert_int_eq(fp_init_replicated(&units[1], &ctx, UNIT_SPECS[1].unit, UNIT_SPECS[1].specs, UNIT_SPECS[1].count), 0);
+    ck_assert_int_eq(flat_param_init(&units[0], &ctx, UNIT_SPECS[0].unit, UNIT_SPECS[0].specs, UNIT_SPECS[0].count), 0);
+    ck_assert_int_eq(flat_param_init_replicated(&units[1], &ctx, UNIT_SPECS[1].unit, UNIT_SPECS[1].specs, UNIT_SPECS[1].count), 0);
     for (int u = 0; u < 2; u++) set_gradient(&units[u], seed, 1);
     double expected = full_gradient_norm(units, 2, seed, 1);
     double norm = adamw_clip_grad_norm(&ctx, units, 2, 1e30);
     CK_ASSERT_ALL(&ctx, fabs(norm - expected) <= TOLERANCE * expected,
                   "rank %d: sharded + replicated units: norm %.9g, expected %.9g", ctx.rank, norm, expected);
-    for (int u = 0; u < 2; u++) fp_free(&units[u]);
+    for (int u = 0; u < 2; u++) flat_param_free(&units[u]);
 }
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_optim", "runs/check/test_optim");
+    session_open(&ctx, &argc, &argv, "test_optim", "runs/check/test_optim");
     Suite *suite = suite_create("optim");
     TCase *tc = tcase_create("AdamW");
     tcase_set_timeout(tc, 120);

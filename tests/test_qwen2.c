@@ -8,11 +8,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/checkpoint.h"
-#include "../core/fsdp.h"
-#include "../core/qwen2.h"
-#include "../core/rng.h"
-#include "../core/safetensors.h"
+#include "core/io/pretrained.h"
+#include "core/fsdp/fsdp.h"
+#include "core/models/qwen2.h"
+#include "core/base/rng.h"
+#include "core/io/safetensors.h"
+#include "core/runtime/session.h"
 #include "mpi_check.h"
 
 static context ctx; /* the one context of this test program */
@@ -37,7 +38,7 @@ static void make_model_with_std(qwen2_model *model, const qwen2_config *config, 
     qwen2_init_spec init = {.seed = seed, .std = std};
     ck_assert_msg(qwen2_model_init_wrapped(model, &ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) == 0,
                   "%s", ctx.error);
-    for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
+    for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(flat_param_unshard(&model->units[unit], "test"), 0);
 }
 
 static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t seed) {
@@ -202,11 +203,11 @@ END_TEST
 
 /* Units with mixed precision (before their first unshard), unsharded: as an FSDP runtime sets them up. */
 static void unshard_units(qwen2_model *model, int bf16) {
-    fp_mixed_precision mixed_precision = {.param_dtype = bf16 ? DTYPE_BFLOAT16 : DTYPE_FLOAT32,
+    flat_param_mixed_precision mixed_precision = {.param_dtype = bf16 ? DTYPE_BFLOAT16 : DTYPE_FLOAT32,
                                           .reduce_dtype = bf16 ? DTYPE_BFLOAT16 : DTYPE_FLOAT32};
     for (int unit = 0; unit < model->unit_count; unit++) {
-        ck_assert_msg(fp_set_mixed_precision(&model->units[unit], &mixed_precision) == 0, "%s", ctx.error);
-        ck_assert_int_eq(fp_unshard(&model->units[unit], "test"), 0);
+        ck_assert_msg(flat_param_set_mixed_precision(&model->units[unit], &mixed_precision) == 0, "%s", ctx.error);
+        ck_assert_int_eq(flat_param_unshard(&model->units[unit], "test"), 0);
     }
 }
 
@@ -263,7 +264,7 @@ static size_t first_not_bfloat16(const float *values, size_t count) {
                       (layer), bad_, bad_ < (count) ? (double)(buffer)[bad_] : 0.0);                              \
     } while (0)
 
-/* Under MixedPrecision(param_dtype=bfloat16) every tensor torch's graph holds is bfloat16 (core/layers_bf16.h): each
+/* Under MixedPrecision(param_dtype=bfloat16) every tensor torch's graph holds is bfloat16 (core/kernels/layers_bf16.h): each
  * activation the forward saves, the logits, and each activation gradient the backward hands on are bfloat16 values
  * (the float32 softmax probabilities and 1/rms excepted, which torch keeps in float32 too). A skipped rounding leaves
  * float32 values in one of them. The loss stays near the float32 model's (bfloat16's 2^-8 per rounding). */
@@ -274,10 +275,10 @@ START_TEST(test_bf16_compute_keeps_bfloat16_tensors) {
     qwen2_init_spec init = {.seed = 11, .std = 0.02f};
     ck_assert_msg(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
                                            FSDP_FULL_SHARD, &init) == 0, "%s", ctx.error);
-    fp_mixed_precision bf16 = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
+    flat_param_mixed_precision bf16 = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
     for (int unit = 0; unit < model.unit_count; unit++) {
-        ck_assert_msg(fp_set_mixed_precision(&model.units[unit], &bf16) == 0, "%s", ctx.error);
-        ck_assert_int_eq(fp_unshard(&model.units[unit], "test"), 0);
+        ck_assert_msg(flat_param_set_mixed_precision(&model.units[unit], &bf16) == 0, "%s", ctx.error);
+        ck_assert_int_eq(flat_param_unshard(&model.units[unit], "test"), 0);
     }
     enum { B = 2, T = 7 };
     int tokens[B * T], targets[B * T];
@@ -306,7 +307,7 @@ START_TEST(test_bf16_compute_keeps_bfloat16_tensors) {
     EXPECT_BFLOAT16(acts.residuals[L], N * C, "last layer output", L);
     EXPECT_BFLOAT16(acts.final_norm, N * C, "norm output", -1);
     EXPECT_BFLOAT16(acts.logits, N * V, "logits", -1);
-    for (int unit = 0; unit < model.unit_count; unit++) fp_alloc_full_grad(&model.units[unit]);
+    for (int unit = 0; unit < model.unit_count; unit++) flat_param_alloc_full_grad(&model.units[unit]);
     qwen2_head_backward(&model, &acts);
     EXPECT_BFLOAT16(acts.dresiduals[L], N * C, "gradient into the norm", L);
     for (int l = L - 1; l >= 0; l--) {
@@ -349,14 +350,14 @@ START_TEST(test_checkpoint_round_trip_and_refusals) {
     make_model(&model, &config, 21);
     char directory[] = "/tmp/fsdplab_ckpt_XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(directory));
-    ck_assert_msg(ckpt_save_pretrained(&model, directory) == 0, "%s", ctx.error);
+    ck_assert_msg(pretrained_save(&model, directory) == 0, "%s", ctx.error);
     char path[256];
     snprintf(path, sizeof path, "%s/config.json", directory);
     qwen2_config read_back;
     ck_assert_msg(qwen2_config_load_json(&read_back, path, ctx.error, sizeof ctx.error) == 0, "%s", ctx.error);
     ck_assert_msg(qwen2_model_init(&loaded, &ctx, &read_back, (int[64]){0}, 1, 0, NULL) == 0, "%s", ctx.error);
-    ck_assert_msg(ckpt_load_pretrained(&loaded, directory) == 0, "%s", ctx.error);
-    ck_assert_int_eq(fp_unshard(&loaded.units[0], "test"), 0);
+    ck_assert_msg(pretrained_load(&loaded, directory) == 0, "%s", ctx.error);
+    ck_assert_int_eq(flat_param_unshard(&loaded.units[0], "test"), 0);
     for (int p = 0; p < model.tree.param_count; p++)
         ck_assert_mem_eq(qwen2_param_data(&loaded, p), qwen2_param_data(&model, p),
                          qwen2_param_numel(&model.tree.params[p]) * sizeof(float));
@@ -366,13 +367,13 @@ START_TEST(test_checkpoint_round_trip_and_refusals) {
     qwen2_config deeper = small_config();
     deeper.num_hidden_layers = 3;
     ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &deeper, (int[64]){0}, 1, 0, NULL), 0);
-    ck_assert_int_eq(ckpt_load_pretrained(&loaded, directory), -1);
+    ck_assert_int_eq(pretrained_load(&loaded, directory), -1);
     ck_assert_msg(strstr(ctx.error, "missing tensor 'model.layers.2.self_attn.q_proj.weight'"), "%s", ctx.error);
     qwen2_model_free(&loaded);
     qwen2_config wider = small_config();
     wider.intermediate_size = 28;
     ck_assert_int_eq(qwen2_model_init(&loaded, &ctx, &wider, (int[64]){0}, 1, 0, NULL), 0);
-    ck_assert_int_eq(ckpt_load_pretrained(&loaded, directory), -1);
+    ck_assert_int_eq(pretrained_load(&loaded, directory), -1);
     ck_assert_msg(strstr(ctx.error, "'model.layers.0.mlp.gate_proj.weight' has shape [24, 16]"), "%s", ctx.error);
     qwen2_model_free(&loaded);
     qwen2_model_free(&model);
@@ -506,7 +507,7 @@ START_TEST(test_generation_refuses_what_does_not_fit) {
 END_TEST
 
 int main(int argc, char **argv) {
-    ctx_init(&ctx, &argc, &argv, "test_qwen2", "runs/check/test_qwen2");
+    session_open(&ctx, &argc, &argv, "test_qwen2", "runs/check/test_qwen2");
     Suite *suite = suite_create("qwen2");
     TCase *tc = tcase_create("model");
     tcase_set_timeout(tc, 120);

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../core/rng.h"
+#include "core/base/rng.h"
 #include "check_main.h"
 
 START_TEST(test_fill_equals_one_by_one_for_any_start_and_length) {

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "check_main.h"
 
 static char directory[] = "/tmp/fsdplab_test_st_XXXXXX";

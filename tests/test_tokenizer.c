@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/tokenizer.h"
+#include "core/data/tokenizer.h"
 #include "check_main.h"
 
 static void base64(const char *bytes, size_t length, char *out) {

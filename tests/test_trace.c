@@ -5,9 +5,9 @@
  * exporter and the Python validator are checked against each other.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "../trace/chrome.h"
-#include "../trace/run.h"
-#include "../trace/trace.h"
+#include "trace/chrome.h"
+#include "trace/run.h"
+#include "trace/trace.h"
 #include "check_main.h"
 
 #include <check.h>
@@ -28,7 +28,7 @@ enum { PARAM_SHARD = 0, PARAM_UNSHARDED = 1, GRAD_SHARD = 3, ACTIVATION = 5 };
 
 /* ---- writing a run, as the core would ---- */
 
-/* The allocator's bookkeeping the core keeps (core/mem.h, core/allocator.h), reduced to what the events report:
+/* The allocator's bookkeeping the core keeps (core/memory/mem.h, core/memory/allocator.h), reduced to what the events report:
  * one 2 MiB small-pool segment, taken at the first allocation, from which blocks (bytes rounded up to 512) are
  * carved one after the other and never reused, so the events are consistent (trace/segments.h checks them). */
 enum { SEGMENT_BYTES = 2 << 20, ROUND = 512, MAX_IDS = 16 };

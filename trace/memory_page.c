@@ -164,7 +164,7 @@ static void body_put(FILE *file, const trace_run *run) {
           "(pytorch.org/memory_viz): allocations stack in the order they were made; a band keeps its height until "
           "something below it is freed, then drops by that size. The top of the stack is the live tracked bytes.</li>\n"
           "<li>The dark dashed line is <em>reserved</em> bytes: the segments the caching allocator holds "
-          "(core/allocator.h). The gap between it and the top of the stack is memory kept in the cache for the next "
+          "(core/memory/allocator.h). The gap between it and the top of the stack is memory kept in the cache for the next "
           "allocation, plus rounding; the table under the plot splits it at the allocated peak.</li>\n"
           "<li>x is the event index: the line number in rank&lt;R&gt;.jsonl, so any moment can be looked up in the "
           "events file. Solid lines end optimizer steps, dashed lines end micro-batches (s2 mb1: step 2, "

@@ -1,7 +1,7 @@
 /* segments.h — the caching allocator's state replayed from a rank's events: which segments it holds and which blocks
  * of each are allocated, at any line of rank<R>.jsonl.
  *
- * The runtime's allocator (core/allocator.h) writes what it does: `segment_alloc` / `segment_free` when it takes
+ * The runtime's allocator (core/memory/allocator.h) writes what it does: `segment_alloc` / `segment_free` when it takes
  * memory from its backend or gives it back, and on every `alloc` / `free` the block's address, rounded size and
  * segment. Replaying those lines in file order rebuilds its state without the runtime, so the views can draw it:
  * the memory_viz snapshot (the segments at the end, with their blocks), the summary and the memory page

@@ -1,7 +1,7 @@
 /* snapshot.h — a run's memory as a PyTorch memory snapshot (`torch.cuda.memory._snapshot()`, pickled), so the
  * learner can drop it on https://pytorch.org/memory_viz and see the run in PyTorch's own viewer.
  *
- * Each rank is one device. Everything comes from the real allocator (core/allocator.h) through its events, replayed by
+ * Each rank is one device. Everything comes from the real allocator (core/memory/allocator.h) through its events, replayed by
  * trace/segments.h: `device_traces[r]` is rank r's `segment_alloc`, `alloc`, `free_requested` + `free_completed`
  * and `segment_free` at the blocks' and segments' real addresses, in file order, up to the snapshot's moment, then a
  * `snapshot` entry; `segments` is the allocator's state at that moment: each segment with its live blocks

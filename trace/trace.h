@@ -69,7 +69,7 @@ typedef struct trace_collective_info {
 } trace_collective_info;
 void trace_collective(trace_sink *sink, const trace_collective_info *info);
 
-/* A tracked allocation or free (core/mem.h). live_bytes, category_live_bytes and reserved_bytes are the totals
+/* A tracked allocation or free (core/memory/mem.h). live_bytes, category_live_bytes and reserved_bytes are the totals
  * after the event. `address`/`size` are the allocator's block (size rounded), `segment` its segment's address. */
 typedef struct trace_memory_info {
     uint64_t id;
@@ -84,7 +84,7 @@ typedef struct trace_memory_info {
     uint64_t segment;
     int stream;
     uint64_t reserved_bytes;
-    const char *device;  /* the pool: "device" or "host" (core/mem.h); NULL is written as "device" */
+    const char *device;  /* the pool: "device" or "host" (core/memory/mem.h); NULL is written as "device" */
 } trace_memory_info;
 void trace_alloc(trace_sink *sink, const trace_memory_info *info);
 void trace_free(trace_sink *sink, const trace_memory_info *info);
@@ -133,7 +133,7 @@ typedef struct trace_wait_info {
 } trace_wait_info;
 void trace_wait(trace_sink *sink, const trace_wait_info *info);
 
-/* A copy between the pools (CPU offload, core/offload.h): "h2d" host to device (a parameter shard before its
+/* A copy between the pools (CPU offload, core/runtime/offload.h): "h2d" host to device (a parameter shard before its
  * all-gather), "d2h" device to host (a gradient shard after its reduce-scatter). A span on `stream` from start_us. */
 typedef struct trace_copy_info {
     const char *direction; /* "h2d" or "d2h" */

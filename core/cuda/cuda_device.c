@@ -1,12 +1,11 @@
-/* cuda_device.c — the CUDA device of core/device.h: the rank's GPU, its compute stream and cuBLAS handle, and where
+/* cuda_device.c — the CUDA device of core/device/device.h: the rank's GPU, its compute stream and cuBLAS handle, and where
  * the caching allocators' segments come from (cudaMalloc for the device pool, pinned host memory for the host pool).
  * The layer, vector and AdamW functions are core/cuda/kernels.cu's (cuda_ops_install). See cuda_device.h. */
-#include "cuda_device.h"
+#include "core/cuda/cuda_device.h"
 
 #include <mpi.h>
 #include <string.h>
 
-#include "cuda_stream.h"
 
 /* The reductions' partial results (cuda_device.h `scratch`): 1 MiB holds 65,536 blocks' 16-byte partials. */
 #define CUDA_SCRATCH_BYTES ((size_t)1 << 20)
@@ -35,6 +34,38 @@ void cublas_check(int rank, cublasStatus_t status, const char *call, const char 
             cublasGetStatusName(status));
     abort_run();
 }
+
+/* ---- event pools (a cudaStream's events, recorded in turn: core/cuda/cuda_stream.h says why) ---- */
+
+struct cuda_event_pool {
+    int rank;                     /* for messages */
+    size_t next;                  /* records so far: the next event is events[next % CUDA_EVENT_POOL] */
+    cudaEvent_t events[CUDA_EVENT_POOL];
+};
+
+cuda_event_pool *cuda_event_pool_create(int rank) {
+    cuda_event_pool *pool = calloc(1, sizeof *pool);
+    if (pool == NULL) CUDA_CHECK(rank, cudaErrorMemoryAllocation); /* the host's memory: aborts, naming the rank */
+    pool->rank = rank;
+    return pool;
+}
+
+void cuda_event_pool_destroy(cuda_event_pool *pool) {
+    if (pool == NULL) return;
+    for (size_t i = 0; i < CUDA_EVENT_POOL; i++)
+        if (pool->events[i] != NULL) CUDA_CHECK(pool->rank, cudaEventDestroy(pool->events[i]));
+    free(pool);
+}
+
+/* The pool's next event, recorded on `stream` now. With timing (cudaEventElapsedTime needs it). */
+cudaEvent_t cuda_event_pool_record(cuda_event_pool *pool, cudaStream_t stream) {
+    cudaEvent_t *event = &pool->events[pool->next++ % CUDA_EVENT_POOL];
+    if (*event == NULL) CUDA_CHECK(pool->rank, cudaEventCreate(event));
+    CUDA_CHECK(pool->rank, cudaEventRecord(*event, stream));
+    return *event;
+}
+
+/* ---- core/comm/stream.c's device side ---- */
 
 /* ---- segments ---- */
 
@@ -142,7 +173,7 @@ void cuda_device_allow_tf32(device *d, int allow) {
                  cublasSetMathMode(device->cublas, allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
-int device_cuda_init(device *d, int local_rank, int local_size, char *error, size_t error_size) {
+int cuda_device_init(device *d, int local_rank, int local_size, char *error, size_t error_size) {
     memset(d, 0, sizeof *d);
     int rank = 0, initialized = 0; /* the world rank, for messages only (a test program may run without MPI) */
     MPI_Initialized(&initialized);
@@ -156,7 +187,7 @@ int device_cuda_init(device *d, int local_rank, int local_size, char *error, siz
         return -1;
     }
     /* The node's ranks take the node's GPUs in turn; more ranks than GPUs share them (BACKEND=mpi only: NCCL refuses
-     * two ranks on one GPU, which core/context.c says before NCCL would). */
+     * two ranks on one GPU, which core/cuda/plugin.c says before NCCL would). */
     int ordinal = local_rank % count;
     status = cudaSetDevice(ordinal);
     if (status == cudaSuccess) status = cudaFree(NULL); /* makes the GPU's context now: a busy GPU fails here */
@@ -194,6 +225,7 @@ int device_cuda_init(device *d, int local_rank, int local_size, char *error, siz
     d->zero = cuda_zero;
     d->copy = cuda_copy;
     d->synchronize = cuda_synchronize;
+    d->destroy = cuda_device_destroy;
     cuda_device_allow_tf32(d, 0);
     cuda_ops_install(d);
     return 0;

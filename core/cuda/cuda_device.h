@@ -1,7 +1,7 @@
-/* cuda_device.h — the CUDA device's state behind core/device.h (`device.impl`), for the files of core/cuda/ only.
+/* cuda_device.h — the CUDA device's state behind core/device/device.h (`device.impl`), for the files of core/cuda/ only.
  *
- * One GPU per rank, chosen from the node-local rank (core/context.h local_rank). Every kernel and GEMM runs on
- * `compute`, the rank's compute stream; the all-gather and reduce-scatter streams of core/stream.h are other
+ * One GPU per rank, chosen from the node-local rank (core/runtime/context.h local_rank). Every kernel and GEMM runs on
+ * `compute`, the rank's compute stream; the all-gather and reduce-scatter streams of core/comm/stream.h are other
  * cudaStreams ordered against it with CUDA events. Only files compiled in a `make CUDA=1` build include this.
  */
 #ifndef FSDPLAB_CUDA_DEVICE_H
@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../device.h"
+#include "core/device/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,10 +32,19 @@ typedef struct cuda_device_state {
     void *host_scratch;
     /* The runtime's (cuda_device.c, cuda_stream.c): */
     int device_count;             /* GPUs this rank sees (BACKEND=nccl needs one per rank of a node) */
-    struct cuda_event_pool *compute_events; /* the compute stream's events (core/cuda/cuda_stream.h) */
+    struct cuda_event_pool *compute_events; /* the compute stream's events */
     cudaStream_t clock;           /* an idle stream: an event recorded on it completes at once (the trace clock) */
     cudaEvent_t clock_event;
 } cuda_device_state;
+
+/* A pool of CUDA_EVENT_POOL events for one cudaStream, recorded in turn and created on first use (the compute
+ * stream's is the device's; core/cuda/cuda_stream.c makes one per comm stream). */
+#define CUDA_EVENT_POOL 1024
+typedef struct cuda_event_pool cuda_event_pool;
+cuda_event_pool *cuda_event_pool_create(int rank);
+void cuda_event_pool_destroy(cuda_event_pool *pool);
+/* The pool's next event, recorded on `stream` now. With timing (cudaEventElapsedTime needs it). */
+cudaEvent_t cuda_event_pool_record(cuda_event_pool *pool, cudaStream_t stream);
 
 /* Aborts naming the rank, file, line, the call and CUDA's / cuBLAS's message when a call failed. */
 void cuda_check(int rank, cudaError_t status, const char *call, const char *file, int line);
@@ -43,7 +52,10 @@ void cublas_check(int rank, cublasStatus_t status, const char *call, const char 
 #define CUDA_CHECK(rank, call) cuda_check((rank), (call), #call, __FILE__, __LINE__)
 #define CUBLAS_CHECK(rank, call) cublas_check((rank), (call), #call, __FILE__, __LINE__)
 
-/* ALLOW_TF32 (core/context.c reads it): cuBLAS's math mode for float32 GEMMs. */
+/* Makes the CUDA device for this rank: picks the GPU from the node-local rank, creates the compute stream and the
+ * cuBLAS handle. 0, or -1 with a message in error (no GPU, a busy GPU, ...). */
+int cuda_device_init(device *d, int local_rank, int local_size, char *error, size_t error_size);
+/* ALLOW_TF32 (core/runtime/session.c reads it): cuBLAS's math mode for float32 GEMMs. */
 void cuda_device_allow_tf32(device *d, int allow);
 /* device_destroy of the CUDA device: the cuBLAS handle, streams, events, scratch buffers. Every segment of the
  * caching allocators must have gone back first (mem_shutdown). */

@@ -1,4 +1,4 @@
-/* cuda_ops.cu — the CUDA device's layer, vector and AdamW functions (core/device.h's table), on the compute stream:
+/* cuda_ops.cu — the CUDA device's layer, vector and AdamW functions (core/device/device.h's table), on the compute stream:
  * the kernels of kernels.cu and the GEMMs in cuBLAS. cuda_ops_install puts them in the table.
  *
  * Row-major through column-major cuBLAS. A row-major (r, c) matrix with row stride ld is, to cuBLAS, the
@@ -9,7 +9,7 @@
  *
  * Float32 GEMMs are exact fp32 (CUBLAS_DEFAULT_MATH) unless the device allows TF32 (ALLOW_TF32=1:
  * CUBLAS_TF32_TENSOR_OP_MATH, 10-bit mantissa products, the GPU check's bounds no longer hold). The backward
- * GEMMs add into the gradients (beta = 1), as core/layers.h's backward functions do.
+ * GEMMs add into the gradients (beta = 1), as core/kernels/layers.h's backward functions do.
  *
  * The bfloat16 layers' GEMMs (GEMM_BF16 below) read float32 buffers holding bfloat16 values: cublasGemmEx with
  * CUBLAS_COMPUTE_32F_FAST_16BF converts A and B to bfloat16 (exact: they already are) and runs the bfloat16 tensor
@@ -20,11 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cuda_device.h"
-#include "kernels.cuh"
+#include "core/cuda/cuda_device.h"
+#include "core/cuda/kernels.cuh"
 
 extern "C" {
-#include "../layers.h" /* rope_tables: computed on the host exactly as the CPU does */
+#include "core/kernels/layers.h" /* rope_tables: computed on the host exactly as the CPU does */
 }
 
 static cuda_device_state *state_of(device *d) { return (cuda_device_state *)d->impl; }
@@ -100,7 +100,7 @@ static void cuda_linear_backward(device *d, float *dinp, float *dweight, float *
     if (dbias != NULL) LAUNCH(s, bias_backward_launch(dbias, dout, N, OC, s->compute));
 }
 
-/* The tables on the host by core/layers.c's rope_tables (the CPU's bits), then copied; the host waits, so the
+/* The tables on the host by core/kernels/layers.c's rope_tables (the CPU's bits), then copied; the host waits, so the
  * staging buffer can go. Called once per model, not per step. */
 static void cuda_rope_tables(device *d, float *cos_table, float *sin_table, int T, int D, float theta) {
     cuda_device_state *s = state_of(d);
@@ -205,7 +205,7 @@ static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, 
     }
 }
 
-/* ---- the layers in bfloat16 (core/layers_bf16.h; the CPU's are core/layers_bf16.c) ---- */
+/* ---- the layers in bfloat16 (core/kernels/layers_bf16.h; the CPU's are core/kernels/layers_bf16.c) ---- */
 
 /* A GEMM of bfloat16 values (float32 buffers), float32 accumulation and output; checked, naming the rank and the call
  * as written at the call site. */
@@ -484,7 +484,7 @@ static void cuda_round_to(device *d, float *x, size_t count, dtype type) {
 }
 
 static void cuda_adamw_update(device *d, float *param, const float *grad, float *exp_avg, float *exp_avg_sq,
-                              size_t count, const device_adamw_scalars *scalars) {
+                              size_t count, const adamw_kernel_scalars *scalars) {
     cuda_device_state *s = state_of(d);
     LAUNCH(s, adamw_launch(param, grad, exp_avg, exp_avg_sq, count, *scalars, s->compute));
 }

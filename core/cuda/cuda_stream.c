@@ -1,17 +1,13 @@
-/* cuda_stream.c — core/stream.h on the CUDA device. See cuda_stream.h. */
-#include "cuda_stream.h"
+/* cuda_stream.c — core/comm/stream.h on the CUDA device. See cuda_stream.h. */
+#include "core/cuda/cuda_stream.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_device.h"
-#include "nccl_comm.h"
-
-struct cuda_event_pool {
-    int rank;                     /* for messages */
-    size_t next;                  /* records so far: the next event is events[next % CUDA_EVENT_POOL] */
-    cudaEvent_t events[CUDA_EVENT_POOL];
-};
+#include "core/cuda/cuda_device.h"
+#include "core/comm/comm_backend.h"
+#include "core/runtime/world.h"
+#include "core/base/error.h"
 
 /* What a stream is on the device (stream.device_side). */
 typedef struct cuda_stream_state {
@@ -26,36 +22,12 @@ typedef struct cuda_stream_state {
 static cuda_device_state *device_of(const stream *s) { return s->ctx->device.impl; }
 static cuda_stream_state *state_of(const stream *s) { return s->device_side; }
 
-cuda_event_pool *cuda_event_pool_create(int rank) {
-    cuda_event_pool *pool = calloc(1, sizeof *pool);
-    if (pool == NULL) CUDA_CHECK(rank, cudaErrorMemoryAllocation); /* the host's memory: aborts, naming the rank */
-    pool->rank = rank;
-    return pool;
-}
-
-void cuda_event_pool_destroy(cuda_event_pool *pool) {
-    if (pool == NULL) return;
-    for (size_t i = 0; i < CUDA_EVENT_POOL; i++)
-        if (pool->events[i] != NULL) CUDA_CHECK(pool->rank, cudaEventDestroy(pool->events[i]));
-    free(pool);
-}
-
-/* The pool's next event, recorded on `stream` now. With timing (cudaEventElapsedTime needs it). */
-static cudaEvent_t pool_record(cuda_event_pool *pool, cudaStream_t stream) {
-    cudaEvent_t *event = &pool->events[pool->next++ % CUDA_EVENT_POOL];
-    if (*event == NULL) CUDA_CHECK(pool->rank, cudaEventCreate(event));
-    CUDA_CHECK(pool->rank, cudaEventRecord(*event, stream));
-    return *event;
-}
-
-/* ---- core/stream.c's device side ---- */
-
 int cuda_stream_init(stream *s) {
     context *ctx = s->ctx;
     cuda_device_state *device = ctx->device.impl;
     cuda_stream_state *state = calloc(1, sizeof *state);
     if (state == NULL)
-        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: stream '%s': out of memory", ctx->rank, s->name);
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: stream '%s': out of memory", ctx->rank, s->name);
     s->device_side = state;
     if (s->kind == STREAM_HOST) { /* the compute stream: the host's work is the GPU's compute stream */
         state->stream = device->compute;
@@ -67,21 +39,21 @@ int cuda_stream_init(stream *s) {
     CUDA_CHECK(ctx->rank, cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking));
     state->owns_stream = 1;
     state->events = cuda_event_pool_create(ctx->rank);
-    if (ctx->backend != CTX_BACKEND_NCCL) return 0; /* BACKEND=mpi: stream.c makes the thread; this is for its copies */
+    if (ctx->collectives == NULL) return 0; /* BACKEND=mpi: stream.c makes the thread; this is for its copies */
     s->device_ordered = 1;
     char name[64];
     snprintf(name, sizeof name, "%s/world", s->name);
-    return nccl_comm_create(ctx, ctx->comm, name, &state->nccl);
+    return ctx->collectives->create(ctx, ctx->comm, name, &state->nccl);
 }
 
 int cuda_stream_add_group(stream *s, const comm_group *group, int index) {
     context *ctx = s->ctx;
     cuda_stream_state *state = state_of(s);
-    if (ctx->backend != CTX_BACKEND_NCCL || s->kind != STREAM_WORKER || index < 0 || index >= STREAM_GROUPS_MAX)
-        return 0; /* the compute stream's collectives use the group's own communicator (group.h `nccl`) */
+    if (ctx->collectives == NULL || s->kind != STREAM_WORKER || index < 0 || index >= STREAM_GROUPS_MAX)
+        return 0; /* the compute stream's collectives use the group's own communicator (group.h `backend_comm`) */
     char name[64];
     snprintf(name, sizeof name, "%s/%s", s->name, group->name);
-    return nccl_comm_create(ctx, group->comm, name, &state->group_nccl[index]);
+    return ctx->collectives->create(ctx, group->comm, name, &state->group_nccl[index]);
 }
 
 void cuda_stream_destroy(stream *s) {
@@ -89,8 +61,11 @@ void cuda_stream_destroy(stream *s) {
     int rank = s->ctx->rank;
     if (state->owns_stream) {
         CUDA_CHECK(rank, cudaStreamSynchronize(state->stream));
-        for (int i = 0; i < STREAM_GROUPS_MAX; i++) nccl_comm_destroy(state->group_nccl[i]);
-        nccl_comm_destroy(state->nccl);
+        const comm_backend *backend = s->ctx->collectives; /* the stream's communicators are its (BACKEND=nccl) */
+        if (backend != NULL) {
+            for (int i = 0; i < STREAM_GROUPS_MAX; i++) backend->destroy(state->group_nccl[i]);
+            backend->destroy(state->nccl);
+        }
         cuda_event_pool_destroy(state->events);
         CUDA_CHECK(rank, cudaStreamDestroy(state->stream));
     }
@@ -103,7 +78,7 @@ void cuda_stream_thread_start(stream *s) { CUDA_CHECK(s->ctx->rank, cudaSetDevic
 
 void cuda_event_record(stream_event *event, stream *s) {
     cuda_stream_state *state = state_of(s);
-    event->device_event = pool_record(state->events, state->stream);
+    event->device_event = cuda_event_pool_record(state->events, state->stream);
 }
 
 int cuda_event_query(const stream_event *event) {
@@ -132,14 +107,14 @@ void *cuda_stream_nccl(const stream *s, const comm_group *group) {
     if (group == NULL) return state->nccl;
     for (int i = 0; i < s->group_count; i++)
         if (s->groups[i] == group) return state->group_nccl[i];
-    ctx_fatal(s->ctx, "stream '%s' has no NCCL communicator of group '%s' (stream_add_group)", s->name, group->name);
+    world_fatal(s->ctx, "stream '%s' has no NCCL communicator of group '%s' (stream_add_group)", s->name, group->name);
 }
 
 double *cuda_stream_last_end_us(const stream *s) { return &state_of(s)->last_end_us; }
 
 void *cuda_compute_record(context *ctx) {
     cuda_device_state *device = ctx->device.impl;
-    return pool_record(device->compute_events, device->compute);
+    return cuda_event_pool_record(device->compute_events, device->compute);
 }
 
 void cuda_stage_copy(context *ctx, const stream *s, void *dst, const void *src, size_t bytes, int to_host,

@@ -1,6 +1,6 @@
-/* cuda_stream.h — core/stream.h on the CUDA device: cudaStreams, cudaEvents, and the GPU's clock on the trace's.
+/* cuda_stream.h — core/comm/stream.h on the CUDA device: cudaStreams, cudaEvents, and the GPU's clock on the trace's.
  *
- * core/stream.c calls these (in a `make CUDA=1` build, when ctx->device is the CUDA device); so do core/comm.c and
+ * core/comm/stream.c calls these (in a `make CUDA=1` build, when ctx->device is the CUDA device); so do core/comm/comm.c and
  * core/cuda/nccl_comm.c. Plain C types only, so the core's C files include it without CUDA's headers.
  *
  * Which stream is what on the CUDA device:
@@ -8,7 +8,7 @@
  *   compute (STREAM_HOST)             a device stream on the device's compute cudaStream (cuda_device_state.compute)
  *   comm stream, BACKEND=nccl         a device stream on a cudaStream of its own, with NCCL communicators of its own
  *                                     (the world's, and one per group it is given), as a thread has MPI duplicates
- *   comm stream, BACKEND=mpi          a worker thread (core/stream.c) with a cudaStream of its own for the copies
+ *   comm stream, BACKEND=mpi          a worker thread (core/comm/stream.c) with a cudaStream of its own for the copies
  *                                     between device buffers and the pinned host buffers MPI runs on
  *
  * Events: a device stream's event is a cudaEvent from its cudaStream's pool (CUDA_EVENT_POOL events, recorded in
@@ -25,19 +25,13 @@
 
 #include <stddef.h>
 
-#include "../context.h"
-#include "../group.h"
-#include "../stream.h"
+#include "core/runtime/context.h"
+#include "core/comm/group.h"
+#include "core/comm/stream.h"
 
-#define CUDA_EVENT_POOL 1024
 
-typedef struct cuda_event_pool cuda_event_pool;
 
-/* A pool of events for one cudaStream (cuda_device.c makes the compute stream's). */
-cuda_event_pool *cuda_event_pool_create(int rank);
-void cuda_event_pool_destroy(cuda_event_pool *pool);
-
-/* ---- core/stream.c's device side ---- */
+/* ---- core/comm/stream.c's device side ---- */
 
 /* Makes s's device side (s->device_side; s->device_ordered for a device stream). BACKEND=nccl: a worker stream's
  * NCCL communicator of the world, collective over ctx->comm. 0, or -1 with ctx->error. */
@@ -54,7 +48,7 @@ void cuda_event_synchronize(const stream_event *event);
 void cuda_stream_wait_event(stream *s, const stream_event *event);
 void cuda_stream_synchronize(stream *s);
 
-/* ---- for the collectives (core/comm.c, nccl_comm.c) ---- */
+/* ---- for the collectives (core/comm/comm.c, nccl_comm.c) ---- */
 
 /* s's cudaStream (cudaStream_t) and, BACKEND=nccl, its communicator (ncclComm_t) of `group` (NULL: the world). */
 void *cuda_stream_handle(const stream *s);

@@ -1,14 +1,14 @@
-/* kernels.cu — the compute device's CUDA kernels (see kernels.cuh): every element loop of core/layers.c and of the
- * runtime's vectors, on the GPU, calling core/kernel_math.h for the arithmetic.
+/* kernels.cu — the compute device's CUDA kernels (see kernels.cuh): every element loop of core/kernels/layers.c and of the
+ * runtime's vectors, on the GPU, calling core/base/kernel_math.h for the arithmetic.
  *
- * Shapes and layouts are core/layers.h's. Each kernel says how its work is split and in which order it sums:
+ * Shapes and layouts are core/kernels/layers.h's. Each kernel says how its work is split and in which order it sums:
  *   - element-wise kernels (RoPE, SwiGLU, add, scale, casts, AdamW): one thread per element (per pair for RoPE),
  *     grid-stride, each element's formula the CPU's;
  *   - row kernels (RMSNorm, the softmaxes, cross-entropy): one block per row, a block reduction (warp shuffles,
  *     then one warp over the warps' results) for the row's max or its double sum;
  *   - column sums into a weight gradient (RMSNorm's dweight, a bias's gradient): 16 row groups per column each sum
  *     their rows in order, then one thread adds the 16 partials in order: no atomics, the same bits every run;
- *   - the bfloat16 layers (core/layers_bf16.h): the same splits, each element's formula kernel_math.h's km_bf16_*
+ *   - the bfloat16 layers (core/kernels/layers_bf16.h): the same splits, each element's formula kernel_math.h's km_bf16_*
  *     (the CPU's layers_bf16.c calls them too), so every rounding sits where the CPU's does;
  *   - the embedding's gradient: each destination row is summed by one thread in the order of the tokens, exactly
  *     the CPU's order (the same bits as the CPU).
@@ -17,8 +17,8 @@
 #include <float.h>
 #include <math.h>
 
-#include "../kernel_math.h"
-#include "kernels.cuh"
+#include "core/base/kernel_math.h"
+#include "core/cuda/kernels.cuh"
 
 #define THREADS 256
 #define FULL_MASK 0xffffffffu
@@ -739,7 +739,7 @@ cudaError_t round_to_bf16_launch(float *x, size_t count, cudaStream_t stream) {
 /* ---- AdamW: the CPU's element (kernel_math.h), to the bit ---- */
 
 __global__ void adamw_kernel(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
-                             device_adamw_scalars s) {
+                             adamw_kernel_scalars s) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         km_adamw_result r =
             km_adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s.decay, s.lerp_weight, s.beta2,
@@ -751,7 +751,7 @@ __global__ void adamw_kernel(float *param, const float *grad, float *exp_avg, fl
 }
 
 cudaError_t adamw_launch(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
-                         device_adamw_scalars scalars, cudaStream_t stream) {
+                         adamw_kernel_scalars scalars, cudaStream_t stream) {
     if (count == 0) return cudaSuccess;
     adamw_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, count, scalars);
     return cudaGetLastError();

@@ -1,12 +1,12 @@
 /* kernels.cuh — the CUDA kernels of the compute device (core/cuda/kernels.cu), for core/cuda/cuda_ops.cu only.
  *
- * One launcher per kernel family, llm.c's way: the CPU function's signature (core/layers.h) plus the stream last,
+ * One launcher per kernel family, llm.c's way: the CPU function's signature (core/kernels/layers.h) plus the stream last,
  * returning cudaGetLastError() of its launches so the caller checks it with CUDA_CHECK (which names the rank, the
  * launcher and the line). Every launcher only queues work on `stream`; none waits. The GEMMs are not here: the
  * table functions in cuda_ops.cu call cuBLAS around these kernels.
  *
  * floatX is the element type of the tensors the kernels read and write (llm.c's name): float now. The per-element
- * math takes float (core/kernel_math.h), and every load widens to float and every store narrows from it, so a
+ * math takes float (core/base/kernel_math.h), and every load widens to float and every store narrows from it, so a
  * bfloat16 floatX changes the loads, the stores and the table's pointer types, not the arithmetic. Reductions
  * (sums of squares, softmax and cross-entropy sums, RMSNorm's dot) accumulate in double, as the CPU's do.
  */
@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../device.h"
+#include "core/device/device.h"
 
 typedef float floatX;
 
@@ -37,7 +37,7 @@ typedef struct kernels_result {
     int count;       /* cross-entropy: the targets counted */
 } kernels_result;
 
-/* ---- layers (core/layers.h's meaning, device pointers) ---- */
+/* ---- layers (core/kernels/layers.h's meaning, device pointers) ---- */
 cudaError_t embedding_forward_launch(floatX *out, const int *tokens, const floatX *weight, int N, int C,
                                      cudaStream_t stream);
 cudaError_t embedding_backward_launch(floatX *dweight, const floatX *dout, const int *tokens, int N, int C,
@@ -64,7 +64,7 @@ cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const f
 cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
                                  int ignore_index, void *scratch, cudaStream_t stream);
 
-/* ---- the layers in bfloat16 (core/layers_bf16.h's rules; every input a bfloat16 value in a float) ---- */
+/* ---- the layers in bfloat16 (core/kernels/layers_bf16.h's rules; every input a bfloat16 value in a float) ---- */
 cudaError_t rmsnorm_forward_bf16_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N,
                                         int C, float eps, cudaStream_t stream);
 cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
@@ -98,6 +98,6 @@ cudaError_t float_to_bf16_launch(uint16_t *dst, const float *src, size_t count, 
 cudaError_t bf16_to_float_launch(float *dst, const uint16_t *src, size_t count, cudaStream_t stream);
 cudaError_t round_to_bf16_launch(float *x, size_t count, cudaStream_t stream);
 cudaError_t adamw_launch(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
-                         device_adamw_scalars scalars, cudaStream_t stream);
+                         adamw_kernel_scalars scalars, cudaStream_t stream);
 
 #endif

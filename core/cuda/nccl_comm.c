@@ -1,7 +1,7 @@
 /* nccl_comm.c — NCCL communicators from an MPI-broadcast ncclUniqueId; the collectives queued on cudaStreams. See
  * nccl_comm.h. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
-#include "nccl_comm.h"
+#include "core/cuda/nccl_comm.h"
 
 #include <math.h>
 #include <nccl.h>
@@ -11,8 +11,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_device.h"
-#include "cuda_stream.h"
+#include "core/cuda/cuda_device.h"
+#include "core/cuda/cuda_stream.h"
+#include "core/runtime/world.h"
+#include "core/base/error.h"
 
 /* Aborts naming the rank, what was being done (the collective and unit, or the communicator), the call and NCCL's
  * reason with its last message, when an NCCL call failed. */
@@ -31,8 +33,8 @@ static void nccl_check(int rank, ncclResult_t result, const char *what, const ch
 int nccl_comm_create(context *ctx, MPI_Comm mpi, const char *name, void **out) {
     *out = NULL;
     int rank = 0, size = 0;
-    CTX_MPI(ctx, MPI_Comm_rank(mpi, &rank));
-    CTX_MPI(ctx, MPI_Comm_size(mpi, &size));
+    WORLD_MPI(ctx, MPI_Comm_rank(mpi, &rank));
+    WORLD_MPI(ctx, MPI_Comm_size(mpi, &size));
     /* Rank 0's id and whether it got one, in one broadcast: every rank learns of a failure there. */
     struct {
         ncclUniqueId id;
@@ -40,15 +42,15 @@ int nccl_comm_create(context *ctx, MPI_Comm mpi, const char *name, void **out) {
     } offer;
     memset(&offer, 0, sizeof offer);
     if (rank == 0) offer.status = (int)ncclGetUniqueId(&offer.id);
-    CTX_MPI(ctx, MPI_Bcast(&offer, (int)sizeof offer, MPI_BYTE, 0, mpi));
+    WORLD_MPI(ctx, MPI_Bcast(&offer, (int)sizeof offer, MPI_BYTE, 0, mpi));
     if (offer.status != (int)ncclSuccess)
-        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: NCCL communicator '%s': ncclGetUniqueId failed on "
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: NCCL communicator '%s': ncclGetUniqueId failed on "
                          "its rank 0: %s", ctx->rank, name, ncclGetErrorString((ncclResult_t)offer.status));
     ncclComm_t comm = NULL;
     ncclResult_t result = ncclCommInitRank(&comm, size, offer.id, rank);
     if (result != ncclSuccess) {
         const char *detail = ncclGetLastError(NULL);
-        return ctx_error(ctx->error, sizeof ctx->error, "rank %d: NCCL communicator '%s' (%d ranks; this one is its "
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: NCCL communicator '%s' (%d ranks; this one is its "
                          "rank %d): ncclCommInitRank failed: %s%s%s", ctx->rank, name, size, rank,
                          ncclGetErrorString(result), detail && detail[0] ? ": " : "", detail ? detail : "");
     }
@@ -70,7 +72,7 @@ static ncclDataType_t nccl_type(context *ctx, const comm_handle *c) {
     case DTYPE_FLOAT32: return ncclFloat32;
     case DTYPE_BFLOAT16: return ncclBfloat16;
     default:
-        ctx_fatal(ctx, "%s on unit '%s': NCCL moves float32 or bfloat16 here, not %s", comm_op_name(c->op), c->unit,
+        world_fatal(ctx, "%s on unit '%s': NCCL moves float32 or bfloat16 here, not %s", comm_op_name(c->op), c->unit,
                   dtype_name(c->dtype));
     }
 }
@@ -79,16 +81,16 @@ void nccl_comm_issue(context *ctx, comm_handle *c, stream *on) {
     cuda_device_state *device = ctx->device.impl;
     int own = on != NULL && on->device_ordered && on->kind == STREAM_WORKER; /* a comm stream; else compute */
     cudaStream_t stream = own ? (cudaStream_t)cuda_stream_handle(on) : device->compute;
-    ncclComm_t comm = own ? cuda_stream_nccl(on, c->group) : c->group ? c->group->nccl : ctx->nccl;
+    ncclComm_t comm = own ? cuda_stream_nccl(on, c->group) : c->group ? c->group->backend_comm : ctx->collectives_world;
     if (comm == NULL)
-        ctx_fatal(ctx, "%s on unit '%s': no NCCL communicator for %s", comm_op_name(c->op), c->unit,
+        world_fatal(ctx, "%s on unit '%s': no NCCL communicator for %s", comm_op_name(c->op), c->unit,
                   c->group ? c->group->name : "the world");
     char what[160];
     snprintf(what, sizeof what, "%s on unit '%s' (seq %llu, stream %s)", comm_op_name(c->op), c->unit,
              (unsigned long long)c->seq, own ? on->name : "compute");
     /* Its input was written by kernels queued on the compute stream so far: it starts after them. */
     if (own) CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(stream, (cudaEvent_t)cuda_compute_record(ctx), 0));
-    c->nccl = comm;
+    c->backend_comm = comm;
     if (own) {
         stream_event started = {0};
         event_record(&started, on);
@@ -112,7 +114,7 @@ void nccl_comm_issue(context *ctx, comm_handle *c, stream *on) {
         NCCL_CHECK(ctx->rank, what, comm,
                    ncclBroadcast(c->receive, c->receive, c->count, type, (int)c->detail, comm, stream));
         break;
-    case COMM_OP_BARRIER: ctx_fatal(ctx, "%s: a barrier runs on MPI, not NCCL", what);
+    case COMM_OP_BARRIER: world_fatal(ctx, "%s: a barrier runs on MPI, not NCCL", what);
     }
     if (own) {
         event_record(&c->done, on);
@@ -122,8 +124,8 @@ void nccl_comm_issue(context *ctx, comm_handle *c, stream *on) {
     }
 }
 
-/* Polls back to back for STREAM_POLL_SPIN_US (yielding the core), then sleeps between polls, from 1 us doubling to
- * STREAM_POLL_MAX_US: the host has nothing else to do, and a wait of a few microseconds stays that short. */
+/* Polls back to back for WORLD_POLL_SPIN_US (yielding the core), then sleeps between polls, from 1 us doubling to
+ * WORLD_POLL_MAX_US: the host has nothing else to do, and a wait of a few microseconds stays that short. */
 int nccl_comm_wait(context *ctx, comm_handle *c) {
     double start = MPI_Wtime();
     double deadline = ctx->timeout_seconds > 0 ? start + ctx->timeout_seconds : INFINITY;
@@ -137,10 +139,10 @@ int nccl_comm_wait(context *ctx, comm_handle *c) {
         }
         if (status != cudaErrorNotReady) CUDA_CHECK(ctx->rank, status);
         ncclResult_t async = ncclSuccess;
-        NCCL_CHECK(ctx->rank, comm_op_name(c->op), (ncclComm_t)c->nccl,
-                   ncclCommGetAsyncError((ncclComm_t)c->nccl, &async));
+        NCCL_CHECK(ctx->rank, comm_op_name(c->op), (ncclComm_t)c->backend_comm,
+                   ncclCommGetAsyncError((ncclComm_t)c->backend_comm, &async));
         if (async != ncclSuccess && async != ncclInProgress) {
-            const char *detail = ncclGetLastError((ncclComm_t)c->nccl);
+            const char *detail = ncclGetLastError((ncclComm_t)c->backend_comm);
             snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu): NCCL failed: %s%s%s", ctx->rank,
                      comm_op_name(c->op), c->unit, (unsigned long long)c->seq, ncclGetErrorString(async),
                      detail && detail[0] ? ": " : "", detail ? detail : "");
@@ -155,12 +157,12 @@ int nccl_comm_wait(context *ctx, comm_handle *c) {
             c->status = -1;
             return -1;
         }
-        if (now - start < STREAM_POLL_SPIN_US * 1e-6) {
+        if (now - start < WORLD_POLL_SPIN_US * 1e-6) {
             sched_yield();
             continue;
         }
         sleep_ns = sleep_ns == 0 ? 1000 : sleep_ns * 2;
-        if (sleep_ns > STREAM_POLL_MAX_US * 1000L) sleep_ns = STREAM_POLL_MAX_US * 1000L;
+        if (sleep_ns > WORLD_POLL_MAX_US * 1000L) sleep_ns = WORLD_POLL_MAX_US * 1000L;
         struct timespec pause = {0, sleep_ns};
         nanosleep(&pause, NULL);
     }

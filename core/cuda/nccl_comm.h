@@ -1,14 +1,14 @@
-/* nccl_comm.h — BACKEND=nccl: NCCL communicators, and core/comm.h's collectives run on them (make CUDA=1).
+/* nccl_comm.h — BACKEND=nccl: NCCL communicators, and core/comm/comm.h's collectives run on them (make CUDA=1).
  *
  * A communicator is made the way torch's ProcessGroupNCCL makes one: the group's rank 0 asks NCCL for an
  * ncclUniqueId, MPI_Bcast gives it to the group's other ranks over the group's MPI communicator, and every member
- * joins with ncclCommInitRank(size, id, its rank in the group). There is one for the world (ctx->nccl, the compute
- * stream's), one per process group (core/group.h `nccl`), and one of the world and of each group per comm stream
+ * joins with ncclCommInitRank(size, id, its rank in the group). There is one for the world (ctx->collectives_world, the
+ * compute stream's), one per process group (core/comm/group.h `backend_comm`), and one of the world and of each group per comm stream
  * (core/cuda/cuda_stream.c): as on the MPI path each comm stream has its own duplicate communicators, so the
  * all-gathers and reduce-scatters on two streams never share one.
  *
- * What stays on MPI: the agreement check of every collective (core/comm.c, on the host, before anything is queued),
- * the barrier, and everything of the context (ctx_allreduce, ordered printing).
+ * What stays on MPI: the agreement check of every collective (core/comm/comm.c, on the host, before anything is queued),
+ * the barrier, and everything of the context (world_allreduce, ordered printing).
  *
  * A collective is queued on a cudaStream (the comm stream's, or the compute stream's for the blocking forms and a
  * host stream) behind the compute stream's work queued before it (a cudaEvent: its input was written there), between
@@ -27,17 +27,17 @@
 
 #include <mpi.h>
 
-#include "../comm.h"
-#include "../context.h"
+#include "core/comm/comm.h"
+#include "core/runtime/context.h"
 
 /* The NCCL communicator (ncclComm_t, as void *) of the ranks of `mpi`, called `name` in messages. Collective over
  * mpi. 0, or -1 with ctx->error (the failing rank's; a rank that fails while others wait in ncclCommInitRank must
- * abort them: the caller ctx_fatal's). */
+ * abort them: the caller world_fatal's). */
 int nccl_comm_create(context *ctx, MPI_Comm mpi, const char *name, void **comm);
 /* NULL: nothing. */
 void nccl_comm_destroy(void *comm);
 
-/* Queues the collective c (core/comm.c has agreed on it and set it up) on `on`: a device stream of its own
+/* Queues the collective c (core/comm/comm.c has agreed on it and set it up) on `on`: a device stream of its own
  * (BACKEND=nccl comm stream), or, on NULL or a stream on the compute cudaStream, the compute stream. */
 void nccl_comm_issue(context *ctx, comm_handle *c, stream *on);
 /* The host waits until c has run, polling: 0, or -1 with c->error when NCCL reported an error or TIMEOUT passed. */

@@ -60,10 +60,10 @@ emulated05 CKPT STRATEGY=FULL_SHARD CKPT=1
 # MP=fp32,reduce=bf16: float32 parameters gathered as without mixed precision, the gradient reduced in bfloat16
 emulated05 MP_reduce_bf16 STRATEGY=FULL_SHARD MP=fp32,reduce=bf16
 # OFFLOAD: the host pool's table on the CUDA device also holds the MPI staging buffers and the data, which
-# core/memory_model.c does not predict yet: equivalence only.
+# core/models/memory_model.c does not predict yet: equivalence only.
 emulated05 OFFLOAD MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1
 # MP=bf16: the CUDA device's bfloat16 layers (cuBLAS GEMMs under CUBLAS_COMPUTE_32F_FAST_16BF, which the emulator
-# aborts on if any input is not a bfloat16 value) against the CPU's core/layers_bf16.c; with LOSS_CHUNK and CKPT too
+# aborts on if any input is not a bfloat16 value) against the CPU's core/kernels/layers_bf16.c; with LOSS_CHUNK and CKPT too
 emulated05 MP_bf16 BF16=1 STRATEGY=FULL_SHARD MP=bf16
 emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK=100 CKPT=1
 # What users open, from the CUDA device's runs, in the clients they use (the device mark, the cudaMalloc segments'

@@ -1,4 +1,4 @@
-# Sharded checkpoints and resume (core/dcp.h, lab 05's CHECKPOINT_EVERY and RESUME). A run killed with SIGKILL after
+# Sharded checkpoints and resume (core/io/dcp.h, lab 05's CHECKPOINT_EVERY and RESUME). A run killed with SIGKILL after
 # step 5 resumes from its step-4 checkpoint and ends bit for bit where the uninterrupted run ends: the same losses at
 # full precision, the same final parameters, the same step-6 shards (parameters and AdamW moments). On 1 and 4 ranks
 # the same checkpoint continues within rounding (the first resumed step's loss within tests/tolerances.py's loss

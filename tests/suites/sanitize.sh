@@ -45,7 +45,7 @@ sanitized_mpi "sanitize 05_full_step -np 2 STEPS=2 ACC=2 SEQ=32, SAVE, GRADS" 2 
 sanitized_mpi "sanitize 05_full_step -np 2 comm streams, BACKWARD_PRE, CKPT=1, ALLOC=malloc" 2 runs/check/san_05_streams \
   $SAN/lab/05_full_step STEPS=1 ACC=2 SEQ=32 MBS=2 CKPT=1 ALLOC=malloc COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE \
   FORWARD_PREFETCH=1
-# Sharded checkpoints (core/dcp.c): written every step, then a run on another world size resumes from step 1.
+# Sharded checkpoints (core/io/dcp.c): written every step, then a run on another world size resumes from step 1.
 sanitized_mpi "sanitize 05_full_step -np 2 CHECKPOINT_EVERY=1" 2 runs/check/san_05_dcp $SAN/lab/05_full_step STEPS=2 \
   ACC=1 SEQ=32 MBS=2 CHECKPOINT_EVERY=1 CHECKPOINT_DIR=runs/check/san_dcp
 sanitized_mpi "sanitize 05_full_step -np 1 RESUME from 2 ranks' step 1" 1 runs/check/san_05_resume $SAN/lab/05_full_step \

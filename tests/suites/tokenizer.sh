@@ -1,4 +1,4 @@
-# Qwen2's tokenizer (core/tokenizer.c) against HF tokenizers built from the same qwen.tiktoken: ids on a fixed corpus
+# Qwen2's tokenizer (core/data/tokenizer.c) against HF tokenizers built from the same qwen.tiktoken: ids on a fixed corpus
 # through each loader and on 2,000 random strings, decode(encode(x)) == NFC(x). Without data/qwen2/qwen.tiktoken
 # ($QWEN2_TOKENIZER; scripts/get_qwen2_tokenizer.sh fetches it) or the tokenizers package, the check says skipped.
 # The unit test (tests/test_tokenizer.c, in the unit suite) needs no vocabulary.

@@ -1,0 +1,151 @@
+/* device.h — the compute device of a rank: where tensors live and what computes on them.
+ *
+ * The runtime (flat_param, fsdp, optim) and the model (qwen2.c) never loop over a tensor's elements themselves and
+ * never call memcpy / memset on tensor memory: they call the device. Two devices implement the same table:
+ *
+ *   cpu   (device_cpu.c)        tensors in host memory; the layers of core/kernels/layers.c (C loops + OpenBLAS)
+ *   cuda  (core/cuda/, CUDA=1)  tensors in GPU memory (cudaMalloc segments of the caching allocator); kernels in
+ *                               core/cuda/kernels.cu and GEMMs in cuBLAS, launched on the compute stream
+ *
+ * so the same FSDP loop, hooks and model code run on either, and the trace, the memory model and the labs do not
+ * know which. The per-element arithmetic both devices run (RMSNorm's scale, RoPE's rotation, SiLU, softmax's
+ * pieces, AdamW's update, bfloat16 rounding) is in core/base/kernel_math.h as `static inline` functions that the CPU loops
+ * and the CUDA kernels both call: the CPU tests cover the arithmetic the GPU runs.
+ *
+ * Every function takes the device first (its backend state: on CUDA the stream and the cuBLAS handle). Work is
+ * ordered on the device's compute stream: on CPU it is done when the call returns; on CUDA it is queued, and a
+ * function that returns a value to the host (sum_squares, first_nonfinite, cross_entropy's loss) or copies to the
+ * host waits for it. The layer functions have the signatures and meaning of core/kernels/layers.h (read it), on device
+ * pointers: backward functions ADD into gradients.
+ *
+ * Host pointers: `tokens` and `targets` live in device memory too (category data, int32), copied there by
+ * device_copy from the batch; nothing here takes a host pointer except the copies' host side.
+ */
+#ifndef FSDPLAB_DEVICE_H
+#define FSDPLAB_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/memory/allocator.h"
+#include "core/base/dtype.h"
+#include "core/kernels/adamw_kernel.h"
+
+typedef enum device_kind { DEVICE_CPU, DEVICE_CUDA } device_kind;
+
+/* Which way a copy goes: host (pageable or pinned) <-> device, or within one. On CPU every copy is a memcpy. */
+typedef enum device_copy_kind { DEVICE_H2D, DEVICE_D2H, DEVICE_D2D, DEVICE_H2H } device_copy_kind;
+
+
+typedef struct device device;
+struct device {
+    const char *name;             /* "cpu" or "cuda" (the meta event's `device`) */
+    device_kind kind;
+    int ordinal;                  /* the GPU this rank uses (CUDA), 0 on CPU */
+    void *impl;                   /* the backend's state (core/cuda/cuda_device.h); NULL on CPU */
+    allocator_backend segments;   /* where the device pool's segments come from (cudaMalloc; aligned host memory) */
+    allocator_backend host_segments; /* the host pool's (pinned host memory on CUDA; aligned host memory) */
+
+    /* ---- memory ---- */
+    void (*zero)(device *d, void *ptr, size_t bytes);
+    void (*copy)(device *d, void *dst, const void *src, size_t bytes, device_copy_kind kind);
+    /* The host waits for every queued operation of the device (cudaStreamSynchronize of the compute stream). */
+    void (*synchronize)(device *d);
+    /* device_destroy's work for this device: NULL on the CPU (nothing beyond the table). */
+    void (*destroy)(device *d);
+
+    /* ---- the layers (core/kernels/layers.h, on device memory) ---- */
+    void (*embedding_forward)(device *d, float *out, const int *tokens, const float *weight, int N, int C);
+    void (*embedding_backward)(device *d, float *dweight, const float *dout, const int *tokens, int N, int C);
+    void (*rmsnorm_forward)(device *d, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                            float eps);
+    void (*rmsnorm_backward)(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
+    void (*linear_forward)(device *d, float *out, const float *inp, const float *weight, const float *bias, int N,
+                           int IC, int OC);
+    void (*linear_backward)(device *d, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int N, int IC, int OC);
+    /* cos, sin (T, D) computed as layers.c's rope_tables (on the host, then copied). */
+    void (*rope_tables)(device *d, float *cos_table, float *sin_table, int T, int D, float theta);
+    void (*rope_forward)(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T, int H,
+                         int D);
+    void (*rope_backward)(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T, int H,
+                          int D);
+    void (*attention_forward_at)(device *d, float *out, float *probs, const float *q, const float *k, const float *v,
+                                 int B, int T, int past, int H, int KVH, int D);
+    void (*attention_backward)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *probs, const float *q, const float *k, const float *v, int B, int T,
+                               int H, int KVH, int D);
+    void (*swiglu_forward)(device *d, float *out, const float *gate_up, int N, int width);
+    void (*swiglu_backward)(device *d, float *dgate_up, const float *dout, const float *gate_up, int N, int width);
+    /* The mean loss, returned to the host (so it waits); dlogits overwritten. */
+    float (*cross_entropy_forward_backward)(device *d, float *dlogits, const float *logits, const int *targets, int N,
+                                            int V, int ignore_index, int *count_out);
+
+    /* ---- the layers in bfloat16 (mixed precision, param_dtype = bfloat16: core/kernels/layers_bf16.h, read it) ----
+     * What torch computes on bfloat16 tensors, on float32 buffers that hold bfloat16 values: every input is a
+     * bfloat16 value, each op computes in float32 and its output is rounded where torch's graph ends an op. Same
+     * signatures and conventions as the float32 layers above; what differs is said per function. A GEMM's inputs
+     * being bfloat16 values, a GPU runs it on bfloat16 tensor cores with float32 accumulation (cuBLAS's
+     * CUBLAS_COMPUTE_32F_FAST_16BF: the inputs' conversion to bfloat16 is exact), the CPU in float32 (OpenBLAS has
+     * no bfloat16 GEMM): the same float32 sums of exact products, in other orders. */
+    /* out = bf16(inp @ weight^T + bias): linear_forward, its output rounded. */
+    void (*linear_forward_bf16)(device *d, float *out, const float *inp, const float *weight, const float *bias,
+                                int N, int IC, int OC);
+    /* linear_backward with dinp (when not NULL) rounded after the addition: dinp = bf16(dinp + dout @ weight);
+     * dweight and dbias add float32 sums (rounded once, at the reduce: flat_param.c). */
+    void (*linear_backward_bf16)(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int N, int IC, int OC);
+    void (*rmsnorm_forward_bf16)(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                 int C, float eps);
+    void (*rmsnorm_backward_bf16)(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
+                                  const float *weight, const float *rstd, int N, int C);
+    void (*rope_forward_bf16)(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
+                              int H, int D);
+    void (*rope_backward_bf16)(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,
+                               int H, int D);
+    /* scratch: T * (past + T) floats (layers_bf16.h). */
+    void (*attention_forward_bf16)(device *d, float *out, float *probs, float *scratch, const float *q,
+                                   const float *k, const float *v, int B, int T, int past, int H, int KVH, int D);
+    /* dq, dk, dv zero on entry; scratch: 2 T T + T D floats (layers_bf16.h). */
+    void (*attention_backward_bf16)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                    const float *probs, const float *q, const float *k, const float *v, int B, int T,
+                                    int H, int KVH, int D);
+    void (*swiglu_forward_bf16)(device *d, float *out, const float *gate_up, int N, int width);
+    void (*swiglu_backward_bf16)(device *d, float *dgate_up, const float *dout, const float *gate_up, int N,
+                                 int width);
+    /* Overwrites dinp; scratch: N IC floats (layers_bf16.h). */
+    void (*linear_backward_input_stacked_bf16)(device *d, float *dinp, float *scratch, const float *dout,
+                                               const float *weight, int N, int IC, int OC);
+
+    /* ---- vectors (the runtime's element loops) ---- */
+    void (*add_inplace)(device *d, float *out, const float *inp, size_t count);          /* out += inp */
+    /* out += inp widened to float32 (inp of `type`: float32 or bfloat16): a low-precision gradient into the float32
+     * gradient shard. */
+    void (*accumulate)(device *d, float *out, const void *inp, dtype type, size_t count);
+    void (*scale)(device *d, float *x, float factor, size_t count);                      /* x *= factor */
+    double (*sum_squares)(device *d, const float *x, size_t count);  /* sum of x^2 in double, to the host */
+    double (*sum_abs)(device *d, const float *x, size_t count);      /* sum of |x| in double, to the host */
+    /* Index of the first element that is not finite, or count when all are. */
+    size_t (*first_nonfinite)(device *d, const float *x, size_t count);
+    /* dtype.h's dtype_convert and dtype_round_to on device memory (the same rounding: kernel_math.h). */
+    void (*convert)(device *d, void *dst, dtype to, const void *src, dtype from, size_t count);
+    void (*round_to)(device *d, float *x, size_t count, dtype type);
+    /* One AdamW step on `count` elements, each exactly as core/fsdp/optim.c's loop (kernel_math.h's adamw_element). */
+    void (*adamw_update)(device *d, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
+                         const adamw_kernel_scalars *scalars);
+};
+
+/* The kind of a copy from host memory into this device's memory: a plain host copy on the CPU, h2d on a GPU. */
+static inline device_copy_kind device_from_host(const device *d) {
+    return d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D;
+}
+
+/* The CPU device (core/device/device_cpu.c). */
+void device_cpu_init(device *d);
+
+/* Frees what the device made (its `destroy`: on CUDA the cuBLAS handle, streams, events, scratch buffers) and
+ * clears the table. The devices themselves come from device_cpu_init or a plug-in (core/runtime/plugin.h). */
+void device_destroy(device *d);
+
+#endif

@@ -1,0 +1,280 @@
+/* device_cpu.c — the CPU device: tensors in host memory, the layers of core/kernels/layers.c, plain loops for the rest.
+ *
+ * Each entry is the CPU's way of doing what core/device/device.h names; the layer entries only drop the device argument
+ * (core/kernels/layers.h is the CPU's own interface: the tests and the lesson labs call it directly). The vector loops are
+ * the ones the runtime ran inline before the device table existed, unchanged, so the CPU's results are bit for bit
+ * what they were: sums in double in index order, AdamW in core/kernels/adamw_kernel.c's loop.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core/device/device.h"
+#include "core/kernels/layers.h"
+#include "core/kernels/layers_bf16.h"
+#include "core/kernels/adamw_kernel.h"
+
+static void cpu_zero(device *d, void *ptr, size_t bytes) {
+    (void)d;
+    memset(ptr, 0, bytes);
+}
+
+static void cpu_copy(device *d, void *dst, const void *src, size_t bytes, device_copy_kind kind) {
+    (void)d;
+    (void)kind;
+    memmove(dst, src, bytes);
+}
+
+static void cpu_synchronize(device *d) { (void)d; }
+
+static void cpu_embedding_forward(device *d, float *out, const int *tokens, const float *weight, int N, int C) {
+    (void)d;
+    embedding_forward(out, tokens, weight, N, C);
+}
+
+static void cpu_embedding_backward(device *d, float *dweight, const float *dout, const int *tokens, int N, int C) {
+    (void)d;
+    embedding_backward(dweight, dout, tokens, N, C);
+}
+
+static void cpu_rmsnorm_forward(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                int C, float eps) {
+    (void)d;
+    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+}
+
+static void cpu_rmsnorm_backward(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int N, int C) {
+    (void)d;
+    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+static void cpu_linear_forward(device *d, float *out, const float *inp, const float *weight, const float *bias, int N,
+                               int IC, int OC) {
+    (void)d;
+    linear_forward(out, inp, weight, bias, N, IC, OC);
+}
+
+static void cpu_linear_backward(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int N, int IC, int OC) {
+    (void)d;
+    linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+}
+
+static void cpu_rope_tables(device *d, float *cos_table, float *sin_table, int T, int D, float theta) {
+    (void)d;
+    rope_tables(cos_table, sin_table, T, D, theta);
+}
+
+static void cpu_rope_forward(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T, int H,
+                             int D) {
+    (void)d;
+    rope_forward(x, cos_table, sin_table, B, T, H, D);
+}
+
+static void cpu_rope_backward(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,
+                              int H, int D) {
+    (void)d;
+    rope_backward(dx, cos_table, sin_table, B, T, H, D);
+}
+
+static void cpu_attention_forward_at(device *d, float *out, float *probs, const float *q, const float *k,
+                                     const float *v, int B, int T, int past, int H, int KVH, int D) {
+    (void)d;
+    attention_forward_at(out, probs, q, k, v, B, T, past, H, KVH, D);
+}
+
+static void cpu_attention_backward(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                   const float *probs, const float *q, const float *k, const float *v, int B, int T,
+                                   int H, int KVH, int D) {
+    (void)d;
+    attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, B, T, H, KVH, D);
+}
+
+static void cpu_swiglu_forward(device *d, float *out, const float *gate_up, int N, int width) {
+    (void)d;
+    swiglu_forward(out, gate_up, N, width);
+}
+
+static void cpu_swiglu_backward(device *d, float *dgate_up, const float *dout, const float *gate_up, int N,
+                                int width) {
+    (void)d;
+    swiglu_backward(dgate_up, dout, gate_up, N, width);
+}
+
+static float cpu_cross_entropy_forward_backward(device *d, float *dlogits, const float *logits, const int *targets,
+                                                int N, int V, int ignore_index, int *count_out) {
+    (void)d;
+    return cross_entropy_forward_backward(dlogits, logits, targets, N, V, ignore_index, count_out);
+}
+
+static void cpu_add_inplace(device *d, float *out, const float *inp, size_t count) {
+    (void)d;
+    add_inplace(out, inp, count);
+}
+
+static void cpu_accumulate(device *d, float *out, const void *inp, dtype type, size_t count) {
+    (void)d;
+    float widened[256];
+    for (size_t first = 0; first < count; first += 256) {
+        size_t chunk = count - first < 256 ? count - first : 256;
+        dtype_convert(widened, DTYPE_FLOAT32, (const char *)inp + first * dtype_size(type), type, chunk);
+        for (size_t i = 0; i < chunk; i++) out[first + i] += widened[i];
+    }
+}
+
+static void cpu_scale(device *d, float *x, float factor, size_t count) {
+    (void)d;
+    for (size_t i = 0; i < count; i++) x[i] *= factor;
+}
+
+static double cpu_sum_squares(device *d, const float *x, size_t count) {
+    (void)d;
+    double sum = 0.0;
+    for (size_t i = 0; i < count; i++) sum += (double)x[i] * x[i];
+    return sum;
+}
+
+static double cpu_sum_abs(device *d, const float *x, size_t count) {
+    (void)d;
+    double sum = 0.0;
+    for (size_t i = 0; i < count; i++) sum += fabs((double)x[i]);
+    return sum;
+}
+
+static size_t cpu_first_nonfinite(device *d, const float *x, size_t count) {
+    (void)d;
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(x[i])) return i;
+    return count;
+}
+
+static void cpu_convert(device *d, void *dst, dtype to, const void *src, dtype from, size_t count) {
+    (void)d;
+    dtype_convert(dst, to, src, from, count);
+}
+
+static void cpu_round_to(device *d, float *x, size_t count, dtype type) {
+    (void)d;
+    dtype_round_to(x, count, type);
+}
+
+static void cpu_adamw_update(device *d, float *param, const float *grad, float *exp_avg, float *exp_avg_sq,
+                             size_t count, const adamw_kernel_scalars *s) {
+    (void)d;
+    adamw_kernel_update(param, grad, exp_avg, exp_avg_sq, count, s);
+}
+
+/* ---- the layers in bfloat16: core/kernels/layers_bf16.c, and the GEMMs as float32 GEMMs of bfloat16 values ---- */
+
+static void cpu_linear_forward_bf16(device *d, float *out, const float *inp, const float *weight, const float *bias,
+                                    int N, int IC, int OC) {
+    (void)d;
+    linear_forward(out, inp, weight, bias, N, IC, OC);
+    dtype_round_to(out, (size_t)N * OC, DTYPE_BFLOAT16);
+}
+
+static void cpu_linear_backward_bf16(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, int N, int IC, int OC) {
+    (void)d;
+    linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    if (dinp != NULL) dtype_round_to(dinp, (size_t)N * IC, DTYPE_BFLOAT16);
+}
+
+static void cpu_rmsnorm_forward_bf16(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                     int C, float eps) {
+    (void)d;
+    rmsnorm_forward_bf16(out, rstd, inp, weight, N, C, eps);
+}
+
+static void cpu_rmsnorm_backward_bf16(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
+                                      const float *weight, const float *rstd, int N, int C) {
+    (void)d;
+    rmsnorm_backward_bf16(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+static void cpu_rope_forward_bf16(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
+                                  int H, int D) {
+    (void)d;
+    rope_forward_bf16(x, cos_table, sin_table, B, T, H, D);
+}
+
+static void cpu_rope_backward_bf16(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,
+                                   int H, int D) {
+    (void)d;
+    rope_backward_bf16(dx, cos_table, sin_table, B, T, H, D);
+}
+
+static void cpu_attention_forward_bf16(device *d, float *out, float *probs, float *scratch, const float *q,
+                                       const float *k, const float *v, int B, int T, int past, int H, int KVH, int D) {
+    (void)d;
+    attention_forward_bf16(out, probs, scratch, q, k, v, B, T, past, H, KVH, D);
+}
+
+static void cpu_attention_backward_bf16(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                        const float *probs, const float *q, const float *k, const float *v, int B,
+                                        int T, int H, int KVH, int D) {
+    (void)d;
+    attention_backward_bf16(dq, dk, dv, scratch, dout, probs, q, k, v, B, T, H, KVH, D);
+}
+
+static void cpu_swiglu_forward_bf16(device *d, float *out, const float *gate_up, int N, int width) {
+    (void)d;
+    swiglu_forward_bf16(out, gate_up, N, width);
+}
+
+static void cpu_swiglu_backward_bf16(device *d, float *dgate_up, const float *dout, const float *gate_up, int N,
+                                     int width) {
+    (void)d;
+    swiglu_backward_bf16(dgate_up, dout, gate_up, N, width);
+}
+
+static void cpu_linear_backward_input_stacked_bf16(device *d, float *dinp, float *scratch, const float *dout,
+                                                   const float *weight, int N, int IC, int OC) {
+    (void)d;
+    linear_backward_input_stacked_bf16(dinp, scratch, dout, weight, N, IC, OC);
+}
+
+void device_cpu_init(device *d) {
+    memset(d, 0, sizeof *d);
+    d->name = "cpu";
+    d->kind = DEVICE_CPU;
+    d->segments = allocator_host_backend;
+    d->host_segments = allocator_host_backend;
+    d->zero = cpu_zero;
+    d->copy = cpu_copy;
+    d->synchronize = cpu_synchronize;
+    d->embedding_forward = cpu_embedding_forward;
+    d->embedding_backward = cpu_embedding_backward;
+    d->rmsnorm_forward = cpu_rmsnorm_forward;
+    d->rmsnorm_backward = cpu_rmsnorm_backward;
+    d->linear_forward = cpu_linear_forward;
+    d->linear_backward = cpu_linear_backward;
+    d->rope_tables = cpu_rope_tables;
+    d->rope_forward = cpu_rope_forward;
+    d->rope_backward = cpu_rope_backward;
+    d->attention_forward_at = cpu_attention_forward_at;
+    d->attention_backward = cpu_attention_backward;
+    d->swiglu_forward = cpu_swiglu_forward;
+    d->swiglu_backward = cpu_swiglu_backward;
+    d->cross_entropy_forward_backward = cpu_cross_entropy_forward_backward;
+    d->linear_forward_bf16 = cpu_linear_forward_bf16;
+    d->linear_backward_bf16 = cpu_linear_backward_bf16;
+    d->rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16;
+    d->rmsnorm_backward_bf16 = cpu_rmsnorm_backward_bf16;
+    d->rope_forward_bf16 = cpu_rope_forward_bf16;
+    d->rope_backward_bf16 = cpu_rope_backward_bf16;
+    d->attention_forward_bf16 = cpu_attention_forward_bf16;
+    d->attention_backward_bf16 = cpu_attention_backward_bf16;
+    d->swiglu_forward_bf16 = cpu_swiglu_forward_bf16;
+    d->swiglu_backward_bf16 = cpu_swiglu_backward_bf16;
+    d->linear_backward_input_stacked_bf16 = cpu_linear_backward_input_stacked_bf16;
+    d->add_inplace = cpu_add_inplace;
+    d->accumulate = cpu_accumulate;
+    d->scale = cpu_scale;
+    d->sum_squares = cpu_sum_squares;
+    d->sum_abs = cpu_sum_abs;
+    d->first_nonfinite = cpu_first_nonfinite;
+    d->convert = cpu_convert;
+    d->round_to = cpu_round_to;
+    d->adamw_update = cpu_adamw_update;
+}

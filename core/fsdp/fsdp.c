@@ -1,0 +1,612 @@
+/* fsdp.c — FSDP units, states, hooks and the micro-batch step. See fsdp.h. */
+#include "core/fsdp/fsdp.h"
+
+#include "core/runtime/env.h"
+#include "core/runtime/world.h"
+#include "core/base/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const training_state_names[] = {"IDLE", "FORWARD_BACKWARD"};
+static const char *const handle_state_names[] = {"IDLE", "FORWARD", "BACKWARD_PRE", "BACKWARD_POST"};
+static const char *const strategy_names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                             "_HYBRID_SHARD_ZERO2"};
+static const char *const backward_prefetch_names[] = {"NONE", "BACKWARD_PRE", "BACKWARD_POST"};
+
+const char *fsdp_training_state_name(fsdp_training_state state) { return training_state_names[state]; }
+const char *fsdp_handle_state_name(fsdp_handle_state state) { return handle_state_names[state]; }
+const char *fsdp_strategy_name(fsdp_strategy strategy) { return strategy_names[strategy]; }
+
+int fsdp_strategy_from_name(const char *name) {
+    for (int strategy = 0; strategy < (int)(sizeof strategy_names / sizeof *strategy_names); strategy++)
+        if (strcmp(strategy_names[strategy], name) == 0) return strategy;
+    return -1;
+}
+
+int fsdp_strategy_is_hybrid(fsdp_strategy strategy) {
+    return strategy == FSDP_HYBRID_SHARD || strategy == FSDP_HYBRID_SHARD_ZERO2;
+}
+
+int fsdp_strategy_reshards_after_forward(fsdp_strategy strategy) {
+    return strategy == FSDP_FULL_SHARD || strategy == FSDP_HYBRID_SHARD;
+}
+
+const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch prefetch) { return backward_prefetch_names[prefetch]; }
+
+int fsdp_backward_prefetch_from_name(const char *name) {
+    if (strcmp(name, "None") == 0) return BACKWARD_PREFETCH_NONE;
+    for (int prefetch = 0; prefetch < 3; prefetch++)
+        if (strcmp(backward_prefetch_names[prefetch], name) == 0) return prefetch;
+    return -1;
+}
+
+fsdp_options fsdp_default_options(void) {
+    return (fsdp_options){.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1, .backward_prefetch = BACKWARD_PRE,
+                          .comm_streams = 1, .limit_all_gathers = 1};
+}
+
+void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options) {
+    static const char *const prefetches[] = {"NONE", "BACKWARD_PRE", "BACKWARD_POST", "None", NULL};
+    const char *backward = env_choice(ctx, "BACKWARD_PREFETCH", backward_prefetch_names[options->backward_prefetch],
+                                          prefetches);
+    options->backward_prefetch = (fsdp_backward_prefetch)fsdp_backward_prefetch_from_name(backward);
+    options->forward_prefetch = (int)env_int(ctx, "FORWARD_PREFETCH", options->forward_prefetch, 0, 1);
+    options->limit_all_gathers = (int)env_int(ctx, "LIMIT_ALL_GATHERS", options->limit_all_gathers, 0, 1);
+    options->comm_streams = (int)env_int(ctx, "COMM_STREAMS", options->comm_streams, 0, 1);
+}
+
+/* ---------------------------------------------------------------- mixed precision */
+
+static int mixed_precision_bad(const char *text, const char *part, const char *why, char *error, size_t error_size) {
+    return error_set(error, error_size, "MP='%s': '%s' %s; allowed: fp32 (off), bf16, or <param_dtype>"
+                     "[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, "
+                     "e.g. bf16,reduce=fp32", text, part, why);
+}
+
+int fsdp_mixed_precision_parse(const char *text, flat_param_mixed_precision *out, char *error, size_t error_size) {
+    flat_param_mixed_precision mp = {0};
+    char copy[128];
+    if (text == NULL || text[0] == '\0' || strcmp(text, "none") == 0) {
+        *out = mp;
+        return 0;
+    }
+    if (strlen(text) >= sizeof copy) return mixed_precision_bad(text, text, "is too long", error, error_size);
+    snprintf(copy, sizeof copy, "%s", text);
+    int reduce_given = 0, first = 1;
+    for (char *part = copy, *next; part != NULL; part = next, first = 0) {
+        next = strchr(part, ',');
+        if (next != NULL) *next++ = '\0';
+        char *value = strchr(part, '=');
+        if (first) {
+            int type = value == NULL ? dtype_from_name(part) : -1;
+            if (type < 0) return mixed_precision_bad(text, part, "is not a param_dtype", error, error_size);
+            mp.param_dtype = (dtype)type;
+            continue;
+        }
+        if (value == NULL) return mixed_precision_bad(text, part, "is not name=value", error, error_size);
+        *value++ = '\0';
+        if (strcmp(part, "keep_low_precision_grads") == 0) {
+            if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
+                return mixed_precision_bad(text, value, "is not 0 or 1 (keep_low_precision_grads)", error, error_size);
+            mp.keep_low_precision_grads = value[0] == '1';
+            continue;
+        }
+        int type = dtype_from_name(value);
+        if (type < 0 || type > DTYPE_BFLOAT16)
+            return mixed_precision_bad(text, value, "is not a dtype", error, error_size);
+        if (strcmp(part, "reduce") == 0) mp.reduce_dtype = (dtype)type, reduce_given = 1;
+        else if (strcmp(part, "buffer") == 0 && type == DTYPE_FLOAT32) mp.buffer_dtype = DTYPE_FLOAT32;
+        else if (strcmp(part, "buffer") == 0)
+            return mixed_precision_bad(text, value, "is not supported as buffer dtype (RoPE's inv_freq stays float32, "
+                                       "as HF computes it)", error, error_size);
+        else return mixed_precision_bad(text, part, "is not a setting (reduce, buffer, keep_low_precision_grads)",
+                                        error, error_size);
+    }
+    if (!reduce_given) mp.reduce_dtype = mp.param_dtype;
+    *out = mp;
+    return 0;
+}
+
+void fsdp_mixed_precision_from_env(context *ctx, fsdp_options *options) {
+    const char *text = env_text(ctx, "MP");
+    if (fsdp_mixed_precision_parse(text, &options->mixed_precision, ctx->error, sizeof ctx->error) != 0)
+        world_exit_all(ctx, 2, "%s", ctx->error);
+    /* bfloat16 compute runs the device's bfloat16 layers (device.h's *_bf16 entries); a device without them can still
+     * reduce in bfloat16 over float32 compute, which needs only casts. */
+    if (options->mixed_precision.param_dtype != DTYPE_FLOAT32 && ctx->device.linear_forward_bf16 == NULL)
+        world_exit_all(ctx, 2, "MP='%s': the %s device has no bfloat16 layers (device.h's *_bf16 entries): use "
+                     "MP=fp32,reduce=bf16, MP=fp32 or DEVICE=cpu", text ? text : "", ctx->device.name);
+}
+
+const char *fsdp_mixed_precision_label(const flat_param_mixed_precision *mixed_precision, char *out, size_t out_size) {
+    const flat_param_mixed_precision *mp = mixed_precision;
+    const char *param = mp->param_dtype == DTYPE_BFLOAT16 ? "bf16" : "fp32";
+    int used = snprintf(out, out_size, "%s", param);
+    if (mp->reduce_dtype != mp->param_dtype && used >= 0 && (size_t)used < out_size)
+        used += snprintf(out + used, out_size - (size_t)used, ",reduce=%s",
+                         mp->reduce_dtype == DTYPE_BFLOAT16 ? "bf16" : "fp32");
+    if (mp->keep_low_precision_grads && used >= 0 && (size_t)used < out_size)
+        snprintf(out + used, out_size - (size_t)used, ",keep_low_precision_grads=1");
+    return out;
+}
+
+/* ---------------------------------------------------------------- wrap policy */
+
+int fsdp_wrap_by_type(const module_node *module, size_t unwrapped_numel, void *user) {
+    (void)unwrapped_numel;
+    return strcmp(module->type, (const char *)user) == 0;
+}
+
+int fsdp_wrap_by_size(const module_node *module, size_t unwrapped_numel, void *user) {
+    return strcmp(module->type, "ModuleList") != 0 && unwrapped_numel >= *(const size_t *)user;
+}
+
+int fsdp_auto_wrap(const module_tree *tree, fsdp_wrap_fn wrap, void *user, int *unit_of_param) {
+    int modules = tree->node_count;
+    size_t *unwrapped = calloc((size_t)modules, sizeof *unwrapped);
+    int *unit_of_module = calloc((size_t)modules, sizeof *unit_of_module); /* 0: not wrapped */
+    if (unwrapped == NULL || unit_of_module == NULL) {
+        fprintf(stderr, "fsdp_auto_wrap: out of memory for %d modules\n", modules);
+        abort();
+    }
+    size_t total = 0;
+    for (int p = 0; p < tree->param_count; p++) {
+        unwrapped[tree->params[p].module] += module_param_numel(&tree->params[p]);
+        total += module_param_numel(&tree->params[p]);
+    }
+    /* Children come after their parents in the tree, so walking backwards visits children first (post-order). A
+     * module that would take every parameter left (Qwen2Model, around everything but the tied lm_head) is the root
+     * itself: wrapping it would leave the root unit empty. */
+    size_t claimed = 0;
+    for (int m = modules - 1; m >= 1; m--) {
+        int takes_the_rest = claimed + unwrapped[m] == total;
+        if (unwrapped[m] > 0 && !takes_the_rest && wrap(&tree->nodes[m], unwrapped[m], user)) {
+            unit_of_module[m] = 1;
+            claimed += unwrapped[m];
+        } else {
+            unwrapped[tree->nodes[m].parent] += unwrapped[m];
+        }
+    }
+    /* Number the wrapped modules in module (forward) order; the root is unit 0. */
+    int units = 1;
+    for (int m = 1; m < modules; m++)
+        if (unit_of_module[m]) unit_of_module[m] = units++;
+    for (int p = 0; p < tree->param_count; p++) {
+        int m = tree->params[p].module;
+        while (m > 0 && unit_of_module[m] == 0) m = tree->nodes[m].parent; /* nearest wrapped ancestor */
+        unit_of_param[p] = m > 0 ? unit_of_module[m] : 0;
+    }
+    free(unwrapped);
+    free(unit_of_module);
+    return units;
+}
+
+/* ---------------------------------------------------------------- states */
+
+static const char *unit_name(const fsdp_runtime *runtime, int unit) { return runtime->model->units[unit].unit; }
+static flat_param *unit_param(fsdp_runtime *runtime, int unit) { return &runtime->model->units[unit]; }
+
+static void check(fsdp_runtime *runtime, int status) {
+    if (status != 0) world_fatal(runtime->ctx, "%s", runtime->ctx->error);
+}
+
+int fsdp_check_transition(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
+                          const char *hook) {
+    fsdp_handle_state now = runtime->units[unit].handle_state;
+    if (now == expected) return 0;
+    snprintf(runtime->ctx->error, sizeof runtime->ctx->error,
+             "rank %d: unit '%s': illegal HandleTrainingState transition %s -> %s in %s (expected from %s)",
+             runtime->ctx->rank, unit_name(runtime, unit), handle_state_names[now], handle_state_names[to], hook,
+             handle_state_names[expected]);
+    return -1;
+}
+
+static void set_handle_state(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
+                             const char *hook) {
+    check(runtime, fsdp_check_transition(runtime, unit, expected, to, hook));
+    trace_state(&runtime->ctx->trace, unit_name(runtime, unit), "HandleTrainingState", handle_state_names[expected],
+                handle_state_names[to], hook);
+    runtime->units[unit].handle_state = to;
+}
+
+static void set_training_state(fsdp_runtime *runtime, int unit, fsdp_training_state to, const char *hook) {
+    fsdp_unit *u = &runtime->units[unit];
+    if (u->training_state == to) return; /* FORWARD_BACKWARD stays so for the whole pass */
+    trace_state(&runtime->ctx->trace, unit_name(runtime, unit), "TrainingState", training_state_names[u->training_state],
+                training_state_names[to], hook);
+    u->training_state = to;
+}
+
+/* ---------------------------------------------------------------- unshard, reshard, prefetch */
+
+/* torch's _FreeEventQueue.dequeue_if_needed + event.synchronize(): before an all-gather, with limit_all_gathers. */
+static void synchronize_oldest(fsdp_runtime *runtime, const char *hook) {
+    fsdp_free_event_queue *queue = &runtime->free_event_queue;
+    stream_event oldest = queue->events[0];
+    memmove(&queue->events[0], &queue->events[1], (size_t)(queue->count - 1) * sizeof queue->events[0]);
+    queue->count--;
+    if (event_query(&oldest)) return;
+    double start = trace_now_us(&runtime->ctx->trace);
+    event_synchronize(&oldest);
+    queue->waits++;
+    trace_wait_info wait = {.on = "compute", .seq = -1, .hook = hook, .start_us = start,
+                            .dur_us = trace_now_us(&runtime->ctx->trace) - start};
+    trace_wait(&runtime->ctx->trace, &wait);
+}
+
+static void rate_limit(fsdp_runtime *runtime, const char *hook) {
+    if (runtime->options.limit_all_gathers && runtime->free_event_queue.count >= FSDP_MAX_INFLIGHT_ALL_GATHERS)
+        synchronize_oldest(runtime, hook);
+}
+
+/* _unshard: the rate limiter, then the all-gather issued on the all-gather stream (a no-op when UNSHARDED). */
+static void unshard(fsdp_runtime *runtime, int unit, const char *hook) {
+    flat_param *fp = unit_param(runtime, unit);
+    if (fp->shard_state == FLAT_PARAM_UNSHARDED) return;
+    rate_limit(runtime, hook);
+    stream *on = runtime->options.comm_streams ? &runtime->all_gather_stream : NULL;
+    check(runtime, flat_param_unshard_start(fp, on, hook));
+    if (flat_param_unshard_pending(fp)) runtime->gathers_in_flight[runtime->gathers_in_flight_count++] = unit;
+}
+
+/* current_stream().wait_stream(unshard_stream) makes the compute stream wait for the all-gathers issued so far, and
+ * not for those issued after it (the prefetch that follows it in torch's hooks). On CPU the host is the compute
+ * stream, so the wait happens where compute begins: the hook notes how many all-gathers it waits for
+ * (gathers_issued), issues the prefetch, then waits for those (wait_for_gathers). The prefetched all-gather is
+ * queued right behind this unit's and starts as soon as it is done. */
+static int gathers_issued(const fsdp_runtime *runtime) { return runtime->gathers_in_flight_count; }
+
+static void wait_for_gathers(fsdp_runtime *runtime, int count, const char *hook) {
+    for (int i = 0; i < count; i++)
+        check(runtime, flat_param_unshard_wait(unit_param(runtime, runtime->gathers_in_flight[i]), hook));
+    runtime->gathers_in_flight_count -= count;
+    memmove(runtime->gathers_in_flight, runtime->gathers_in_flight + count,
+            (size_t)runtime->gathers_in_flight_count * sizeof *runtime->gathers_in_flight);
+}
+
+/* _reshard: free the unsharded buffer (when `free_unsharded`), and with the rate limiter record a free event on the
+ * compute stream. _prefetched goes back to 0 either way. */
+static void reshard(fsdp_runtime *runtime, int unit, int free_unsharded, const char *hook) {
+    if (free_unsharded) {
+        flat_param_reshard(unit_param(runtime, unit), hook);
+        fsdp_free_event_queue *queue = &runtime->free_event_queue;
+        if (runtime->options.limit_all_gathers) {
+            if (queue->count == FSDP_FREE_EVENTS_MAX) synchronize_oldest(runtime, hook); /* keep the newest */
+            stream_event *event = &queue->events[queue->count++];
+            *event = (stream_event){0};
+            event_record(event, &runtime->compute_stream);
+        }
+    }
+    runtime->units[unit].prefetched = 0;
+}
+
+typedef enum prefetch_mode { PREFETCH_FORWARD, PREFETCH_BACKWARD } prefetch_mode;
+
+/* _get_handle_to_prefetch: in forward (forward_prefetch) the unit after this one in the first forward's
+ * _pre_forward order; in backward (BACKWARD_PRE from _pre_backward_hook, BACKWARD_POST from _post_backward_hook) the
+ * unit before this one in this forward's _post_forward order, i.e. the next one backward meets. Only a unit that
+ * still needs its unshard and is not prefetched already. -1: none. */
+static int unit_to_prefetch(const fsdp_runtime *runtime, int unit, prefetch_mode mode) {
+    const fsdp_unit *u = &runtime->units[unit];
+    if (mode == PREFETCH_FORWARD) {
+        if (!runtime->options.forward_prefetch || !runtime->pre_forward_recorded) return -1;
+        for (int i = 0; i + 1 < runtime->pre_forward_count; i++)
+            if (runtime->pre_forward_order[i] == unit) {
+                int target = runtime->pre_forward_order[i + 1];
+                const fsdp_unit *t = &runtime->units[target];
+                return t->needs_pre_forward_unshard && !t->prefetched ? target : -1;
+            }
+        return -1;
+    }
+    int wanted = (u->handle_state == HANDLE_BACKWARD_PRE && runtime->options.backward_prefetch == BACKWARD_PRE) ||
+                 (u->handle_state == HANDLE_BACKWARD_POST && runtime->options.backward_prefetch == BACKWARD_POST);
+    if (!wanted) return -1;
+    for (int i = 1; i < runtime->post_forward_count; i++)
+        if (runtime->post_forward_order[i] == unit) {
+            int target = runtime->post_forward_order[i - 1];
+            const fsdp_unit *t = &runtime->units[target];
+            return t->needs_pre_backward_unshard && !t->prefetched ? target : -1;
+        }
+    return -1;
+}
+
+/* _prefetch_handle: issue the next unit's all-gather now, so it runs on its stream while this unit computes. */
+static void prefetch(fsdp_runtime *runtime, int unit, prefetch_mode mode) {
+    int target = unit_to_prefetch(runtime, unit, mode);
+    if (target < 0) return;
+    unshard(runtime, target, "_prefetch_handle");
+    runtime->units[target].prefetched = 1;
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+void fsdp_pre_forward(fsdp_runtime *runtime, int unit) {
+    fsdp_unit *u = &runtime->units[unit];
+    set_training_state(runtime, unit, TRAINING_STATE_FORWARD_BACKWARD, "_pre_forward");
+    if (!runtime->pre_forward_recorded) runtime->pre_forward_order[runtime->pre_forward_count++] = unit;
+    set_handle_state(runtime, unit, HANDLE_IDLE, HANDLE_FORWARD, "_pre_forward");
+    /* _pre_forward_unshard */
+    if (!u->prefetched) unshard(runtime, unit, "_pre_forward");
+    u->needs_pre_forward_unshard = 0;
+    int wait_for = gathers_issued(runtime); /* current_stream().wait_stream(unshard_stream) */
+    prefetch(runtime, unit, PREFETCH_FORWARD);
+    wait_for_gathers(runtime, wait_for, "_pre_forward");
+}
+
+void fsdp_post_forward(fsdp_runtime *runtime, int unit) {
+    runtime->post_forward_order[runtime->post_forward_count++] = unit;
+    /* The root keeps its parameters for backward, which starts with it; SHARD_GRAD_OP keeps every unit's. */
+    int free_unsharded = unit != 0 && fsdp_strategy_reshards_after_forward(runtime->options.strategy);
+    reshard(runtime, unit, free_unsharded, "_post_forward");
+    set_handle_state(runtime, unit, HANDLE_FORWARD, HANDLE_IDLE, "_post_forward");
+}
+
+void fsdp_pre_backward_hook(fsdp_runtime *runtime, int unit) {
+    fsdp_unit *u = &runtime->units[unit];
+    set_handle_state(runtime, unit, HANDLE_IDLE, HANDLE_BACKWARD_PRE, "_pre_backward_hook");
+    int wait_for = 0;
+    if (u->needs_pre_backward_unshard) {
+        if (!u->prefetched) unshard(runtime, unit, "_pre_backward_hook");
+        wait_for = gathers_issued(runtime); /* current_stream().wait_stream(unshard_stream) */
+    }
+    u->needs_pre_backward_unshard = 0;
+    prefetch(runtime, unit, PREFETCH_BACKWARD);
+    wait_for_gathers(runtime, wait_for, "_pre_backward_hook");
+    flat_param_alloc_full_grad(unit_param(runtime, unit)); /* kept from the last micro-batch under no_sync */
+}
+
+/* The previous unit's reduce-scatter, waited for before the next is issued: its result is added into the sharded
+ * gradient and its unsharded gradient freed. So one reduce-scatter at a time runs under the next unit's backward. */
+static void wait_for_reduce_scatter(fsdp_runtime *runtime, const char *hook) {
+    if (runtime->reduce_in_flight < 0) return;
+    check(runtime, flat_param_reduce_scatter_grad_wait(unit_param(runtime, runtime->reduce_in_flight), hook));
+    runtime->reduce_in_flight = -1;
+}
+
+void fsdp_post_backward_hook(fsdp_runtime *runtime, int unit) {
+    flat_param *fp = unit_param(runtime, unit);
+    set_handle_state(runtime, unit, HANDLE_BACKWARD_PRE, HANDLE_BACKWARD_POST, "_post_backward_hook");
+    /* _post_backward_reshard: then BACKWARD_POST prefetches the next unit, its all-gather beside this reduce-scatter */
+    reshard(runtime, unit, 1, "_post_backward_hook");
+    prefetch(runtime, unit, PREFETCH_BACKWARD);
+    if (!runtime->sync_gradients) return;
+    /* On a GPU the reduce-scatter stream first waits for the compute stream (the gradient must be computed); on CPU
+     * the compute stream is the host, so the gradient is complete here. */
+    wait_for_reduce_scatter(runtime, "_post_backward_hook");
+    stream *on = runtime->options.comm_streams ? &runtime->reduce_scatter_stream : NULL;
+    check(runtime, flat_param_reduce_scatter_grad_start(fp, COMM_AVG, on));
+    runtime->reduce_in_flight = unit;
+    if (on == NULL) wait_for_reduce_scatter(runtime, "_post_backward_hook"); /* blocking: done already */
+}
+
+void fsdp_post_backward_final_callback(fsdp_runtime *runtime) {
+    /* _wait_for_post_backward: the compute stream waits for the reduce-scatter stream */
+    wait_for_reduce_scatter(runtime, "_post_backward_final_callback");
+    if (runtime->gathers_in_flight_count > 0)
+        world_fatal(runtime->ctx, "unit '%s': an all-gather is still in flight after backward (prefetched, never used)",
+                  unit_name(runtime, runtime->gathers_in_flight[0]));
+    for (int unit = 0; unit < runtime->model->unit_count; unit++) {
+        set_training_state(runtime, unit, TRAINING_STATE_IDLE, "_post_backward_final_callback");
+        set_handle_state(runtime, unit, HANDLE_BACKWARD_POST, HANDLE_IDLE, "_post_backward_final_callback");
+    }
+}
+
+/* ---------------------------------------------------------------- runtime */
+
+/* HYBRID_SHARD: the model's units must be sharded over the mesh's shard group (ctx->mesh set before the model was
+ * built), and every other strategy's over the world; the comm streams get their own communicators of both groups
+ * (the all-gather stream needs the shard group's, the reduce-scatter stream both). */
+static int hybrid_streams(fsdp_runtime *runtime) {
+    context *ctx = runtime->ctx;
+    const flat_param *root = &runtime->model->units[0];
+    int hybrid = fsdp_strategy_is_hybrid(runtime->options.strategy);
+    if (hybrid != (root->shard_group != NULL))
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: strategy %s, but the model's units are sharded over "
+                         "%s: set ctx->mesh (core/comm/group.h) before building the model for a hybrid strategy, and leave "
+                         "it NULL for the others", ctx->rank, strategy_names[runtime->options.strategy],
+                         root->shard_group  ? "a shard group"
+                         : root->replicated ? "no group (replicated)"
+                                            : "the world");
+    if (!hybrid) return 0;
+    stream *streams[] = {&runtime->all_gather_stream, &runtime->reduce_scatter_stream};
+    for (int i = 0; i < 2; i++)
+        if (stream_add_group(streams[i], root->shard_group) != 0 ||
+            stream_add_group(streams[i], root->replicate_group) != 0)
+            return -1;
+    return 0;
+}
+
+int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const fsdp_options *options) {
+    memset(runtime, 0, sizeof *runtime);
+    runtime->ctx = ctx;
+    runtime->model = model;
+    runtime->options = *options;
+    runtime->reduce_in_flight = -1;
+    if (options->accumulation_steps < 1) {
+        snprintf(ctx->error, sizeof ctx->error, "accumulation steps must be >= 1, got %d", options->accumulation_steps);
+        return -1;
+    }
+    if ((unsigned)options->backward_prefetch > BACKWARD_POST) {
+        snprintf(ctx->error, sizeof ctx->error, "backward_prefetch %d is not NONE, BACKWARD_PRE or BACKWARD_POST",
+                 (int)options->backward_prefetch);
+        return -1;
+    }
+    int units = model->unit_count, pieces = model->piece_count;
+    runtime->units = calloc((size_t)units, sizeof *runtime->units);
+    runtime->checkpointed = calloc((size_t)pieces, sizeof *runtime->checkpointed);
+    runtime->pre_forward_order = calloc((size_t)units, sizeof(int));
+    runtime->post_forward_order = calloc((size_t)units, sizeof(int));
+    runtime->gathers_in_flight = calloc((size_t)units, sizeof(int));
+    if (runtime->units == NULL || runtime->checkpointed == NULL || runtime->pre_forward_order == NULL ||
+        runtime->post_forward_order == NULL || runtime->gathers_in_flight == NULL)
+        world_fatal(ctx, "out of memory");
+    for (int unit = 0; unit < units; unit++)
+        runtime->units[unit].first_piece = pieces, runtime->units[unit].last_piece = -1;
+    for (int p = 0; p < model->tree->param_count; p++) {
+        fsdp_unit *u = &runtime->units[model->locations[p].unit];
+        const module_param *param = &model->tree->params[p];
+        if (param->first_piece < u->first_piece) u->first_piece = param->first_piece;
+        if (param->last_piece > u->last_piece) u->last_piece = param->last_piece;
+    }
+    runtime->units[0].first_piece = 0; /* the root wraps the whole model, parameters or not */
+    runtime->units[0].last_piece = pieces - 1;
+    for (int piece = 0; piece < pieces; piece++)
+        runtime->checkpointed[piece] =
+            options->activation_checkpointing && model->ops->piece_checkpointable(model->self, piece);
+    for (int unit = 0; unit < units; unit++)
+        if (flat_param_set_mixed_precision(unit_param(runtime, unit), &options->mixed_precision) != 0) return -1;
+    for (int unit = 0; options->offload_params && unit < units; unit++) /* CPUOffload: the shards go to the host */
+        if (flat_param_offload_params(&model->units[unit]) != 0) return -1;
+    stream_kind comm_kind = options->comm_streams ? STREAM_WORKER : STREAM_HOST;
+    if (stream_init(&runtime->compute_stream, ctx, "compute", STREAM_HOST) != 0 ||
+        stream_init(&runtime->all_gather_stream, ctx, "all_gather", comm_kind) != 0 ||
+        stream_init(&runtime->reduce_scatter_stream, ctx, "reduce_scatter", comm_kind) != 0)
+        return -1;
+    if (hybrid_streams(runtime) != 0) return -1;
+    trace_fsdp_info info = {
+        .model = model->name,
+        .sharding_strategy = strategy_names[options->strategy],
+        .backward_prefetch = options->backward_prefetch == BACKWARD_PREFETCH_NONE
+                                 ? NULL : backward_prefetch_names[options->backward_prefetch],
+        .forward_prefetch = options->forward_prefetch,
+        .limit_all_gathers = options->limit_all_gathers,
+        .activation_checkpointing = options->activation_checkpointing,
+        .no_sync = options->no_sync,
+        .accumulation_steps = options->accumulation_steps,
+        .unit_count = units,
+        .offload_params = options->offload_params,
+    };
+    const flat_param_mixed_precision *mp = &options->mixed_precision;
+    if (flat_param_mixed_precision_enabled(mp)) {
+        info.param_dtype = dtype_name(mp->param_dtype);
+        info.reduce_dtype = dtype_name(mp->reduce_dtype);
+        info.buffer_dtype = dtype_name(mp->buffer_dtype);
+        info.keep_low_precision_grads = mp->keep_low_precision_grads;
+    }
+    trace_fsdp(&ctx->trace, &info);
+    return 0;
+}
+
+void fsdp_runtime_free(fsdp_runtime *runtime) {
+    stream_destroy(&runtime->all_gather_stream);
+    stream_destroy(&runtime->reduce_scatter_stream);
+    stream_destroy(&runtime->compute_stream);
+    free(runtime->units);
+    free(runtime->checkpointed);
+    free(runtime->pre_forward_order);
+    free(runtime->post_forward_order);
+    free(runtime->gathers_in_flight);
+    memset(runtime, 0, sizeof *runtime);
+}
+
+/* ---------------------------------------------------------------- the step */
+
+/* Which units' hooks fire at a piece: those whose span starts there (pre-hooks) or ends there (post-hooks). */
+typedef enum span_edge { SPAN_START, SPAN_END } span_edge;
+/* Nesting order among them: pre-hooks outer (wider span) first, post-hooks inner first, as torch's module hooks. */
+typedef enum nesting { OUTER_FIRST, INNER_FIRST } nesting;
+
+static int units_at(const fsdp_runtime *runtime, int piece, span_edge edge, nesting order, int *out) {
+    int count = 0;
+    for (int unit = 0; unit < runtime->model->unit_count; unit++) {
+        const fsdp_unit *u = &runtime->units[unit];
+        if ((edge == SPAN_START ? u->first_piece : u->last_piece) == piece) out[count++] = unit;
+    }
+    for (int i = 1; i < count; i++) /* insertion sort by span width: a handful of units */
+        for (int j = i; j > 0; j--) {
+            const fsdp_unit *a = &runtime->units[out[j - 1]], *b = &runtime->units[out[j]];
+            int width_a = a->last_piece - a->first_piece, width_b = b->last_piece - b->first_piece;
+            if (order == INNER_FIRST ? width_a > width_b : width_a < width_b) {
+                int swap = out[j];
+                out[j] = out[j - 1];
+                out[j - 1] = swap;
+            }
+        }
+    return count;
+}
+
+/* The unit a piece's compute span is labelled with: the innermost unit covering it. */
+static const char *piece_unit(const fsdp_runtime *runtime, int piece) {
+    int best = 0;
+    for (int unit = 1; unit < runtime->model->unit_count; unit++) {
+        const fsdp_unit *u = &runtime->units[unit], *b = &runtime->units[best];
+        if (u->first_piece <= piece && piece <= u->last_piece &&
+            u->last_piece - u->first_piece < b->last_piece - b->first_piece)
+            best = unit;
+    }
+    return unit_name(runtime, best);
+}
+
+typedef enum piece_phase { PHASE_FORWARD, PHASE_RECOMPUTE, PHASE_BACKWARD } piece_phase;
+static const char *const phase_names[] = {"forward", "recompute", "backward"};
+
+/* Runs one piece's forward, recompute or backward on the compute stream, as a `compute` span. */
+static void run_piece(fsdp_runtime *runtime, void *batch, int piece, piece_phase phase) {
+    module *model = runtime->model;
+    char name[96], piece_label[64];
+    /* On a GPU the layers only queue kernels: the span is the piece's time on the device, so the host waits for the
+     * compute stream at both ends (a no-op on the CPU, where the work is done when the call returns). The comm
+     * streams keep running meanwhile; the cost is one launch latency per piece. */
+    device *d = &runtime->ctx->device;
+    d->synchronize(d);
+    double start = trace_now_us(&runtime->ctx->trace);
+    if (phase == PHASE_FORWARD) model->ops->forward(model->self, batch, piece, runtime->checkpointed[piece]);
+    else if (phase == PHASE_RECOMPUTE) model->ops->recompute(model->self, batch, piece);
+    else model->ops->backward(model->self, batch, piece);
+    d->synchronize(d);
+    model->ops->piece_name(model->self, piece, piece_label, sizeof piece_label);
+    snprintf(name, sizeof name, "%s.%s", piece_label, phase_names[phase]);
+    trace_compute(&runtime->ctx->trace, name, piece_unit(runtime, piece), phase_names[phase], start,
+                  trace_now_us(&runtime->ctx->trace) - start);
+}
+
+/* _root_pre_forward's reset: every unit needs its unshards again; this forward's _post_forward order starts anew. */
+static void begin_pass(fsdp_runtime *runtime, fsdp_micro_batch micro_batch) {
+    runtime->sync_gradients = !runtime->options.no_sync || micro_batch == FSDP_MICRO_BATCH_LAST;
+    runtime->post_forward_count = 0;
+    for (int unit = 0; unit < runtime->model->unit_count; unit++) {
+        runtime->units[unit].needs_pre_forward_unshard = 1;
+        runtime->units[unit].needs_pre_backward_unshard = 1;
+    }
+}
+
+float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int *targets, int B, int T,
+                            fsdp_micro_batch micro_batch) {
+    module *model = runtime->model;
+    int *hooked = calloc((size_t)model->unit_count, sizeof *hooked);
+    if (hooked == NULL) world_fatal(runtime->ctx, "out of memory");
+    void *batch = NULL;
+    check(runtime, model->ops->batch_begin(model->self, &batch, tokens, targets, B, T, runtime->checkpointed));
+    begin_pass(runtime, micro_batch);
+
+    /* forward: pre-hooks, the piece, post-hooks */
+    for (int piece = 0; piece < model->piece_count; piece++) {
+        for (int i = 0, n = units_at(runtime, piece, SPAN_START, OUTER_FIRST, hooked); i < n; i++)
+            fsdp_pre_forward(runtime, hooked[i]);
+        run_piece(runtime, batch, piece, PHASE_FORWARD);
+        for (int i = 0, n = units_at(runtime, piece, SPAN_END, INNER_FIRST, hooked); i < n; i++)
+            fsdp_post_forward(runtime, hooked[i]);
+    }
+    runtime->pre_forward_recorded = 1;
+    /* Each micro-batch contributes 1/ACC of the step's gradient, as `(loss / accumulation_steps).backward()`. With
+     * ACC = 1 the factor is 1.0f, and x * 1.0f is x: the pass over the loss's gradient would change nothing. */
+    if (runtime->options.accumulation_steps > 1)
+        model->ops->scale_loss_gradient(model->self, batch, 1.0f / (float)runtime->options.accumulation_steps);
+
+    /* backward, in reverse: pre-backward hooks where a unit's span ends, post-backward hooks where it starts */
+    for (int piece = model->piece_count - 1; piece >= 0; piece--) {
+        for (int i = 0, n = units_at(runtime, piece, SPAN_END, OUTER_FIRST, hooked); i < n; i++)
+            fsdp_pre_backward_hook(runtime, hooked[i]);
+        if (runtime->checkpointed[piece]) run_piece(runtime, batch, piece, PHASE_RECOMPUTE);
+        run_piece(runtime, batch, piece, PHASE_BACKWARD);
+        for (int i = 0, n = units_at(runtime, piece, SPAN_START, INNER_FIRST, hooked); i < n; i++)
+            fsdp_post_backward_hook(runtime, hooked[i]);
+    }
+    fsdp_post_backward_final_callback(runtime);
+    float loss = model->ops->loss(model->self, batch);
+    model->ops->batch_end(model->self, batch);
+    free(hooked);
+    return loss;
+}

@@ -1,0 +1,390 @@
+/* memory_model.c — predicted per-category memory peaks. See memory_model.h. */
+#include "core/models/memory_model.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/runtime/env.h"
+#include "core/runtime/world.h"
+#include "core/base/error.h"
+
+/* Counts are doubles here: exact for every integer below 2^53 (8 PiB), so the prediction is exact to the byte for
+ * any run that could exist, and a setting that asks for more (MBS=4096 SEQ=32768 on a wide model: B*H*T*T alone
+ * passes 2^64) gives a huge number instead of wrapping around to a small one; bytes() saturates it into size_t. */
+typedef double count;
+static count max_of(count a, count b) { return a > b ? a : b; }
+static size_t bytes(count value) { return value >= 18446744073709549568.0 ? SIZE_MAX : (size_t)value; }
+
+/* Floats one decoder layer's forward saves for its backward (qwen2_layer_activations), plus its output. */
+static count layer_activation_floats(const qwen2_config *c, count N, count B, count T) {
+    count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
+    count KVH = c->num_key_value_heads, D = c->head_dim;
+    return N * C + N                        /* input_layernorm output, rstd */
+           + N * H * D + 2 * N * KVH * D    /* q, k, v */
+           + B * H * T * T                  /* attention probabilities */
+           + N * H * D                      /* attention output */
+           + N * C + N * C + N              /* residual_mid, post_attention_layernorm output, rstd */
+           + 2 * N * I + N * I              /* gate_up, swiglu */
+           + N * C;                         /* the layer's output */
+}
+
+/* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward).
+ * bf16_compute (MixedPrecision with param_dtype bfloat16, core/kernels/layers_bf16.h) adds its scratch buffers: up_proj's
+ * share of the MLP's input gradient beside gate_proj's, the attention backward's bfloat16 probabilities and per-head
+ * key/value gradient, one Linear's share of ln1's gradient at a time, and in forward the attention's bfloat16
+ * probabilities (a layer recomputed in backward runs its forward before any of its backward temporaries exist). */
+static count layer_workspace_floats(const qwen2_config *c, count N, count T, int bf16_compute) {
+    count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
+    count KVH = c->num_key_value_heads, D = c->head_dim;
+    count mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
+    count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + T * T; /* dmid, dout, dq, dk, dv, dscores */
+    count norm = N * C + N * C;                                              /* dmid, dln1 */
+    if (bf16_compute) {
+        mlp = max_of(mlp, N * C + 2 * N * I + N * C + N * C);              /* dmid, dgate_up, dln2, up's share */
+        attention += T * T + T * D;                                         /* bfloat16 probs, a head's dk or dv */
+        norm = max_of(norm, N * C + N * H * D + 2 * N * KVH * D + 2 * N * C); /* dmid, dq, dk, dv, dln1, a share */
+        norm = max_of(norm, T * T);                                          /* forward: the bfloat16 probs */
+    }
+    return max_of(max_of(mlp, attention), norm);
+}
+
+/* The reserved bound for allocations whose category peaks sum to `sum` (the reasoning is at its use in predict). */
+static size_t reserved_bound_of(count sum) {
+    return bytes(sum + (count)(bytes(sum) / 2) + ALLOCATOR_LARGE_SEGMENT + ALLOCATOR_SMALL_SEGMENT);
+}
+
+/* One unit's sizes, in floats: what the prediction needs of a FlatParameter. */
+typedef struct unit_sizes {
+    count padded_unsharded_numel, sharded_numel;
+} unit_sizes;
+
+/* Mixed precision (core/fsdp/flat_param.h) changes four categories; the float32 shard, its gradient and AdamW's states do
+ * not change (16 bytes per parameter / N together). With p = param_dtype's size, r = reduce_dtype's (2 for bfloat16):
+ *   param_unsharded   an unsharded unit holds its p-byte gathered buffer and, on CPU, the 4-byte copy the layers read
+ *                     (made when the all-gather is waited for): 4 + p bytes per element. A prefetched neighbour whose
+ *                     all-gather is still in flight on its stream holds only its p bytes: a pair x (in use), y
+ *                     (prefetched) costs (4 + p) x + p y. Without comm streams every gather completes at once.
+ *   param_shard_low_precision   the _mp_shard, pre_unshard to post_unshard: one unit's shard, or two neighbours' when a
+ *                     prefetch is issued before the unit in use was waited for (streams and prefetch; the root's
+ *                     with the first layer's only under forward prefetch: backward finds the root unsharded).
+ *   grad_unsharded    when reduce_dtype is not float32: at the reduce the float32 gradient (4 bytes) and its r-byte
+ *                     copy live together for a moment, then only the r-byte copy until the wait (in the next unit's
+ *                     _post_backward_hook with streams, beside that unit's float32 gradient).
+ *   comm_buffer       the reduce-scatter's r-byte output shard (always: it is cast and added into grad_shard) and the
+ *                     ring's running sums (3+ ranks) in r bytes; HYBRID_SHARD's replicate all-reduce of that shard
+ *                     receives one of its R chunks at a time (comm_all_reduce_ring_bytes), issued with it.
+ * NO_SHARD (replicated) gathers nothing: each unit's _mp_shard (p bytes, param_shard_low_precision) is the whole
+ * unit and stays, with its 4-byte compute copy (param_unsharded), from the unit's first forward to its
+ * _post_backward_hook: every unit at once after forward. Its gradient is all-reduced in place in its r-byte copy,
+ * the ring receiving one of N chunks at a time (comm_buffer). */
+static void predict_mixed_precision(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options,
+                                    int replicated, int world_size, int replicate_size, int forward_passes) {
+    count p = (count)dtype_size(options->mixed_precision.param_dtype);
+    count r = (count)dtype_size(options->mixed_precision.reduce_dtype), f = sizeof(float);
+    int streams = options->comm_streams;
+    int forward_pairs = options->forward_prefetch && forward_passes > 1;
+    int param_pairs = options->backward_prefetch == BACKWARD_PRE || forward_pairs;
+    count root = units[0].padded_unsharded_numel, all = 0, largest_shard = 0, shard_pair = 0;
+    count one_unit = 0, unit_pair = 0; /* param_unsharded of the non-root units in flight, in bytes */
+    for (int unit = 0; unit < unit_count; unit++) {
+        count x = units[unit].padded_unsharded_numel;
+        all += x;
+        largest_shard = max_of(largest_shard, units[unit].sharded_numel);
+        /* neighbours' _mp_shards: the root's with the first layer's only in forward (its prefetch issued before the
+         * root was waited for); backward never unshards the root, which stays unsharded after forward */
+        if (unit > 1 || (unit == 1 && forward_pairs))
+            shard_pair = max_of(shard_pair, units[unit].sharded_numel + units[unit - 1].sharded_numel);
+        if (unit > 0) one_unit = max_of(one_unit, (f + p) * x);
+        if (unit > 1) {
+            count y = units[unit - 1].padded_unsharded_numel;
+            unit_pair = max_of(unit_pair, streams ? (f + p) * max_of(x, y) + p * (x + y - max_of(x, y))
+                                                  : (f + p) * (x + y));
+        }
+    }
+    if (unit_count <= 2) unit_pair = one_unit;
+    /* param_dtype float32 (MP=fp32,reduce=bf16): parameters gather as without mixed precision (no _mp_shard) */
+    if (options->mixed_precision.param_dtype != DTYPE_FLOAT32) {
+        if (replicated) peak[MEM_PARAM_UNSHARDED] = f * all;
+        else if (options->strategy == FSDP_SHARD_GRAD_OP || options->strategy == FSDP_HYBRID_SHARD_ZERO2)
+            peak[MEM_PARAM_UNSHARDED] = (f + p) * all;
+        else peak[MEM_PARAM_UNSHARDED] = (f + p) * root + (param_pairs ? unit_pair : one_unit);
+        peak[MEM_PARAM_SHARD_LOW_PRECISION] = replicated ? p * all
+                                                         : p * (streams && param_pairs ? max_of(shard_pair, largest_shard)
+                                                                                       : largest_shard);
+    }
+    if (options->mixed_precision.reduce_dtype == DTYPE_FLOAT32) return; /* gradients reduce as without it */
+    /* Backward meets units L .. 1, the root last (its float32 gradient lives from the first backward piece). A unit's
+     * reduce: its float32 gradient + its r-byte copy, beside the float32 gradients still held (the root's; under
+     * no_sync every unit's not yet reduced) and, with streams, the previous unit's r-byte copy until its wait. */
+    int keeps_all = options->no_sync && options->accumulation_steps > 1;
+    count held = keeps_all ? all : root, grad_peak = f * held, previous = 0;
+    for (int unit = unit_count - 1; unit >= 0; unit--) {
+        count x = units[unit].padded_unsharded_numel;
+        count others = unit == 0 ? 0 : (keeps_all ? 0 : f * x);          /* this unit's float32 gradient, if not held */
+        grad_peak = max_of(grad_peak, f * held + others + (streams ? r * previous : 0)); /* its backward */
+        grad_peak = max_of(grad_peak, f * held + others + r * x);         /* its reduce starts (previous waited) */
+        if (keeps_all || unit == 0) held -= x;                              /* its float32 gradient is freed */
+        previous = x;
+    }
+    peak[MEM_GRAD_UNSHARDED] = grad_peak;
+    count ring_buffers = world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
+    dtype reduce_dtype = options->mixed_precision.reduce_dtype;
+    if (replicated)
+        peak[MEM_COMM_BUFFER] = (count)comm_all_reduce_ring_bytes((size_t)largest_shard, world_size, reduce_dtype);
+    else
+        peak[MEM_COMM_BUFFER] = largest_shard * r * (1 + ring_buffers) +
+                                (count)comm_all_reduce_ring_bytes((size_t)largest_shard, replicate_size, reduce_dtype);
+}
+
+static void predict(memory_prediction *p, const qwen2_config *c, const unit_sizes *units, int unit_count,
+                    int replicated, const fsdp_options *options, int world_size, int replicate_size, int B, int T,
+                    size_t data_stream_bytes, int forward_passes, int data_on_host) {
+    memset(p, 0, sizeof *p);
+    count N = (count)B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
+    count f = sizeof(float);
+
+    count shards = 0, root_full = units[0].padded_unsharded_numel, all_full = 0, largest_other_full = 0;
+    count largest_shard = 0, largest_pair_full = 0;
+    for (int unit = 0; unit < unit_count; unit++) {
+        shards += units[unit].sharded_numel;
+        all_full += units[unit].padded_unsharded_numel;
+        largest_shard = max_of(largest_shard, units[unit].sharded_numel);
+        if (unit > 0) largest_other_full = max_of(largest_other_full, units[unit].padded_unsharded_numel);
+        if (unit > 1) /* units are numbered in forward order; backward meets them in reverse */
+            largest_pair_full = max_of(largest_pair_full, units[unit].padded_unsharded_numel +
+                                                              units[unit - 1].padded_unsharded_numel);
+    }
+    if (unit_count <= 2) largest_pair_full = largest_other_full;
+    /* Two neighbouring units' parameters live at once when the next one's all-gather is issued before this one is
+     * freed: BACKWARD_PRE (issued in the _pre_backward_hook) and forward prefetch (in _pre_forward, from the second
+     * forward on, once the order is known); BACKWARD_POST issues it after this unit resharded. Two neighbouring
+     * unsharded gradients live at once when reduce-scatters run on their stream: unit i's is freed when its
+     * reduce-scatter is waited for, in unit i-1's _post_backward_hook, after i-1's backward filled its own. */
+    int param_pairs = options->backward_prefetch == BACKWARD_PRE || (options->forward_prefetch && forward_passes > 1);
+    count param_in_flight = param_pairs ? largest_pair_full : largest_other_full;
+    count grad_in_flight = options->comm_streams ? largest_pair_full : largest_other_full;
+    count peak[MEM_CATEGORY_COUNT] = {0};
+    peak[MEM_PARAM_SHARD] = shards * f;
+    peak[MEM_GRAD_SHARD] = shards * f;
+    peak[MEM_OPTIM_STATE] = 2 * shards * f;
+    /* Unsharded parameters: NO_SHARD's are views of the local copy; SHARD_GRAD_OP keeps all after forward. */
+    if (options->strategy == FSDP_SHARD_GRAD_OP || options->strategy == FSDP_HYBRID_SHARD_ZERO2)
+        peak[MEM_PARAM_UNSHARDED] = all_full * f;
+    else if (fsdp_strategy_reshards_after_forward(options->strategy))
+        peak[MEM_PARAM_UNSHARDED] = (root_full + param_in_flight) * f;
+    /* Unsharded gradients: the root's for the whole backward plus the unit(s) in backward; no_sync keeps them all. */
+    int keeps_all = options->no_sync && options->accumulation_steps > 1;
+    peak[MEM_GRAD_UNSHARDED] = (keeps_all ? all_full : root_full + grad_in_flight) * f;
+    /* Comm buffers: a shard to add the second micro-batch's gradient from; the ring's running sums (3+ ranks in the
+     * reduce-scatter's group: world_size here is the shard group's size under HYBRID_SHARD; the replicate group's
+     * all-reduce is MPI's own, in place, and allocates nothing tracked). */
+    int accumulating = options->accumulation_steps > 1 && !options->no_sync;
+    count ring_buffers = replicated || world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
+    peak[MEM_COMM_BUFFER] = largest_shard * f * (accumulating + ring_buffers);
+
+    /* Activations: without checkpointing, all layers' saved tensors at the end of forward, plus the head's (final
+     * norm, logits and their gradient). With it, each layer's input becomes checkpoint_input and only one layer's
+     * saved tensors live at a time (in forward, and again when backward recomputes it). */
+    count layer = layer_activation_floats(c, N, B, T);
+    /* LOSS_CHUNK (k < N rows at a time): no N x V logits or gradient kept; two k x V workspace buffers instead */
+    int chunked = options->loss_chunk > 0 && options->loss_chunk < N;
+    /* the head's saved tensors (final norm, rstd) plus the larger of the logits and their gradient (unchunked) and
+     * the gradient the head's backward hands the last layer (N x C, allocated once those are freed) */
+    count head = N * C + N + max_of(chunked ? 0 : 2 * N * V, N * C);
+    count embedding = N * C;
+    if (options->activation_checkpointing) {
+        peak[MEM_CHECKPOINT_INPUT] = L * N * C * f;
+        count forward_peak = max_of(layer, head + (L > 0 ? N * C : 0)); /* the head's input is the last output */
+        count backward_peak = layer - N * C + 2 * N * C;                 /* recomputed layer + two gradient buffers */
+        peak[MEM_ACTIVATION] = max_of(forward_peak, backward_peak) * f;
+        if (L == 0) peak[MEM_ACTIVATION] += embedding * f;
+    } else {
+        peak[MEM_ACTIVATION] = (embedding + L * layer + head) * f;
+    }
+    count rope = 2 * (count)T * c->head_dim;
+    count head_workspace = N * C + (chunked ? 2 * (count)options->loss_chunk * V : 0); /* dnorm + the chunks */
+    int bf16_compute = options->mixed_precision.param_dtype == DTYPE_BFLOAT16;
+    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T, bf16_compute), head_workspace)) * f;
+    /* The lab's batch and the loader's stream, then the model's copy. On the CUDA device the first two are in the host
+     * pool (core/runtime/offload.h offload_data_pool: the host writes them), so the device pool holds the copy alone. */
+    peak[MEM_DATA] = data_on_host ? 2 * N * sizeof(int) : 4 * N * sizeof(int) + (count)data_stream_bytes;
+    if (flat_param_mixed_precision_enabled(&options->mixed_precision))
+        predict_mixed_precision(peak, units, unit_count, options, replicated, world_size, replicate_size,
+                                forward_passes);
+    /* CPU offload (core/runtime/offload.h): the shards, gradient shards, moments and the accumulation buffer move to the host
+     * pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one gradient
+     * shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time. With a
+     * bfloat16 param_dtype the device holds one float32 shard for a moment (the h2d copy pre_unshard casts from, as
+     * torch's _local_shard.to(device)); with a bfloat16 reduce_dtype its comm buffers are mixed precision's, and its
+     * one float32 gradient shard is the result cast back for the d2h copy. */
+    if (options->offload_params) {
+        count host_peak[MEM_CATEGORY_COUNT] = {0};
+        host_peak[MEM_PARAM_SHARD] = peak[MEM_PARAM_SHARD];
+        host_peak[MEM_GRAD_SHARD] = peak[MEM_GRAD_SHARD];
+        host_peak[MEM_OPTIM_STATE] = peak[MEM_OPTIM_STATE];
+        host_peak[MEM_COMM_BUFFER] = largest_shard * f * accumulating;
+        int low_param = options->mixed_precision.param_dtype != DTYPE_FLOAT32;
+        int low_reduce = options->mixed_precision.reduce_dtype != DTYPE_FLOAT32;
+        peak[MEM_PARAM_SHARD] = low_param ? largest_shard * f : 0;
+        peak[MEM_GRAD_SHARD] = largest_shard * f;
+        peak[MEM_OPTIM_STATE] = 0;
+        if (!low_reduce) peak[MEM_COMM_BUFFER] = largest_shard * f * ring_buffers;
+        count host_sum = 0;
+        for (int category = 0; category < MEM_CATEGORY_COUNT; category++) {
+            p->host_category_peak[category] = bytes(host_peak[category]);
+            host_sum += host_peak[category];
+        }
+        p->host_sum_of_peaks = bytes(host_sum);
+    }
+    count sum = 0;
+    for (int category = 0; category < MEM_CATEGORY_COUNT; category++) {
+        p->category_peak[category] = bytes(peak[category]);
+        sum += peak[category];
+    }
+    p->sum_of_peaks = bytes(sum);
+
+    /* Reserved: the caching allocator holds segments, so reserved >= allocated; the excess is rounding, packing and
+     * cached free blocks. Packing, the part that follows from the allocator's rules: blocks of s bytes carved from
+     * segments of S (2 MiB for s <= 1 MiB, 20 MiB for 1 MiB < s < 10 MiB) fill floor(S/s) s of S; over those ranges
+     * that is at least 2/3 of S (worst just above s = S/3: two blocks), so such blocks reserve at most 1.5x their
+     * bytes; a block of 10 MiB or more gets its own segment rounded up to 2 MiB, at most 1.2x. Cached free blocks:
+     * a best-fit allocator has no useful worst case in general (Robson), so this part is FSDP's pattern, not a
+     * theorem: every step asks for the same sizes in the same order, so a request finds the block the same request
+     * freed a step before, and at most one partly used segment per pool (20 MiB + 2 MiB) is left over. Rounding to
+     * 512 B is inside that allowance for the few hundred small blocks fsdplab has live. Checked on tiny, mid and
+     * every strategy by make check-05, printed for qwen2-0.5b. */
+    p->reserved_bound = reserved_bound_of(sum);
+    p->host_reserved_bound = options->offload_params ? reserved_bound_of((count)p->host_sum_of_peaks) : 0;
+}
+
+void memory_model_predict(memory_prediction *p, const qwen2_model *model, const fsdp_options *options, int world_size,
+                          int B, int T, size_t data_stream_bytes, int forward_passes) {
+    unit_sizes *units = calloc((size_t)model->unit_count, sizeof *units);
+    if (units == NULL) world_fatal(model->ctx, "out of memory for %d unit sizes", model->unit_count);
+    for (int unit = 0; unit < model->unit_count; unit++)
+        units[unit] = (unit_sizes){model->units[unit].padded_unsharded_numel, model->units[unit].sharded_numel};
+    const comm_group *shard_group = model->units[0].shard_group; /* HYBRID_SHARD: shards of 1/its size */
+    const comm_group *replicate_group = model->units[0].replicate_group;
+    predict(p, &model->config, units, model->unit_count, model->units[0].replicated, options,
+            shard_group ? shard_group->size : world_size, replicate_group ? replicate_group->size : 1, B, T,
+            data_stream_bytes, forward_passes, model->ctx->device.kind != DEVICE_CPU);
+    free(units);
+}
+
+int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_config *config, fsdp_wrap_fn wrap,
+                                void *wrap_user, const fsdp_options *options, int B, int T, size_t data_stream_bytes,
+                                int forward_passes) {
+    if (qwen2_config_validate(config, ctx->error, sizeof ctx->error) != 0) return -1;
+    module_tree tree;
+    if (qwen2_module_tree(config, &tree) != 0) world_fatal(ctx, "out of memory building the module tree");
+    int *unit_of_param = calloc((size_t)tree.param_count, sizeof *unit_of_param);
+    if (unit_of_param == NULL) world_fatal(ctx, "out of memory");
+    int unit_count = fsdp_auto_wrap(&tree, wrap, wrap_user, unit_of_param);
+    unit_sizes *units = calloc((size_t)(unit_count > 0 ? unit_count : 1), sizeof *units);
+    if (units == NULL) world_fatal(ctx, "out of memory for %d unit sizes", unit_count);
+    for (int param = 0; param < tree.param_count; param++) {
+        count numel = 1;
+        for (int d = 0; d < tree.params[param].ndim; d++) numel *= (count)tree.params[param].shape[d];
+        if (unit_of_param[param] >= 0 && unit_of_param[param] < unit_count)
+            units[unit_of_param[param]].padded_unsharded_numel += numel;
+    }
+    int replicated = options->strategy == FSDP_NO_SHARD; /* as qwen2_model_init_wrapped makes the units */
+    /* HYBRID_SHARD shards over the shard group (ctx->mesh), as flat_param_init does */
+    int shard_size = fsdp_strategy_is_hybrid(options->strategy) && ctx->mesh ? ctx->mesh->shard_size : ctx->world_size;
+    size_t world = replicated ? 1 : (size_t)shard_size;
+    for (int unit = 0; unit < unit_count; unit++) {
+        units[unit].padded_unsharded_numel = (count)flat_param_padded_numel(bytes(units[unit].padded_unsharded_numel), world);
+        units[unit].sharded_numel = units[unit].padded_unsharded_numel / (count)world;
+    }
+    if (unit_count > 0)
+        predict(p, config, units, unit_count, replicated, options, shard_size, ctx->world_size / shard_size, B, T,
+                data_stream_bytes, forward_passes, ctx->device.kind != DEVICE_CPU);
+    free(units);
+    free(unit_of_param);
+    module_tree_free(&tree);
+    return unit_count > 0 ? 0 : error_set(ctx->error, sizeof ctx->error, "the wrap policy made no units");
+}
+
+/* The bytes this process may use: MemAvailable from /proc/meminfo (what the kernel can hand out without swapping),
+ * or the free pages when there is no /proc. 0 when neither says. */
+static double available_bytes(void) {
+    FILE *file = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kib = -1.0;
+    while (file != NULL && fgets(line, sizeof line, file) != NULL)
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    if (file != NULL) fclose(file);
+    if (kib >= 0.0) return kib * 1024.0;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page_size > 0 ? (double)pages * (double)page_size : 0.0;
+}
+
+void memory_model_require_fit(context *ctx, const memory_prediction *prediction) {
+    if (env_int(ctx, "MEMORY_CHECK", 1, 0, 1) == 0) return;
+    /* Ranks on one machine share its memory: each may count on its share. */
+    MPI_Comm node;
+    int local_ranks = 1;
+    WORLD_MPI(ctx, MPI_Comm_split_type(ctx->comm, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &node));
+    WORLD_MPI(ctx, MPI_Comm_size(node, &local_ranks));
+    WORLD_MPI(ctx, MPI_Comm_free(&node));
+    double machine = available_bytes(), available = machine / local_ranks;
+    double predicted = (double)prediction->sum_of_peaks + (double)prediction->host_sum_of_peaks; /* one machine */
+    /* Every rank reaches the same verdict: the rank with the least room (available - predicted) speaks for all. */
+    struct {
+        double room;
+        int rank;
+    } worst = {machine > 0.0 ? available - predicted : 0.0, ctx->rank};
+    world_allreduce(ctx, &worst, 1, MPI_DOUBLE_INT, MPI_MINLOC, "the memory check");
+    if (worst.room >= 0.0) return;
+    double figures[3] = {0.0, 0.0, 0.0}; /* the worst rank's predicted, available, machine-wide available */
+    if (ctx->rank == worst.rank) figures[0] = predicted, figures[1] = available, figures[2] = machine;
+    world_allreduce(ctx, figures, 3, MPI_DOUBLE, MPI_SUM, "the memory check");
+    world_exit_all(ctx, 2, "rank %d: predicted peak %.2f GB per rank (core/models/memory_model.h: model, MBS, SEQ, strategy) "
+                 "but %.2f GB available (MemAvailable %.2f GB shared by %d ranks on this machine); lower MBS or SEQ, "
+                 "or use more ranks (MEMORY_CHECK=0 skips this check)", worst.rank, figures[0] / 1e9,
+                 figures[1] / 1e9, figures[2] / 1e9, local_ranks);
+}
+
+memory_prediction memory_model_host_part(const memory_prediction *prediction) {
+    memory_prediction host = {0};
+    memcpy(host.category_peak, prediction->host_category_peak, sizeof host.category_peak);
+    host.sum_of_peaks = prediction->host_sum_of_peaks;
+    host.reserved_bound = prediction->host_reserved_bound;
+    return host;
+}
+
+void memory_model_report(const memory_prediction *p, const size_t *measured, size_t measured_total,
+                         size_t measured_reserved, char *out, size_t out_size) {
+    size_t used = (size_t)snprintf(out, out_size, "memory per rank, analytic model vs measured peak:\n"
+                                                  "  %-25s %12s %12s %7s %12s\n", "category", "predicted",
+                                   "measured", "ratio", "difference");
+    char predicted_text[32], measured_text[32];
+    for (int category = 0; category < MEM_CATEGORY_COUNT && used < out_size; category++) {
+        if (p->category_peak[category] == 0 && measured[category] == 0) continue;
+        double ratio = p->category_peak[category] ? (double)measured[category] / (double)p->category_peak[category] : 0.0;
+        /* in bytes, exactly: the model counts the very buffers the code allocates, so anything but 0 is a bug */
+        long long difference = (long long)measured[category] - (long long)p->category_peak[category];
+        used += (size_t)snprintf(out + used, out_size - used, "  %-25s %12s %12s %7.3f %+10lld B\n",
+                                 mem_category_name((mem_category)category),
+                                 mem_format_bytes(p->category_peak[category], predicted_text, sizeof predicted_text),
+                                 mem_format_bytes(measured[category], measured_text, sizeof measured_text), ratio,
+                                 difference);
+    }
+    if (used < out_size)
+        used += (size_t)snprintf(out + used, out_size - used,
+                                 "  %-25s %12s %12s   (allocated peak <= sum of category peaks)\n", "total",
+                                 mem_format_bytes(p->sum_of_peaks, predicted_text, sizeof predicted_text),
+                                 mem_format_bytes(measured_total, measured_text, sizeof measured_text));
+    /* Reserved bytes (segments): exact figures, so a check can read them. */
+    if (used < out_size)
+        snprintf(out + used, out_size - used,
+                 "  %-25s %12s %12s   (allocated <= reserved <= bound: 1.5 x sum of peaks + 22 MiB)\n"
+                 "  reserved bytes: measured %zu, allocated peak %zu, bound %zu\n",
+                 "reserved", mem_format_bytes(p->reserved_bound, predicted_text, sizeof predicted_text),
+                 mem_format_bytes(measured_reserved, measured_text, sizeof measured_text), measured_reserved,
+                 measured_total, p->reserved_bound);
+}

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The source tree's shape, read from the files themselves, so that it stays true:
+
+  floors    core/ is one folder a floor, lowest first (FLOORS below, the order the Makefile's CORE_FLOORS names);
+            a file includes only headers of its own floor or a lower one, and trace/ (the ground floor every
+            layer logs into) includes no core header. core/cuda/ is the CUDA plug-in: it may include any core
+            header, and no core header outside it may include one of its.
+  circles   a module is a header and its source (core/fsdp/fsdp.h + fsdp.c); module A uses B when either file of A
+            includes B's header. No module may reach itself again through such uses (a circle), on any floor.
+  plug-in   no file outside core/cuda/ (and the tests that only the CUDA builds compile) is compiled differently
+            for CUDA: the word FSDPLAB_CUDA appears nowhere else in core/, lab/, trace/ or scripts/.
+  columns   no line of the project's own sources, scripts, Makefile or pages is longer than 120 columns.
+
+Prints every violation (file, line, what and why) and exits 1 if there is one; else a summary and 0.
+  tests/check_layers.py [--root DIR]
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+FLOORS = ["base", "kernels", "memory", "device", "runtime", "data", "comm", "fsdp", "models", "io"]
+PLUGIN = "cuda"
+MAX_COLUMNS = 120
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+SOURCE = re.compile(r"\.(c|h|cu|cuh|cpp)$")
+# Files whose lines are data, not prose or code a reader reads line by line.
+LONG_LINES_ALLOWED = re.compile(r"\.(ipynb|json|jsonl|tiktoken|txt|csv|png|pickle|safetensors|bin)$|_assets\.c$")
+
+
+def tracked_files(root):
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return [f for f in out if os.path.isfile(os.path.join(root, f))]
+
+
+def floor_of(path):
+    """The floor's index of a core/ file, len(FLOORS) for the plug-in, None outside core/."""
+    parts = path.split("/")
+    if len(parts) < 3 or parts[0] != "core":
+        return None
+    if parts[1] == PLUGIN:
+        return len(FLOORS)
+    return FLOORS.index(parts[1]) if parts[1] in FLOORS else -1
+
+
+def resolve(including, name, root):
+    """The repository path an #include "name" in `including` reads: the repository root first (-I.), then beside
+    the file, as the compiler looks (quotes: the including file's folder, then -I.)."""
+    beside = os.path.normpath(os.path.join(os.path.dirname(including), name))
+    if os.path.isfile(os.path.join(root, beside)):
+        return beside
+    if os.path.isfile(os.path.join(root, name)):
+        return os.path.normpath(name)
+    return None
+
+
+def module_of(path):
+    return re.sub(r"\.(c|h|cu|cuh)$", "", path)
+
+
+def find_circle(graph):
+    """One circle of the module graph as a list of modules (first == last), or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    args = parser.parse_args()
+    root = os.path.normpath(args.root)
+    files = tracked_files(root)
+    problems = []
+    graph = {}
+    includes = 0
+
+    for path in files:
+        if not SOURCE.search(path):
+            continue
+        text = open(os.path.join(root, path), encoding="utf-8", errors="replace").read()
+        floor = floor_of(path)
+        if floor == -1:
+            problems.append(f"{path}: core/{path.split('/')[1]}/ is not a floor (the floors: {', '.join(FLOORS)}, "
+                            f"and the plug-in core/{PLUGIN}/)")
+        for match in INCLUDE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            target = resolve(path, match.group(1), root)
+            if target is None:
+                continue  # a system or generated header (cuda_runtime.h, the emulator's): not ours to order
+            includes += 1
+            if path.startswith("trace/") and target.startswith("core/"):
+                problems.append(f"{path}:{line}: includes {target}: trace/ is the ground floor and includes no core "
+                                "header (core logs into trace, never the other way)")
+            target_floor = floor_of(target)
+            if floor is not None and floor >= 0 and target_floor is not None and target_floor > floor:
+                problems.append(f"{path}:{line}: includes {target}: an arrow back up, from floor "
+                                f"{(FLOORS + [PLUGIN])[floor]} to {(FLOORS + [PLUGIN])[target_floor]}")
+            if path.startswith("core/") and target.startswith("core/"):
+                a, b = module_of(path), module_of(target)
+                if a != b:
+                    graph.setdefault(a, set()).add(b)
+        if "FSDPLAB_CUDA" in text and floor is not None and floor != len(FLOORS):
+            problems.append(f"{path}: mentions FSDPLAB_CUDA: only core/{PLUGIN}/ is compiled for CUDA; the rest "
+                            "reaches the plug-in through its tables (core/runtime/plugin.h)")
+    for path in files:
+        if path.split("/")[0] in ("lab", "trace", "scripts") and SOURCE.search(path):
+            if "FSDPLAB_CUDA" in open(os.path.join(root, path), errors="replace").read():
+                problems.append(f"{path}: mentions FSDPLAB_CUDA: only core/{PLUGIN}/ is compiled for CUDA")
+
+    circle = find_circle(graph)
+    if circle:
+        problems.append("a circle of modules: " + " -> ".join(circle))
+
+    long_lines = 0
+    for path in files:
+        if LONG_LINES_ALLOWED.search(path) or path.startswith("tests/data/"):
+            continue
+        try:
+            lines = open(os.path.join(root, path), encoding="utf-8").read().split("\n")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for number, text in enumerate(lines, 1):
+            if len(text) > MAX_COLUMNS:
+                long_lines += 1
+                problems.append(f"{path}:{number}: {len(text)} columns (at most {MAX_COLUMNS})")
+
+    for problem in problems:
+        print(problem)
+    modules = len(set(graph) | {m for targets in graph.values() for m in targets})
+    print(f"{len(files)} files, {includes} includes of our headers, {modules} core modules on {len(FLOORS)} floors "
+          f"and the plug-in: {len(problems)} problem{'s' if len(problems) != 1 else ''}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
