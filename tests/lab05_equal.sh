@@ -8,11 +8,13 @@ lab05() { # lab05 NAME RANKS DIR ENV...   (GLOBAL05 sequences per micro-batch ov
   run_lab "$name" "$ranks" "$dir" 05_full_step STEPS=$STEPS05 ACC=$ACC05 SEQ=$SEQ05 LR=$LR05 \
     MBS=$((GLOBAL05 / ranks)) SAVE="$dir/checkpoint" GRADS="$dir/grads" "$@"
 }
-# equal05 NAME DIR: the three equivalence checks of the run in DIR against the reference (REFERENCE05, GLOBAL05)
+# equal05 NAME DIR [AGAINST]: the three equivalence checks of the run in DIR against the reference (REFERENCE05,
+# GLOBAL05, ACC05: TOKENS05 is the reference's targets per step), AGAINST naming it in the checks' names
 equal05() {
-  local name=$1 dir=$2 config=$REFERENCE05/grads/config.json TOKENS05=$((GLOBAL05 * SEQ05 * ACC05))
-  check "$name: losses equal 1 rank's" python3 tests/compare_losses.py $REFERENCE05 "$dir" $TOKENS05 $SEQ05 $LR05
-  check "$name: gradients equal 1 rank's" env OUT=runs/check/compare tests/bin/qwen2_tool compare "$dir/grads" \
+  local name=$1 dir=$2 against=${3:-1 rank\'s} config=$REFERENCE05/grads/config.json
+  local TOKENS05=$((GLOBAL05 * SEQ05 * ACC05))
+  check "$name: losses equal $against" python3 tests/compare_losses.py $REFERENCE05 "$dir" $TOKENS05 $SEQ05 $LR05
+  check "$name: gradients equal $against" env OUT=runs/check/compare tests/bin/qwen2_tool compare "$dir/grads" \
     $REFERENCE05/grads "$(python3 tests/tolerances.py gradients $config $TOKENS05 $SEQ05)" relative
   check "$name: parameters within AdamW's bound" env OUT=runs/check/compare tests/bin/qwen2_tool compare \
     "$dir/checkpoint" $REFERENCE05/checkpoint "$(python3 tests/tolerances.py adamw $LR05 $STEPS05)" absolute

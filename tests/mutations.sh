@@ -24,6 +24,8 @@ mutations=(
   "wrong-shard-offset|core/comm/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', 'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
   "padding-rounds-down|core/fsdp/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * world;', 'fp->padded_unsharded_numel = offset / world * world;')"
   "post-forward-keeps-layer-0|core/fsdp/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
+  # gradient accumulation without its 1/ACC: every ACC=2 gradient doubled (caught against ACC=1 with one micro-batch)
+  "acc-missing-scale|core/fsdp/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps)', '1.0f)')"
   # HYBRID_SHARD (lab 08)
   "hybrid-skips-replicate-all-reduce|core/fsdp/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != NULL)\n        status = comm_all_reduce', 'if (0)\n        status = comm_all_reduce')|check-08"
   "hybrid-replicate-sum-for-mean|core/fsdp/flat_param.c|s.replace('fp->sharded_numel,\n                                             reduce,', 'fp->sharded_numel,\n                                             COMM_SUM,')|check-08"

@@ -67,6 +67,27 @@ lab05 "05_full_step -np 1 NO_SHARD MBS=6: the reference for 3 ranks" 1 $REFERENC
 lab05 "05_full_step -np 3 FULL_SHARD (padded units)" 3 runs/check/05_FULL_SHARD_np3 STRATEGY=FULL_SHARD
 equal05 "05_full_step -np 3 FULL_SHARD (padded units)" runs/check/05_FULL_SHARD_np3
 GLOBAL05=8 REFERENCE05=runs/check/05_reference
+# Gradient accumulation: each micro-batch's loss gradient is scaled by 1/ACC, as `(loss / ACC).backward()`. Every run
+# above has ACC=2 and so has its reference: a missing 1/ACC doubles both, and AdamW (scale-invariant but for eps)
+# hides it from losses and parameters. Here ACC=2 micro-batches of MBS=1 sequence per rank train against ACC=1 with
+# all of them in one micro-batch on 1 rank (MBS = 2 x ranks): the loader numbers windows globally (micro-batch g,
+# rank r, row b reads window (g x ranks + r) x MBS + b), so step 1 reads the same 2 x ranks windows and its gradient
+# is the same mean over the same TOKENS = 2 x ranks x SEQ targets, only summed in another order (per micro-batch,
+# then x 1/2, exact in binary, and added; over ranks in the ring's order). tolerances.py's gradient and loss bounds
+# hold for any order of the same terms, so they apply with that TOKENS (ACC05=1, GLOBAL05 = the reference's MBS).
+# Measured, worst tensor: 6.8e-7 of max|g| against a bound of 2.0e-3 on 1 rank, 1.3e-6 against 3.0e-3 on 2; without
+# the 1/ACC (tests/mutations.sh acc-missing-scale) 1.0 on both, 490x and 330x the bound.
+STEPS05=2 ACC05=1
+for ranks in 1 2; do
+  GLOBAL05=$((2 * ranks)) REFERENCE05=runs/check/05_acc1_reference_np$ranks
+  strategy=$([ $ranks = 1 ] && echo NO_SHARD || echo FULL_SHARD)
+  lab05 "05_full_step -np 1 NO_SHARD ACC=1 MBS=$GLOBAL05: the reference for -np $ranks ACC=2 MBS=1" 1 \
+    $REFERENCE05 STRATEGY=NO_SHARD
+  name="05_full_step -np $ranks $strategy ACC=2 MBS=1"
+  lab05 "$name" $ranks runs/check/05_acc2_np$ranks STRATEGY=$strategy ACC=2 MBS=1 # the last ACC and MBS win
+  equal05 "$name" runs/check/05_acc2_np$ranks "ACC=1 MBS=$GLOBAL05's (the 1/ACC scale)"
+done
+STEPS05=5 ACC05=2 GLOBAL05=8 REFERENCE05=runs/check/05_reference
 run_lab "05_full_step -np 2 ACC=1 one step: for the state order" 2 runs/check/05_states 05_full_step STEPS=1 ACC=1
 check "05_full_step: state transitions in PyTorch FSDP1's order" python3 tests/check_state_order.py runs/check/05_states 4
 run_lab "05_full_step -np 2 ACC=1 one step, BACKWARD_PRE on comm streams: for the state order" 2 \
