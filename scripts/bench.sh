@@ -28,7 +28,7 @@
 # (default 5; steady state from step 3): step time of both, and from fsdplab's events per steady step (mean of ranks)
 # the comm streams' busy time, the exposed comm (the compute stream blocked on communication: waits for a comm stream,
 # and collectives the host runs itself) and its share of the blocking mode's comm time, the communication work there
-# was to hide. Target (issue 12): exposed <= 30% of it with BACKWARD_PRE on a machine with spare cores; with 2 ranks
+# was to hide. Target: exposed <= 30% of it with BACKWARD_PRE on a machine with spare cores; with 2 ranks
 # on 2 cores the progress threads compete with compute for the same cores.
 #
 #   scripts/bench.sh                 (tens of minutes: qwen2-0.5b initialises, writes 2 GB checkpoints, 7 runs)

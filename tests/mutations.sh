@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 # The tree is copied from here: a copy of this script run from elsewhere (/tmp) would take / for the tree and copy the
 # whole filesystem. Refuse anything that is not the repository.
-if [ ! -f "$root/Makefile" ] || [ ! -f "$root/core/fsdp.h" ]; then
+if [ ! -f "$root/Makefile" ] || [ ! -f "$root/core/fsdp/fsdp.h" ]; then
   echo "tests/mutations.sh: $root is not the fsdplab repository; run the script in place (tests/mutations.sh)" >&2
   exit 2
 fi

@@ -75,8 +75,10 @@ for suite in "$@"; do
     exit 2
   fi
   printf -- '--- %s\n' "$suite"
+  suite_start=$SECONDS
   # shellcheck source=/dev/null
   source "tests/suites/$suite.sh"
+  printf -- '--- %s: %d s\n' "$suite" $((SECONDS - suite_start))
 done
 
 echo

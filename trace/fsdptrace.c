@@ -1,7 +1,7 @@
 /* fsdptrace — the trace tool: turns a run directory's rank<R>.jsonl files into views of the run.
  *
  *   fsdptrace chrome   <rundir> [-o out.json]     Chrome / Perfetto trace (default <rundir>/trace.json)
- *   fsdptrace merge    <rundir> [-o out.json]     the same (the name DESIGN.md's picture uses)
+ *   fsdptrace merge    <rundir> [-o out.json]     the same (the name docs/architecture.md's picture uses)
  *   fsdptrace memory   <rundir> [-o out.html]     memory timeline page (default <rundir>/memory.html)
  *   fsdptrace player   <rundir> [-o out.html]     step-by-step player page (default <rundir>/player.html)
  *   fsdptrace snapshot <rundir> [-o out.pickle]   PyTorch memory snapshot (default <rundir>/memory_snapshot.pickle)

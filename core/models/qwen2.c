@@ -622,7 +622,7 @@ static void ensure_rope(qwen2_model *model, int T) {
     model->rope_positions = T;
 }
 
-/* ---------------------------------------------------------------- mixed precision compute (issue 14)
+/* ---------------------------------------------------------------- mixed precision compute (MP=bf16)
  * Under MixedPrecision(param_dtype=bfloat16) torch runs every op on bfloat16 tensors: each op's output is rounded to
  * bfloat16 (core/kernels/layers_bf16.h says where, op by op). The model does the same when its units gather in bfloat16:
  * it calls the device's bfloat16 layers (device.h's *_bf16 entries: the `if (bf16_compute(model))` branches and

@@ -44,7 +44,7 @@ slice imported, no 'main thread'" \
   runs/check/streams runs/check/prefetch
 check "player.html of the prefetching run: several units unsharded at once, the same checks" \
   python3 tests/check_player.py --expect-overlap runs/check/prefetch
-# One run per directory (issue 15): a run starts by removing an earlier run's views and its rank files beyond this
+# One run per directory: a run starts by removing an earlier run's views and its rank files beyond this
 # world; rank files of two runs are refused, naming both ids; a run without its end event is reported as cut short.
 check "OUT reused by a smaller run: the bigger run's rank2.jsonl and old views are gone" bash -c '
   rm -rf runs/check/reuse && OUT=runs/check/reuse $MPIRUN -np 3 lab/01_shard >/dev/null &&
