@@ -36,12 +36,13 @@ else
     check "make CUDA=1 built tests/bin/gpu_layers" bash -c \
       "echo 'skipped: tests/gpu_layers.c is not in this tree'; exit 77"
   fi
-  # Linked, not just compiled: every lab holds the CUDA device, the CUDA streams and NCCL, and calls into the CUDA
+  # Linked, not just compiled: every lab holds the CUDA plug-in (its device, streams and NCCL), and calls into the CUDA
   # runtime, cuBLAS and NCCL (dynamic symbols, found through the rpath).
   check "every lab links the CUDA device, streams and NCCL (nm)" bash -c "
     for lab in $CUDA_LABS; do
       symbols=\$(nm $CUDA_BUILD/\$lab) || exit 1
-      for wanted in ' T device_cuda_init\$' ' T cuda_ops_install\$' ' T cuda_stream_init\$' ' T nccl_comm_create\$' \
+      for wanted in ' [DR] plugins_linked\$' ' T cuda_device_init\$' ' T cuda_ops_install\$' ' T cuda_stream_init\$' \
+                    ' T nccl_comm_create\$' \
                     ' U cudaMalloc@' ' U cudaStreamWaitEvent@' ' U cublasCreate_v2@' ' U ncclCommInitRank' \
                     ' U ncclReduceScatter'; do
         grep -qE \"\$wanted\" <<<\"\$symbols\" || { echo \"$CUDA_BUILD/\$lab lacks \$wanted\"; exit 1; }
