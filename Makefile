@@ -151,7 +151,7 @@ TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/b
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
+.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer check-layout bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
 ifeq ($(O),build/)
 LAB_LINKS := $(patsubst build/%,%,$(LABS))
@@ -245,10 +245,13 @@ NP ?= 2
 run: lab/05_full_step
 	$(MPIRUN) -np $(NP) lab/05_full_step
 
-# Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line.
+# Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line. `make check`
+# runs two lanes side by side (much of a check is one process waiting on another, so two keep 2 cores busier than one);
+# suites that share a build tree (unit and cuda_emulated: build/cuda_emulated) stay in one lane.
+CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 layout
+CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 train badinput notebooks cuda_build
 check: all
-	@tests/run_checks.sh unit tokenizer trace model lab01 lab02 lab03 lab04 lab05 resume lab06 lab07 lab08 lab09 train \
-	  badinput notebooks cuda_build cuda_emulated
+	@tests/run_checks.sh --lanes "$(CHECK_LANE_1)" "$(CHECK_LANE_2)"
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
 check-sanitize: sanitize
 	@SANITIZE_DIR=$(SANITIZE_DIR) tests/run_checks.sh sanitize
@@ -288,6 +291,8 @@ check-cuda-build: all
 	@tests/run_checks.sh cuda_build
 check-cuda-emulated: all
 	@tests/run_checks.sh cuda_emulated
+check-layout:
+	@tests/run_checks.sh layout
 
 # The notebooks executed, as HTML with their outputs, for reading.
 notebooks: all

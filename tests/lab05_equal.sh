@@ -14,8 +14,8 @@ equal05() {
   local name=$1 dir=$2 against=${3:-1 rank\'s} config=$REFERENCE05/grads/config.json
   local TOKENS05=$((GLOBAL05 * SEQ05 * ACC05))
   check "$name: losses equal $against" python3 tests/compare_losses.py $REFERENCE05 "$dir" $TOKENS05 $SEQ05 $LR05
-  check "$name: gradients equal $against" env OUT=runs/check/compare tests/bin/qwen2_tool compare "$dir/grads" \
+  check "$name: gradients equal $against" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool compare "$dir/grads" \
     $REFERENCE05/grads "$(python3 tests/tolerances.py gradients $config $TOKENS05 $SEQ05)" relative
-  check "$name: parameters within AdamW's bound" env OUT=runs/check/compare tests/bin/qwen2_tool compare \
+  check "$name: parameters within AdamW's bound" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool compare \
     "$dir/checkpoint" $REFERENCE05/checkpoint "$(python3 tests/tolerances.py adamw $LR05 $STEPS05)" absolute
 }

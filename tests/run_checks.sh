@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Runs check suites and prints one line per check, then the closing summary "N passed, N failed".
 #
-#   tests/run_checks.sh SUITE...      (SUITE = a file tests/suites/SUITE.sh; `make check` names them all)
+#   tests/run_checks.sh SUITE...                      (SUITE = a file tests/suites/SUITE.sh), one after another
+#   tests/run_checks.sh --lanes "SUITE..." "SUITE..."   lanes side by side (`make check`): each lane's suites one
+#                                                       after another; the first lane prints as it goes, the others
+#                                                       into runs/check/lanes/<N>.log, printed once the first is done;
+#                                                       one closing line for all. Suites that share a build tree or a
+#                                                       run directory belong in one lane.
 #
 # A suite is a bash file that calls, for each check:
 #   check NAME COMMAND...                     passes when COMMAND exits 0
@@ -16,6 +21,30 @@ MPIRUN=${MPIRUN:-mpirun}
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-300}
 LOG_DIR=runs/check/logs
 mkdir -p "$LOG_DIR"
+LANE_DIR=runs/check/lanes
+
+# --counts FILE (a lane of --lanes): no closing line; the counts and failed names go to FILE for the first lane.
+counts_file=
+if [ "${1:-}" = --counts ]; then
+  counts_file=$2
+  shift 2
+fi
+other_lanes=()
+if [ "${1:-}" = --lanes ]; then
+  shift
+  read -r -a first_lane <<<"$1"
+  shift
+  rm -rf "$LANE_DIR"
+  mkdir -p "$LANE_DIR"
+  lane=1
+  for suites in "$@"; do
+    read -r -a lane_suites <<<"$suites"
+    "$0" --counts "$LANE_DIR/$lane.counts" "${lane_suites[@]}" >"$LANE_DIR/$lane.log" 2>&1 &
+    other_lanes+=("$lane:$!")
+    lane=$((lane + 1))
+  done
+  set -- "${first_lane[@]}"
+fi
 passed=0
 failed=0
 skipped=0
@@ -79,6 +108,26 @@ for suite in "$@"; do
   # shellcheck source=/dev/null
   source "tests/suites/$suite.sh"
   printf -- '--- %s: %d s\n' "$suite" $((SECONDS - suite_start))
+done
+
+if [ -n "$counts_file" ]; then
+  printf '%d %d %d\n' $passed $failed $skipped >"$counts_file"
+  [ $failed -gt 0 ] && printf '%s\n' "${failed_names[@]}" >>"$counts_file"
+  exit 0
+fi
+for entry in "${other_lanes[@]}"; do
+  lane=${entry%%:*}
+  wait "${entry#*:}"
+  printf -- '=== lane %d (ran beside the one above; log: %s)\n' "$lane" "$LANE_DIR/$lane.log"
+  cat "$LANE_DIR/$lane.log"
+  if [ ! -s "$LANE_DIR/$lane.counts" ]; then
+    failed=$((failed + 1))
+    failed_names+=("lane $lane ended without its counts (see its log)")
+    continue
+  fi
+  { read -r lane_passed lane_failed lane_skipped
+    passed=$((passed + lane_passed)) failed=$((failed + lane_failed)) skipped=$((skipped + lane_skipped))
+    while IFS= read -r name; do failed_names+=("$name"); done; } <"$LANE_DIR/$lane.counts"
 done
 
 echo

@@ -33,7 +33,7 @@ emulated05() {
   if [ $bf16 = 1 ]; then
     check "emulated CUDA $tag vs CPU: losses within the bfloat16 flip bound and drift" python3 tests/compare_losses.py \
       $REFERENCE05 $dir $((GLOBAL05 * SEQ05 * ACC05)) $SEQ05 $LR05 bf16
-    check "emulated CUDA $tag vs CPU: parameters within AdamW's bound" env OUT=runs/check/compare tests/bin/qwen2_tool \
+    check "emulated CUDA $tag vs CPU: parameters within AdamW's bound" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
       compare "$dir/checkpoint" $REFERENCE05/checkpoint "$(python3 tests/tolerances.py adamw $LR05 $STEPS05)" absolute
   else
     equal05 "emulated CUDA $tag vs CPU" $dir

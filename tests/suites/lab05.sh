@@ -46,9 +46,9 @@ print(f'{len(a)} step events; first {a[0]}')
 assert a == b and len(a) > 0, f'losses differ: {a} vs {b}'
 segments = [e for e in map(json.loads, open('runs/check/05_malloc/rank0.jsonl')) if e['kind'] == 'alloc']
 assert all(e['reserved'] >= e['size'] for e in segments)"
-check "05_full_step ALLOC=malloc: gradients bit-identical to caching's" env OUT=runs/check/compare tests/bin/qwen2_tool \
+check "05_full_step ALLOC=malloc: gradients bit-identical to caching's" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
   compare runs/check/05_malloc/grads runs/check/05_FULL_SHARD_np2/grads 0 absolute
-check "05_full_step ALLOC=malloc: parameters bit-identical to caching's" env OUT=runs/check/compare tests/bin/qwen2_tool \
+check "05_full_step ALLOC=malloc: parameters bit-identical to caching's" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
   compare runs/check/05_malloc/checkpoint runs/check/05_FULL_SHARD_np2/checkpoint 0 absolute
 check_fails "05_full_step ALLOC=pool is refused, naming the value" "ALLOC='pool' is not allowed" \
   env OUT=runs/check/05_bad ALLOC=pool $MPIRUN -np 2 lab/05_full_step
@@ -113,13 +113,13 @@ check_fails "05_full_step STRATEGY=HYBRID is refused, naming the value" "STRATEG
 check_fails "05_full_step MBS=0 is refused, naming the value" "MBS='0' is not an integer in 1..4096" \
   env OUT=runs/check/05_bad MBS=0 $MPIRUN -np 2 lab/05_full_step
 # The comparison tool itself refuses what it cannot compare, and a NaN is never "within tolerance".
-check "qwen2_tool init: a 2-layer tiny checkpoint (to compare against)" env OUT=runs/check/compare \
+check "qwen2_tool init: a 2-layer tiny checkpoint (to compare against)" env OUT=runs/check/compare_$suite \
   tests/bin/qwen2_tool init tiny 1234 runs/check/05_two_layers num_hidden_layers=2
 check_fails "qwen2_tool compare refuses checkpoints of different configs" \
-  "different configs: num_hidden_layers \(4 vs 2\)" env OUT=runs/check/compare \
+  "different configs: num_hidden_layers \(4 vs 2\)" env OUT=runs/check/compare_$suite \
   tests/bin/qwen2_tool compare $REFERENCE05/checkpoint runs/check/05_two_layers 1
 check_fails "qwen2_tool compare refuses a tolerance that is not a number" "tolerance 'nan' is not a finite number" \
-  env OUT=runs/check/compare tests/bin/qwen2_tool compare $REFERENCE05/checkpoint $REFERENCE05/checkpoint nan
+  env OUT=runs/check/compare_$suite tests/bin/qwen2_tool compare $REFERENCE05/checkpoint $REFERENCE05/checkpoint nan
 check_fails "qwen2_tool compare fails on a NaN, naming the tensor" "FAIL: model\.norm\.weight\[3\] is nan" bash -c "
   rm -rf runs/check/05_nan && cp -r $REFERENCE05/checkpoint runs/check/05_nan && python3 -c '
 import json, struct, sys
@@ -128,7 +128,7 @@ data = bytearray(open(path, \"rb\").read())
 size = struct.unpack(\"<Q\", data[:8])[0]
 begin = json.loads(data[8:8 + size])[\"model.norm.weight\"][\"data_offsets\"][0]
 data[8 + size + begin + 12:8 + size + begin + 16] = struct.pack(\"<f\", float(\"nan\"))
-open(path, \"wb\").write(data)' && OUT=runs/check/compare tests/bin/qwen2_tool compare runs/check/05_nan $REFERENCE05/checkpoint 1"
+open(path, \"wb\").write(data)' && OUT=runs/check/compare_$suite tests/bin/qwen2_tool compare runs/check/05_nan $REFERENCE05/checkpoint 1"
 # The README's main command, `make run`: lab 05 launched through the Makefile's MPIRUN (--allow-run-as-root for root),
 # its settings from make's command line or from the environment alike, OUT passed on as any other setting.
 check "make run NP=1 STEPS=1 ACC=1: make's command line reaches lab 05" bash -c \

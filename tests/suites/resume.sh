@@ -38,7 +38,7 @@ for ranks in 1 4; do
     MBS=$((8 / ranks)) RESUME=$R/checkpoints/step_00000004 SAVE=$D/checkpoint CHECKPOINT_EVERY=0
   check "resume on $ranks ranks: step 5's loss within rounding of the 2-rank run's" python3 tests/check_resume.py \
     reshard $R $D $R/checkpoint/config.json $((8 * 128 * 2)) 128
-  check "resume on $ranks ranks: parameters within AdamW's bound over 2 steps" env OUT=runs/check/compare \
+  check "resume on $ranks ranks: parameters within AdamW's bound over 2 steps" env OUT=runs/check/compare_$suite \
     tests/bin/qwen2_tool compare $D/checkpoint $R/checkpoint "$(python3 tests/tolerances.py adamw 1e-3 2)" absolute
 done
 
