@@ -56,7 +56,7 @@ void group_mesh_free(group_mesh *mesh);
  * ranks (no one shard group size fits them all: set SHARD_GROUP). */
 int group_ranks_per_node(context *ctx);
 /* SHARD_GROUP from the environment (default default_size; 0: group_ranks_per_node), refused unless it divides the
- * world size, naming both and the divisors allowed: every rank exits. Collective (a cfg_env call: always call it, in
+ * world size, naming both and the divisors allowed: every rank exits. Collective (an env_ call: always call it, in
  * the same place on every rank, whatever the strategy). Not `hybrid`: the value is only read (a bad integer is still
  * refused) and returned as given, 0 when unset, so a run that uses no mesh never fails over one. */
 int group_shard_size_from_env(context *ctx, int default_size, int hybrid);

@@ -1,4 +1,4 @@
-/* checkpoint.c — HF directories in and out. See checkpoint.h. */
+/* pretrained.c — HF directories in and out (save_pretrained / from_pretrained). See pretrained.h. */
 #include "core/io/pretrained.h"
 
 #include <errno.h>

@@ -1,10 +1,10 @@
-/* checkpoint.h — a model as an HF directory: config.json + model.safetensors, loadable by
+/* pretrained.h — a model as an HF directory: config.json + model.safetensors, loadable by
  * transformers.Qwen2ForCausalLM.from_pretrained(dir), and HF's save_pretrained output loadable here.
  *
  * Saving gathers the full parameters (every unit unsharded for the moment of the write; rank 0 writes), the
  * FULL_STATE_DICT way. Loading is sharded: every rank reads from the file only the elements of its own shards. */
-#ifndef FSDPLAB_CHECKPOINT_H
-#define FSDPLAB_CHECKPOINT_H
+#ifndef FSDPLAB_PRETRAINED_H
+#define FSDPLAB_PRETRAINED_H
 
 #include "core/models/qwen2.h"
 

@@ -1,4 +1,4 @@
-/* config.c — checked settings from the environment. See config.h. */
+/* env.c — checked settings from the environment. See env.h. */
 #include "core/runtime/env.h"
 #include "core/base/hash.h"
 #include "core/runtime/world.h"

@@ -1,4 +1,4 @@
-/* config.h — settings from the environment, checked: a bad value stops every rank with a message that names the
+/* env.h — settings from the environment, checked: a bad value stops every rank with a message that names the
  * variable, the value and what is allowed (`SEED='x' is not an integer in 0..2147483647`).
  *
  * Every function here is collective: the ranks first agree that each was given the same text (a hash compared,
@@ -7,8 +7,8 @@
  * failing alone while the others wait in a collective. Then every rank reaches the same verdict on the value and
  * exits together; only rank 0 prints. Call them in the same order on every rank.
  */
-#ifndef FSDPLAB_CONFIG_H
-#define FSDPLAB_CONFIG_H
+#ifndef FSDPLAB_ENV_H
+#define FSDPLAB_ENV_H
 
 #include "core/runtime/context.h"
 
