@@ -39,6 +39,8 @@ for ((i = 0; i + 2 < ${#docs_records[@]}; i += 3)); do
   [ "${docs_records[i]}" = "sh env" ] && read -r -a assignments <<<"${docs_records[i + 2]}" &&
     DOCS_SETTINGS=("${assignments[@]}" "${DOCS_SETTINGS[@]}")
 done
+# Without torch (FSDPLAB_NO_PYTHON_DEPS=1) the commands that launch PyTorch FSDP are skipped, as the parity checks are.
+docs_have_torch=$(python3 -c 'import torch, transformers' >/dev/null 2>&1 && echo 1 || echo 0)
 declare -A docs_sandboxes=()
 for ((i = 0; i + 2 < ${#docs_records[@]}; i += 3)); do
   kind=${docs_records[i]} where=${docs_records[i + 1]} command=${docs_records[i + 2]}
@@ -49,6 +51,10 @@ for ((i = 0; i + 2 < ${#docs_records[@]}; i += 3)); do
     docs_sandboxes[$page]=1
   fi
   shown=$(printf '%s' "$command" | tr '\n' ' ' | tr -s ' ' | cut -c1-100)
+  if [ "$kind" = sh ] && [ "$docs_have_torch" = 0 ] && [[ "$command" =~ FSDP=(torch|both) ]]; then
+    check "docs $where: $shown" bash -c 'echo "skipped: torch and transformers are not installed"; exit 77'
+    continue
+  fi
   case $kind in
     sh) check "docs $where: $shown" env -C "$sandbox" "${docs_unset[@]}" "${DOCS_SETTINGS[@]}" bash -c "$command" ;;
     "sh env") check "docs $where (shell setup, in every command's environment): $shown" test -n "$command" ;;
