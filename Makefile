@@ -5,7 +5,8 @@
 #                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
 #   make check        every check; ends with "N passed, N failed"
 #   make check-01     one lab's check (01 ... 09); check-unit, check-tokenizer, check-trace, check-model,
-#                     check-train, check-resume, check-badinput for the other suites
+#                     check-train, check-resume, check-badinput, check-docs (every command README.md and docs/
+#                     show), check-layout (the source tree's floors) for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
 #   make bench-tokenizer  Qwen2's tokenizer, ours vs HF tokenizers, tokens/s on one thread (scripts/bench_tokenizer.sh)
 #   make notebooks    execute notebooks/*.ipynb and render them to runs/notebooks/html/
@@ -151,7 +152,7 @@ TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/b
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer check-layout bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
+.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer check-layout check-docs bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
 ifeq ($(O),build/)
 LAB_LINKS := $(patsubst build/%,%,$(LABS))
@@ -248,7 +249,7 @@ run: lab/05_full_step
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line. `make check`
 # runs two lanes side by side (much of a check is one process waiting on another, so two keep 2 cores busier than one);
 # suites that share a build tree (unit and cuda_emulated: build/cuda_emulated) stay in one lane.
-CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 layout
+CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 docs layout
 CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 train badinput notebooks cuda_build
 check: all
 	@tests/run_checks.sh --lanes "$(CHECK_LANE_1)" "$(CHECK_LANE_2)"
@@ -293,6 +294,8 @@ check-cuda-emulated: all
 	@tests/run_checks.sh cuda_emulated
 check-layout:
 	@tests/run_checks.sh layout
+check-docs: all
+	@tests/run_checks.sh docs
 
 # The notebooks executed, as HTML with their outputs, for reading.
 notebooks: all

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine lacks into one folder, to carry there for scripts/gpu_check.sh.
 #
-# The lent GPU machine (see the README's GPU section) has the CUDA toolkit, NCCL and cuBLAS (pip's nvidia-*),
+# The lent GPU machine (see docs/gpu.md) has the CUDA toolkit, NCCL and cuBLAS (pip's nvidia-*),
 # Python with torch and transformers, and no OpenMPI, cJSON, Check, OpenBLAS, PCRE2, utf8proc or pkg-config; nothing
 # can be downloaded there. This script, run on a machine with Debian's apt (this project's development machines),
 # downloads those libraries as Debian packages (their runtime and -dev halves and the libraries OpenMPI loads) into

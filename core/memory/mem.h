@@ -1,7 +1,7 @@
 /* mem.h — the tracked allocator: every byte the runtime allocates, by category and owner.
  *
  * FSDP is a story about memory, so nothing in the core calls malloc directly: each block is allocated with a
- * category (what it is for, trace/EVENTS.md) and an owner (who holds it, e.g. "layers.3.flat_param"). The tracker
+ * category (what it is for, docs/architecture.md §6) and an owner (who holds it, e.g. "layers.3.flat_param"). The tracker
  * keeps live and peak bytes per category and in total, and writes an `alloc` / `free` event for each, so that
  * sum(alloc) - sum(free) in the trace is exactly the live bytes it reports.
  *

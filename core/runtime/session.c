@@ -23,7 +23,7 @@
  * straight out of the sender's memory (process_vm_readv): one copy, but made in the kernel, so every collective byte
  * is system time — on qwen2-0.5b about 8% of user time in every step. Copy-in/copy-out through the shared-memory
  * FIFO takes two copies, both in user space; measured on 2 ranks the step takes the same time and system time falls
- * to ~0.1% of user time (README, "Side by side with PyTorch FSDP"). Open MPI reads its MCA parameters from the
+ * to ~0.1% of user time (docs/torch_parity.md). Open MPI reads its MCA parameters from the
  * environment in MPI_Init, so setting one here works; one the user set (to compare, e.g. =cma) is kept. */
 static void shared_memory_copies_in_user_space(void) {
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
