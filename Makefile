@@ -216,10 +216,11 @@ $(O)trace/fsdptrace: trace/fsdptrace.c $(O)trace/libfsdptrace.a
 	@mkdir -p $(@D)
 	$(LINK) $< $(O)trace/libfsdptrace.a $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
 
-# A lab also depends on the labs' shared headers (lab/lesson_trainer.h, lab/lesson_layer.h).
-$(O)lab/%: lab/%.c $(LIBS) $(HEADERS) $(wildcard lab/*.h)
+# A lab also depends on the labs' shared headers (lab/trainer.h, lab/lesson_layer.h) and links the labs' trainer.
+$(O)lab/%: lab/%.c $(O)lab/trainer.o $(LIBS) $(HEADERS) $(wildcard lab/*.h)
 	@mkdir -p $(@D)
-	$(LINK) $< $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
+	$(LINK) $< $(O)lab/trainer.o $(LIBS) $(REQUIRED_LDLIBS) $(LDLIBS) -o $@
+$(O)lab/trainer.o: $(wildcard lab/*.h)
 
 $(O)scripts/bench_model: scripts/bench_model.c $(LIBS) $(HEADERS)
 	@mkdir -p $(@D)

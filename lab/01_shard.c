@@ -75,7 +75,8 @@ static void print_my_shard(context *ctx, const flat_param *fp) {
         APPEND(report, "    %-22s elements [%zu, %zu) of %zu%s\n", fp->params[i].name, first, last,
                fp->params[i].numel, last - first < fp->params[i].numel ? "   <- split across ranks" : "");
     }
-    size_t padding_here = end > fp->unpadded_numel ? end - (begin > fp->unpadded_numel ? begin : fp->unpadded_numel) : 0;
+    size_t data_end = begin > fp->unpadded_numel ? begin : fp->unpadded_numel; /* where this rank's padding starts */
+    size_t padding_here = end > fp->unpadded_numel ? end - data_end : 0;
     if (padding_here > 0) APPEND(report, "    %-22s %zu float%s of zeros\n", "(padding)", padding_here,
                                  padding_here == 1 ? "" : "s");
     world_print_ordered(ctx, report);

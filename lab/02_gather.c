@@ -2,14 +2,14 @@
  *
  * What it teaches
  *   Between uses, a rank holds only its shard of a unit (lab 01). To compute with the unit, FSDP all-gathers every
- *   rank's shard into one padded full buffer (`_full_param_padded`, category param_unsharded) and points each
- *   parameter at its slice of it; right after, it frees that buffer again (reshard). So the peak memory of FSDP is
- *   "all shards + one (or two) unsharded units", and every unshard costs an all-gather in which each rank sends its
- *   shard to the N-1 others and receives theirs: (N-1)/N of the unit's bytes each way.
- *   Freed is not returned: like PyTorch's caching allocator, fsdplab's (core/memory/allocator.h) keeps the freed buffer's
- *   segment *reserved*, so `live` (allocated) drops at reshard but `reserved` does not, and the next unshard gets the
- *   very same block back without asking the system for memory: why torch.cuda.memory_reserved() exceeds
- *   memory_allocated(), and why after the first step FSDP costs no more system allocations.
+ *   rank's shard into one padded full buffer (`_full_param_padded`, category param_unsharded) and points each parameter
+ *   at its slice of it; right after, it frees that buffer again (reshard). So the peak memory of FSDP is "all shards +
+ *   one (or two) unsharded units", and every unshard costs an all-gather in which each rank sends its shard to the N-1
+ *   others and receives theirs: (N-1)/N of the unit's bytes each way. Freed is not returned: like PyTorch's caching
+ *   allocator, fsdplab's (core/memory/allocator.h) keeps the freed buffer's segment *reserved*, so `live` (allocated)
+ *   drops at reshard but `reserved` does not, and the next unshard gets the very same block back without asking the
+ *   system for memory: why torch.cuda.memory_reserved() exceeds memory_allocated(), and why after the first step FSDP
+ *   costs no more system allocations.
  *
  * What to run
  *   mpirun -np 2 lab/02_gather         then -np 4: the shard shrinks, the unsharded buffer does not

@@ -216,7 +216,8 @@ int main(int argc, char **argv) {
         printf("\nreduce_scatter sends (N-1)/N and keeps 1/N of the gradient; all_reduce sends 2(N-1)/N and keeps "
                "all of it.\nbytes sent, all_reduce / reduce_scatter = %.2f\n\n",
                (double)all_reduce.bytes_sent / (double)reduce_scatter.bytes_sent);
-        printf("check: grad shard == mean over ranks of their gradients, on its range (max error %.2e, all ranks): %s\n",
+        printf("check: grad shard == mean over ranks of their gradients, on its range (max error %.2e, all ranks): "
+               "%s\n",
                shard_error, mean_ok ? "OK" : "MISMATCH");
         printf("check: grad shard == its slice of the all-reduced gradient (max error %.2e, all ranks): %s\n",
                slice_error, slice_ok ? "OK" : "MISMATCH");

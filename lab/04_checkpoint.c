@@ -14,9 +14,10 @@
  *   env: MODEL, CONFIG, MBS, SEQ, SEED, OUT (default runs/04_checkpoint)
  *
  * What to look at (runs/04_checkpoint/trace.json)
- *   Three steps (a warm-up, then the two compared). In the second the memory counter's activation band climbs through all layers' forwards; in the
- *   third it stays low and a thin checkpoint_input band climbs instead, and on the compute track each layer's
- *   backward is preceded by a "recompute" span, inside the unit's unshard (the all_gather before it).
+ *   Three steps (a warm-up, then the two compared). In the second the memory counter's activation band climbs through
+ *   all layers' forwards; in the third it stays low and a thin checkpoint_input band climbs instead, and on the compute
+ *   track each layer's backward is preceded by a "recompute" span, inside the unit's unshard (the all_gather before
+ *   it).
  *
  * The check (`make check-04`): peak activation memory drops and every gradient is identical, on 2 and 3 ranks.
  */
@@ -94,7 +95,8 @@ static void print_row(const char *label, const run_result *r) {
     char activation[32], kept[32], total[32], reserved[32];
     printf("  %-26s %12s %18s %12s %12s %9.1f ms\n", label,
            mem_format_bytes(r->activation_peak, activation, sizeof activation),
-           mem_format_bytes(r->checkpoint_input_peak, kept, sizeof kept), mem_format_bytes(r->total_peak, total, sizeof total),
+           mem_format_bytes(r->checkpoint_input_peak, kept, sizeof kept),
+           mem_format_bytes(r->total_peak, total, sizeof total),
            mem_format_bytes(r->reserved_peak, reserved, sizeof reserved), r->seconds * 1000.0);
 }
 
@@ -109,7 +111,8 @@ int main(int argc, char **argv) {
 
     qwen2_model model;
     qwen2_init_spec init = {.seed = seed, .std = (float)config.initializer_range};
-    if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
+    if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD,
+                                 &init) != 0)
         world_exit_all(&ctx, 2, "%s", ctx.error);
     const char *data = env_text(&ctx, "DATA");
     char tokenizer_note[1024]; /* TOKENIZER as in lab 05: Qwen2's BPE for qwen2-0.5b's vocabulary, bytes for tiny */
@@ -132,14 +135,16 @@ int main(int argc, char **argv) {
     int smaller = world_all_true(&ctx, with.activation_peak + with.checkpoint_input_peak < without.activation_peak);
 
     if (ctx.rank == 0) {
-        double layer_flops = qwen2_forward_flops(&config, B, T, 1), step_flops = 3.0 * qwen2_forward_flops(&config, B, T, 0);
-        printf("lab 04 — activation checkpointing, %s (%d layers), micro-batch %d x %d per rank, %d ranks\n\n", config.name,
-               config.num_hidden_layers, B, T, ctx.world_size);
+        double layer_flops = qwen2_forward_flops(&config, B, T, 1);
+        double step_flops = 3.0 * qwen2_forward_flops(&config, B, T, 0);
+        printf("lab 04 — activation checkpointing, %s (%d layers), micro-batch %d x %d per rank, %d ranks\n\n",
+               config.name, config.num_hidden_layers, B, T, ctx.world_size);
         printf("  %-26s %12s %18s %12s %12s %12s\n", "rank 0", "activation", "checkpoint_input", "peak",
                "reserved", "time");
         print_row("without checkpointing", &without);
         print_row("with checkpointing", &with);
-        printf("\nactivation memory kept: %.1f%% of what it was; extra forward work: %.2f GFLOP on %.2f GFLOP (+%.0f%%)\n",
+        printf("\nactivation memory kept: %.1f%% of what it was; extra forward work: %.2f GFLOP on %.2f GFLOP "
+               "(+%.0f%%)\n",
                100.0 * (double)(with.activation_peak + with.checkpoint_input_peak) / (double)without.activation_peak,
                layer_flops / 1e9, step_flops / 1e9, 100.0 * layer_flops / step_flops);
         printf("\ncheck: peak activation memory (activation + checkpoint_input) drops, all ranks: %s\n",

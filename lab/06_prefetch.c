@@ -2,9 +2,9 @@
  *
  * What it teaches
  *   In lab 05 every collective blocks: the host waits for each all-gather before a unit computes and for each
- *   reduce-scatter after, so communication adds to the step. FSDP hides it with streams (core/comm/stream.h): collectives
- *   run on an all-gather stream and a reduce-scatter stream while the compute stream works, and the hooks *issue*
- *   a collective early and *wait* for it late. Which all-gather is issued early is FSDP1's prefetch policy:
+ *   reduce-scatter after, so communication adds to the step. FSDP hides it with streams (core/comm/stream.h):
+ *   collectives run on an all-gather stream and a reduce-scatter stream while the compute stream works, and the hooks
+ *   *issue* a collective early and *wait* for it late. Which all-gather is issued early is FSDP1's prefetch policy:
  *     backward_prefetch=None           unit i's all-gather is issued in its own _pre_backward_hook: nothing to hide
  *                                      it under (the reduce-scatters still overlap: they run on their own stream)
  *     backward_prefetch=BACKWARD_PRE   in unit i's _pre_backward_hook, before i computes, issue unit i-1's: it runs
@@ -24,7 +24,7 @@
  *   MODES=none,BACKWARD_PRE mpirun -np 2 ...     some modes (blocking, none, BACKWARD_PRE, BACKWARD_POST, forward,
  *                                                no_limit)
  *   CONFIG=hidden_size=512,num_hidden_layers=8 SEQ=256 mpirun -np 2 lab/06_prefetch    a bigger model: more to hide
- *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT (as lab 05)
+ *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md)
  *
  * What to look at (runs/06_prefetch/trace.json in Perfetto UI; the modes run one after the other, marked)
  *   Per rank three tracks: compute, the all_gather stream and the reduce_scatter stream. In "blocking" they take
@@ -44,16 +44,13 @@
 
 #include "core/runtime/env.h"
 #include "core/runtime/context.h"
-#include "core/data/data.h"
 #include "core/fsdp/fsdp.h"
 #include "core/models/memory_model.h"
-#include "core/fsdp/optim.h"
-#include "core/models/qwen2.h"
 #include "trace/run.h"
 #include "trace/summary.h"
 #include "core/runtime/world.h"
 #include "core/runtime/session.h"
-#include "lesson_trainer.h"
+#include "trainer.h"
 
 typedef struct mode {
     const char *name;
@@ -77,6 +74,44 @@ typedef struct settings {
     int selected[MODE_COUNT];
 } settings;
 
+typedef struct mode_result {
+    double step_seconds;          /* mean over steps 2..STEPS (the first fills the allocator's cache) */
+    double losses[64];
+    uint64_t checksum;
+    uint64_t limiter_waits;
+} mode_result;
+
+static settings read_settings(context *ctx);
+static mode_result run_mode(context *ctx, const settings *s, const mode *m);
+static void print_same_arithmetic(context *ctx, const settings *s, const mode_result *results);
+static int print_table(const char *outdir, const settings *s, const mode_result *results);
+
+int main(int argc, char **argv) {
+    context ctx;
+    session_open(&ctx, &argc, &argv, "06_prefetch", "runs/06_prefetch");
+    settings s = read_settings(&ctx);
+    if (ctx.rank == 0) {
+        printf("Ranks = %d, lab 06: the same %d steps in each mode; the memory model per mode and rank first\n",
+               ctx.world_size, s.steps);
+        fflush(stdout);
+    }
+    /* The same steps in each mode, from the same parameters and batches: only when each collective is issued and
+     * waited for differs. */
+    mode_result results[MODE_COUNT] = {{0}};
+    for (int m = 0; m < MODE_COUNT; m++)
+        if (s.selected[m]) results[m] = run_mode(&ctx, &s, &all_modes[m]);
+    print_same_arithmetic(&ctx, &s, results); /* prefetch changes when, never what */
+
+    /* From the trace, once it is written: per mode the communication hidden under compute, and its memory price. */
+    int rank = ctx.rank;
+    char outdir[sizeof ctx.outdir];
+    snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
+    int status = session_close(&ctx);
+    if (rank == 0 && status == 0 && print_table(outdir, &s, results) != 0) status = 1;
+    return status;
+}
+
+/* MBS, STEPS, SEQ, SEED, and MODES: the modes to run (every one when unset). */
 static settings read_settings(context *ctx) {
     settings s = {
         .micro_batch = (int)env_int(ctx, "MBS", 4, 1, 4096),
@@ -85,12 +120,10 @@ static settings read_settings(context *ctx) {
         .seed = env_seed(ctx),
     };
     const char *modes = env_text(ctx, "MODES");
-    if (modes == NULL || modes[0] == '\0') {
-        for (int m = 0; m < MODE_COUNT; m++) s.selected[m] = 1;
-        return s;
-    }
     char copy[256];
-    snprintf(copy, sizeof copy, "%s", modes);
+    snprintf(copy, sizeof copy, "%s", modes != NULL ? modes : "");
+    if (copy[0] == '\0')
+        for (int m = 0; m < MODE_COUNT; m++) s.selected[m] = 1; /* unset: every mode */
     for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
         int found = -1;
         for (int m = 0; m < MODE_COUNT; m++)
@@ -100,28 +133,12 @@ static settings read_settings(context *ctx) {
                          "forward, no_limit", modes, name);
         s.selected[found] = 1;
     }
+    if (s.steps > 64) world_exit_all(ctx, 2, "STEPS='%d': lab 06 keeps at most 64 steps' losses per mode", s.steps);
     return s;
 }
 
-/* FNV-1a over this rank's parameter shards: equal in every mode, or prefetch changed the arithmetic. */
-static uint64_t shards_checksum(const qwen2_model *model) {
-    uint64_t hash = 14695981039346656037ull;
-    for (int unit = 0; unit < model->unit_count; unit++) {
-        const unsigned char *bytes = (const unsigned char *)model->units[unit].local_shard;
-        for (size_t i = 0; i < model->units[unit].sharded_numel * sizeof(float); i++)
-            hash = (hash ^ bytes[i]) * 1099511628211ull;
-    }
-    return hash;
-}
-
-typedef struct mode_result {
-    double step_seconds;          /* mean over steps 2..STEPS (the first fills the allocator's cache) */
-    double losses[64];
-    uint64_t checksum;
-    uint64_t limiter_waits;
-} mode_result;
-
-/* One mode: a fresh model from SEED, the same batches, STEPS AdamW steps. Prints the memory model's table. */
+/* One mode: a fresh model from SEED, the same batches, STEPS AdamW steps, in a window of the trace. Prints the memory
+ * model's table. */
 static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     mode_result result = {0};
     fsdp_options options = fsdp_default_options();
@@ -129,42 +146,50 @@ static mode_result run_mode(context *ctx, const settings *s, const mode *m) {
     options.backward_prefetch = m->backward_prefetch;
     options.forward_prefetch = m->forward_prefetch;
     options.limit_all_gathers = m->limit_all_gathers;
-    lesson_trainer trainer; /* refuses a run that cannot fit before it allocates (MEMORY_CHECK=0 skips it) */
-    lesson_trainer_open(&trainer, ctx, &options, s->micro_batch, s->seq_len, s->seed, s->steps);
+    trainer t; /* refuses a run that cannot fit before it allocates (MEMORY_CHECK=0 skips it) */
+    trainer_open_mode(&t, ctx, &options, s->micro_batch, s->seq_len, s->seed, s->steps);
 
     char text[128];
     snprintf(text, sizeof text, "lab 06 mode %s", m->name);
-    WORLD_MPI(ctx, MPI_Barrier(ctx->comm)); /* the modes' windows on the timeline do not overlap across ranks */
-    trace_mark(&ctx->trace, text);
-    mem_reset_peak(&ctx->mem);
-    size_t measured_peak[MEM_CATEGORY_COUNT] = {0};
+    trainer_begin_window(ctx, text);
     double timed = 0.0;
     for (int step = 1; step <= s->steps; step++) {
         double start = MPI_Wtime();
-        float loss = lesson_trainer_step(&trainer);
+        float loss = trainer_forward_backward(&t, 0);
+        trainer_optimizer_step(&t);
         double elapsed = MPI_Wtime() - start;
-        WORLD_MPI(ctx, MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, ctx->comm));
+        world_allreduce(ctx, &elapsed, 1, MPI_DOUBLE, MPI_MAX, "the step time");
         if (step > 1) timed += elapsed;
         if (step <= 64) result.losses[step - 1] = loss;
         trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, elapsed);
     }
-    for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
-        measured_peak[category] = ctx->mem.category_peak_bytes[category];
     trace_mark(&ctx->trace, "lab 06 mode end");
     result.step_seconds = timed / (s->steps - 1);
-    result.checksum = shards_checksum(&trainer.model);
-    result.limiter_waits = trainer.runtime.free_event_queue.waits;
+    result.checksum = trainer_shards_checksum(t.model.units, t.model.unit_count);
+    result.limiter_waits = t.runtime.free_event_queue.waits;
 
-    memory_prediction predicted;
-    lesson_trainer_predict(&trainer, &predicted);
-    char report[4096];
-    memory_model_report(&predicted, measured_peak, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, report,
-                        sizeof report);
-    char block[4400];
-    snprintf(block, sizeof block, "rank %d, mode %s: %s", ctx->rank, m->name, report);
-    world_print_ordered(ctx, block);
-    lesson_trainer_close(&trainer); /* every mode starts from an empty cache */
+    snprintf(text, sizeof text, "mode %s", m->name);
+    trainer_print_memory_model(&t, text);
+    trainer_close(&t);
+    trainer_empty_caches(ctx); /* every mode starts from an empty cache */
     return result;
+}
+
+/* Same arithmetic in every mode: losses and parameter bits, per rank (printed for check-06 to compare). */
+static void print_same_arithmetic(context *ctx, const settings *s, const mode_result *results) {
+    char lines[8192];
+    size_t used = 0;
+    for (int m = 0; m < MODE_COUNT && used < sizeof lines; m++) {
+        if (!s->selected[m]) continue;
+        used += (size_t)snprintf(lines + used, sizeof lines - used, "rank %d mode %-14s parameters %016llx losses",
+                                 ctx->rank, all_modes[m].name, (unsigned long long)results[m].checksum);
+        for (int step = 0; step < s->steps && step < 64 && used < sizeof lines; step++)
+            used += (size_t)snprintf(lines + used, sizeof lines - used, " %.9g", results[m].losses[step]);
+        if (used < sizeof lines)
+            used += (size_t)snprintf(lines + used, sizeof lines - used, " limiter_waits %llu\n",
+                                     (unsigned long long)results[m].limiter_waits);
+    }
+    world_print_ordered(ctx, lines);
 }
 
 /* The window's allocated peak (the step events carry the peak since the mode began) and the units unsharded at it:
@@ -215,8 +240,9 @@ static int print_table(const char *outdir, const settings *s, const mode_result 
             const char *text = mark->kind == RUN_MARK ? run_string(&run, mark->label) : "";
             if (strncmp(text, "lab 06 mode ", 12) != 0 || strcmp(text, "lab 06 mode end") == 0) continue;
             size_t end = i + 1;
-            while (end < rank->event_count && !(rank->events[end].kind == RUN_MARK &&
-                                                strcmp(run_string(&run, rank->events[end].label), "lab 06 mode end") == 0))
+            while (end < rank->event_count &&
+                   !(rank->events[end].kind == RUN_MARK &&
+                     strcmp(run_string(&run, rank->events[end].label), "lab 06 mode end") == 0))
                 end++;
             int m = 0;
             while (m < MODE_COUNT && strcmp(all_modes[m].name, text + 12) != 0) m++;
@@ -234,41 +260,5 @@ static int print_table(const char *outdir, const settings *s, const mode_result 
         }
     }
     run_free(&run);
-    return status;
-}
-
-int main(int argc, char **argv) {
-    context ctx;
-    session_open(&ctx, &argc, &argv, "06_prefetch", "runs/06_prefetch");
-    settings s = read_settings(&ctx);
-    if (s.steps > 64) world_exit_all(&ctx, 2, "STEPS='%d': lab 06 keeps at most 64 steps' losses per mode", s.steps);
-    mode_result results[MODE_COUNT] = {{0}};
-    if (ctx.rank == 0) {
-        printf("Ranks = %d, lab 06: the same %d steps in each mode; the memory model per mode and rank first\n",
-               ctx.world_size, s.steps);
-        fflush(stdout);
-    }
-    for (int m = 0; m < MODE_COUNT; m++)
-        if (s.selected[m]) results[m] = run_mode(&ctx, &s, &all_modes[m]);
-
-    /* Same arithmetic in every mode: losses and parameter bits, per rank (printed for check-06 to compare). */
-    char lines[8192];
-    size_t used = 0;
-    for (int m = 0; m < MODE_COUNT && used < sizeof lines; m++) {
-        if (!s.selected[m]) continue;
-        used += (size_t)snprintf(lines + used, sizeof lines - used, "rank %d mode %-14s parameters %016llx losses",
-                                 ctx.rank, all_modes[m].name, (unsigned long long)results[m].checksum);
-        for (int step = 0; step < s.steps && step < 64 && used < sizeof lines; step++)
-            used += (size_t)snprintf(lines + used, sizeof lines - used, " %.9g", results[m].losses[step]);
-        if (used < sizeof lines)
-            used += (size_t)snprintf(lines + used, sizeof lines - used, " limiter_waits %llu\n",
-                                     (unsigned long long)results[m].limiter_waits);
-    }
-    world_print_ordered(&ctx, lines);
-    int rank = ctx.rank;
-    char outdir[sizeof ctx.outdir];
-    snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
-    int status = session_close(&ctx);
-    if (rank == 0 && status == 0 && print_table(outdir, &s, results) != 0) status = 1;
     return status;
 }

@@ -26,7 +26,8 @@
  *   mpirun -np 2 lab/07_mixed_precision              20 steps of the tiny model in float32, then in MP=bf16
  *   MP=bf16,reduce=fp32 mpirun -np 2 lab/07_mixed_precision    gather in bfloat16, reduce in float32
  *   env: MP (bf16, the default; bf16,reduce=fp32; bf16,keep_low_precision_grads=1), MODEL, CONFIG, MBS, SEQ, STEPS,
- *   LR, SEED, THREADS, OUT (as lab 05); COMM_STREAMS, BACKWARD_PREFETCH, FORWARD_PREFETCH (lab 06's; off here)
+ *   LR, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md); COMM_STREAMS, BACKWARD_PREFETCH,
+ *   FORWARD_PREFETCH (lab 06's; off here)
  *
  * What to look at (runs/07_mixed_precision/: trace.json in Perfetto UI, memory.html, summary.txt)
  *   The bytes table: every all_gather moves exactly half the bytes of its float32 twin (2-byte elements); so does
@@ -41,7 +42,7 @@
  *   tests/tolerances.py derives (mixed_precision_loss); step time on CPU is not faster in bfloat16 (the casts cost,
  *   the GEMMs are float32 either way): the win shown here is bytes, not time. On a GPU (make CUDA=1, DEVICE=cuda)
  *   the GEMMs run on bfloat16 tensor cores: on an H200, Qwen2-0.5B's MP=bf16 step took 0.57 s against 0.70 s in
- *   float32 (README, "The GPU").
+ *   float32 (docs/gpu.md).
  *
  * The check (`make check-07`): all-gather bytes exactly half of float32's (and reduce-scatter's with reduce_dtype
  * bfloat16), every event carrying its dtype; param_shard, grad_shard and optim_state peaks unchanged; the memory
@@ -58,15 +59,14 @@
 
 #include "core/runtime/env.h"
 #include "core/runtime/context.h"
-#include "core/data/data.h"
+#include "core/base/dtype.h"
 #include "core/fsdp/fsdp.h"
-#include "core/models/memory_model.h"
-#include "core/fsdp/optim.h"
+#include "core/memory/mem.h"
 #include "core/models/qwen2.h"
 #include "trace/run.h"
 #include "core/runtime/world.h"
 #include "core/runtime/session.h"
-#include "lesson_trainer.h"
+#include "trainer.h"
 
 #define MAX_STEPS 200
 
@@ -78,6 +78,66 @@ typedef struct settings {
     char mp_label[64];
 } settings;
 
+typedef struct run_result {
+    double losses[MAX_STEPS];        /* mean over ranks */
+    double rounding[MAX_STEPS];      /* sum_i |g_i| |w_i - bf16(w_i)| over the master weights (MP run): the loss's
+                                        first-order change from computing on the rounded weights */
+    double step_seconds;             /* mean of steps 2.., slowest rank */
+    size_t peak[MEM_CATEGORY_COUNT]; /* this rank's peak per category */
+    double gradient_l1_difference;   /* step 1: sum_i |g_mp,i - g_fp32,i| over every gradient (MP run) */
+} run_result;
+
+/* The step-1 gradient shards of the float32 run, kept for the MP run to compare against. Plain malloc on purpose:
+ * the lab's ruler, not the thing measured (tracked memory would show up in the MP run's peaks). */
+typedef struct kept_gradients {
+    float **shards;
+    int unit_count;
+} kept_gradients;
+
+static settings read_settings(context *ctx);
+static void save_config(context *ctx, const settings *s);
+static void run(context *ctx, const settings *s, const char *name, const fsdp_options *options, kept_gradients *kept,
+                run_result *result);
+static void free_kept_gradients(kept_gradients *kept);
+static void print_peaks(context *ctx, const settings *s, const run_result *fp32, const run_result *mixed);
+static void print_comparison(context *ctx, const settings *s, const run_result *fp32, const run_result *mixed);
+static int print_bytes(const char *outdir);
+
+int main(int argc, char **argv) {
+    context ctx;
+    session_open(&ctx, &argc, &argv, "07_mixed_precision", "runs/07_mixed_precision");
+    settings s = read_settings(&ctx);
+    save_config(&ctx, &s);
+    if (ctx.rank == 0) {
+        printf("Ranks = %d, lab 07: the same %d steps in float32, then with MP=%s (param_dtype %s, reduce_dtype %s%s); "
+               "the memory model per run and rank first\n", ctx.world_size, s.steps, s.mp_label,
+               dtype_name(s.options.mixed_precision.param_dtype), dtype_name(s.options.mixed_precision.reduce_dtype),
+               s.options.mixed_precision.keep_low_precision_grads ? ", keep_low_precision_grads" : "");
+        fflush(stdout);
+    }
+    /* The same steps twice, from the same parameters and batches: first in float32, then with MixedPrecision. */
+    static run_result fp32, mixed; /* static: MAX_STEPS doubles each, off the stack */
+    kept_gradients kept = {0};     /* the float32 run's step-1 gradients, which the MP run's are measured against */
+    fsdp_options fp32_options = s.options;
+    fp32_options.mixed_precision = (flat_param_mixed_precision){0};
+    run(&ctx, &s, "float32", &fp32_options, &kept, &fp32);
+    char mixed_name[80];
+    snprintf(mixed_name, sizeof mixed_name, "MP=%s", s.mp_label);
+    run(&ctx, &s, mixed_name, &s.options, &kept, &mixed);
+    free_kept_gradients(&kept);
+
+    print_peaks(&ctx, &s, &fp32, &mixed);      /* the float32 master and AdamW did not shrink */
+    print_comparison(&ctx, &s, &fp32, &mixed); /* the losses stay within bfloat16's rounding of float32's */
+    /* From the trace, once it is written: every bfloat16 collective moved half the bytes of its float32 twin. */
+    int rank = ctx.rank;
+    char outdir[sizeof ctx.outdir];
+    snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
+    int status = session_close(&ctx);
+    if (rank == 0 && status == 0 && print_bytes(outdir) != 0) status = 1;
+    return status;
+}
+
+/* MBS, STEPS, SEQ, LR, SEED; MP, the second run's MixedPrecision; lab 06's prefetch settings. */
 static settings read_settings(context *ctx) {
     settings s = {
         .micro_batch = (int)env_int(ctx, "MBS", 4, 1, 4096),
@@ -99,14 +159,15 @@ static settings read_settings(context *ctx) {
     return s;
 }
 
-typedef struct run_result {
-    double losses[MAX_STEPS];        /* mean over ranks */
-    double rounding[MAX_STEPS];      /* sum_i |g_i| |w_i - bf16(w_i)| over the master weights (MP run): the loss's
-                                        first-order change from computing on the rounded weights */
-    double step_seconds;             /* mean of steps 2.., slowest rank */
-    size_t peak[MEM_CATEGORY_COUNT]; /* this rank's peak per category */
-    double gradient_l1_difference;   /* step 1: sum_i |g_mp,i - g_fp32,i| over every gradient (MP run) */
-} run_result;
+/* The model's config.json, written beside the events: the loss bound's shapes (tests/check_lab07.py). */
+static void save_config(context *ctx, const settings *s) {
+    qwen2_config config;
+    qwen2_config_from_env(ctx, &config, s->seq_len);
+    char path[700];
+    snprintf(path, sizeof path, "%s/config.json", ctx->outdir);
+    if (ctx->rank == 0 && qwen2_config_save_json(&config, path, ctx->error, sizeof ctx->error) != 0)
+        world_fatal(ctx, "%s", ctx->error);
+}
 
 /* This rank's share of sum_i |g_i| |w_i - round(w_i)| (padding is zero in both), summed over ranks. */
 static double rounding_sensitivity(context *ctx, const qwen2_model *model, dtype type) {
@@ -123,13 +184,6 @@ static double rounding_sensitivity(context *ctx, const qwen2_model *model, dtype
     world_allreduce(ctx, &sum, 1, MPI_DOUBLE, MPI_SUM, "the rounding sensitivity");
     return sum;
 }
-
-/* The step-1 gradient shards of the float32 run, kept for the MP run to compare against. Plain malloc on purpose:
- * the lab's ruler, not the thing measured (tracked memory would show up in the MP run's peaks). */
-typedef struct kept_gradients {
-    float **shards;
-    int unit_count;
-} kept_gradients;
 
 static void keep_gradients(kept_gradients *kept, const qwen2_model *model) {
     kept->unit_count = model->unit_count;
@@ -154,35 +208,32 @@ static double gradient_difference(context *ctx, const kept_gradients *kept, cons
     return sum;
 }
 
+static void free_kept_gradients(kept_gradients *kept) {
+    for (int unit = 0; unit < kept->unit_count; unit++) free(kept->shards[unit]);
+    free(kept->shards);
+}
+
 /* One run: a fresh model from SEED, the same batches, STEPS AdamW steps, between marks "lab 07 run <name>" and
  * "lab 07 run end". Prints the memory model's table. */
 static void run(context *ctx, const settings *s, const char *name, const fsdp_options *options, kept_gradients *kept,
                 run_result *result) {
-    lesson_trainer training;
-    lesson_trainer_open(&training, ctx, options, s->micro_batch, s->seq_len, s->seed, s->steps);
-    qwen2_model *model = &training.model;
-    adamw_config optimizer = adamw_default_config();
-    optimizer.lr = s->lr;
+    trainer t;
+    trainer_open_mode(&t, ctx, options, s->micro_batch, s->seq_len, s->seed, s->steps);
+    t.optimizer.lr = s->lr;
+    qwen2_model *model = &t.model;
     int mixed = flat_param_mixed_precision_enabled(&options->mixed_precision);
 
     char text[128];
     snprintf(text, sizeof text, "lab 07 run %s", name);
-    WORLD_MPI(ctx, MPI_Barrier(ctx->comm)); /* the runs' windows on the timeline do not overlap across ranks */
-    trace_mark(&ctx->trace, text);
-    mem_reset_peak(&ctx->mem);
+    trainer_begin_window(ctx, text);
     double timed = 0.0;
     for (int step = 1; step <= s->steps; step++) {
         double start = MPI_Wtime();
-        data_next_batch(&training.loader, training.tokens, training.targets);
-        double loss = fsdp_forward_backward(&training.runtime, training.tokens, training.targets, s->micro_batch,
-                                            s->seq_len, FSDP_MICRO_BATCH_LAST);
+        double loss = trainer_forward_backward(&t, 0);
         if (mixed) result->rounding[step - 1] = rounding_sensitivity(ctx, model, options->mixed_precision.param_dtype);
         if (step == 1 && !mixed) keep_gradients(kept, model);
         if (step == 1 && mixed) result->gradient_l1_difference = gradient_difference(ctx, kept, model);
-        for (int unit = 0; unit < model->unit_count; unit++) {
-            adamw_step(&training.states[unit], &model->units[unit], &optimizer);
-            flat_param_zero_grad(&model->units[unit]);
-        }
+        trainer_optimizer_step(&t);
         double elapsed = MPI_Wtime() - start;
         world_allreduce(ctx, &elapsed, 1, MPI_DOUBLE, MPI_MAX, "the step's time");
         trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, elapsed);
@@ -195,16 +246,10 @@ static void run(context *ctx, const settings *s, const char *name, const fsdp_op
     for (int category = 0; category < MEM_CATEGORY_COUNT; category++)
         result->peak[category] = ctx->mem.category_peak_bytes[category];
 
-    memory_prediction predicted;
-    memory_model_predict(&predicted, model, options, ctx->world_size, s->micro_batch, s->seq_len,
-                         training.loader.token_bytes, s->steps);
-    char report[4096], block[4400];
-    memory_model_report(&predicted, result->peak, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes, report,
-                        sizeof report);
-    snprintf(block, sizeof block, "rank %d, run %s: %s", ctx->rank, name, report);
-    world_print_ordered(ctx, block);
-
-    lesson_trainer_close(&training); /* the second run starts from an empty cache, as the first */
+    snprintf(text, sizeof text, "run %s", name);
+    trainer_print_memory_model(&t, text);
+    trainer_close(&t);
+    trainer_empty_caches(ctx); /* the second run starts from an empty cache, as the first */
 }
 
 /* Per rank: each run's peak per category side by side (machine-readable "peak" lines for check-07). */
@@ -219,6 +264,23 @@ static void print_peaks(context *ctx, const settings *s, const run_result *fp32,
                                  fp32->peak[c] ? (double)mixed->peak[c] / (double)fp32->peak[c] : 0.0);
     }
     world_print_ordered(ctx, text);
+}
+
+/* Rank 0: step time, the step-1 gradients' difference and the losses side by side, with the rounding that bounds
+ * their difference (machine-readable "loss" lines for check-07). */
+static void print_comparison(context *ctx, const settings *s, const run_result *fp32, const run_result *mixed) {
+    if (ctx->rank != 0) return;
+    printf("\nstep time (mean of steps 2..%d, slowest rank): float32 %.2f ms, MP=%s %.2f ms (%.2fx)\n", s->steps,
+           fp32->step_seconds * 1e3, s->mp_label, mixed->step_seconds * 1e3,
+           fp32->step_seconds > 0 ? mixed->step_seconds / fp32->step_seconds : 0.0);
+    printf("step-1 gradients: sum |g_MP - g_float32| = %.9g (lr %g, %d target tokens per step, seq %d)\n",
+           mixed->gradient_l1_difference, s->lr, s->micro_batch * s->seq_len * ctx->world_size, s->seq_len);
+    printf("losses side by side (mean over ranks); rounding: sum |g| |w - bf16(w)| at that step:\n"
+           "  %4s %12s %12s %12s %12s\n", "step", "float32", "MP", "difference", "rounding");
+    for (int step = 0; step < s->steps; step++)
+        printf("  loss %4d %12.7f %12.7f %+12.3e %12.4e\n", step + 1, fp32->losses[step], mixed->losses[step],
+               mixed->losses[step] - fp32->losses[step], mixed->rounding[step]);
+    fflush(stdout);
 }
 
 /* After the run, from the events: per rank and run, what each kind of collective moved (dtype from bytes / count). */
@@ -266,53 +328,4 @@ static int print_bytes(const char *outdir) {
     }
     run_free(&trace);
     return 0;
-}
-
-int main(int argc, char **argv) {
-    context ctx;
-    session_open(&ctx, &argc, &argv, "07_mixed_precision", "runs/07_mixed_precision");
-    settings s = read_settings(&ctx);
-    fsdp_options fp32_options = s.options;
-    fp32_options.mixed_precision = (flat_param_mixed_precision){0};
-    qwen2_config config; /* written beside the events: the loss bound's shapes (tests/check_lab07.py) */
-    qwen2_config_from_env(&ctx, &config, s.seq_len);
-    char path[700];
-    snprintf(path, sizeof path, "%s/config.json", ctx.outdir);
-    if (ctx.rank == 0 && qwen2_config_save_json(&config, path, ctx.error, sizeof ctx.error) != 0)
-        world_fatal(&ctx, "%s", ctx.error);
-    if (ctx.rank == 0) {
-        printf("Ranks = %d, lab 07: the same %d steps in float32, then with MP=%s (param_dtype %s, reduce_dtype %s%s); "
-               "the memory model per run and rank first\n", ctx.world_size, s.steps, s.mp_label,
-               dtype_name(s.options.mixed_precision.param_dtype), dtype_name(s.options.mixed_precision.reduce_dtype),
-               s.options.mixed_precision.keep_low_precision_grads ? ", keep_low_precision_grads" : "");
-        fflush(stdout);
-    }
-    static run_result fp32, mixed; /* static: MAX_STEPS doubles each, off the stack */
-    kept_gradients kept = {0};
-    run(&ctx, &s, "float32", &fp32_options, &kept, &fp32);
-    char mixed_name[80];
-    snprintf(mixed_name, sizeof mixed_name, "MP=%s", s.mp_label);
-    run(&ctx, &s, mixed_name, &s.options, &kept, &mixed);
-    for (int unit = 0; unit < kept.unit_count; unit++) free(kept.shards[unit]);
-    free(kept.shards);
-    print_peaks(&ctx, &s, &fp32, &mixed);
-    if (ctx.rank == 0) {
-        printf("\nstep time (mean of steps 2..%d, slowest rank): float32 %.2f ms, MP=%s %.2f ms (%.2fx)\n", s.steps,
-               fp32.step_seconds * 1e3, s.mp_label, mixed.step_seconds * 1e3,
-               fp32.step_seconds > 0 ? mixed.step_seconds / fp32.step_seconds : 0.0);
-        printf("step-1 gradients: sum |g_MP - g_float32| = %.9g (lr %g, %d target tokens per step, seq %d)\n",
-               mixed.gradient_l1_difference, s.lr, s.micro_batch * s.seq_len * ctx.world_size, s.seq_len);
-        printf("losses side by side (mean over ranks); rounding: sum |g| |w - bf16(w)| at that step:\n"
-               "  %4s %12s %12s %12s %12s\n", "step", "float32", "MP", "difference", "rounding");
-        for (int step = 0; step < s.steps; step++)
-            printf("  loss %4d %12.7f %12.7f %+12.3e %12.4e\n", step + 1, fp32.losses[step], mixed.losses[step],
-                   mixed.losses[step] - fp32.losses[step], mixed.rounding[step]);
-        fflush(stdout);
-    }
-    int rank = ctx.rank;
-    char outdir[sizeof ctx.outdir];
-    snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
-    int status = session_close(&ctx);
-    if (rank == 0 && status == 0 && print_bytes(outdir) != 0) status = 1;
-    return status;
 }

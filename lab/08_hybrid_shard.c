@@ -2,10 +2,10 @@
  *
  * What it teaches
  *   FULL_SHARD spreads every unit over all W ranks: the least memory (shards of 1/W), but every all-gather and
- *   reduce-scatter is a ring through all of them, and on a cluster that ring crosses the links between nodes,
- *   which are several times slower than those inside one. HYBRID_SHARD (torch's ShardingStrategy.HYBRID_SHARD) lays
- *   the ranks out as a mesh (core/comm/group.h): shard groups of S ranks (a node), R = W / S of them, and replicate groups
- *   of the R ranks that hold the same shard, one per node.
+ *   reduce-scatter is a ring through all of them, and on a cluster that ring crosses the links between nodes, which are
+ *   several times slower than those inside one. HYBRID_SHARD (torch's ShardingStrategy.HYBRID_SHARD) lays the ranks out
+ *   as a mesh (core/comm/group.h): shard groups of S ranks (a node), R = W / S of them, and replicate groups of the R
+ *   ranks that hold the same shard, one per node.
  *     inside a shard group   FULL_SHARD as in lab 05: all-gather before forward and backward, reduce-scatter after
  *                            backward, shards of 1/S (S/W times FULL_SHARD's memory for parameters, gradients and
  *                            AdamW's moments)
@@ -23,8 +23,9 @@
  *                                                     machine really has several nodes; --oversubscribe on a laptop)
  *   SHARD_GROUP=1 mpirun -np 4 lab/08_hybrid_shard    shard groups of 1: HYBRID_SHARD becomes DDP (NO_SHARD)
  *   SHARD_GROUP=4 mpirun -np 4 lab/08_hybrid_shard    one shard group: HYBRID_SHARD is FULL_SHARD, nothing crosses
- *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT (as lab 05); SHARD_GROUP (ranks per shard group, a
- *   divisor of the world size; default the ranks per node, or half the ranks when all share one node)
+ *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md);
+ *   SHARD_GROUP (ranks per shard group, a divisor of the world size; default the ranks per node, or half the ranks
+ *   when all share one node)
  *
  * What to look at (runs/08_hybrid_shard/trace.json in Perfetto UI; the modes run one after the other, marked)
  *   In HYBRID_SHARD the collectives are named by group: "all_gather (shard)" and "reduce_scatter (shard)" with flow
@@ -43,11 +44,14 @@
 
 #include "core/runtime/env.h"
 #include "core/runtime/context.h"
+#include "core/fsdp/fsdp.h"
 #include "core/comm/group.h"
+#include "core/memory/mem.h"
+#include "core/models/memory_model.h"
 #include "trace/run.h"
 #include "core/runtime/world.h"
 #include "core/runtime/session.h"
-#include "lesson_trainer.h"
+#include "trainer.h"
 
 static const fsdp_strategy modes[] = {FSDP_FULL_SHARD, FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2, FSDP_NO_SHARD};
 enum { MODE_COUNT = sizeof modes / sizeof modes[0], MAX_STEPS = 64 };
@@ -56,6 +60,51 @@ typedef struct settings {
     int micro_batch, steps, seq_len, shard_group;
     uint64_t seed;
 } settings;
+
+typedef struct mode_result {
+    double losses[MAX_STEPS];     /* mean over ranks */
+    size_t measured[MEM_CATEGORY_COUNT];
+    size_t predicted[MEM_CATEGORY_COUNT];
+    size_t peak;
+} mode_result;
+
+static settings read_settings(context *ctx);
+static void print_mesh(context *ctx, const settings *s, const group_mesh *mesh);
+static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strategy, group_mesh *mesh);
+static void print_losses(context *ctx, const settings *s, const mode_result *results);
+static void print_memory(context *ctx, const mode_result *results);
+static int print_traffic(const char *outdir, const settings *s);
+
+int main(int argc, char **argv) {
+    context ctx;
+    session_open(&ctx, &argc, &argv, "08_hybrid_shard", "runs/08_hybrid_shard");
+    world_require_size(&ctx, 2, 1024);
+    settings s = read_settings(&ctx);
+    group_mesh mesh; /* shard groups of SHARD_GROUP ranks (a node) x replicate groups (the ranks of one shard) */
+    if (group_mesh_init(&mesh, &ctx, s.shard_group) != 0) world_exit_all(&ctx, 2, "SHARD_GROUP: %s", ctx.error);
+    print_mesh(&ctx, &s, &mesh);
+
+    /* The same steps under each strategy, from the same parameters and batches. */
+    mode_result results[MODE_COUNT];
+    for (int m = 0; m < MODE_COUNT; m++) results[m] = run_mode(&ctx, &s, modes[m], &mesh);
+    print_losses(&ctx, &s, results); /* the same training in every mode */
+    print_memory(&ctx, results);     /* what each rank keeps: shards of 1/S instead of 1/W */
+    group_mesh_free(&mesh);
+
+    /* From the trace, once it is written: what each rank sent inside its node and across nodes. */
+    int rank = ctx.rank, world_size = ctx.world_size;
+    char outdir[sizeof ctx.outdir];
+    snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
+    int status = session_close(&ctx);
+    if (rank == 0 && status == 0) {
+        if (print_traffic(outdir, &s) != 0) status = 1;
+        printf("\nthe lesson: HYBRID_SHARD keeps shards of 1/%d of each unit instead of FULL_SHARD's 1/%d (the "
+               "'sharded' column), and in exchange only the all-reduce of the gradient shard crosses between nodes "
+               "(the 'across nodes' column); NO_SHARD keeps everything and sends every gradient across.\n",
+               s.shard_group, world_size);
+    }
+    return status;
+}
 
 /* SHARD_GROUP's default here: the ranks per node when there are several nodes, else half the ranks (the largest
  * proper divisor of the world size), so one machine shows two pretend nodes. Collective. */
@@ -67,6 +116,7 @@ static int default_shard_group(context *ctx) {
     return 1;
 }
 
+/* MBS, STEPS, SEQ, SEED, and SHARD_GROUP (its default: default_shard_group). */
 static settings read_settings(context *ctx) {
     settings s = {
         .micro_batch = (int)env_int(ctx, "MBS", 2, 1, 4096),
@@ -78,12 +128,21 @@ static settings read_settings(context *ctx) {
     return s;
 }
 
-typedef struct mode_result {
-    double losses[MAX_STEPS];     /* mean over ranks */
-    size_t measured[MEM_CATEGORY_COUNT];
-    size_t predicted[MEM_CATEGORY_COUNT];
-    size_t peak;
-} mode_result;
+/* The mesh: rank 0 says its shape, then every rank its shard group and replicate group, in rank order. */
+static void print_mesh(context *ctx, const settings *s, const group_mesh *mesh) {
+    if (ctx->rank == 0) {
+        printf("Ranks = %d as %d shard groups of %d (HYBRID_SHARD's mesh: replicate x shard = %d x %d), %d steps per "
+               "mode, micro-batch %d x %d tokens per rank\n", ctx->world_size, mesh->replicate_size, mesh->shard_size,
+               mesh->replicate_size, mesh->shard_size, s->steps, s->micro_batch, s->seq_len);
+        fflush(stdout);
+    }
+    char groups[256];
+    snprintf(groups, sizeof groups, "rank %d: shard group %d (ranks %s), ", ctx->rank, mesh->shard.index,
+             group_ranks_text(&mesh->shard, (char[96]){0}, 96));
+    snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "replicate group %d (ranks %s)\n",
+             mesh->replicate.index, group_ranks_text(&mesh->replicate, (char[96]){0}, 96));
+    world_print_ordered(ctx, groups);
+}
 
 /* One mode: a fresh model from SEED, the same batches, STEPS AdamW steps, between two marks in the trace. */
 static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strategy, group_mesh *mesh) {
@@ -92,17 +151,16 @@ static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strat
     ctx->mesh = fsdp_strategy_is_hybrid(strategy) ? mesh : NULL; /* the units are sharded over its shard group */
     fsdp_options options = fsdp_default_options(); /* torch's: comm streams, BACKWARD_PRE, limit_all_gathers */
     options.strategy = strategy;
-    lesson_trainer trainer;
-    lesson_trainer_open(&trainer, ctx, &options, s->micro_batch, s->seq_len, s->seed, s->steps);
+    trainer t;
+    trainer_open_mode(&t, ctx, &options, s->micro_batch, s->seq_len, s->seed, s->steps);
 
     char text[128];
     snprintf(text, sizeof text, "lab 08 mode %s", fsdp_strategy_name(strategy));
-    WORLD_MPI(ctx, MPI_Barrier(ctx->comm)); /* the modes' windows on the timeline do not overlap across ranks */
-    trace_mark(&ctx->trace, text);
-    mem_reset_peak(&ctx->mem);
+    trainer_begin_window(ctx, text);
     for (int step = 1; step <= s->steps; step++) {
         double start = MPI_Wtime();
-        double loss = lesson_trainer_step(&trainer);
+        double loss = trainer_forward_backward(&t, 0);
+        trainer_optimizer_step(&t);
         trace_step(&ctx->trace, step, -1, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes,
                    MPI_Wtime() - start);
         world_allreduce(ctx, &loss, 1, MPI_DOUBLE, MPI_SUM, "the step's loss");
@@ -113,11 +171,24 @@ static mode_result run_mode(context *ctx, const settings *s, fsdp_strategy strat
         result.measured[category] = ctx->mem.category_peak_bytes[category];
     result.peak = ctx->mem.peak_bytes;
     memory_prediction predicted;
-    lesson_trainer_predict(&trainer, &predicted);
+    trainer_predict_memory(&t, &predicted);
     memcpy(result.predicted, predicted.category_peak, sizeof result.predicted);
-    lesson_trainer_close(&trainer);
+    trainer_close(&t);
+    trainer_empty_caches(ctx); /* every mode starts from an empty cache */
     ctx->mesh = NULL;
     return result;
+}
+
+/* Rank 0: each mode's losses, step by step (mean over ranks). */
+static void print_losses(context *ctx, const settings *s, const mode_result *results) {
+    if (ctx->rank != 0) return;
+    printf("\nloss per step (mean over ranks; the same training in every mode, up to float rounding):\n");
+    for (int m = 0; m < MODE_COUNT; m++) {
+        printf("  %-20s", fsdp_strategy_name(modes[m]));
+        for (int step = 0; step < s->steps; step++) printf(" %.6f", results[m].losses[step]);
+        printf("\n");
+    }
+    fflush(stdout);
 }
 
 /* Memory per rank: the sharded state (parameters, gradients, AdamW's moments), the unsharded buffers, the peak, and
@@ -214,52 +285,4 @@ static int print_traffic(const char *outdir, const settings *s) {
                most_across[m] / 1e6);
     run_free(&run);
     return 0;
-}
-
-int main(int argc, char **argv) {
-    context ctx;
-    session_open(&ctx, &argc, &argv, "08_hybrid_shard", "runs/08_hybrid_shard");
-    world_require_size(&ctx, 2, 1024);
-    settings s = read_settings(&ctx);
-    group_mesh mesh;
-    if (group_mesh_init(&mesh, &ctx, s.shard_group) != 0) world_exit_all(&ctx, 2, "SHARD_GROUP: %s", ctx.error);
-    if (ctx.rank == 0) {
-        printf("Ranks = %d as %d shard groups of %d (HYBRID_SHARD's mesh: replicate x shard = %d x %d), %d steps per "
-               "mode, micro-batch %d x %d tokens per rank\n", ctx.world_size, mesh.replicate_size, mesh.shard_size,
-               mesh.replicate_size, mesh.shard_size, s.steps, s.micro_batch, s.seq_len);
-        fflush(stdout);
-    }
-    char groups[256];
-    snprintf(groups, sizeof groups, "rank %d: shard group %d (ranks %s), ", ctx.rank, mesh.shard.index,
-             group_ranks_text(&mesh.shard, (char[96]){0}, 96));
-    snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "replicate group %d (ranks %s)\n",
-             mesh.replicate.index, group_ranks_text(&mesh.replicate, (char[96]){0}, 96));
-    world_print_ordered(&ctx, groups);
-
-    mode_result results[MODE_COUNT];
-    for (int m = 0; m < MODE_COUNT; m++) results[m] = run_mode(&ctx, &s, modes[m], &mesh);
-
-    if (ctx.rank == 0) {
-        printf("\nloss per step (mean over ranks; the same training in every mode, up to float rounding):\n");
-        for (int m = 0; m < MODE_COUNT; m++) {
-            printf("  %-20s", fsdp_strategy_name(modes[m]));
-            for (int step = 0; step < s.steps; step++) printf(" %.6f", results[m].losses[step]);
-            printf("\n");
-        }
-        fflush(stdout);
-    }
-    print_memory(&ctx, results);
-    group_mesh_free(&mesh);
-    int rank = ctx.rank, world_size = ctx.world_size;
-    char outdir[sizeof ctx.outdir];
-    snprintf(outdir, sizeof outdir, "%s", ctx.outdir);
-    int status = session_close(&ctx);
-    if (rank == 0 && status == 0) {
-        if (print_traffic(outdir, &s) != 0) status = 1;
-        printf("\nthe lesson: HYBRID_SHARD keeps shards of 1/%d of each unit instead of FULL_SHARD's 1/%d (the "
-               "'sharded' column), and in exchange only the all-reduce of the gradient shard crosses between nodes "
-               "(the 'across nodes' column); NO_SHARD keeps everything and sends every gradient across.\n",
-               s.shard_group, world_size);
-    }
-    return status;
 }

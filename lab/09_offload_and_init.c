@@ -10,9 +10,9 @@
  *        AdamW steps on the host, where the shard, its gradient and its moments are.
  *      The device pool is left with the unsharded units in flight, their gradients, one gradient shard (the
  *      reduce-scatter's output until its copy) and the activations. On this CPU build the "device" is a caching
- *      allocator of its own beside the host's (core/memory/mem.h), with its own budget (DEVICE_MEMORY_MB), so the lesson
- *      runs on a laptop; on a GPU the same copies cross PCIe, and their time is the price.
- *      A copy is exact: the losses and the parameters are the same with and without offload, bit for bit.
+ *      allocator of its own beside the host's (core/memory/mem.h), with its own budget (DEVICE_MEMORY_MB), so the
+ *      lesson runs on a laptop; on a GPU the same copies cross PCIe, and their time is the price. A copy is exact: the
+ *      losses and the parameters are the same with and without offload, bit for bit.
  *   2. Deferred initialisation. torch without the meta device builds the whole model on every rank and then shards
  *      it: every rank's peak holds the whole model. fsdplab's initialisation draws each value from a counter-based
  *      RNG keyed by (seed, parameter name, index) (core/base/rng.h), so a rank can make its own shard and nothing else:
@@ -21,13 +21,13 @@
  *
  * What to run
  *   mpirun -np 2 lab/09_offload_and_init                  tiny without and with offload, then both inits of tiny
- *                                                         and qwen2-0.5b (about 2 GB per rank for qwen2's naive one)
- *   INIT_MODELS=tiny mpirun -np 2 lab/09_offload_and_init  the initialisation lesson on tiny alone (no 2 GB)
+ *                                                         and qwen2-0.5b (about 3 GB per rank for qwen2's naive one)
+ *   INIT_MODELS=tiny mpirun -np 2 lab/09_offload_and_init  the initialisation lesson on tiny alone (no 3 GB)
  *   OFFLOAD=1 mpirun -np 2 lab/05_full_step               lab 05 offloaded; its report gets a host pool table
  *   DEVICE_MEMORY_MB=40 mpirun -np 2 lab/05_full_step     a device of 40 MiB: out of memory, naming the budget...
  *   DEVICE_MEMORY_MB=40 OFFLOAD=1 mpirun -np 2 lab/05_full_step     ...and with offload it fits
- *   env: MODEL, CONFIG, MBS, ACC, SEQ, STEPS, SEED, THREADS, OUT (as lab 05); INIT_MODELS (comma-separated presets,
- *   default tiny,qwen2-0.5b; "none" skips the initialisation lesson)
+ *   env: MODEL, CONFIG, MBS, ACC, SEQ, STEPS, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md);
+ *   INIT_MODELS (comma-separated presets, default tiny,qwen2-0.5b; "none" skips the initialisation lesson)
  *
  * What to look at (runs/09_offload_and_init/trace.json in Perfetto UI; the two runs one after the other, marked)
  *   In the offloaded run, on the compute track: an "h2d <unit>._local_shard" slice right before each all-gather is
@@ -50,14 +50,16 @@
 
 #include "core/runtime/env.h"
 #include "core/runtime/context.h"
-#include "core/data/data.h"
+#include "core/fsdp/flat_param.h"
 #include "core/fsdp/fsdp.h"
+#include "core/memory/mem.h"
 #include "core/models/memory_model.h"
+#include "core/fsdp/module.h"
 #include "core/runtime/offload.h"
-#include "core/fsdp/optim.h"
 #include "core/models/qwen2.h"
 #include "core/runtime/world.h"
 #include "core/runtime/session.h"
+#include "trainer.h"
 
 enum { MAX_STEPS = 32, MAX_INIT_MODELS = 4 };
 
@@ -67,6 +69,62 @@ typedef struct settings {
     const char *init_models;
 } settings;
 
+typedef struct pool_peaks {
+    size_t category[MEM_CATEGORY_COUNT], total, reserved;
+} pool_peaks;
+
+typedef struct run_result {
+    double losses[MAX_STEPS];
+    uint64_t checksum;
+    pool_peaks device, host;
+    memory_prediction predicted;
+    uint64_t copies[2], copy_bytes[2]; /* during the steps, per direction */
+    double copy_us[2];
+} run_result;
+
+typedef struct init_result {
+    size_t peak, shard_bytes, model_bytes, workspace_peak;
+    double seconds;
+    uint64_t checksum;
+} init_result;
+
+static settings read_settings(context *ctx);
+static run_result run_training(context *ctx, const settings *s, int offload);
+static void print_memory_tables(context *ctx, const run_result *r, int offload);
+static int print_same_arithmetic(context *ctx, const settings *s, const run_result *plain,
+                                 const run_result *offloaded);
+static void print_offload_lesson(context *ctx, const settings *s, const run_result *plain,
+                                 const run_result *offloaded);
+static int run_init_lessons(context *ctx, const settings *s);
+
+int main(int argc, char **argv) {
+    context ctx;
+    session_open(&ctx, &argc, &argv, "09_offload_and_init", "runs/09_offload_and_init");
+    settings s = read_settings(&ctx);
+    if (ctx.rank == 0) {
+        printf("Ranks = %d, lab 09: the same %d steps (ACC %d) without and with CPU offload; the memory model per pool "
+               "and rank first\n", ctx.world_size, s.steps, s.accumulation);
+        fflush(stdout);
+    }
+    /* 1. CPU offload: the same steps without and with it, from the same parameters and batches. */
+    run_result plain = run_training(&ctx, &s, 0);
+    print_memory_tables(&ctx, &plain, 0);
+    run_result offloaded = run_training(&ctx, &s, 1);
+    print_memory_tables(&ctx, &offloaded, 1);
+    int same = print_same_arithmetic(&ctx, &s, &plain, &offloaded);
+    print_offload_lesson(&ctx, &s, &plain, &offloaded); /* what lives where, what moves, what it costs */
+    int status = world_all_true(&ctx, same) ? 0 : 1;
+    if (ctx.rank == 0)
+        printf("losses and parameters with and without offload: %s\n",
+               status == 0 ? "the same, bit for bit" : "DIFFERENT (a copy lost or changed bytes)");
+
+    /* 2. Deferred initialisation: each model built both ways, its peak and its shards compared. */
+    if (run_init_lessons(&ctx, &s) != 0) status = 1;
+    int finished = session_close(&ctx);
+    return status != 0 ? status : finished;
+}
+
+/* MBS, ACC, STEPS, SEQ, SEED, and INIT_MODELS (the presets of the initialisation lesson). */
 static settings read_settings(context *ctx) {
     settings s = {
         .micro_batch = (int)env_int(ctx, "MBS", 4, 1, 4096),
@@ -92,30 +150,6 @@ static settings read_settings(context *ctx) {
     return s;
 }
 
-/* FNV-1a over this rank's parameter shards: equal with and without offload, or a copy changed a value. */
-static uint64_t shards_checksum(const flat_param *units, int unit_count) {
-    uint64_t hash = 14695981039346656037ull;
-    for (int unit = 0; unit < unit_count; unit++) {
-        const unsigned char *bytes = (const unsigned char *)units[unit].local_shard;
-        for (size_t i = 0; i < units[unit].sharded_numel * sizeof(float); i++)
-            hash = (hash ^ bytes[i]) * 1099511628211ull;
-    }
-    return hash;
-}
-
-typedef struct pool_peaks {
-    size_t category[MEM_CATEGORY_COUNT], total, reserved;
-} pool_peaks;
-
-typedef struct run_result {
-    double losses[MAX_STEPS];
-    uint64_t checksum;
-    pool_peaks device, host;
-    memory_prediction predicted;
-    uint64_t copies[2], copy_bytes[2]; /* during the steps, per direction */
-    double copy_us[2];
-} run_result;
-
 static pool_peaks peaks_of(const mem_tracker *pool) {
     pool_peaks peaks = {.total = pool->peak_bytes, .reserved = pool->peak_reserved_bytes};
     memcpy(peaks.category, pool->category_peak_bytes, sizeof peaks.category);
@@ -126,57 +160,23 @@ static pool_peaks peaks_of(const mem_tracker *pool) {
  * options (comm streams, BACKWARD_PRE), with or without offload. */
 static run_result run_training(context *ctx, const settings *s, int offload) {
     run_result result = {0};
-    qwen2_config config;
-    qwen2_config_from_env(ctx, &config, s->seq_len);
     fsdp_options options = fsdp_default_options();
     options.accumulation_steps = s->accumulation;
     options.offload_params = offload;
-    memory_prediction prediction;
-    if (memory_model_predict_config(&prediction, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, &options,
-                                    s->micro_batch, s->seq_len, 0, s->steps * s->accumulation) != 0)
-        world_exit_all(ctx, 2, "%s", ctx->error);
-    memory_model_require_fit(ctx, &prediction);
-    qwen2_model model;
-    qwen2_init_spec init = {.seed = s->seed, .std = (float)config.initializer_range};
-    if (qwen2_model_init_wrapped(&model, ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
-                                 FSDP_FULL_SHARD, &init) != 0)
-        world_exit_all(ctx, 2, "%s", ctx->error);
-    module view;
-    qwen2_as_module(&model, &view);
-    fsdp_runtime runtime;
-    if (fsdp_runtime_init(&runtime, ctx, &view, &options) != 0) world_exit_all(ctx, 2, "%s", ctx->error);
-    adamw_config optimizer = adamw_default_config();
-    adamw_state *states = calloc((size_t)model.unit_count, sizeof *states);
-    if (states == NULL) world_fatal(ctx, "out of memory");
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_init(&states[unit]);
-    data_loader loader;
-    if (data_loader_open(&loader, ctx, NULL, config.vocab_size, s->micro_batch, s->seq_len, s->seed, 1) != 0)
-        world_exit_all(ctx, 2, "%s", ctx->error);
-    size_t batch = (size_t)s->micro_batch * (size_t)s->seq_len;
-    int *tokens = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.tokens_host");
-    int *targets = mem_alloc(offload_data_pool(ctx), batch * sizeof(int), MEM_DATA, "batch.targets_host");
+    trainer t;
+    trainer_open_mode(&t, ctx, &options, s->micro_batch, s->seq_len, s->seed, s->steps);
 
     /* The window the check reads: after the runtime moved the shards to the host (a one-time d2h per unit), before
      * the first step. */
-    WORLD_MPI(ctx, MPI_Barrier(ctx->comm));
-    trace_mark(&ctx->trace, offload ? "lab 09 offload=1" : "lab 09 offload=0");
+    trainer_begin_window(ctx, offload ? "lab 09 offload=1" : "lab 09 offload=0");
     uint64_t copies_before[2] = {ctx->copies[0], ctx->copies[1]};
     uint64_t bytes_before[2] = {ctx->copy_bytes[0], ctx->copy_bytes[1]};
     double us_before[2] = {ctx->copy_us[0], ctx->copy_us[1]};
-    mem_reset_peak(&ctx->mem);
     if (offload) mem_reset_peak(offload_host_pool(ctx));
     for (int step = 1; step <= s->steps; step++) {
         double start = MPI_Wtime(), loss_sum = 0.0;
-        for (int micro = 0; micro < s->accumulation; micro++) {
-            data_next_batch(&loader, tokens, targets);
-            loss_sum += fsdp_forward_backward(&runtime, tokens, targets, s->micro_batch, s->seq_len,
-                                              micro == s->accumulation - 1 ? FSDP_MICRO_BATCH_LAST
-                                                                           : FSDP_MICRO_BATCH_ACCUMULATE);
-        }
-        for (int unit = 0; unit < model.unit_count; unit++) {
-            adamw_step(&states[unit], &model.units[unit], &optimizer);
-            flat_param_zero_grad(&model.units[unit]);
-        }
+        for (int micro = 0; micro < s->accumulation; micro++) loss_sum += trainer_forward_backward(&t, micro);
+        trainer_optimizer_step(&t);
         result.losses[step - 1] = loss_sum / s->accumulation;
         trace_step(&ctx->trace, step, -1, result.losses[step - 1], ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes,
                    MPI_Wtime() - start);
@@ -189,19 +189,10 @@ static run_result run_training(context *ctx, const settings *s, int offload) {
     }
     result.device = peaks_of(&ctx->mem);
     if (offload) result.host = peaks_of(&ctx->host_mem);
-    result.checksum = shards_checksum(model.units, model.unit_count);
-    memory_model_predict(&result.predicted, &model, &options, ctx->world_size, s->micro_batch, s->seq_len,
-                         loader.token_bytes, s->steps * s->accumulation);
-
-    mem_free(offload_data_pool(ctx), tokens);
-    mem_free(offload_data_pool(ctx), targets);
-    data_loader_close(&loader);
-    for (int unit = 0; unit < model.unit_count; unit++) adamw_free(&states[unit]);
-    free(states);
-    fsdp_runtime_free(&runtime);
-    qwen2_model_free(&model);
-    mem_empty_cache(&ctx->mem); /* the second run starts from an empty cache */
-    if (ctx->host_mem_ready) mem_empty_cache(&ctx->host_mem);
+    result.checksum = trainer_shards_checksum(t.model.units, t.model.unit_count);
+    trainer_predict_memory(&t, &result.predicted);
+    trainer_close(&t);
+    trainer_empty_caches(ctx); /* the second run starts from an empty cache */
     return result;
 }
 
@@ -219,8 +210,31 @@ static void print_memory_tables(context *ctx, const run_result *r, int offload) 
     world_print_ordered(ctx, block);
 }
 
+/* Offload moves bytes, never changes them: losses and parameter bits per rank (check-09 compares the lines).
+ * Returns whether this rank's are the same with and without offload. */
+static int print_same_arithmetic(context *ctx, const settings *s, const run_result *plain,
+                                 const run_result *offloaded) {
+    char lines[4096];
+    int used = 0, same = plain->checksum == offloaded->checksum;
+    for (int run = 0; run < 2; run++) {
+        const run_result *r = run ? offloaded : plain;
+        used += snprintf(lines + used, sizeof lines - (size_t)used, "rank %d offload %d parameters %016llx losses",
+                         ctx->rank, run, (unsigned long long)r->checksum);
+        for (int step = 0; step < s->steps; step++) {
+            used += snprintf(lines + used, sizeof lines - (size_t)used, " %.9g", r->losses[step]);
+            same = same && plain->losses[step] == offloaded->losses[step];
+        }
+        used += snprintf(lines + used, sizeof lines - (size_t)used, " copies h2d %llu %llu d2h %llu %llu\n",
+                         (unsigned long long)r->copies[0], (unsigned long long)r->copy_bytes[0],
+                         (unsigned long long)r->copies[1], (unsigned long long)r->copy_bytes[1]);
+    }
+    world_print_ordered(ctx, lines);
+    return same;
+}
+
 /* The lesson's tables, rank 0's figures: what lives where, what moves, what it costs. */
-static void print_offload_lesson(context *ctx, const settings *s, const run_result *plain, const run_result *offloaded) {
+static void print_offload_lesson(context *ctx, const settings *s, const run_result *plain,
+                                 const run_result *offloaded) {
     if (ctx->rank != 0) return;
     char a[32], b[32], c[32];
     printf("\nwhat lives where (rank 0, each category at its peak during the steps):\n");
@@ -235,7 +249,8 @@ static void print_offload_lesson(context *ctx, const settings *s, const run_resu
                mem_format_bytes(offloaded->host.category[category], c, sizeof c));
     }
     printf("  %-17s %16s   %16s %16s\n", "peak (allocated)", mem_format_bytes(plain->device.total, a, sizeof a),
-           mem_format_bytes(offloaded->device.total, b, sizeof b), mem_format_bytes(offloaded->host.total, c, sizeof c));
+           mem_format_bytes(offloaded->device.total, b, sizeof b),
+           mem_format_bytes(offloaded->host.total, c, sizeof c));
     printf("  %-17s %16s   %16s %16s\n", "peak (reserved)", mem_format_bytes(plain->device.reserved, a, sizeof a),
            mem_format_bytes(offloaded->device.reserved, b, sizeof b),
            mem_format_bytes(offloaded->host.reserved, c, sizeof c));
@@ -256,16 +271,10 @@ static void print_offload_lesson(context *ctx, const settings *s, const run_resu
 
 /* ---- deferred initialisation ---- */
 
-typedef struct init_result {
-    size_t peak, shard_bytes, model_bytes, workspace_peak;
-    double seconds;
-    uint64_t checksum;
-} init_result;
-
 /* Builds one model's FlatParameters (one per decoder layer, the root) on this rank and measures the device pool's peak
- * during it. deferred: each rank draws its own shard (flat_param_fill_local_shard, inside module_units_build). naive: torch
- * without the meta device: every unit's whole padded flat buffer is materialised first (the whole model on every
- * rank), then each is sharded (flat_param_shard_from_full) and freed. */
+ * during it. deferred: each rank draws its own shard (flat_param_fill_local_shard, inside module_units_build).
+ * naive: torch without the meta device: every unit's whole padded flat buffer is materialised first (the whole model
+ * on every rank), then each is sharded (flat_param_shard_from_full) and freed. */
 static init_result build_units(context *ctx, const qwen2_config *config, uint64_t seed, int naive) {
     init_result result = {0};
     module_tree tree;
@@ -304,7 +313,7 @@ static init_result build_units(context *ctx, const qwen2_config *config, uint64_
     result.peak = ctx->mem.peak_bytes - live_before;
     result.workspace_peak = ctx->mem.category_peak_bytes[MEM_WORKSPACE];
     for (int unit = 0; unit < unit_count; unit++) result.shard_bytes += units[unit].sharded_numel * sizeof(float);
-    result.checksum = shards_checksum(units, unit_count);
+    result.checksum = trainer_shards_checksum(units, unit_count);
     module_units_free(units, unit_count, locations);
     mem_empty_cache(&ctx->mem); /* the next build starts from an empty cache */
     free(unit_of_param);
@@ -319,9 +328,9 @@ static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
         world_fatal(ctx, "INIT_MODELS: %s", ctx->error);
     init_result deferred = build_units(ctx, &config, seed, 0);
     init_result naive = build_units(ctx, &config, seed, 1);
-    /* Deferred init writes each value straight into the shard (flat_param_fill_flat_range into local_shard): no workspace,
-     * so its peak is the shards, to the byte. The naive peak: the shards (allocated first, zeroed) plus every unit's
-     * whole padded buffer, alive together before the first is sharded. */
+    /* Deferred init writes each value straight into the shard (flat_param_fill_flat_range into local_shard): no
+     * workspace, so its peak is the shards, to the byte. The naive peak: the shards (allocated first, zeroed) plus
+     * every unit's whole padded buffer, alive together before the first is sharded. */
     size_t deferred_bound = deferred.shard_bytes + 0;
     int same_bits = deferred.checksum == naive.checksum;
     int deferred_ok = deferred.peak <= deferred_bound && deferred.peak == deferred.shard_bytes;
@@ -346,51 +355,15 @@ static int init_lesson(context *ctx, const char *preset, uint64_t seed) {
     return world_all_true(ctx, same_bits && deferred_ok && naive_ok) ? 0 : -1;
 }
 
-int main(int argc, char **argv) {
-    context ctx;
-    session_open(&ctx, &argc, &argv, "09_offload_and_init", "runs/09_offload_and_init");
-    settings s = read_settings(&ctx);
-    if (ctx.rank == 0) {
-        printf("Ranks = %d, lab 09: the same %d steps (ACC %d) without and with CPU offload; the memory model per pool "
-               "and rank first\n", ctx.world_size, s.steps, s.accumulation);
-        fflush(stdout);
-    }
-    run_result plain = run_training(&ctx, &s, 0);
-    print_memory_tables(&ctx, &plain, 0);
-    run_result offloaded = run_training(&ctx, &s, 1);
-    print_memory_tables(&ctx, &offloaded, 1);
-
-    /* Offload moves bytes, never changes them: losses and parameter bits per rank (check-09 compares the lines). */
-    char lines[4096];
-    int used = 0, same = plain.checksum == offloaded.checksum;
-    for (int run = 0; run < 2; run++) {
-        const run_result *r = run ? &offloaded : &plain;
-        used += snprintf(lines + used, sizeof lines - (size_t)used, "rank %d offload %d parameters %016llx losses",
-                         ctx.rank, run, (unsigned long long)r->checksum);
-        for (int step = 0; step < s.steps; step++) {
-            used += snprintf(lines + used, sizeof lines - (size_t)used, " %.9g", r->losses[step]);
-            same = same && plain.losses[step] == offloaded.losses[step];
-        }
-        used += snprintf(lines + used, sizeof lines - (size_t)used, " copies h2d %llu %llu d2h %llu %llu\n",
-                         (unsigned long long)r->copies[0], (unsigned long long)r->copy_bytes[0],
-                         (unsigned long long)r->copies[1], (unsigned long long)r->copy_bytes[1]);
-    }
-    world_print_ordered(&ctx, lines);
-    print_offload_lesson(&ctx, &s, &plain, &offloaded);
+/* Both inits of every preset in INIT_MODELS ("none": the lesson is skipped); 0 when every one held. */
+static int run_init_lessons(context *ctx, const settings *s) {
+    if (strcmp(s->init_models, "none") == 0) return 0;
+    if (ctx->rank == 0) printf("\ninitialisation: deferred (each rank draws its shard) vs naive (every rank builds "
+                               "the whole model, then shards it):\n");
     int status = 0;
-    if (!world_all_true(&ctx, same)) status = 1;
-    if (ctx.rank == 0)
-        printf("losses and parameters with and without offload: %s\n",
-               status == 0 ? "the same, bit for bit" : "DIFFERENT (a copy lost or changed bytes)");
-
-    if (strcmp(s.init_models, "none") != 0) {
-        if (ctx.rank == 0) printf("\ninitialisation: deferred (each rank draws its shard) vs naive (every rank builds "
-                                  "the whole model, then shards it):\n");
-        char copy[256];
-        snprintf(copy, sizeof copy, "%s", s.init_models);
-        for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save))
-            if (init_lesson(&ctx, name, s.seed) != 0) status = 1;
-    }
-    int finished = session_close(&ctx);
-    return status != 0 ? status : finished;
+    char copy[256];
+    snprintf(copy, sizeof copy, "%s", s->init_models);
+    for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save))
+        if (init_lesson(ctx, name, s->seed) != 0) status = 1;
+    return status;
 }

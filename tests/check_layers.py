@@ -32,7 +32,7 @@ LONG_LINES_ALLOWED = re.compile(r"\.(ipynb|json|jsonl|tiktoken|txt|csv|png|pickl
 def tracked_files(root):
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True,
                          check=True).stdout.split()
-    return [f for f in out if os.path.isfile(os.path.join(root, f))]
+    return sorted({f for f in out if os.path.isfile(os.path.join(root, f))})
 
 
 def floor_of(path):
