@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     }
 
     trainer_report_memory(&t); /* the memory model's prediction beside the measured peaks, per category */
-    trainer_save(&t);          /* SAVE: an HF checkpoint; a diverged run says why it wrote none */
+    trainer_save(&t);          /* SAVE: the model as an HF directory (save_pretrained); a diverged run writes none */
     trainer_close(&t);
     int status = session_close(&ctx);
     return t.diverged[0] ? 3 : status; /* the views are written either way: they load a diverged run */
