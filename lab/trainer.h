@@ -70,7 +70,7 @@ typedef struct trainer_settings {
     double clip;              /* CLIP: max grad norm, clip_grad_norm_ over every shard (0: off) */
     uint64_t seed;            /* SEED: initialisation, data order and EVAL's sampling (default 1234) */
     const char *data;         /* DATA: a text or .bin token file (default: generated stories) */
-    const char *save;         /* SAVE: write the model there as an HF directory (config.json, model.safetensors) at the end */
+    const char *save;         /* SAVE: the model written there at the end as an HF directory (config.json, ...) */
     const char *grads;        /* GRADS: write step 1's gradients there, as the optimizer sees them, in checkpoint form
                                  (what check-05 compares); with MP, also each parameter's local_grad_l1.json */
     const char *wrap;         /* WRAP: layers (transformer_auto_wrap_policy, the default) or size:<min params>
