@@ -16,10 +16,11 @@
 #                     /usr/local/cuda), and NCCL_HOME, CUBLAS_HOME where NCCL and cuBLAS live elsewhere (pip's
 #                     nvidia-* wheels: site-packages/nvidia/nccl, .../nvidia/cu13)
 #   make check-cuda-build   `make CUDA=1` links here, GPU or not (tests/suites/cuda_build.sh; skipped without nvcc)
-#   make CUDA=emulated  the CUDA build on the CUDA emulator (tests/cuda_emulator/) into build/cuda_emulated/: DEVICE=cuda
-#                     runs on the CPU, no toolkit or GPU needed; `make check-cuda-emulated` runs lab 05 on it against
-#                     the CPU build (tests/suites/cuda_emulated.sh)
-#   make check-sanitize   labs 01-05, the unit tests, fsdptrace and the parser fuzzer from that build (tests/suites/sanitize.sh)
+#   make CUDA=emulated  the CUDA build on the CUDA emulator (tests/cuda_emulator/) into build/cuda_emulated/:
+#                     DEVICE=cuda runs on the CPU, no toolkit or GPU needed; `make check-cuda-emulated` runs lab 05 on
+#                     it against the CPU build (tests/suites/cuda_emulated.sh)
+#   make check-sanitize   labs 01-05, the unit tests, fsdptrace and the parser fuzzer from that build
+#                     (tests/suites/sanitize.sh)
 #   make clean
 #   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
 #
@@ -30,7 +31,8 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := all
 
 # Install what is missing before anything asks pkg-config for flags (a fresh machine has nothing).
-HAVE_DEPS := $(shell command -v mpicc >/dev/null 2>&1 && pkg-config --exists libcjson check openblas libpcre2-8 libutf8proc 2>/dev/null && echo yes)
+HAVE_DEPS := $(shell command -v mpicc >/dev/null 2>&1 && \
+  pkg-config --exists libcjson check openblas libpcre2-8 libutf8proc 2>/dev/null && echo yes)
 ifneq ($(HAVE_DEPS),yes)
   $(info fsdplab: build dependencies missing; running scripts/install_deps.sh)
   INSTALL_STATUS := $(shell scripts/install_deps.sh 1>&2; echo $$?)
@@ -114,9 +116,9 @@ endif
 MPIRUN ?= mpirun $(MPIRUN_ROOT) --oversubscribe
 export MPIRUN
 
-TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c trace/snapshot.c trace/summary.c \
-  trace/memory_page.c trace/memory_page_assets.c trace/player.c trace/player_assets.c \
-  trace/export.c
+TRACE_SRC := trace/trace.c trace/chrome.c trace/run.c trace/segments.c trace/view_file.c trace/pickle.c \
+  trace/snapshot.c trace/summary.c trace/memory_page.c trace/memory_page_assets.c trace/player.c \
+  trace/player_assets.c trace/export.c
 # core/ is one folder a floor, lowest first; a floor includes only the floors below it (tests/check_layers.py).
 # core/cuda/ is the CUDA plug-in: the CUDA builds add it below, and it takes core/runtime/plugins_none.c's place.
 CORE_FLOORS := base kernels memory device runtime data comm fsdp models io
@@ -152,7 +154,9 @@ TEST_TOOLS := $(addprefix $(O),tests/bin/qwen2_tool tests/bin/adamw_tool tests/b
 
 LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
-.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace check-model check-train check-badinput check-resume check-tokenizer check-layout check-docs bench-model bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
+.PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace \
+  check-model check-train check-badinput check-resume check-tokenizer check-layout check-docs bench-model \
+  bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
 
 ifeq ($(O),build/)
 LAB_LINKS := $(patsubst build/%,%,$(LABS))
@@ -200,7 +204,8 @@ endif
 # the user's CFLAGS, so `make CFLAGS=-O1` keeps the kernels fast; `make KERNEL_CFLAGS=` builds them with CFLAGS alone.
 $(O)core/kernels/layers.o: KERNEL_CFLAGS := -O3 -ffast-math
 # AdamW's element loop vectorises at -O3 once sqrtf needs no errno; fused multiply-adds stay exactly where the source
-# writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/kernels/adamw_kernel.c says why).
+# writes fmaf (-ffp-contract=off), so the bits equal torch's op-by-op order on every CPU (core/kernels/adamw_kernel.c
+# says why).
 $(O)core/kernels/adamw_kernel.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off
 # The bfloat16 layers round a product before the addition that follows it, as torch's ops do: no contraction either.
 $(O)core/kernels/layers_bf16.o: KERNEL_CFLAGS := -O3 -fno-math-errno -ffp-contract=off

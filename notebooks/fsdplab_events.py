@@ -130,8 +130,9 @@ def parameter_count(preset: str = "tiny") -> int:
 
 class Events:
     """A run's events, one DataFrame per kind over all ranks (`ev.alloc`, `ev.free`, `ev.state`, `ev.collective`,
-    `ev.compute`, `ev.step`, `ev.mark`, `ev.meta`, `ev.wait`, `ev.fsdp`), plus `ev.memory`: alloc and free together in line order with a
-    signed `delta`. Every frame has `rank`, `line` and `ms` (ts in milliseconds); spans also `end_ms` and `dur_ms`."""
+    `ev.compute`, `ev.step`, `ev.mark`, `ev.meta`, `ev.wait`, `ev.fsdp`), plus `ev.memory`: alloc and free together in
+    line order with a signed `delta`. Every frame has `rank`, `line` and `ms` (ts in milliseconds); spans also `end_ms`
+    and `dur_ms`."""
 
     KINDS = ("meta", "mark", "state", "collective", "alloc", "free", "compute", "step", "wait", "fsdp")
 

@@ -24,12 +24,12 @@
 #
 # Prefetch (lab 06's modes), for mid and qwen2-0.5b when among the configs (PREFETCH=0 skips it): fsdplab in each mode
 # (blocking: every collective on the host, as lab 05; NONE, BACKWARD_PRE, BACKWARD_POST: comm streams with torch's
-# backward_prefetch of that name; forward: BACKWARD_PRE and forward_prefetch=True) beside PyTorch FSDP with the same backward_prefetch, 2 ranks, PREFETCH_STEPS steps
-# (default 5; steady state from step 3): step time of both, and from fsdplab's events per steady step (mean of ranks)
-# the comm streams' busy time, the exposed comm (the compute stream blocked on communication: waits for a comm stream,
-# and collectives the host runs itself) and its share of the blocking mode's comm time, the communication work there
-# was to hide. Target: exposed <= 30% of it with BACKWARD_PRE on a machine with spare cores; with 2 ranks
-# on 2 cores the progress threads compete with compute for the same cores.
+# backward_prefetch of that name; forward: BACKWARD_PRE and forward_prefetch=True) beside PyTorch FSDP with the same
+# backward_prefetch, 2 ranks, PREFETCH_STEPS steps (default 5; steady state from step 3): step time of both, and from
+# fsdplab's events per steady step (mean of ranks) the comm streams' busy time, the exposed comm (the compute stream
+# blocked on communication: waits for a comm stream, and collectives the host runs itself) and its share of the blocking
+# mode's comm time, the communication work there was to hide. Target: exposed <= 30% of it with BACKWARD_PRE on a
+# machine with spare cores; with 2 ranks on 2 cores the progress threads compete with compute for the same cores.
 #
 #   scripts/bench.sh                 (tens of minutes: qwen2-0.5b initialises, writes 2 GB checkpoints, 7 runs)
 #   CONFIGS="tiny mid" scripts/bench.sh                       (a few minutes)
@@ -49,7 +49,9 @@ make -s lab/05_full_step scripts/bench_model trace/fsdptrace >/dev/null
 settings() { # the train.sh settings of a config name
   case "$1" in
     tiny) echo "MODEL=tiny MBS=4 ACC=2 STEPS=4 SEQ=128" ;;
-    mid) echo "MODEL=tiny CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408 MBS=4 ACC=1 STEPS=4 SEQ=128" ;;
+    mid) echo "MODEL=tiny" \
+      "CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408" \
+      "MBS=4 ACC=1 STEPS=4 SEQ=128" ;;
     qwen2-0.5b) echo "MODEL=qwen2-0.5b MBS=1 ACC=1 STEPS=2 SEQ=128" ;;
     *) echo "bench.sh: unknown config '$1' (tiny, mid, qwen2-0.5b)" >&2; exit 2 ;;
   esac
@@ -65,10 +67,12 @@ PY
 }
 
 if [ -z "${REPORT_ONLY:-}" ] && [ "${TABLE:-1}" != 0 ]; then
-printf '%-11s %12s %12s %8s %14s %14s %8s %16s\n' config "fsdplab s" "torch s" ratio "fsdplab RSS" "torch RSS" ratio "fsdplab tracked"
+printf '%-11s %12s %12s %8s %14s %14s %8s %16s\n' config "fsdplab s" "torch s" ratio "fsdplab RSS" "torch RSS" ratio \
+  "fsdplab tracked"
 for config in $configs; do
   # shellcheck disable=SC2046
-  env $(settings "$config") PEAK=rss TRAIN_DIR="$work/$config" FSDP=fsdplab scripts/train.sh > "$work/$config.fsdplab.log"
+  env $(settings "$config") PEAK=rss TRAIN_DIR="$work/$config" FSDP=fsdplab scripts/train.sh \
+    > "$work/$config.fsdplab.log"
   # shellcheck disable=SC2046
   env $(settings "$config") TRAIN_DIR="$work/$config" FSDP=torch scripts/train.sh > "$work/$config.torch.log"
   # shellcheck disable=SC2046
@@ -79,7 +83,8 @@ for config in $configs; do
   read -r _ tracked_peak < <(summary "$work/$config.tracked.log")
   python3 -c "
 o_t, t_t, o_p, t_p, tr = $ours_time, $torch_time, $ours_peak, $torch_peak, $tracked_peak
-print(f'{\"$config\":<11} {o_t:>12.4f} {t_t:>12.4f} {o_t / t_t:>7.2f}x {o_p:>11.1f} MB {t_p:>11.1f} MB {o_p / t_p:>7.2f}x {tr:>13.1f} MB')"
+print(f'{\"$config\":<11} {o_t:>12.4f} {t_t:>12.4f} {o_t / t_t:>7.2f}x {o_p:>11.1f} MB {t_p:>11.1f} MB '
+      f'{o_p / t_p:>7.2f}x {tr:>13.1f} MB')"
 done
 echo "(2 ranks; time: median step after the first; RSS: largest process max RSS; logs in $work/)"
 fi
@@ -249,7 +254,8 @@ median = lambda key: statistics.median(row[key] for row in per_step.values())
 ours_run, torch_run = rusage(f"{directory}/rusage.fsdplab"), rusage(f"{directory}/rusage.torch")
 print(f"  CPU sys/user  fsdplab per step: " + ", ".join(f"step {k} {row['sys'] / row['user']:.3f}" for k, row in
                                                           sorted(all_steps.items())) +
-      f"; median of steps {WARMUP + 1}.. {statistics.median(row['sys'] / row['user'] for row in per_step.values()):.3f} (user "
+      f"; median of steps {WARMUP + 1}.. "
+      f"{statistics.median(row['sys'] / row['user'] for row in per_step.values()):.3f} (user "
       f"{median('user'):.2f} s, sys {median('sys'):.2f} s per step, all ranks)")
 print(f"                whole run: fsdplab {ours_run[1] / ours_run[0]:.3f} (user {ours_run[0]:.1f} s, sys "
       f"{ours_run[1]:.1f} s), torch {torch_run[1] / torch_run[0]:.3f} (user {torch_run[0]:.1f} s, sys "
@@ -259,7 +265,8 @@ print(f"                whole run: fsdplab {ours_run[1] / ours_run[0]:.3f} (user
 step_flops = probes[0]["step_flops"]
 peak = statistics.mean(p["sgemm_peak_gflops"] for p in probes)
 params = int(re.search(r"^total (\d+)$", open(f"{directory}/params.txt").read(), re.M)[1])
-print(f"  GFLOP/s       fsdplab {step_flops / ours / 1e9:.1f} per rank = {100 * step_flops / ours / 1e9 / peak:.0f}% of "
+print(f"  GFLOP/s       fsdplab {step_flops / ours / 1e9:.1f} per rank = "
+      f"{100 * step_flops / ours / 1e9 / peak:.0f}% of "
       f"the sgemm peak {peak:.1f} per rank (both ranks at once); torch {step_flops / theirs / 1e9:.1f} per rank "
       f"({step_flops / 1e9:.1f} GFLOP per rank per step, exact matmul count; 6 x params x tokens would say "
       f"{6 * params * seq / 1e9:.1f})")
@@ -273,7 +280,8 @@ optimizer = statistics.mean(sum(e["dur"] for e in events[p] if e["kind"] == "com
                             for p in ranks) / 1000
 share = lambda part: 100 * part / span
 print(f"  time, run     compute {share(compute - optimizer):.1f}%, exposed comm {share(comm):.1f}%, optimizer "
-      f"{share(optimizer):.1f}%, other {share(span - compute - comm):.1f}% of {span / 1000:.1f} s (summary.txt, mean of ranks; "
+      f"{share(optimizer):.1f}%, other {share(span - compute - comm):.1f}% of {span / 1000:.1f} s "
+      "(summary.txt, mean of ranks; "
       f"initialisation and step 1's first touch included)")
 print(f"  time, step    compute {median('compute'):.3f} s, exposed comm {median('comm'):.3f} s, optimizer "
       f"{median('optimizer'):.3f} s, other {median('other'):.3f} s of {median('total'):.3f} s (each the median over "
@@ -281,8 +289,8 @@ print(f"  time, step    compute {median('compute'):.3f} s, exposed comm {median(
 
 # Each collective's bandwidth over the run: buffer bytes / time, from the collective table (mean of ranks).
 table = {}
-for op, calls, size, _, ms in re.findall(r"^  (all_gather|reduce_scatter|all_reduce|broadcast|barrier) +(\d+) +([\d,]+) +"
-                                         r"([\d,]+) +([\d.]+)$", text, re.M):
+for op, calls, size, _, ms in re.findall(r"^  (all_gather|reduce_scatter|all_reduce|broadcast|barrier) +(\d+) +"
+                                         r"([\d,]+) +([\d,]+) +([\d.]+)$", text, re.M):
     table.setdefault(op, []).append((int(calls), int(size.replace(",", "")), float(ms)))
 print("  collectives   " + ", ".join(
     f"{op} {rows[0][0]} calls {sum(r[1] for r in rows) / sum(r[2] for r in rows) / 1e6:.2f} GB/s"

@@ -74,12 +74,14 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         char key[64];
         const char *equals = strchr(argv[i], '=');
-        if (equals == NULL || (size_t)(equals - argv[i]) >= sizeof key) world_exit_all(&ctx, 2, "'%s' is not key=value", argv[i]);
+        if (equals == NULL || (size_t)(equals - argv[i]) >= sizeof key)
+            world_exit_all(&ctx, 2, "'%s' is not key=value", argv[i]);
         snprintf(key, sizeof key, "%.*s", (int)(equals - argv[i]), argv[i]);
-        if (strcmp(key, "model") == 0 || strcmp(key, "B") == 0 || strcmp(key, "T") == 0 || strcmp(key, "iterations") == 0 ||
-            strcmp(key, "probe") == 0)
+        if (strcmp(key, "model") == 0 || strcmp(key, "B") == 0 || strcmp(key, "T") == 0 ||
+            strcmp(key, "iterations") == 0 || strcmp(key, "probe") == 0)
             continue;
-        if (qwen2_config_set(&config, key, equals + 1, ctx.error, sizeof ctx.error) != 0) world_exit_all(&ctx, 2, "%s", ctx.error);
+        if (qwen2_config_set(&config, key, equals + 1, ctx.error, sizeof ctx.error) != 0)
+            world_exit_all(&ctx, 2, "%s", ctx.error);
     }
     if (qwen2_config_validate(&config, ctx.error, sizeof ctx.error) != 0) world_exit_all(&ctx, 2, "%s", ctx.error);
     int B = atoi(argument(argc, argv, "B", "4")), T = atoi(argument(argc, argv, "T", "128"));
@@ -103,7 +105,8 @@ int main(int argc, char **argv) {
     }
     qwen2_init_spec init = {.seed = 1, .std = (float)config.initializer_range};
     qwen2_model model;
-    if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) != 0)
+    if (qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD,
+                                 &init) != 0)
         world_exit_all(&ctx, 2, "%s", ctx.error);
     for (int unit = 0; unit < model.unit_count; unit++)
         if (flat_param_unshard(&model.units[unit], "bench") != 0) world_fatal(&ctx, "%s", ctx.error);

@@ -24,7 +24,8 @@ fi
 
 configs=(
   "tiny|model=tiny"
-  "mid (hidden 512, 8 layers)|model=tiny hidden_size=512 num_hidden_layers=8 num_attention_heads=8 num_key_value_heads=2 intermediate_size=1408"
+  "mid (hidden 512, 8 layers)|model=tiny hidden_size=512 num_hidden_layers=8 num_attention_heads=8 "\
+"num_key_value_heads=2 intermediate_size=1408"
 )
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
@@ -49,4 +50,5 @@ for entry in "${configs[@]}"; do
     "$ratio" "$(field "$ours" gflops)" "$(field "$ours" sgemm_peak_gflops)"
 done
 echo "(B=$batch, T=$length; tokens/s: median over $rounds alternating rounds of the median of $iterations steps after"
-echo " one warm-up; 1 thread each; GFLOP/s and peak from fsdplab's last round; torch $(python3 -c 'import torch; print(torch.__version__)'))"
+echo " one warm-up; 1 thread each; GFLOP/s and peak from fsdplab's last round;" \
+  "torch $(python3 -c 'import torch; print(torch.__version__)'))"

@@ -48,8 +48,11 @@ whole = rate(lambda: len(tokenizer.encode(text, add_special_tokens=False).ids))
 batch = rate(lambda: sum(len(e.ids) for e in tokenizer.encode_batch_fast(lines, add_special_tokens=False)))
 ours_tokens, ours_rate = int(ours[1]), float(ours[7])
 print(f"text: {path} ({os.path.getsize(path)} bytes, {len(lines)} lines)")
-print(f"ours (core/data/tokenizer.c), whole text:        {ours_rate:12,.0f} tokens/s  ({ours_tokens} tokens in {ours[5]} s)")
-print(f"HF tokenizers, 1 thread, whole text:        {whole[0]:12,.0f} tokens/s  ({whole[1]} tokens in {whole[2]:.3f} s)")
-print(f"HF tokenizers, 1 thread, encode_batch_fast: {batch[0]:12,.0f} tokens/s  ({batch[1]} tokens in {batch[2]:.3f} s)")
+print(f"ours (core/data/tokenizer.c), whole text:        {ours_rate:12,.0f} tokens/s  "
+      f"({ours_tokens} tokens in {ours[5]} s)")
+print(f"HF tokenizers, 1 thread, whole text:        {whole[0]:12,.0f} tokens/s  "
+      f"({whole[1]} tokens in {whole[2]:.3f} s)")
+print(f"HF tokenizers, 1 thread, encode_batch_fast: {batch[0]:12,.0f} tokens/s  "
+      f"({batch[1]} tokens in {batch[2]:.3f} s)")
 print(f"ours / HF (the faster): {ours_rate / max(whole[0], batch[0]):.2f}x")
 PY

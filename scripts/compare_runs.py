@@ -29,7 +29,8 @@ def main(first, second, *options):
     if not ours or len(ours) != len(theirs):
         print(f"compare_runs: {len(ours)} steps in {first}, {len(theirs)} in {second}")
         return 1
-    print(f"{'step':>4} {'fsdplab loss':>13} {'torch loss':>11} {'rel. diff':>10} {'time ratio':>11} {'peak ratio':>11}")
+    print(f"{'step':>4} {'fsdplab loss':>13} {'torch loss':>11} {'rel. diff':>10} {'time ratio':>11} "
+          f"{'peak ratio':>11}")
     for (step, loss, peak, time), (_, loss_t, peak_t, time_t) in zip(ours, theirs):
         print(f"{step:>4} {loss:>13.6f} {loss_t:>11.6f} {abs(loss - loss_t) / loss_t:>10.1e} {time / time_t:>10.2f}x"
               f" {peak / peak_t:>10.2f}x")

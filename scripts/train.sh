@@ -7,19 +7,19 @@
 #
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo: the
 # CPU; nccl: one GPU per rank, fsdplab's CUDA build (make CUDA=1, built here on demand into build/cuda/) and torch on
-# cuda:LOCAL_RANK with NCCL), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA, STRATEGY, CLIP,
-# SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node, for both),
-# EVAL (fsdplab: print a generated story every EVAL steps), MP (mixed precision as torch's MixedPrecision, both sides:
-# fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
+# cuda:LOCAL_RANK with NCCL), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA,
+# STRATEGY, CLIP, SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node,
+# for both), EVAL (fsdplab: print a generated story every EVAL steps), MP (mixed precision as torch's MixedPrecision,
+# both sides: fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
 # BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), COMM_STREAMS (fsdplab only:
 # 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), OFFLOAD
 # (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
 # place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
 # prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
 # their children, from /usr/bin/time; benchmarks read it), TORCH_GRADS (a directory: the torch run writes step 1's
-# gradients there as model.safetensors, as lab 05's GRADS does for fsdplab). Both implementations start from the same bytes (fsdplab's
-# initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps
-# their outputs.
+# gradients there as model.safetensors, as lab 05's GRADS does for fsdplab). Both implementations start from the same
+# bytes (fsdplab's initialisation, saved as an HF checkpoint) and read the same token windows per rank per step;
+# runs/train/ keeps their outputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +40,10 @@ work=${TRAIN_DIR:-runs/train}
 RUSAGE=${RUSAGE:-}
 
 fail() { echo "train.sh: error: $*" >&2; exit 2; }
-case "$FSDP" in fsdplab | edufsdp | torch | both) ;; *) fail "FSDP='$FSDP' is not allowed; choose one of: fsdplab, edufsdp, torch, both" ;; esac
+case "$FSDP" in
+  fsdplab | edufsdp | torch | both) ;;
+  *) fail "FSDP='$FSDP' is not allowed; choose one of: fsdplab, edufsdp, torch, both" ;;
+esac
 case "$BACKEND" in
   mpi | gloo) ;;
   nccl) ;;
@@ -53,11 +56,13 @@ lab=lab/05_full_step
 if [ "$BACKEND" = nccl ]; then
   have_gpu=0
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then have_gpu=1; fi
-  [ "$have_gpu" = 1 ] || fail "BACKEND=nccl needs an NVIDIA GPU and none is visible here (nvidia-smi -L lists none); use BACKEND=mpi or gloo on the CPU"
+  [ "$have_gpu" = 1 ] || fail "BACKEND=nccl needs an NVIDIA GPU and none is visible here (nvidia-smi -L lists none);" \
+    "use BACKEND=mpi or gloo on the CPU"
   if [ "$FSDP" != torch ]; then
     nvcc_bin=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
     command -v nvcc >/dev/null 2>&1 || [ -x "$nvcc_bin" ] ||
-      fail "BACKEND=nccl needs fsdplab's CUDA build, and the CUDA toolkit (nvcc) is not installed here (CUDA_HOME=${CUDA_HOME:-/usr/local/cuda})"
+      fail "BACKEND=nccl needs fsdplab's CUDA build, and the CUDA toolkit (nvcc) is not installed here" \
+        "(CUDA_HOME=${CUDA_HOME:-/usr/local/cuda})"
     make -s CUDA=1 >/dev/null || fail "the CUDA build (make CUDA=1) failed; run it to see why"
     lab=build/cuda/lab/05_full_step
     export DEVICE=cuda
@@ -69,8 +74,11 @@ export BACKEND
 # takes.
 dtype_re='(bf16|bfloat16|fp32|float32)'
 [[ "$MP" =~ ^(none|$dtype_re(,reduce=$dtype_re|,buffer=(fp32|float32)|,keep_low_precision_grads=[01])*)$ ]] ||
-  fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or <param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, e.g. bf16,reduce=fp32"
-# The same names core/models/qwen2.c accepts (qwen2, the seed's name, is Qwen2-0.5B); checked here so a typo fails before make.
+  fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or" \
+    "<param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, e.g." \
+    "bf16,reduce=fp32"
+# The same names core/models/qwen2.c accepts (qwen2, the seed's name, is Qwen2-0.5B); checked here so a typo fails
+# before make.
 case "$MODEL" in
   tiny | qwen2-0.5b | qwen2) ;;
   *) fail "MODEL='$MODEL' is not a model; choose one of: qwen2-0.5b (or qwen2), tiny" ;;
@@ -114,7 +122,8 @@ run_torch() {
     --lr "$LR" --clip "$CLIP" --strategy "$STRATEGY" --shard-group "${SHARD_GROUP:-0}" \
     --backward-prefetch "$BACKWARD_PREFETCH" \
     --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --mp "$MP" \
-    --backend "$([ "$BACKEND" = nccl ] && echo nccl || echo gloo)" --grads "${TORCH_GRADS:-}" 2> "$work/torch/stderr.log" ||
+    --backend "$([ "$BACKEND" = nccl ] && echo nccl || echo gloo)" --grads "${TORCH_GRADS:-}" \
+    2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }
 
@@ -124,7 +133,11 @@ case "$FSDP" in
   both)
     # the same measure on both sides: process max RSS on the CPU; on the GPU the tracked device peak, beside torch's
     # torch.cuda.max_memory_allocated()
-    if [ "$BACKEND" = nccl ]; then run_fsdplab | tee "$work/fsdplab.log"; else PEAK=rss run_fsdplab | tee "$work/fsdplab.log"; fi
+    if [ "$BACKEND" = nccl ]; then
+      run_fsdplab | tee "$work/fsdplab.log"
+    else
+      PEAK=rss run_fsdplab | tee "$work/fsdplab.log"
+    fi
     echo
     run_torch | tee "$work/torch.log"
     echo

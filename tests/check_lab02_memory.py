@@ -42,7 +42,8 @@ def main(rundir):
             failures.append(f"rank {rank}: no param_shard or param_unsharded allocation in {path}")
             continue
         if unsharded_bytes != world * shard_bytes:
-            failures.append(f"rank {rank}: param_unsharded {unsharded_bytes} B != world {world} x shard {shard_bytes} B")
+            failures.append(f"rank {rank}: param_unsharded {unsharded_bytes} B != world {world} x shard "
+                            f"{shard_bytes} B")
         before = live_at.get("lab 02: before unshard")
         after = live_at.get("lab 02: after reshard")
         if before is None or after is None or before != after:

@@ -18,7 +18,8 @@ def check_rank(events):
     failures = []
     full = reduce_scatter["bytes"]
     if reduce_scatter["bytes_sent"] * world != full * (world - 1):
-        failures.append(f"rank {rank}: reduce_scatter sent {reduce_scatter['bytes_sent']} B, expected (N-1)/N of {full}")
+        failures.append(f"rank {rank}: reduce_scatter sent {reduce_scatter['bytes_sent']} B, expected (N-1)/N "
+                        f"of {full}")
     if all_reduce["bytes_sent"] != 2 * reduce_scatter["bytes_sent"]:
         failures.append(f"rank {rank}: all_reduce sent {all_reduce['bytes_sent']} B, "
                         f"expected 2 x {reduce_scatter['bytes_sent']}")

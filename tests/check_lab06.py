@@ -104,8 +104,9 @@ def check_rank(path, rank, problems, report):
         in_flight = max_in_flight([(e["issue_ts"], e["ts"] + e["dur"]) for e in gathers])
         slack = ROUNDING_US * len(collectives)
         where = f"rank {rank} mode {mode}"
-        report.append(f"{where}: comm {length(comm) / 1e3:.2f} ms, overlap {overlap / 1e3:.3f} ms, all-gather overlap "
-                      f"{gather_overlap / 1e3:.3f} ms, exposed {exposed / 1e3:.3f} ms, all-gathers in flight {in_flight}")
+        report.append(f"{where}: comm {length(comm) / 1e3:.2f} ms, overlap {overlap / 1e3:.3f} ms, all-gather "
+                      f"overlap {gather_overlap / 1e3:.3f} ms, exposed {exposed / 1e3:.3f} ms, all-gathers in flight "
+                      f"{in_flight}")
         if not collectives:
             problems.append(f"{where}: no collective events in the mode's window")
             continue

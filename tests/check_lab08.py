@@ -11,7 +11,8 @@ padded to a multiple of S = SHARD_GROUP and cut into shards of padded / S floats
 per step, 1 with NO_SYNC: REDUCTIONS_PER_STEP) the shard is all-reduced across the replicate group of R = W / S
 ranks, which under a ring moves 2 (R-1)/R of the shard each way (core/comm/comm.c, EVENTS.md: the product in double,
 truncated to bytes), in ELEMENT_BYTES per element: 4 (float32), 2 when the gradients reduce in bfloat16 (MP=bf16: the
-all-reduce's event must then say dtype bfloat16). So per rank: replicate-group bytes = STEPS x REDUCTIONS x sum over units of that, exactly; and
+all-reduce's event must then say dtype bfloat16). So per rank: replicate-group bytes = STEPS x REDUCTIONS x sum over \
+units of that, exactly; and
 every other collective runs in this rank's shard group (ranks S*i .. S*i + S-1), none in the world or across.
 
 lab: LOG is lab 08's output, RUNDIR its events. Every mode's memory model is exact; HYBRID_SHARD's sharded state
@@ -26,7 +27,8 @@ from collections import defaultdict
 
 
 def unit_numels(config):
-    """The FlatParameters' unpadded sizes, as core/models/qwen2.c registers the parameters (transformer_auto_wrap_policy)."""
+    """The FlatParameters' unpadded sizes, as core/models/qwen2.c registers the parameters
+    (transformer_auto_wrap_policy)."""
     C, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim", C // heads)

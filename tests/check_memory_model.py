@@ -4,8 +4,8 @@ the same on every CPU, and core/models/memory_model.c counts the very buffers th
 byte is a bug in the runtime (a buffer kept too long, one too many in flight) or in the model.
 
 Reserved bytes (the caching allocator's segments) are bounded, not predicted: allocated peak <= reserved peak <=
-the model's bound (core/models/memory_model.c says what the bound assumes). ALLOC=malloc runs have reserved == the rounded
-allocations, so the same check holds.
+the model's bound (core/models/memory_model.c says what the bound assumes). ALLOC=malloc runs have reserved == the
+rounded allocations, so the same check holds.
 
 usage: python3 tests/check_memory_model.py LAB05_OUTPUT_LOG
 """
@@ -22,7 +22,8 @@ def main(log):
     for name, difference in rows:
         print(f"{name:17s} measured - predicted = {int(difference):+d} bytes")
     print(f"{'FAIL' if bad else 'OK'}: {len(rows)} categories, {len(bad)} differ from the model: {bad or 'none'}")
-    reserved = re.search(r"^  reserved bytes: measured (\d+), allocated peak (\d+), bound (\d+)$", open(log).read(), re.M)
+    reserved = re.search(r"^  reserved bytes: measured (\d+), allocated peak (\d+), bound (\d+)$", open(log).read(),
+                         re.M)
     if not reserved:
         print(f"FAIL: no reserved bytes line in {log}")
         return 1

@@ -3,12 +3,12 @@
 
     python3 tests/check_memory_page.py <rundir> [--screenshot PATH] [--chromium PATH]
 
-Drives headless Chromium over the DevTools protocol (tests/browser.py). For every rank it selects the rank and checks that the SVG has one band (path.band) per `alloc`
-line of rank<R>.jsonl and that the page's peak equals the peak recomputed here; it hovers the biggest band and
-checks the side panel names its owner, category and bytes and the FSDP state; it fails on any console error or
-uncaught exception. Then it saves a screenshot of the whole page (default <rundir>/memory.png) and prints the
-page's size and drawing time. Exit 0 when every check passes, 1 when one fails, 77 ("skipped: <reason>") when
-Chromium or websocket-client is missing.
+Drives headless Chromium over the DevTools protocol (tests/browser.py). For every rank it selects the rank and checks
+that the SVG has one band (path.band) per `alloc` line of rank<R>.jsonl and that the page's peak equals the peak
+recomputed here; it hovers the biggest band and checks the side panel names its owner, category and bytes and the FSDP
+state; it fails on any console error or uncaught exception. Then it saves a screenshot of the whole page (default
+<rundir>/memory.png) and prints the page's size and drawing time. Exit 0 when every check passes, 1 when one fails, 77
+("skipped: <reason>") when Chromium or websocket-client is missing.
 """
 import argparse
 import base64
@@ -96,7 +96,8 @@ def select_rank(browser, index):
                             " reserved_peak: Number(svg.dataset.reservedPeak),"
                             " reserved_line: Number(svg.dataset.reservedPeakLine),"
                             " reserved_steps: Number(svg.dataset.reservedSteps),"
-                            " reserved_path: (svg.querySelector('path.reserved')?.getAttribute('d') ?? '').split('V').length - 1,"
+                            " reserved_path: (svg.querySelector('path.reserved')?.getAttribute('d') ?? '')"
+                            ".split('V').length - 1,"
                             " heading: document.querySelector('#fragmentation h2')?.textContent ?? '',"
                             " segment_rows: document.querySelectorAll('#segments tr').length - 1,"
                             " render_ms: Number(svg.dataset.renderMs) }; })()")
@@ -118,7 +119,8 @@ def check_ranks(browser, ranks, report):
         if (drawn["peak_bytes"], drawn["peak_line"]) != (peak, peak_line):
             problems.append(f"page peak {drawn['peak_bytes']} B at line {drawn['peak_line']}, "
                             f"recomputed {peak} B at line {peak_line}")
-        reserved_peak, reserved_line, segment_lines, (reserved_then, live_segments) = expected_reserved(events, peak_line)
+        (reserved_peak, reserved_line, segment_lines,
+         (reserved_then, live_segments)) = expected_reserved(events, peak_line)
         found = (drawn["reserved_peak"], drawn["reserved_line"], drawn["reserved_steps"], drawn["reserved_path"])
         if found != (reserved_peak, reserved_line, segment_lines, segment_lines):
             problems.append(f"reserved (peak, line, steps, path vertical moves) {found}, the JSONL has "

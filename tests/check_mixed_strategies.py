@@ -113,7 +113,8 @@ def copies(rundir):
                                                      ("reduce-scatter", "d2h", reduces)):
             for unit, collectives in collectives_by_unit.items():
                 moved = copies[(direction, unit)]
-                # the model's construction moves each shard to the host once (flat_param_offload_params): d2h before step 1
+                # the model's construction moves each shard to the host once (flat_param_offload_params):
+                # d2h before step 1
                 if direction == "d2h":
                     moved = moved[len(moved) - len(collectives):] if len(moved) >= len(collectives) else moved
                 if len(moved) != len(collectives):

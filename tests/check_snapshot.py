@@ -254,7 +254,8 @@ def events_problems(snapshot, rundir, peaks):
         wanted = expected_entries(rank, lines)
         found = [entry_shape(entry) for entry in trace if entry["action"] != "snapshot"]
         if len(found) != len(wanted):
-            problems.append(f"rank {rank}: {len(found)} trace entries, the JSONL up to the snapshot makes {len(wanted)}")
+            problems.append(f"rank {rank}: {len(found)} trace entries, the JSONL up to the snapshot makes "
+                            f"{len(wanted)}")
         for index, (entry, line) in enumerate(zip(found, wanted)):
             if entry != line:
                 problems.append(f"rank {rank} entry {index}: {entry}, the JSONL line says {line}")
@@ -336,7 +337,8 @@ def main():
                  problems)
     report.check("the trace is the allocator's events up to the snapshot: action, real address, bytes, line, owner, "
                  "category; wall-clock time_us; same peak", events_problems(snapshot, args.rundir, peaks))
-    report.check("allocator_settings from the allocator event; segment_pool_id", settings_problems(snapshot, args.rundir))
+    report.check("allocator_settings from the allocator event; segment_pool_id",
+                 settings_problems(snapshot, args.rundir))
     torch_readers(snapshot, report)
     return report.finish()
 

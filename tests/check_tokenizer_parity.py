@@ -116,7 +116,8 @@ def fixed_corpus():
         "..\n\n!!\r\n", "x ... y!!!\n\nz", "-->", "  --  ", "a+b=c; d*e/f",
         "1234567890 3.14159 1,000,000 2024-06-01 ½ ² ٣ ৪ 四 Ⅻ",
         "I'm you're he's we've they'll I'd can't", "I'M YOU'RE HE'S WE'VE THEY'LL I'D CAN'T",
-        "You'Re We'Ve They'Ll I'D She'S Don'T", "I'MPORTANT HE'SAID YOU'REALLY WE'VERY I'DO IT'LLAMA 'Tis", "'s's 'S'S ''s 's' x'sy", "it's 100's of 'em",
+        "You'Re We'Ve They'Ll I'D She'S Don'T", "I'MPORTANT HE'SAID YOU'REALLY WE'VERY I'DO IT'LLAMA 'Tis",
+        "'s's 'S'S ''s 's' x'sy", "it's 100's of 'em",
         "spaces      between\t\ttabs \t mixed \n  \n   \n", "\t\t\tindent\n\t\tdedent", "   ", "\t", " \n \n ",
         "a\u00a0b\u2003c\u3000d\u2028e\u0085f",
         "中文分词测试：你好，世界！我们今天去公园玩。", "日本語のテキスト、カタカナとひらがな。", "한국어 문장입니다.",
@@ -155,7 +156,8 @@ def random_strings(count, seed):
             elif kind < 0.6:
                 pieces.append(rng.choice(words))
             elif kind < 0.7:
-                pieces.append("".join(rng.choice("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") for _ in range(rng.randint(1, 4))))
+                pieces.append("".join(rng.choice("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+                                      for _ in range(rng.randint(1, 4))))
             else:
                 low, high = rng.choice(ranges)
                 pieces.append("".join(chr(rng.randint(low, high)) for _ in range(rng.randint(1, 6))))
@@ -194,8 +196,8 @@ def compare(name, texts, ours, hf):
     for i in mismatches[:5]:
         first = next((k for k in range(min(len(ours[i]), len(hf[i]))) if ours[i][k] != hf[i][k]),
                      min(len(ours[i]), len(hf[i])))
-        print(f"  text {texts[i]!r}\n    ours {ours[i][max(0, first - 3):first + 5]}  hf {hf[i][max(0, first - 3):first + 5]}"
-              f" (at token {first})")
+        print(f"  text {texts[i]!r}\n    ours {ours[i][max(0, first - 3):first + 5]}  "
+              f"hf {hf[i][max(0, first - 3):first + 5]} (at token {first})")
     return not mismatches
 
 

@@ -17,8 +17,9 @@ those, joining slices of that seq, and report no import problem; both must name 
 comm, memory, and "all_gather stream" / "reduce_scatter stream" where the rank has collectives on those streams) and
 import one slice per `wait` line, on the compute thread, named as EVENTS.md says; Perfetto must take none of the
 threads for a "main thread". Both must import the `reserved` counter with one sample per
-segment_alloc / segment_free line, of the value that line reports. Exit 0 when every check passes, 1 when one fails, 77 ("skipped:
-<reason>") when Chromium, websocket-client or a viewer is missing (the viewer that is there is still checked).
+segment_alloc / segment_free line, of the value that line reports. Exit 0 when every check passes, 1 when one fails, 77
+("skipped: <reason>") when Chromium, websocket-client or a viewer is missing (the viewer that is there is still
+checked).
 """
 import argparse
 import glob
@@ -100,8 +101,8 @@ join process receiver_process on receiver_thread.upid = receiver_process.upid"""
 
 
 def read_collectives(rundir):
-    """(world, {(seq, group, group ranks): {rank: ts}}, [(pid, reserved bytes) of every segment line], {pid: thread names},
-    Counter of (pid, wait slice name)) from the run's rank<R>.jsonl files."""
+    """(world, {(seq, group, group ranks): {rank: ts}}, [(pid, reserved bytes) of every segment line],
+    {pid: thread names}, Counter of (pid, wait slice name)) from the run's rank<R>.jsonl files."""
     with open(os.path.join(rundir, "rank0.jsonl"), encoding="utf-8") as file:
         world = json.loads(file.readline())["world"]
     starts, reserved = defaultdict(dict), []

@@ -40,7 +40,8 @@ if [ "${1:-}" = bf16 ]; then
 fi
 rm -rf "$dir"
 tokens=$((ranks * mbs * acc * seq))
-GRADS="$dir/grads" TORCH_GRADS=$([ "$mp" = bf16 ] && echo "$dir/torch_grads" || true) TRAIN_DIR=$dir PROCESSES=$ranks MODEL=$model CONFIG=$config MBS=$mbs ACC=$acc SEQ=$seq LR=$lr \
+GRADS="$dir/grads" TORCH_GRADS=$([ "$mp" = bf16 ] && echo "$dir/torch_grads" || true) TRAIN_DIR=$dir PROCESSES=$ranks \
+  MODEL=$model CONFIG=$config MBS=$mbs ACC=$acc SEQ=$seq LR=$lr \
   STRATEGY=$strategy SHARD_GROUP=2 STEPS=$steps MP=$mp FSDP=both scripts/train.sh
 if [ "$model" = qwen2 ] && ! grep -q "Qwen2 tokenizer" "$dir/fsdplab.log"; then
   echo "FAIL: $dir/fsdplab.log does not say the text went through Qwen2's tokenizer"

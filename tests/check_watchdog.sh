@@ -37,7 +37,10 @@ status=$?
 tenths=$(( (ended - stopped) / 100000000 ))
 echo "the run ended $((tenths / 10)).$((tenths % 10)) s after rank pid $victim was stopped, exit status $status"
 grep -m1 "timed out" "$dir/output.log" || { echo "FAIL: no 'timed out' message"; tail -20 "$dir/output.log"; exit 1; }
-grep -qE "rank [01]: (all_gather|reduce_scatter|all_reduce) on unit '[^']+' \(seq [0-9]+, stream [a-z_]+\) timed out: not complete after $timeout_s s|the size agreement timed out after $timeout_s s|\(all-reduce\) timed out: not complete after $timeout_s s" "$dir/output.log" ||
+timed_out="rank [01]: (all_gather|reduce_scatter|all_reduce) on unit '[^']+' \(seq [0-9]+, stream [a-z_]+\) timed out:"
+timed_out+=" not complete after $timeout_s s|the size agreement timed out after $timeout_s s"
+timed_out+="|\(all-reduce\) timed out: not complete after $timeout_s s"
+grep -qE "$timed_out" "$dir/output.log" ||
   { echo "FAIL: the message does not name op, unit, seq, stream and the time waited"; exit 1; }
 [ "$status" -ne 0 ] || { echo "FAIL: exit status 0 after a timeout"; exit 1; }
 # the collectives record it in the JSONL (a lab-level all-reduce that times out aborts at once, naming it)

@@ -81,7 +81,8 @@ def main(reference_dir, run_dir, tokens, seq, lr, mode="fp32"):
         bound = rounding * abs(b) + (step - 1) * allowance
         ok = abs(a - b) <= bound  # False for a NaN on either side
         failed += not ok
-        print(f"step {step}: {a:.7f} vs {b:.7f}: |difference| {abs(a - b):.2e}, bound {bound:.2e} {'' if ok else 'FAIL'}")
+        print(f"step {step}: {a:.7f} vs {b:.7f}: |difference| {abs(a - b):.2e}, bound {bound:.2e} "
+              f"{'' if ok else 'FAIL'}")
     print(f"{'FAIL' if failed else 'OK'}: {failed} of {len(run)} steps outside the bound")
     return 1 if failed else 0
 

@@ -111,7 +111,9 @@ static const char *const odd_numbers[] = {
 };
 #define ODD_NUMBER_COUNT (sizeof odd_numbers / sizeof odd_numbers[0])
 
-static int is_number_char(unsigned char c) { return (c >= '0' && c <= '9') || c == '-' || c == '.' || c == 'e' || c == '+'; }
+static int is_number_char(unsigned char c) {
+    return (c >= '0' && c <= '9') || c == '-' || c == '.' || c == 'e' || c == '+';
+}
 
 /* The digits run around a random position, replaced by one of odd_numbers. */
 static void mutate_number(buffer *b, uint64_t *rng) {
@@ -274,12 +276,15 @@ static void edit_past_the_end(cJSON *header) {
     set_pair(entry, "data_offsets", 48, 64);
 }
 /* "layer.bias" moved 4 bytes back: it overlaps "layer.weight", and 4 bytes at the end belong to nobody. */
-static void edit_overlap(cJSON *header) { set_pair(cJSON_GetObjectItemCaseSensitive(header, "layer.bias"), "data_offsets", 44, 56); }
+static void edit_overlap(cJSON *header) {
+    set_pair(cJSON_GetObjectItemCaseSensitive(header, "layer.bias"), "data_offsets", 44, 56);
+}
 /* A shape of 2^62 x 4 floats for "scale", its 4 bytes dropped (safetensors_refusal): numel x 4 wraps to 0 in 64
  * bits, so only a check before multiplying refuses it. */
 static void edit_wrapping_shape(cJSON *header) {
     cJSON *entry = cJSON_GetObjectItemCaseSensitive(header, "scale");
-    cJSON_ReplaceItemInObjectCaseSensitive(entry, "shape", cJSON_CreateDoubleArray((const double[]){4611686018427387904.0, 4}, 2));
+    cJSON_ReplaceItemInObjectCaseSensitive(entry, "shape",
+                                           cJSON_CreateDoubleArray((const double[]){4611686018427387904.0, 4}, 2));
     set_pair(entry, "data_offsets", 60, 60);
 }
 
@@ -378,8 +383,8 @@ static int tokens_valid(const buffer *b) {
         uint64_t version = little_endian(b->bytes + 8, 4), header_width = little_endian(b->bytes + 12, 4);
         uint64_t header_count = little_endian(b->bytes + 16, 8);
         size_t id_bytes = b->size - DATA_TOKENS_HEADER_BYTES;
-        if (version != DATA_TOKENS_VERSION || (header_width != 2 && header_width != 4) || id_bytes % header_width != 0 ||
-            id_bytes / header_width != header_count)
+        if (version != DATA_TOKENS_VERSION || (header_width != 2 && header_width != 4) ||
+            id_bytes % header_width != 0 || id_bytes / header_width != header_count)
             return 0;
         offset = DATA_TOKENS_HEADER_BYTES, width = (size_t)header_width, count = (size_t)header_count;
     } else if (b->size % 2 != 0) {
@@ -556,7 +561,8 @@ static int jsonl_seed(fuzz_state *state) {
         trace_reset_t0(&sink);
         mem_tracker mem;
         mem_init(&mem, rank, &sink, NULL);
-        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 2, 0, NULL, NULL, NULL, 0};
+        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 2, 0, NULL, NULL,
+                                   NULL, 0};
         trace_fsdp(&sink, &options);
         void *shard = mem_alloc(&mem, 1000 * (size_t)(rank + 1), MEM_PARAM_SHARD, "layers.0.flat_param");
         trace_state(&sink, "layers.0", "HandleTrainingState", "IDLE", "FORWARD", "_pre_forward");

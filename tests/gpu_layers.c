@@ -1,10 +1,10 @@
 /* gpu_layers.c — the CUDA device against the CPU, function by function (step 1 of scripts/gpu_check.sh).
  *
- * For every function of core/device/device.h's table that computes (all but zero, copy and synchronize), on several shapes
- * (grouped-query, multi-query and plain attention, a KV cache with past > 0, odd row and column counts, tokens that
- * repeat, ignore_index targets, a batch where every target is ignored), the same random inputs go to the CPU
- * (core/kernels/layers.c and the CPU's element loops, called directly) and to the CUDA device (cuda_device_init, then the
- * table), and every output element is compared within a bound derived for it, next to each check below. Prints one
+ * For every function of core/device/device.h's table that computes (all but zero, copy and synchronize), on several
+ * shapes (grouped-query, multi-query and plain attention, a KV cache with past > 0, odd row and column counts, tokens
+ * that repeat, ignore_index targets, a batch where every target is ignored), the same random inputs go to the CPU
+ * (core/kernels/layers.c and the CPU's element loops, called directly) and to the CUDA device (cuda_device_init, then
+ * the table), and every output element is compared within a bound derived for it, next to each check below. Prints one
  * row per check (what, max |cpu - gpu|, the bound at the worst element, worst |diff| / bound, PASS or FAIL) and
  * exits 1 when any check fails, 77 when this build or machine has no CUDA device.
  *
@@ -21,9 +21,9 @@
  * and the two fmaf's only; km_mul_unfused keeps nvcc from fusing the rest). TF32 must be off (the GEMM bounds
  * assume float32 products).
  *
- * The bfloat16 layers (device.h's *_bf16 entries: the CPU device's, core/kernels/layers_bf16.c, against the CUDA device's)
- * run on inputs rounded to bfloat16 and are checked with intervals carried through each layer op by op (see "the
- * layers in bfloat16" below): bit equality wherever no bfloat16 rounding can flip, one bfloat16 ulp (or what a
+ * The bfloat16 layers (device.h's *_bf16 entries: the CPU device's, core/kernels/layers_bf16.c, against the CUDA
+ * device's) run on inputs rounded to bfloat16 and are checked with intervals carried through each layer op by op (see
+ * "the layers in bfloat16" below): bit equality wherever no bfloat16 rounding can flip, one bfloat16 ulp (or what a
  * flip upstream carries) where one can. On the emulator, a last check shows its GemmEx refusing other types and
  * aborting on a non-bfloat16 operand under CUBLAS_COMPUTE_32F_FAST_16BF.
  */
@@ -773,8 +773,8 @@ static void check_adamw(size_t count, int step, float lerp_weight) {
         .eps = 1e-8f,
         .negative_step_size = (float)(-lr / (1.0 - pow(beta1, step))),
     };
-    /* The CPU: core/fsdp/optim.c's loop body, kernel_math.h's element (this file is built without contraction, -std=c11,
-     * as optim.c is with -ffp-contract=off: the same bits). */
+    /* The CPU: core/fsdp/optim.c's loop body, kernel_math.h's element (this file is built without contraction,
+     * -std=c11, as optim.c is with -ffp-contract=off: the same bits). */
     for (size_t i = 0; i < count; i++) {
         km_adamw_result r =
             km_adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s.decay, s.lerp_weight, s.beta2,
@@ -1099,9 +1099,9 @@ static void check_rmsnorm_bf16(int N, int C, float scale) {
     gpu.rmsnorm_backward_bf16(&gpu, d_dinp.ptr, d_dweight.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, d_rstd.ptr, N, C);
     float *g_dinp = from_device(d_dinp, n_elements * 4), *g_dweight = from_device(d_dweight, C * 4);
     /* dh = bf16(dy w): a point. dot = sum_c dh x in double (exact terms, C additions); coefficient =
-     * float(dot r r r / C), four double operations (and this program's three for r^3 / C: 8 2^-53 more); dinp = bf16(dinp0 + bf16(r dh - x coef)).
-     * dweight = dweight0 + bf16(float(sum_n bf16(dy bf16(x r)))): the terms points, the double sum over N rows
-     * (the GPU's in 16 groups and their partials: N + 16 additions). */
+     * float(dot r r r / C), four double operations (and this program's three for r^3 / C: 8 2^-53 more); dinp =
+     * bf16(dinp0 + bf16(r dh - x coef)). dweight = dweight0 + bf16(float(sum_n bf16(dy bf16(x r)))): the terms points,
+     * the double sum over N rows (the GPU's in 16 groups and their partials: N + 16 additions). */
     interval *dinp_iv = intervals(n_elements), *dweight_iv = intervals(C);
     for (int n = 0; n < N; n++) {
         interval r = point(rstd[n]);
@@ -1113,7 +1113,8 @@ static void check_rmsnorm_bf16(int N, int C, float scale) {
         interval dot = sum_result(s, C, DOUBLE_UNIT);
         double factor = (double)rstd[n] * rstd[n] * rstd[n] / C, slack = 8.0 * DOUBLE_UNIT;
         interval coefficient = hull4(dot.lo * factor, dot.hi * factor, dot.lo * factor, dot.hi * factor);
-        coefficient = fl32(coefficient.lo - fabs(coefficient.lo) * slack, coefficient.hi + fabs(coefficient.hi) * slack);
+        coefficient =
+            fl32(coefficient.lo - fabs(coefficient.lo) * slack, coefficient.hi + fabs(coefficient.hi) * slack);
         for (int c = 0; c < C; c++) {
             size_t at = (size_t)n * C + c;
             interval dh = point(km_bf16_rmsnorm_dh(dout[at], weight[c]));
@@ -1215,7 +1216,8 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
                     sum_add(&total, e[j]);
                 }
                 interval sum = sum_result(total, last + 1, DOUBLE_UNIT);
-                interval inverse = fl32(1.0 / sum.hi * (1.0 - 2.0 * DOUBLE_UNIT), 1.0 / sum.lo * (1.0 + 2 * DOUBLE_UNIT));
+                interval inverse =
+                    fl32(1.0 / sum.hi * (1.0 - 2.0 * DOUBLE_UNIT), 1.0 / sum.lo * (1.0 + 2 * DOUBLE_UNIT));
                 interval *p_row = p_iv + (((size_t)b * H + h) * T + t) * keys;
                 for (int j = 0; j <= last; j++) p_row[j] = iv_mul(e[j], inverse);
                 for (int d = 0; d < D; d++) {
@@ -1395,8 +1397,8 @@ static void check_emulator_gemm_ex(void) {
     if (child == 0) {
         dup2(pipe_ends[1], 2);
         close(pipe_ends[0]);
-        cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr, CUDA_R_32F, 2, d_a.ptr, CUDA_R_32F,
-                     2, &zero, d_c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+        cublasGemmEx(state->cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d_a.ptr, CUDA_R_32F, 2, d_a.ptr,
+                     CUDA_R_32F, 2, &zero, d_c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
         _exit(0); /* not reached when the emulator checks */
     }
     close(pipe_ends[1]);

@@ -19,30 +19,50 @@ fi
 # name | file | python expression turning the file's text into the mutant's (must change it) [| the make target that
 # must catch it: check-05 when absent]
 mutations=(
-  "sum-for-mean|core/fsdp/fsdp.c|s.replace('flat_param_reduce_scatter_grad(fp, COMM_AVG)', 'flat_param_reduce_scatter_grad(fp, COMM_SUM)')"
-  "skip-one-reduce-scatter|core/comm/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;', '    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, factor) != 0) return -1;')"
-  "wrong-shard-offset|core/comm/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', 'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
-  "padding-rounds-down|core/fsdp/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * world;', 'fp->padded_unsharded_numel = offset / world * world;')"
+  "sum-for-mean|core/fsdp/fsdp.c|s.replace('flat_param_reduce_scatter_grad(fp, COMM_AVG)', "\
+"'flat_param_reduce_scatter_grad(fp, COMM_SUM)')"
+  "skip-one-reduce-scatter|core/comm/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, "\
+"factor) != 0) return -1;', "\
+"'    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, "\
+"shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, "\
+"factor) != 0) return -1;')"
+  "wrong-shard-offset|core/comm/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', "\
+"'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
+  "padding-rounds-down|core/fsdp/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * "\
+"world;', 'fp->padded_unsharded_numel = offset / world * world;')"
   "post-forward-keeps-layer-0|core/fsdp/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
   # gradient accumulation without its 1/ACC: every ACC=2 gradient doubled (caught against ACC=1 with one micro-batch)
   "acc-missing-scale|core/fsdp/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps)', '1.0f)')"
   # HYBRID_SHARD (lab 08)
-  "hybrid-skips-replicate-all-reduce|core/fsdp/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != NULL)\n        status = comm_all_reduce', 'if (0)\n        status = comm_all_reduce')|check-08"
-  "hybrid-replicate-sum-for-mean|core/fsdp/flat_param.c|s.replace('fp->sharded_numel,\n                                             reduce,', 'fp->sharded_numel,\n                                             COMM_SUM,')|check-08"
-  "hybrid-shards-over-world|core/fsdp/flat_param.c|s.replace('world = (size_t)fp->shard_group->size;', 'world = (size_t)ctx->world_size;')|check-08"
-  "hybrid-chunk-of-world-rank|core/fsdp/flat_param.c|s.replace('rank % fp->shard_group->size : rank', 'rank : rank')|check-08"
-  "hybrid-clip-norm-over-world|core/fsdp/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', 'NULL')|check-08"
-  "hybrid-memory-model-world-ring|core/models/memory_model.c|s.replace('shard_group ? shard_group->size : world_size', 'shard_group ? world_size : world_size')|check-08"
+  "hybrid-skips-replicate-all-reduce|core/fsdp/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != "\
+"NULL)\n        status = comm_all_reduce', 'if (0)\n        status = comm_all_reduce')|check-08"
+  "hybrid-replicate-sum-for-mean|core/fsdp/flat_param.c|s.replace('fp->sharded_numel,"\
+"\n                                             reduce,', 'fp->sharded_numel,"\
+"\n                                             COMM_SUM,')|check-08"
+  "hybrid-shards-over-world|core/fsdp/flat_param.c|s.replace('world = (size_t)fp->shard_group->size;', "\
+"'world = (size_t)ctx->world_size;')|check-08"
+  "hybrid-chunk-of-world-rank|core/fsdp/flat_param.c|s.replace('rank % fp->shard_group->size : rank', "\
+"'rank : rank')|check-08"
+  "hybrid-clip-norm-over-world|core/fsdp/optim.c|s.replace('unit_count > 0 ? units[0].shard_group : NULL', "\
+"'NULL')|check-08"
+  "hybrid-memory-model-world-ring|core/models/memory_model.c|s.replace('shard_group ? shard_group->size : "\
+"world_size', 'shard_group ? world_size : world_size')|check-08"
   # mixed precision (lab 07): the bfloat16 all-reduce's mean, HYBRID_SHARD's replicate all-reduce in bfloat16, one
   # of the per-op roundings of bfloat16 compute (caught by tests/check_torch_bf16.py: needs torch, else skipped)
-  "mp-all-reduce-sum-for-mean|core/comm/comm.c|s.replace('ring_add(c, received, buffer + add_first, add_length, last ? c->factor : 1.0f);', 'ring_add(c, received, buffer + add_first, add_length, last ? 1.0f : 1.0f);')|check-07"
-  "mp-hybrid-skips-replicate-all-reduce|core/fsdp/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != NULL)\n            status = comm_all_reduce_typed', 'if (0)\n            status = comm_all_reduce_typed')|check-07"
-  "mp-skips-q-rounding|core/models/qwen2.c|s.replace('    round_activation(model, a->q, (size_t)N * H * D);\n', '')|check-07"
-  "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
+  "mp-all-reduce-sum-for-mean|core/comm/comm.c|s.replace('ring_add(c, received, buffer + add_first, add_length, "\
+"last ? c->factor : 1.0f);', 'ring_add(c, received, buffer + add_first, add_length, last ? 1.0f : 1.0f);')|check-07"
+  "mp-hybrid-skips-replicate-all-reduce|core/fsdp/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != "\
+"NULL)\n            status = comm_all_reduce_typed', 'if (0)\n            status = comm_all_reduce_typed')|check-07"
+  "mp-skips-q-rounding|core/models/qwen2.c|s.replace('    round_activation(model, a->q, (size_t)N * H * D);\n', "\
+"'')|check-07"
+  "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && "\
+"a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
   # The CUDA backend, run on the CUDA emulator by the unit suite (tests/cuda_emulator), and the math it shares
-  "cuda-causal-mask-off-by-one|core/cuda/kernels.cu|s.replace('row[j] = j <= last ? row[j] * inverse : 0.0f;', 'row[j] = j < last ? row[j] * inverse : 0.0f;')|check-unit"
+  "cuda-causal-mask-off-by-one|core/cuda/kernels.cu|s.replace('row[j] = j <= last ? row[j] * inverse : 0.0f;', "\
+"'row[j] = j < last ? row[j] * inverse : 0.0f;')|check-unit"
   "cuda-dlogit-keeps-target|core/cuda/kernels.cu|s.replace('if (j == target) d -= inverse_count;', '')|check-unit"
-  "lerp-from-the-wrong-end|core/base/kernel_math.h|s.replace('fmaf(weight, end - start, start)', 'fmaf(weight, start - end, start)')|check-unit"
+  "lerp-from-the-wrong-end|core/base/kernel_math.h|s.replace('fmaf(weight, end - start, start)', "\
+"'fmaf(weight, start - end, start)')|check-unit"
 )
 
 wanted=("$@")

@@ -38,7 +38,8 @@ static int usage(void) {
     fprintf(stderr, "usage: qwen2_tool params <preset>\n"
                     "       qwen2_tool flops <preset|config.json> <B> <T>\n"
                     "       qwen2_tool init <preset|config.json> <seed> <out_dir> [field=value,...]\n"
-                    "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>   (env MP=bf16: mixed precision)\n"
+                    "       qwen2_tool run <model_dir> <batch.json> <out.safetensors>   "
+                    "(env MP=bf16: mixed precision)\n"
                     "       qwen2_tool generate <model_dir> <seed> <temperature> <max_new> <token>...\n"
                     "       qwen2_tool compare <model_dir_a> <model_dir_b> <tolerance> [absolute|relative]\n"
                     "       qwen2_tool batches <seed> <global_batch> <seq> <micro_batches> <out.bin> [data]\n");
@@ -64,7 +65,8 @@ static void load_config(context *ctx, const char *what, qwen2_config *config) {
 
 /* One unit per decoder layer, as lab 05 wraps it. */
 static void make_model(context *ctx, qwen2_model *model, const qwen2_config *config, const qwen2_init_spec *init) {
-    if (qwen2_model_init_wrapped(model, ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, init) != 0)
+    if (qwen2_model_init_wrapped(model, ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD,
+                                 init) != 0)
         world_fatal(ctx, "%s", ctx->error);
 }
 
@@ -97,7 +99,8 @@ static int command_params(context *ctx, const char *preset) {
     size_t total = 0;
     for (int p = 0; p < tree.param_count; p++) {
         const qwen2_param *param = &tree.params[p];
-        if (param->ndim == 2) printf("%s %lldx%lld\n", param->name, (long long)param->shape[0], (long long)param->shape[1]);
+        if (param->ndim == 2)
+            printf("%s %lldx%lld\n", param->name, (long long)param->shape[0], (long long)param->shape[1]);
         else printf("%s %lld\n", param->name, (long long)param->shape[0]);
         total += qwen2_param_numel(param);
     }
@@ -212,7 +215,8 @@ static int command_run(context *ctx, const char *directory, const char *batch_pa
     for (int p = 0; p < model.tree.param_count; p++) {
         const qwen2_param *param = &model.tree.params[p];
         snprintf(names[p], sizeof names[p], "grad/%s", param->name);
-        refs[p + 2] = (st_tensor_ref){names[p], param->ndim, {param->shape[0], param->shape[1]}, qwen2_param_grad(&model, p)};
+        refs[p + 2] =
+            (st_tensor_ref){names[p], param->ndim, {param->shape[0], param->shape[1]}, qwen2_param_grad(&model, p)};
     }
     int status = st_write(out_path, refs, count, NULL, ctx->error, sizeof ctx->error);
     if (status != 0) fprintf(stderr, "qwen2_tool: %s\n", ctx->error);
@@ -235,7 +239,8 @@ static int command_generate(context *ctx, int argc, char **argv) {
     if (end == argv[4] || *end != '\0' || !isfinite(temperature) || temperature < 0.0f)
         world_exit_all(ctx, 2, "generate: temperature '%s' is not a finite number >= 0", argv[4]);
     int max_new = (int)integer_argument(ctx, "generate: max_new", argv[5], 0, 1 << 20), prompt_length = argc - 6;
-    int *prompt = calloc((size_t)prompt_length, sizeof *prompt), *out = calloc((size_t)(max_new > 0 ? max_new : 1), sizeof *out);
+    int *prompt = calloc((size_t)prompt_length, sizeof *prompt),
+        *out = calloc((size_t)(max_new > 0 ? max_new : 1), sizeof *out);
     for (int i = 0; i < prompt_length; i++)
         prompt[i] = (int)integer_argument(ctx, "generate: token", argv[6 + i], 0, model.config.vocab_size - 1);
     int produced = qwen2_generate(&model, prompt, prompt_length, max_new, temperature, seed, out);

@@ -1,5 +1,5 @@
-/* test_allocator.c — the caching allocator (core/memory/allocator.h): rounding, pool choice and segment sizes, split and
- * merge, best fit, max_split_size, streams, empty_cache, the retry after a failed segment_alloc, caching off; and
+/* test_allocator.c — the caching allocator (core/memory/allocator.h): rounding, pool choice and segment sizes, split
+ * and merge, best fit, max_split_size, streams, empty_cache, the retry after a failed segment_alloc, caching off; and
  * long random alloc/free sequences replayed against a reference model written independently here (a flat list of
  * blocks searched linearly), comparing every address and the whole free-block set after every operation. */
 #define _POSIX_C_SOURCE 200809L

@@ -91,13 +91,15 @@ static double max_relative_error(const float *a, const float *b, size_t count) {
 START_TEST(test_all_gather_matches_reference) {
     for (size_t c = 0; c < COUNT_OF(chunk_counts); c++) {
         size_t chunk = chunk_counts[c], full_count = chunk * (size_t)ctx.world_size;
-        float *shard = make_input(11, ctx.rank, chunk), *full = make_zeros(full_count), *expected = make_zeros(full_count);
+        float *shard = make_input(11, ctx.rank, chunk), *full = make_zeros(full_count),
+              *expected = make_zeros(full_count);
         ck_assert_int_eq(comm_all_gather(&ctx, shard, full, full_count, "test"), 0);
         reference_all_gather(shard, expected, chunk);
         CK_ASSERT_ALL(&ctx, memcmp(full, expected, full_count * sizeof(float)) == 0,
                       "all_gather of %zu floats differs from the reference", full_count);
         const trace_collective_info *info = &ctx.last_collective;
-        CK_ASSERT_ALL(&ctx, info->bytes == full_count * 4 && info->bytes_sent == (uint64_t)(ctx.world_size - 1) * chunk * 4,
+        CK_ASSERT_ALL(&ctx,
+                      info->bytes == full_count * 4 && info->bytes_sent == (uint64_t)(ctx.world_size - 1) * chunk * 4,
                       "all_gather event: bytes %llu sent %llu", (unsigned long long)info->bytes,
                       (unsigned long long)info->bytes_sent);
         mem_free(&ctx.mem, shard);
@@ -304,7 +306,8 @@ START_TEST(test_start_wait_on_streams_equals_blocking) {
         for (int k = 0; k < IN_FLIGHT; k++) { /* three of each queued before any wait */
             shards[k] = make_input(40 + (uint64_t)k, ctx.rank, chunk), fulls[k] = make_zeros(full_count);
             grads[k] = make_input(50 + (uint64_t)k, ctx.rank, full_count), reduced[k] = make_zeros(chunk);
-            ck_assert_int_eq(comm_all_gather_start(&ctx, &gather_stream, shards[k], fulls[k], full_count, "test", &gathers[k]), 0);
+            ck_assert_int_eq(comm_all_gather_start(&ctx, &gather_stream, shards[k], fulls[k], full_count, "test",
+                                                   &gathers[k]), 0);
             ck_assert_int_eq(comm_reduce_scatter_start(&ctx, &reduce_stream, grads[k], reduced[k], full_count, COMM_AVG,
                                                        "test", &reduces[k]), 0);
         }
@@ -335,8 +338,8 @@ START_TEST(test_start_wait_on_streams_equals_blocking) {
 }
 END_TEST
 
-/* Process groups (core/comm/group.h): for every shard group size S dividing the world, the mesh's collectives equal what
- * the inputs say (every rank's input is a function of (tag, world rank, index), so each rank computes the expected
+/* Process groups (core/comm/group.h): for every shard group size S dividing the world, the mesh's collectives equal
+ * what the inputs say (every rank's input is a function of (tag, world rank, index), so each rank computes the expected
  * result alone): an all-gather and a mean reduce-scatter in the shard group, blocking; an all-reduce across the
  * replicate group on a worker stream; ring bytes of the group's size; a mismatch inside a group names world ranks. */
 START_TEST(test_group_collectives_match_their_members_inputs) {
@@ -491,7 +494,8 @@ START_TEST(test_bfloat16_collectives) {
         bf16 *shard = mem_alloc_typed(&ctx.mem, chunk * 2, MEM_WORKSPACE, DTYPE_BFLOAT16, "test.bf16_shard");
         bf16 *full = mem_alloc_typed(&ctx.mem, full_count * 2, MEM_WORKSPACE, DTYPE_BFLOAT16, "test.bf16_full");
         for (size_t i = 0; i < chunk; i++) shard[i] = bf16_from_float(input_value(31, ctx.rank, i));
-        ck_assert_int_eq(comm_all_gather_typed(&ctx, NULL, NULL, shard, full, full_count, DTYPE_BFLOAT16, "test", NULL), 0);
+        ck_assert_int_eq(comm_all_gather_typed(&ctx, NULL, NULL, shard, full, full_count, DTYPE_BFLOAT16, "test", NULL),
+                         0);
         int same = 1;
         for (size_t i = 0; i < full_count; i++)
             same &= full[i] == bf16_from_float(input_value(31, (int)(i / chunk), i % chunk));
@@ -544,7 +548,8 @@ START_TEST(test_bfloat16_all_reduce) {
                 size_t chunk = i < extra * (base + 1) ? i / (base + 1) : extra + (i - extra * (base + 1)) / base;
                 bf16 sum = bf16_from_float(input_value(43, (int)((chunk + 1) % (size_t)world), i));
                 for (int k = 2; k <= world; k++)
-                    sum = bf16_add(sum, bf16_from_float(input_value(43, (int)((chunk + (size_t)k) % (size_t)world), i)));
+                    sum =
+                        bf16_add(sum, bf16_from_float(input_value(43, (int)((chunk + (size_t)k) % (size_t)world), i)));
                 if (reduce == COMM_AVG && world > 1) sum = bf16_from_float(bf16_to_float(sum) * (1.0f / (float)world));
                 exact &= buffer[i] == sum;
             }

@@ -1,5 +1,5 @@
-/* test_dtype.c — core/base/dtype.h: float32 -> bfloat16 rounds to nearest even as c10::BFloat16 does (ties, carries into
- * the exponent, overflow to infinity), NaN stays NaN, every bfloat16 survives the round trip, names and sizes as
+/* test_dtype.c — core/base/dtype.h: float32 -> bfloat16 rounds to nearest even as c10::BFloat16 does (ties, carries
+ * into the exponent, overflow to infinity), NaN stays NaN, every bfloat16 survives the round trip, names and sizes as
  * torch prints them. No MPI needed. */
 #include <check.h>
 #include <float.h>

@@ -25,7 +25,8 @@ static void make_shape_list(shape_list *list, uint64_t seed) {
         flat_param_tensor_spec *spec = &list->specs[i];
         spec->name = list->names[i];
         spec->ndim = 1 + (int)(rng_bits(seed, 2, (uint64_t)i) % 3);
-        for (int d = 0; d < spec->ndim; d++) spec->shape[d] = 1 + (int64_t)(rng_bits(seed, 3, (uint64_t)(4 * i + d)) % 9);
+        for (int d = 0; d < spec->ndim; d++)
+            spec->shape[d] = 1 + (int64_t)(rng_bits(seed, 3, (uint64_t)(4 * i + d)) % 9);
     }
 }
 
@@ -97,10 +98,12 @@ START_TEST(test_views_alias_the_right_offsets) {
             ok &= memcmp(view, expected, fp.params[i].numel * sizeof(float)) == 0;
             expected_offset += fp.params[i].numel;
         }
-        for (size_t pad = fp.unpadded_numel; pad < fp.padded_unsharded_numel; pad++) ok &= fp.full_param_padded[pad] == 0.0f;
+        for (size_t pad = fp.unpadded_numel; pad < fp.padded_unsharded_numel; pad++)
+            ok &= fp.full_param_padded[pad] == 0.0f;
         CK_ASSERT_ALL(&ctx, ok, "shape list %llu: a view is at the wrong offset or holds wrong values",
                       (unsigned long long)seed);
-        ck_assert_int_eq(flat_param_unshard(&fp, "test"), 0); /* already unsharded: no second gather, no second buffer */
+        /* already unsharded: no second gather, no second buffer */
+        ck_assert_int_eq(flat_param_unshard(&fp, "test"), 0);
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded + fp.padded_unsharded_numel * sizeof(float));
         flat_param_reshard(&fp, "test");
         ck_assert_ptr_null(fp.full_param_padded);
@@ -134,7 +137,8 @@ START_TEST(test_reduce_scattered_gradient_is_the_mean_and_accumulates) {
         double worst = 0.0;
         for (int micro = 0; micro < 2; micro++) {
             gradient_key mine = {seed, ctx.rank, micro};
-            flat_param_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, flat_param_alloc_full_grad(&fp));
+            flat_param_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel,
+                                       flat_param_alloc_full_grad(&fp));
             ck_assert_int_eq(flat_param_reduce_scatter_grad(&fp, COMM_AVG), 0);
             ck_assert_ptr_null(fp.full_grad_padded); /* freed once reduced */
             for (int rank = 0; rank < ctx.world_size; rank++) {
@@ -163,7 +167,8 @@ END_TEST
  * param_unsharded holds the 2-byte buffer plus the 4-byte copy; the gradient shard is, bit for bit, the ring's
  * bfloat16 mean of the ranks' bfloat16-rounded gradients (chunk r summed from rank r + 1 on, one rounding per hop,
  * times 1/N rounded once), widened and accumulated in float32 over two micro-batches. */
-/* A unit of shape list `seed` (replicated: NO_SHARD's) with bfloat16 param_dtype and reduce_dtype, its master filled. */
+/* A unit of shape list `seed` (replicated: NO_SHARD's) with bfloat16 param_dtype and reduce_dtype, its master
+ * filled. */
 static void mixed_precision_unit(flat_param *fp, shape_list *list, uint64_t seed, int replicated) {
     flat_param_mixed_precision bf16_everywhere = {.param_dtype = DTYPE_BFLOAT16, .reduce_dtype = DTYPE_BFLOAT16};
     make_shape_list(list, seed);
@@ -208,7 +213,8 @@ START_TEST(test_mixed_precision_unshard_and_reduce) {
                                   "every rank's gradient");
         for (int micro = 0; micro < 2; micro++) {
             gradient_key mine = {seed, ctx.rank, micro};
-            flat_param_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel, flat_param_alloc_full_grad(&fp));
+            flat_param_fill_flat_range(&fp, fill_gradient, &mine, 0, fp.padded_unsharded_numel,
+                                       flat_param_alloc_full_grad(&fp));
             ck_assert_int_eq(flat_param_reduce_scatter_grad(&fp, COMM_AVG), 0);
             for (int rank = 0; rank < world; rank++) {
                 gradient_key key = {seed, rank, micro};

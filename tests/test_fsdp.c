@@ -39,7 +39,8 @@ START_TEST(test_size_policy_wraps_what_is_big_enough) {
     qwen2_model model;
     size_t min_params = 100000; /* a tiny MLP has 135,168; attention 66,048: only the MLPs are wrapped */
     qwen2_init_spec init = {.seed = 1, .std = 0.02f};
-    ck_assert_msg(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_size, &min_params, FSDP_FULL_SHARD, &init) == 0,
+    ck_assert_msg(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_size, &min_params, FSDP_FULL_SHARD,
+                                           &init) == 0,
                   "%s", ctx.error);
     ck_assert_int_eq(model.unit_count, 1 + config.num_hidden_layers);
     ck_assert_str_eq(model.units[0].unit, "root");
@@ -81,14 +82,16 @@ START_TEST(test_illegal_transition_is_refused_with_names) {
     qwen2_config config = tiny();
     qwen2_model model;
     qwen2_init_spec init = {.seed = 1, .std = 0.02f};
-    ck_assert_int_eq(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init), 0);
+    ck_assert_int_eq(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
+                                              FSDP_FULL_SHARD, &init), 0);
     fsdp_options options = {.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1};
     fsdp_runtime runtime;
     module view;
     qwen2_as_module(&model, &view);
     ck_assert_int_eq(fsdp_runtime_init(&runtime, &ctx, &view, &options), 0);
     /* a post-backward hook on a unit that never ran forward */
-    ck_assert_int_eq(fsdp_check_transition(&runtime, 3, HANDLE_BACKWARD_PRE, HANDLE_BACKWARD_POST, "_post_backward_hook"), -1);
+    ck_assert_int_eq(fsdp_check_transition(&runtime, 3, HANDLE_BACKWARD_PRE, HANDLE_BACKWARD_POST,
+                                           "_post_backward_hook"), -1);
     ck_assert_msg(strstr(ctx.error, "unit 'layers.2': illegal HandleTrainingState transition IDLE -> BACKWARD_POST in "
                                     "_post_backward_hook (expected from BACKWARD_PRE)"),
                   "%s", ctx.error);
@@ -102,7 +105,8 @@ START_TEST(test_a_micro_batch_leaves_everything_sharded_and_idle) {
     qwen2_config config = tiny();
     qwen2_model model;
     qwen2_init_spec init = {.seed = 3, .std = 0.02f};
-    ck_assert_int_eq(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init), 0);
+    ck_assert_int_eq(qwen2_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
+                                              FSDP_FULL_SHARD, &init), 0);
     fsdp_options options = {.strategy = FSDP_FULL_SHARD, .accumulation_steps = 1};
     fsdp_runtime runtime;
     module view;

@@ -1,5 +1,5 @@
-/* test_kernel_math.c — core/base/kernel_math.h, the per-element arithmetic the CPU loops and the CUDA kernels share, each
- * function against an independent formula: a double-precision reference of the same real-number expression, fed
+/* test_kernel_math.c — core/base/kernel_math.h, the per-element arithmetic the CPU loops and the CUDA kernels share,
+ * each function against an independent formula: a double-precision reference of the same real-number expression, fed
  * the same float inputs, within a bound from standard forward error analysis; and the exact properties that pin a
  * formula (bfloat16 ties to even, RoPE's backward is the forward at -angle, softmax sums to 1, AdamW's padding
  * stays 0). No MPI needed.

@@ -164,7 +164,8 @@ static double attention_loss(void *p) {
 START_TEST(test_attention_gradients_and_causality) {
     attention_state s = {.B = 2, .T = 5, .H = 4, .KVH = 2, .D = 8};
     size_t q_count = (size_t)s.B * s.T * s.H * s.D, kv_count = (size_t)s.B * s.T * s.KVH * s.D;
-    s.q = random_array(q_count, 10, 1.0f), s.k = random_array(kv_count, 11, 1.0f), s.v = random_array(kv_count, 12, 1.0f);
+    s.q = random_array(q_count, 10, 1.0f), s.k = random_array(kv_count, 11, 1.0f),
+    s.v = random_array(kv_count, 12, 1.0f);
     s.out = zeros(q_count), s.probs = zeros((size_t)s.B * s.H * s.T * s.T), s.R = random_array(q_count, 13, 1.0f);
     float *dq = zeros(q_count), *dk = zeros(kv_count), *dv = zeros(kv_count), *scratch = zeros((size_t)s.T * s.T);
     attention_loss(&s);

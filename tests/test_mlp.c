@@ -125,16 +125,19 @@ START_TEST(test_bad_config_and_batch_are_refused_with_values) {
     mlp_config config = small_config();
     mlp_model model;
     config.mlp_hidden = 0;
-    ck_assert_int_eq(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK, FSDP_FULL_SHARD), -1);
+    ck_assert_int_eq(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK,
+                                            FSDP_FULL_SHARD), -1);
     ck_assert_msg(strstr(ctx.error, "mlp_hidden 0, need >= 1"), "%s", ctx.error);
     mlp_model_free(&model);
     config = small_config();
     config.init_std = -1.0f;
-    ck_assert_int_eq(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK, FSDP_FULL_SHARD), -1);
+    ck_assert_int_eq(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK,
+                                            FSDP_FULL_SHARD), -1);
     ck_assert_msg(strstr(ctx.error, "init_std -1"), "%s", ctx.error);
     mlp_model_free(&model);
     config = small_config();
-    ck_assert_int_eq(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK, FSDP_FULL_SHARD), 0);
+    ck_assert_int_eq(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK,
+                                            FSDP_FULL_SHARD), 0);
     module view;
     mlp_as_module(&model, &view);
     int tokens[N], targets[N];
@@ -203,7 +206,8 @@ static double loss_along(mlp_model *model, const fd_direction *d, double step, c
 START_TEST(test_gradient_matches_finite_differences) {
     mlp_config config = small_config();
     mlp_model model;
-    ck_assert_msg(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK, FSDP_FULL_SHARD) == 0,
+    ck_assert_msg(mlp_model_init_wrapped(&model, &ctx, &config, fsdp_wrap_by_type, (void *)MLP_BLOCK,
+                                         FSDP_FULL_SHARD) == 0,
                   "%s", ctx.error);
     for (int unit = 0; unit < model.unit_count; unit++) {
         flat_param *fp = &model.units[unit];
@@ -252,7 +256,8 @@ START_TEST(test_gradient_matches_finite_differences) {
                                loss_along(&model, &d, -2 * h, tokens, targets)) / (4 * h);
             double error = fabs(numeric - analytic), richardson = fabs(numeric2 - numeric);
             if (error / tolerance > worst_ratio) worst_ratio = error / tolerance;
-            if (richardson / richardson_tolerance > worst_richardson) worst_richardson = richardson / richardson_tolerance;
+            if (richardson / richardson_tolerance > worst_richardson)
+                worst_richardson = richardson / richardson_tolerance;
             checks++;
             if ((error > tolerance || richardson > richardson_tolerance) && failures++ == 0)
                 snprintf(first_failure, sizeof first_failure, "%s %s: analytic %.6g, numeric %.6g (h) %.6g (2h); "
@@ -325,7 +330,8 @@ static gradients reference_gradients(const mlp_config *config, int micro_batches
 }
 
 /* The runtime's: wrapped by type (one unit per block), `micro_batches` micro-batches, then every unit's gradient
- * shard all-gathered (flat_param_gather_grad). Checks that the step left every unit SHARDED and IDLE and no model memory. */
+ * shard all-gathered (flat_param_gather_grad). Checks that the step left every unit SHARDED and IDLE and no model
+ * memory. */
 static gradients runtime_gradients(const mlp_config *config, const fsdp_options *options, int micro_batches,
                                    size_t *checkpoint_peak, size_t *activation_peak) {
     mlp_model model;
@@ -342,8 +348,9 @@ static gradients runtime_gradients(const mlp_config *config, const fsdp_options 
     for (int m = 0; m < micro_batches; m++) {
         int tokens[N], targets[N];
         make_batch(tokens, targets, config->vocab_size, m);
-        out.losses[m] = fsdp_forward_backward(&runtime, tokens, targets, B, T,
-                                              m == micro_batches - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE);
+        out.losses[m] =
+            fsdp_forward_backward(&runtime, tokens, targets, B, T,
+                                  m == micro_batches - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE);
     }
     *checkpoint_peak = ctx.mem.category_peak_bytes[MEM_CHECKPOINT_INPUT];
     *activation_peak = ctx.mem.category_peak_bytes[MEM_ACTIVATION];
@@ -444,7 +451,8 @@ START_TEST(test_runtime_matches_the_model_alone) {
     for (int m = 0; m < mode_count; m++) {
         int micro_batches = modes[m].options.accumulation_steps;
         size_t checkpoint_peak, activation_peak;
-        gradients got = runtime_gradients(&config, &modes[m].options, micro_batches, &checkpoint_peak, &activation_peak);
+        gradients got =
+            runtime_gradients(&config, &modes[m].options, micro_batches, &checkpoint_peak, &activation_peak);
         char message[256] = "";
         int bad = compare(&config, &reference[micro_batches], &got, micro_batches, 0, message, sizeof message);
         CK_ASSERT_ALL(&ctx, !bad, "%s, world %d: differs from the model run alone: %s", modes[m].name,

@@ -49,7 +49,8 @@ static void fill_gradient(const char *name, size_t first, size_t count, float *o
 
 static void make_units(flat_param *units, uint64_t seed) {
     for (int u = 0; u < UNIT_COUNT; u++) {
-        ck_assert_int_eq(flat_param_init(&units[u], &ctx, UNIT_SPECS[u].unit, UNIT_SPECS[u].specs, UNIT_SPECS[u].count), 0);
+        ck_assert_int_eq(flat_param_init(&units[u], &ctx, UNIT_SPECS[u].unit, UNIT_SPECS[u].specs,
+                                         UNIT_SPECS[u].count), 0);
         flat_param_fill_local_shard(&units[u], fill_params, &seed);
     }
 }
@@ -370,7 +371,8 @@ START_TEST(test_clip_grad_norm_is_the_full_norm_and_scales) {
 
     /* A unit without a gradient counts as zero and keeps none: the norm is that of the other two, as clipped. */
     flat_param_zero_grad(&units[1]);
-    expected = coefficient * hypot(full_gradient_norm(&units[0], 1, seed, 1), full_gradient_norm(&units[2], 1, seed, 1));
+    expected =
+        coefficient * hypot(full_gradient_norm(&units[0], 1, seed, 1), full_gradient_norm(&units[2], 1, seed, 1));
     norm = adamw_clip_grad_norm(&ctx, units, UNIT_COUNT, 1e30);
     CK_ASSERT_ALL(&ctx, fabs(norm - expected) <= 1e-5 * expected && units[1].grad_shard == NULL,
                   "rank %d: with layers.1 gradient-less the norm is %.9g, expected %.9g", ctx.rank, norm, expected);
@@ -384,7 +386,8 @@ START_TEST(test_clip_grad_norm_counts_a_replicated_unit_once) {
     uint64_t seed = 71;
     flat_param units[2];
     ck_assert_int_eq(flat_param_init(&units[0], &ctx, UNIT_SPECS[0].unit, UNIT_SPECS[0].specs, UNIT_SPECS[0].count), 0);
-    ck_assert_int_eq(flat_param_init_replicated(&units[1], &ctx, UNIT_SPECS[1].unit, UNIT_SPECS[1].specs, UNIT_SPECS[1].count), 0);
+    ck_assert_int_eq(flat_param_init_replicated(&units[1], &ctx, UNIT_SPECS[1].unit, UNIT_SPECS[1].specs,
+                                                UNIT_SPECS[1].count), 0);
     for (int u = 0; u < 2; u++) set_gradient(&units[u], seed, 1);
     double expected = full_gradient_norm(units, 2, seed, 1);
     double norm = adamw_clip_grad_norm(&ctx, units, 2, 1e30);

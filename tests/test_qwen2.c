@@ -36,9 +36,11 @@ static qwen2_config small_config(void) {
 
 static void make_model_with_std(qwen2_model *model, const qwen2_config *config, uint64_t seed, float std) {
     qwen2_init_spec init = {.seed = seed, .std = std};
-    ck_assert_msg(qwen2_model_init_wrapped(model, &ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER, FSDP_FULL_SHARD, &init) == 0,
+    ck_assert_msg(qwen2_model_init_wrapped(model, &ctx, config, fsdp_wrap_by_type, (void *)QWEN2_DECODER_LAYER,
+                                           FSDP_FULL_SHARD, &init) == 0,
                   "%s", ctx.error);
-    for (int unit = 0; unit < model->unit_count; unit++) ck_assert_int_eq(flat_param_unshard(&model->units[unit], "test"), 0);
+    for (int unit = 0; unit < model->unit_count; unit++)
+        ck_assert_int_eq(flat_param_unshard(&model->units[unit], "test"), 0);
 }
 
 static void make_model(qwen2_model *model, const qwen2_config *config, uint64_t seed) {
@@ -122,7 +124,8 @@ START_TEST(test_tree_names_and_counts) {
     size_t total = 0;
     int decoder_layers = 0;
     for (int p = 0; p < tree.param_count; p++) total += qwen2_param_numel(&tree.params[p]);
-    for (int m = 0; m < tree.module_count; m++) decoder_layers += strcmp(tree.modules[m].type, "Qwen2DecoderLayer") == 0;
+    for (int m = 0; m < tree.module_count; m++)
+        decoder_layers += strcmp(tree.modules[m].type, "Qwen2DecoderLayer") == 0;
     ck_assert_uint_eq(total, 494032768u); /* HF's Qwen2-0.5B, tied lm_head counted once */
     ck_assert_int_eq(decoder_layers, 24);
     qwen2_tree_free(&tree);
@@ -264,8 +267,8 @@ static size_t first_not_bfloat16(const float *values, size_t count) {
                       (layer), bad_, bad_ < (count) ? (double)(buffer)[bad_] : 0.0);                              \
     } while (0)
 
-/* Under MixedPrecision(param_dtype=bfloat16) every tensor torch's graph holds is bfloat16 (core/kernels/layers_bf16.h): each
- * activation the forward saves, the logits, and each activation gradient the backward hands on are bfloat16 values
+/* Under MixedPrecision(param_dtype=bfloat16) every tensor torch's graph holds is bfloat16 (core/kernels/layers_bf16.h):
+ * each activation the forward saves, the logits, and each activation gradient the backward hands on are bfloat16 values
  * (the float32 softmax probabilities and 1/rms excepted, which torch keeps in float32 too). A skipped rounding leaves
  * float32 values in one of them. The loss stays near the float32 model's (bfloat16's 2^-8 per rounding). */
 START_TEST(test_bf16_compute_keeps_bfloat16_tensors) {

@@ -29,50 +29,54 @@ BLOCKS = {1: (SEGMENT, 2048), 2: (SEGMENT + 2048, 3072), 3: (SEGMENT + 5120, 409
 EVENTS = [
     ("allocator", 0, {"mode": "caching", "backend": "host", "round": 512, "small_size": 1048576,
                       "small_segment": 2097152, "large_segment": 20971520, "min_large_alloc": 10485760,
-                      "round_large": 2097152, "max_split_size": 0}),                                        # 3
+                      "round_large": 2097152, "max_split_size": 0}),                                  # 3
     ("segment_alloc", 1, {"id": 1, "addr": SEGMENT, "bytes": 2097152, "pool": "small", "stream": 0,
-                          "owner": "root._local_shard", "category": "param_shard"}),                       # 4
-    ("alloc", 1, {"id": 1, "bytes": 2000, "category": "param_shard", "owner": "root._local_shard"}),        # 5: 2000
-    ("alloc", 2, {"id": 2, "bytes": 3000, "category": "param_shard", "owner": "layers.0._local_shard"}),    # 6: 5000
+                          "owner": "root._local_shard", "category": "param_shard"}),                  # 4
+    ("alloc", 1, {"id": 1, "bytes": 2000, "category": "param_shard", "owner": "root._local_shard"}),  # 5: 2000
+    ("alloc", 2, {"id": 2, "bytes": 3000, "category": "param_shard",
+                  "owner": "layers.0._local_shard"}),                                                 # 6: 5000
     ("state", 5, {"unit": "root", "machine": "HandleTrainingState", "from": "IDLE", "to": "FORWARD",
-                  "hook": "_pre_forward"}),                                                                # 7
+                  "hook": "_pre_forward"}),                                                           # 7
     ("alloc", 6, {"id": 3, "bytes": 4000, "category": "param_unsharded",
-                  "owner": "root._full_param_padded"}),                                                    # 8: 9000
+                  "owner": "root._full_param_padded"}),                                               # 8: 9000
     ("collective", 10, {"op": "all_gather", "unit": "root", "bytes": 4000, "bytes_sent": 2000,
-                        "bytes_recv": 2000, "seq": 0, "dur": 20}),                                         # 9: [10,30)
+                        "bytes_recv": 2000, "seq": 0, "dur": 20}),                                    # 9: [10,30)
     ("state", 30, {"unit": "root", "machine": "ShardState", "from": "SHARDED", "to": "UNSHARDED",
-                   "hook": "_pre_forward"}),                                                               # 10
-    ("alloc", 31, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),         # 11: 19000
-    ("compute", 40, {"name": "embed.forward", "unit": "root", "phase": "forward", "dur": 20}),           # 12: [40,60)
-    ("compute", 50, {"name": "side.forward", "unit": None, "phase": None, "dur": 20}),                  # 13: [50,70)
+                   "hook": "_pre_forward"}),                                                          # 10
+    ("alloc", 31, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),      # 11: 19000
+    ("compute", 40, {"name": "embed.forward", "unit": "root", "phase": "forward", "dur": 20}),        # 12: [40,60)
+    ("compute", 50, {"name": "side.forward", "unit": None, "phase": None, "dur": 20}),                # 13: [50,70)
     ("state", 60, {"unit": "layers.0", "machine": "HandleTrainingState", "from": "IDLE", "to": "FORWARD",
-                   "hook": "_pre_forward"}),                                                               # 14
+                   "hook": "_pre_forward"}),                                                          # 14
     ("alloc", 61, {"id": 5, "bytes": 6000, "category": "param_unsharded",
-                   "owner": "layers.0._full_param_padded"}),                                               # 15: 25000
+                   "owner": "layers.0._full_param_padded"}),                                          # 15: 25000
     ("collective", 65, {"op": "all_gather", "unit": "layers.0", "bytes": 6000, "bytes_sent": 3000,
-                        "bytes_recv": 3000, "seq": 1, "dur": 30}),                                         # 16: [65,95)
+                        "bytes_recv": 3000, "seq": 1, "dur": 30}),                                    # 16: [65,95)
     ("free", 95, {"id": 5, "bytes": 6000, "category": "param_unsharded",
-                  "owner": "layers.0._full_param_padded"}),                                                # 17: 19000
+                  "owner": "layers.0._full_param_padded"}),                                           # 17: 19000
     ("collective", 96, {"op": "all_gather", "unit": "layers.0", "bytes": 6000, "bytes_sent": 3000,
-                        "bytes_recv": 3000, "seq": 2, "dur": 4}),                                          # 18: [96,100)
+                        "bytes_recv": 3000, "seq": 2, "dur": 4}),                                     # 18: [96,100)
     ("alloc", 97, {"id": 6, "bytes": 6000, "category": "grad_unsharded",
-                   "owner": "layers.0.full_grad_padded"}),                                                 # 19: 25000, ties
+                   "owner": "layers.0.full_grad_padded"}),                                            # 19: 25000, ties
     ("free", 98, {"id": 6, "bytes": 6000, "category": "grad_unsharded",
-                  "owner": "layers.0.full_grad_padded"}),                                                  # 20: 19000
-    ("compute", 100, {"name": "layers.0.backward", "unit": "layers.0", "phase": "backward", "dur": 10}),  # 21: [100,110)
-    ("alloc", 101, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),      # 22: 26000 PEAK
+                  "owner": "layers.0.full_grad_padded"}),                                             # 20: 19000
+    ("compute", 100, {"name": "layers.0.backward", "unit": "layers.0", "phase": "backward",
+                      "dur": 10}),                                                                    # 21: [100,110)
+    ("alloc", 101, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),   # 22: 26000 PEAK
     ("collective", 105, {"op": "reduce_scatter", "unit": "layers.0", "bytes": 6000, "bytes_sent": 3000,
-                         "bytes_recv": 3000, "seq": 3, "dur": 20}),                                        # 23: [105,125)
-    ("free", 126, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),       # 24: 19000
-    ("alloc", 127, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),          # 25: 26000 tie
+                         "bytes_recv": 3000, "seq": 3, "dur": 20}),                                   # 23: [105,125)
+    ("free", 126, {"id": 7, "bytes": 7000, "category": "workspace", "owner": "layers.0.dscores"}),    # 24: 19000
+    ("alloc", 127, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),       # 25: 26000 tie
     ("collective", 130, {"op": "reduce_scatter", "unit": "root", "bytes": 4000, "bytes_sent": 2000,
-                         "bytes_recv": 2000, "seq": 4, "dur": 10}),                                        # 26: [130,140)
+                         "bytes_recv": 2000, "seq": 4, "dur": 10}),                                   # 26: [130,140)
     ("collective", 140, {"op": "all_reduce", "unit": "loss", "bytes": 4, "bytes_sent": 4, "bytes_recv": 4,
-                         "seq": 5, "dur": 10}),                                                            # 27: [140,150)
-    ("step", 151, {"step": 1, "micro": 0, "loss": 2.5, "peak_bytes": 26000, "peak_reserved": 2097152, "time": 0.00015}),          # 28
-    ("step", 152, {"step": 1, "micro": -1, "loss": 2.5, "peak_bytes": 26000, "peak_reserved": 2097152, "time": 0.00015}),         # 29
-    ("free", 153, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),           # 30
-    ("free", 154, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),         # 31
+                         "seq": 5, "dur": 10}),                                                       # 27: [140,150)
+    ("step", 151, {"step": 1, "micro": 0, "loss": 2.5, "peak_bytes": 26000, "peak_reserved": 2097152,
+                   "time": 0.00015}),                                                                 # 28
+    ("step", 152, {"step": 1, "micro": -1, "loss": 2.5, "peak_bytes": 26000, "peak_reserved": 2097152,
+                   "time": 0.00015}),                                                                 # 29
+    ("free", 153, {"id": 8, "bytes": 7000, "category": "workspace", "owner": "root.dscores"}),        # 30
+    ("free", 154, {"id": 4, "bytes": 10000, "category": "activation", "owner": "embed.output"}),      # 31
     ("free", 155, {"id": 3, "bytes": 4000, "category": "param_unsharded", "owner": "root._full_param_padded"}),
 ]
 
@@ -241,7 +245,8 @@ def reserved_problems(section):
     if found != (PEAK["line"], RESERVED["peak"], PEAK["bytes"], RESERVED["fragmentation"]) or \
             not close(float(match[5]), RESERVED["fragmentation_share"], 0.05):
         problems.append(f"fragmentation line says {found}")
-    for name, pattern in (("rounding", r"^  rounding .*?([\d,]+) B$"), ("cached", r"^  free in segments .*?([\d,]+) B$")):
+    for name, pattern in (("rounding", r"^  rounding .*?([\d,]+) B$"),
+                          ("cached", r"^  free in segments .*?([\d,]+) B$")):
         match = re.search(pattern, section, re.M)
         if not match or number(match[1]) != RESERVED[name]:
             problems.append(f"{name}: {match and match[1]}, expected {RESERVED[name]}")
@@ -432,7 +437,8 @@ def main():
                                                                                                           streams, 2))
         report.check("fsdptrace overlap --windows: the figures between marks", windows_problems(args.tool, scratch))
         done = run_tool(args.tool, "all", rundir)
-        missing = [name for name in ("trace.json", "memory.html", "player.html", "memory_snapshot.pickle", "summary.txt")
+        missing = [name for name in ("trace.json", "memory.html", "player.html", "memory_snapshot.pickle",
+                                     "summary.txt")
                    if not os.path.exists(os.path.join(rundir, name)) or f"{rundir}/{name}" not in done.stdout]
         report.check("fsdptrace all writes and names trace.json, memory.html, player.html, the snapshot, summary.txt",
                      [f"exit {done.returncode}, missing {missing}: {done.stderr.strip()}"] if done.returncode or missing

@@ -28,8 +28,8 @@ enum { PARAM_SHARD = 0, PARAM_UNSHARDED = 1, GRAD_SHARD = 3, ACTIVATION = 5 };
 
 /* ---- writing a run, as the core would ---- */
 
-/* The allocator's bookkeeping the core keeps (core/memory/mem.h, core/memory/allocator.h), reduced to what the events report:
- * one 2 MiB small-pool segment, taken at the first allocation, from which blocks (bytes rounded up to 512) are
+/* The allocator's bookkeeping the core keeps (core/memory/mem.h, core/memory/allocator.h), reduced to what the events
+ * report: one 2 MiB small-pool segment, taken at the first allocation, from which blocks (bytes rounded up to 512) are
  * carved one after the other and never reused, so the events are consistent (trace/segments.h checks them). */
 enum { SEGMENT_BYTES = 2 << 20, ROUND = 512, MAX_IDS = 16 };
 typedef struct ledger {
@@ -515,11 +515,13 @@ static char *streams_run_write(void) {
         trace_sink sink;
         ck_assert_int_eq(trace_open(&sink, dir, rank, WORLD), 0);
         trace_reset_t0(&sink);
-        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 3, 0, NULL, NULL, NULL, 0};
+        trace_fsdp_info options = {"Qwen2ForCausalLM", "FULL_SHARD", "BACKWARD_PRE", 1, 1, 0, 0, 2, 3, 0, NULL, NULL,
+                                   NULL, 0};
         trace_fsdp(&sink, &options);
         trace_collective_info gathers[2] = {
             {"all_gather", "root", NULL, 1024, 4096, 2048, 2048, 0, "all_gather", 10, 10, 20, NULL, 0, NULL, "float32"},
-            {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 1, "all_gather", 12, 30, 20, NULL, 0, NULL, "float32"}};
+            {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 1, "all_gather", 12, 30, 20, NULL, 0, NULL,
+             "float32"}};
         trace_collective(&sink, &gathers[0]);
         trace_wait_info waited = {"all_gather", "all_gather", "root", 0, "_pre_forward", 12, 19};
         trace_wait(&sink, &waited);
@@ -528,7 +530,8 @@ static char *streams_run_write(void) {
         trace_collective_info scatter = {"reduce_scatter", "layers.0", "avg", 1024, 4096, 2048, 2048, 2,
                                          "reduce_scatter", 50, 50, 10, NULL, 0, NULL, "float32"};
         trace_collective(&sink, &scatter);
-        trace_collective_info loss = {"all_reduce", "loss", "sum", 1, 4, 4, 4, 3, "compute", 60, 60, 5, NULL, 0, NULL, "float32"};
+        trace_collective_info loss = {"all_reduce", "loss", "sum", 1, 4, 4, 4, 3, "compute", 60, 60, 5, NULL, 0, NULL,
+                                      "float32"};
         trace_collective(&sink, &loss);
         trace_wait_info limiter = {"compute", NULL, NULL, -1, NULL, 65, 1};
         trace_wait(&sink, &limiter);
@@ -662,7 +665,8 @@ static char *jsonl_run_write(int version, const char *lines) {
     path_join(path, sizeof path, dir, "rank0.jsonl");
     FILE *file = fopen(path, "w");
     ck_assert_ptr_nonnull(file);
-    fprintf(file, "{\"kind\":\"meta\",\"ts\":0,\"rank\":0,\"schema\":\"fsdplab-events\",\"version\":%d,\"world\":1}\n%s",
+    fprintf(file,
+            "{\"kind\":\"meta\",\"ts\":0,\"rank\":0,\"schema\":\"fsdplab-events\",\"version\":%d,\"world\":1}\n%s",
             version, lines);
     fclose(file);
     return dir;

@@ -10,8 +10,8 @@
  *   tokenize_tool stories COUNT [SEED]                 data_generate_stories' text, to stdout (no vocabulary read)
  *   tokenize_tool [--vocab PATH|bytes] write-tokens TEXT OUT.bin [PIECE_BYTES]
  *                                                      TEXT tokenized (Qwen2's BPE, or byte ids with --vocab bytes)
- *                                                      into a token file (core/data/data.h's format: 2-byte ids when they
- *                                                      fit, else 4), with progress on stderr; what
+ *                                                      into a token file (core/data/data.h's format: 2-byte ids when
+ *                                                      they fit, else 4), with progress on stderr; what
  *                                                      scripts/prepare_tinystories.sh runs
  * --vocab defaults to tok_load's default ($QWEN2_TOKENIZER, else data/qwen2/qwen.tiktoken). Exit 0, or 1 with the
  * reason on stderr. */

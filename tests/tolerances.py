@@ -192,12 +192,12 @@ def bf16_sum_over_ranks_l1(local_l1_sum, world):
     rank's ||t_r||_1, summed: lab 05 writes it beside GRADS as local_grad_l1.json):
       ||G_N - G_1||_1 <= [(N-1) u (1+u)^N + u/(1-u) + 2 u (1+u)^(N+1)] A / N      (about (N+2) u ||G||_1)
     Deterministic (worst case), for any order the ring or gloo adds in. Gradient accumulation (ACC > 1) adds the
-    same bound per micro-batch, which A already sums. With bfloat16 compute (core/kernels/layers_bf16.h) every activation is
-    rounded too, but per token: 1 rank and N ranks compute each row alike (a row's float32 sums do not depend on how
-    many rows a GEMM has), so g_r is still the float32 sum of the same per-token terms, and where a float32 order does
-    differ the rounding flip it may cause transfers that difference unamplified in expectation (check_torch_bf16.py),
-    inside the float32 term. The bound is unchanged; measured after the change, the largest difference / bound is
-    0.20 on 2 ranks and 0.17 on 4 (lab 07's check)."""
+    same bound per micro-batch, which A already sums. With bfloat16 compute (core/kernels/layers_bf16.h) every
+    activation is rounded too, but per token: 1 rank and N ranks compute each row alike (a row's float32 sums do not
+    depend on how many rows a GEMM has), so g_r is still the float32 sum of the same per-token terms, and where a
+    float32 order does differ the rounding flip it may cause transfers that difference unamplified in expectation
+    (check_torch_bf16.py), inside the float32 term. The bound is unchanged; measured after the change, the largest
+    difference / bound is 0.20 on 2 ranks and 0.17 on 4 (lab 07's check)."""
     u, n = U_BF16, world
     return ((n - 1) * u * (1 + u) ** n + u / (1 - u) + 2 * u * (1 + u) ** (n + 1)) * local_l1_sum / n
 
@@ -266,7 +266,8 @@ def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss,
         r_t = sum_i |g_i| |w_i - bf16(w_i)| (the lab measures it each step on the master weights); the factor 2
         leaves room for the second-order term, which is below the first while |bf16(w) - w| <= 2^-8 |w| is as
         small as it is (an assumption, not a theorem: a loss flat to first order would break it);
-      - computing in bfloat16: every op's output rounded (core/kernels/layers_bf16.h), bf16_activation_loss_tolerance x |loss|;
+      - computing in bfloat16: every op's output rounded (core/kernels/layers_bf16.h), bf16_activation_loss_tolerance x
+        |loss|;
       - the trajectories: AdamW's updates from the two runs' gradients differ; later_loss_allowance's argument
         (|g du| <= |dg| / 4 per element) with the step-1 gradient difference D = sum |g_MP - g_fp32|:
         (t - 1) lr / 4 D;
@@ -279,9 +280,9 @@ def mixed_precision_loss_bound(step, rounding, gradient_l1_difference, lr, loss,
 def torch_bf16_loss_tolerance(config, tokens, seq):
     """Relative bound on one step's loss from that step's own computation, fsdplab MP=bf16 vs torch FSDP with
     MixedPrecision(param_dtype=bfloat16), given the same weights. Both round the same tensors at the same places
-    (core/kernels/layers_bf16.h mirrors torch op by op; tests/check_torch_bf16.py checks it against torch) from float32 values
-    that differ only in summation order, so they disagree where those float32 values fall on two sides of a rounding
-    boundary ("flips"). Two parts:
+    (core/kernels/layers_bf16.h mirrors torch op by op; tests/check_torch_bf16.py checks it against torch) from float32
+    values that differ only in summation order, so they disagree where those float32 values fall on two sides of a
+    rounding boundary ("flips"). Two parts:
       - the float32 disagreement itself: loss_tolerance, as the float32 parity;
       - flips. A float32 sum of K terms computed in two orders differs by at most rho |v|, rho = lambda u32 sqrt(K)
         (K the longest sum, longest_sum: no cancellation assumed), and with the boundary's position uniform the two

@@ -303,7 +303,8 @@ def check_memory_jsonl(ranks, report):
     problems = []
     for (rank, pool), lines in pooled(ranks):
         for number, line, live in memory_sums(lines):
-            where = f"rank {rank} {pool} pool line {number} ({line['kind']} {line.get('bytes')} B {line.get('category')!r})"
+            where = (f"rank {rank} {pool} pool line {number} ({line['kind']} {line.get('bytes')} B "
+                     f"{line.get('category')!r})")
             if line.get("category") not in CATEGORIES:
                 problems.append(f"{where}: category is not one of EVENTS.md's {len(CATEGORIES)}")
             if line.get("dtype") not in DTYPE_SIZES:

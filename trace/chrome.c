@@ -183,7 +183,8 @@ static cJSON *collective_convert(const trace_run *run, const run_rank *rank, con
     cJSON_AddNumberToObject(args, "queued", event->ts - event->issue_ts);
     cJSON_AddStringToObject(args, "group", event->group != RUN_NONE ? run_string(run, event->group) : "world");
     cJSON_AddNumberToObject(args, "group_size", event->group_size);
-    if (event->group_ranks != RUN_NONE) cJSON_AddStringToObject(args, "group_ranks", run_string(run, event->group_ranks));
+    if (event->group_ranks != RUN_NONE)
+        cJSON_AddStringToObject(args, "group_ranks", run_string(run, event->group_ranks));
     return chrome;
 }
 
@@ -212,7 +213,8 @@ static cJSON *fsdp_convert(const run_rank *rank, const run_event *event) {
     char name[160];
     snprintf(name, sizeof name, "fsdp %s backward_prefetch=%s%s%s", options->sharding_strategy,
              options->backward_prefetch[0] ? options->backward_prefetch : "None",
-             options->forward_prefetch ? " forward_prefetch" : "", options->limit_all_gathers ? " limit_all_gathers" : "");
+             options->forward_prefetch ? " forward_prefetch" : "",
+             options->limit_all_gathers ? " limit_all_gathers" : "");
     cJSON *chrome = instant_event("fsdp", name, pid_of(rank), "p", event->ts);
     cJSON_AddItemToObject(chrome, "args", run_fsdp_json(options));
     return chrome;
@@ -339,7 +341,8 @@ static int flow_plan_make(flow_plan *plan, const trace_run *run, char *error, si
         double offset = FLOW_BIND_OFFSET_US;
         for (end = first; end < plan->count && same_collective(&plan->members[end], &plan->members[first]); end++)
             if (plan->members[end].dur / 2 < offset) offset = plan->members[end].dur / 2;
-        for (size_t index = first; index < end; index++) plan->members[index].bind_ts = plan->members[index].ts + offset;
+        for (size_t index = first; index < end; index++)
+            plan->members[index].bind_ts = plan->members[index].ts + offset;
     }
     return 0;
 }

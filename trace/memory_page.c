@@ -44,7 +44,8 @@ static int markers_add(cJSON *states, cJSON *steps, cJSON *marks, const run_rank
         int status = 0;
         if (event->kind == RUN_STATE)
             status = row_add(states, (double[]){line, event->unit, event->machine, event->to}, 4);
-        if (event->kind == RUN_STEP) status = row_add(steps, (double[]){line, event->step, event->micro, event->loss}, 4);
+        if (event->kind == RUN_STEP)
+            status = row_add(steps, (double[]){line, event->step, event->micro, event->loss}, 4);
         if (event->kind == RUN_MARK) status = row_add(marks, (double[]){line, event->label}, 2);
         if (status != 0) return -1;
     }
@@ -164,8 +165,8 @@ static void body_put(FILE *file, const trace_run *run) {
           "(pytorch.org/memory_viz): allocations stack in the order they were made; a band keeps its height until "
           "something below it is freed, then drops by that size. The top of the stack is the live tracked bytes.</li>\n"
           "<li>The dark dashed line is <em>reserved</em> bytes: the segments the caching allocator holds "
-          "(core/memory/allocator.h). The gap between it and the top of the stack is memory kept in the cache for the next "
-          "allocation, plus rounding; the table under the plot splits it at the allocated peak.</li>\n"
+          "(core/memory/allocator.h). The gap between it and the top of the stack is memory kept in the cache for the "
+          "next allocation, plus rounding; the table under the plot splits it at the allocated peak.</li>\n"
           "<li>x is the event index: the line number in rank&lt;R&gt;.jsonl, so any moment can be looked up in the "
           "events file. Solid lines end optimizer steps, dashed lines end micro-batches (s2 mb1: step 2, "
           "micro-batch 1).</li>\n"

@@ -493,7 +493,8 @@ static run_rank *pool_of(rank_reader *reader, const cJSON *line, run_event_kind 
         if (host == NULL) line_fail(reader, "out of memory for the host pool's events");
         return host;
     }
-    line_fail(reader, "device '%.40s', expected 'device' or 'host'", cJSON_IsString(device) ? device->valuestring : "?");
+    line_fail(reader, "device '%.40s', expected 'device' or 'host'",
+              cJSON_IsString(device) ? device->valuestring : "?");
     return NULL;
 }
 
@@ -518,7 +519,8 @@ static int event_parse(rank_reader *reader, const cJSON *line) {
                        .dtype = RUN_NONE};
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(line, "kind");
     if (!cJSON_IsString(kind)) return line_fail(reader, "event has no string field 'kind'");
-    if (strcmp(kind->valuestring, "meta") == 0) return line_fail(reader, "a second 'meta' line (only line 1 may be one)");
+    if (strcmp(kind->valuestring, "meta") == 0)
+        return line_fail(reader, "a second 'meta' line (only line 1 may be one)");
     if (number_field(reader, line, kind->valuestring, "ts", &event.ts) != 0) return -1;
     if (event.ts < 0) event.ts = 0;
     for (size_t index = 0; index < sizeof parsers / sizeof parsers[0]; index++) {
@@ -613,8 +615,8 @@ static int file_read(rank_reader *reader) {
                 return fail(reader->error, reader->error_size, "run directory %s is not a directory",
                             reader->run->rundir);
             if (open_errno == ENOENT)
-                return fail(reader->error, reader->error_size, "%s has no rank0.jsonl: not a run directory (a lab's OUT)",
-                            reader->run->rundir);
+                return fail(reader->error, reader->error_size,
+                            "%s has no rank0.jsonl: not a run directory (a lab's OUT)", reader->run->rundir);
             return fail(reader->error, reader->error_size, "cannot open %s: %s", rank->path, strerror(open_errno));
         }
         return fail(reader->error, reader->error_size, "cannot open %s: %s (rank0.jsonl says world %d)", rank->path,
@@ -687,8 +689,8 @@ static int frees_match(rank_reader *reader) {
     for (size_t index = 1; status == 0 && index < alloc_count; index++) {
         if (allocs[index].id != allocs[index - 1].id) continue;
         reader->line_number = rank->events[allocs[index].event].line;
-        status = line_fail(reader, "allocation id %llu reused (first at line %zu)", (unsigned long long)allocs[index].id,
-                           rank->events[allocs[index - 1].event].line);
+        status = line_fail(reader, "allocation id %llu reused (first at line %zu)",
+                           (unsigned long long)allocs[index].id, rank->events[allocs[index - 1].event].line);
     }
     for (size_t index = 0; status == 0 && index < rank->event_count; index++)
         if (rank->events[index].kind == RUN_FREE) status = free_match(reader, allocs, alloc_count, index);

@@ -73,7 +73,8 @@ typedef struct run_event {
     int reduce;           /* string: collective */
     int group;            /* string: collective, its process group ("shard", "replicate"); RUN_NONE: the world */
     int group_ranks;      /* string: collective, its group's world ranks as "0,2" (RUN_NONE: the world); with
-                             `group` and `seq` it names one collective (version 4: the shard groups run a seq at once) */
+                             `group` and `seq` it names one collective (version 4: the shard groups run a seq at
+                             once) */
     int group_size;       /* collective: ranks in its group (the world size for the world) */
     int dtype;            /* string: collective, alloc/free: the elements' type (version 4), or RUN_NONE */
     int category;         /* alloc/free: index into run_categories; segment events: the request's, or RUN_NONE */

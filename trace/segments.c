@@ -124,7 +124,8 @@ static int segment_remove(segments_state *state, const run_rank *rank, size_t in
     segments_segment *segment = &state->segments[at];
     if (segment->bytes != event->bytes)
         return line_fail(rank, event, error, error_size,
-                         "segment_free id %llu of %llu bytes, but line %zu allocated %llu", (unsigned long long)event->id, (unsigned long long)event->bytes,
+                         "segment_free id %llu of %llu bytes, but line %zu allocated %llu",
+                         (unsigned long long)event->id, (unsigned long long)event->bytes,
                          rank->events[segment->event].line, (unsigned long long)segment->bytes);
     if (segment->block_count != 0)
         return line_fail(rank, event, error, error_size,

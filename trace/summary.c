@@ -403,7 +403,8 @@ int summary_time_between(const trace_run *run, const run_rank *rank, size_t begi
     int status = compute == NULL || comm == NULL || exposed == NULL || points == NULL ? -1 : 0;
     if (status == 0) {
         double first = 1e300, last = -1e300;
-        size_t compute_count = intervals_collect(rank, begin, end, RUN_COMPUTE, RUN_STREAM_COUNT, compute, &first, &last);
+        size_t compute_count =
+            intervals_collect(rank, begin, end, RUN_COMPUTE, RUN_STREAM_COUNT, compute, &first, &last);
         size_t comm_count = intervals_collect(rank, begin, end, RUN_COLLECTIVE, RUN_STREAM_COUNT, comm, &first, &last);
         *split = (summary_time){.spans = compute_count + comm_count};
         compute_count = intervals_union(compute, compute_count);
@@ -422,7 +423,8 @@ int summary_time_between(const trace_run *run, const run_rank *rank, size_t begi
         size_t waits = comm_waits_collect(rank, begin, end, exposed);
         split->waited = intervals_length(exposed, intervals_union(exposed, waits));
         waits = comm_waits_collect(rank, begin, end, exposed);
-        size_t blocking = intervals_collect(rank, begin, end, RUN_COLLECTIVE, RUN_STREAM_COMPUTE, exposed + waits, NULL, NULL);
+        size_t blocking =
+            intervals_collect(rank, begin, end, RUN_COLLECTIVE, RUN_STREAM_COMPUTE, exposed + waits, NULL, NULL);
         split->exposed = intervals_length(exposed, intervals_union(exposed, waits + blocking));
         split->max_all_gathers_in_flight = all_gathers_in_flight(run, rank, begin, end, points);
     }
@@ -544,13 +546,15 @@ static int volume_print(FILE *stream, const trace_run *run, const run_rank *rank
     volume found;
     char exact[32], readable[32], comparison[96];
     if (volume_find(run, rank, &found) != 0) return -1;
-    fprintf(stream, "comm volume vs ZeRO-3 (buffer bytes: all_gather + reduce_scatter + 2 x all_reduce, FSDP units):\n");
+    fprintf(stream,
+            "comm volume vs ZeRO-3 (buffer bytes: all_gather + reduce_scatter + 2 x all_reduce, FSDP units):\n");
     if (found.parameters == 0 || found.micro_batches == 0) {
         fprintf(stream, "  no FSDP unit collectives or no steps in this rank's events\n");
         return 0;
     }
     double micro = (double)found.micro_batches, parameters = (double)found.parameters;
-    uint64_t zero3 = 3 * found.parameters * found.micro_batches, all_reduce = 2 * found.parameters * found.micro_batches;
+    uint64_t zero3 = 3 * found.parameters * found.micro_batches,
+             all_reduce = 2 * found.parameters * found.micro_batches;
     fprintf(stream, "  %-18s %16s B (%s, padded, %d units); %zu micro-batches\n", "parameters P",
             grouped(found.parameters, exact, sizeof exact), human(found.parameters, readable, sizeof readable),
             found.unit_count, found.micro_batches);

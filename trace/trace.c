@@ -232,7 +232,9 @@ static void segment_event(trace_sink *sink, const char *kind, const trace_segmen
     event_write(sink, event);
 }
 
-void trace_segment_alloc(trace_sink *sink, const trace_segment_info *info) { segment_event(sink, "segment_alloc", info); }
+void trace_segment_alloc(trace_sink *sink, const trace_segment_info *info) {
+    segment_event(sink, "segment_alloc", info);
+}
 void trace_segment_free(trace_sink *sink, const trace_segment_info *info) { segment_event(sink, "segment_free", info); }
 
 void trace_allocator(trace_sink *sink, const trace_allocator_info *info) {
@@ -292,8 +294,10 @@ void trace_step(trace_sink *sink, int step, int micro, double loss, uint64_t pea
      * where page faults on fresh memory and the kernel-side copies of shared-memory MPI show up. */
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) == 0) {
-        cJSON_AddNumberToObject(event, "cpu_user", (double)usage.ru_utime.tv_sec + 1e-6 * (double)usage.ru_utime.tv_usec);
-        cJSON_AddNumberToObject(event, "cpu_sys", (double)usage.ru_stime.tv_sec + 1e-6 * (double)usage.ru_stime.tv_usec);
+        cJSON_AddNumberToObject(event, "cpu_user",
+                                (double)usage.ru_utime.tv_sec + 1e-6 * (double)usage.ru_utime.tv_usec);
+        cJSON_AddNumberToObject(event, "cpu_sys",
+                                (double)usage.ru_stime.tv_sec + 1e-6 * (double)usage.ru_stime.tv_usec);
     }
     cJSON_AddNumberToObject(event, "time", time_seconds);
     event_write(sink, event);

@@ -1,8 +1,8 @@
 /* trace.h — the event sink: one JSON object per line, one file per rank (<outdir>/rank<R>.jsonl).
  *
- * The sink only writes; nothing in the runtime ever reads events back (docs/architecture.md §1). Every event carries `kind`,
- * `ts` (microseconds since this rank's t0, taken right after a start barrier) and `rank`. The exact schema, and the
- * version written in the first line of each file, is trace/EVENTS.md. Each line is flushed as it is written, so a
+ * The sink only writes; nothing in the runtime ever reads events back (docs/architecture.md §1). Every event carries
+ * `kind`, `ts` (microseconds since this rank's t0, taken right after a start barrier) and `rank`. The exact schema, and
+ * the version written in the first line of each file, is trace/EVENTS.md. Each line is flushed as it is written, so a
  * crash loses at most the event being written.
  *
  * This module knows nothing of MPI or of the core: the caller passes the rank and chooses the moment of t0.

@@ -1,6 +1,6 @@
-/* kernel_math.h — the per-element arithmetic that both devices run: the CPU loops of core/kernels/layers.c and core/fsdp/optim.c
- * and the CUDA kernels of core/cuda/kernels.cu call these same functions, so the CPU tests (tests/test_layers.c,
- * test_optim.c, test_kernel_math.c, the parity checks) cover the arithmetic the GPU runs.
+/* kernel_math.h — the per-element arithmetic that both devices run: the CPU loops of core/kernels/layers.c and
+ * core/fsdp/optim.c and the CUDA kernels of core/cuda/kernels.cu call these same functions, so the CPU tests
+ * (tests/test_layers.c, test_optim.c, test_kernel_math.c, the parity checks) cover the arithmetic the GPU runs.
  *
  * Each function is one formula, written once, in the order of operations the CPU path has always used: its bits
  * are the CPU's. What a device may still do differently is stated where it matters:

@@ -1,8 +1,9 @@
 /* rng.h — a counter-based random number generator: a value depends only on (seed, stream, index).
  *
  * No state, no order: rank 3 can make element 1,000,000 of a parameter without making the 999,999 before it, so
- * any rank builds any shard alone, and the same seed gives the same weights at any world size (docs/architecture.md §5).
- * The stream is usually rng_stream_of(parameter name). Mixing is SplitMix64's finaliser, applied three times.
+ * any rank builds any shard alone, and the same seed gives the same weights at any world size
+ * (docs/architecture.md §5). The stream is usually rng_stream_of(parameter name). Mixing is SplitMix64's finaliser,
+ * applied three times.
  */
 #ifndef FSDPLAB_RNG_H
 #define FSDPLAB_RNG_H

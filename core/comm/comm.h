@@ -15,17 +15,18 @@
  * on pinned host copies of the buffers (comm.c, "staging"). Either way the agreement check below is MPI's, on the host.
  *
  * Two forms. The blocking ones (labs 01-03) return when the data is there. The start/wait ones are FSDP's: `_start`
- * queues the collective on a stream (core/comm/stream.h) and returns at once with a handle; the host computes meanwhile;
- * comm_wait blocks until it is done (the blocked time is exposed communication, written as a `wait` event). The
- * buffers belong to the collective until comm_wait returns.
+ * queues the collective on a stream (core/comm/stream.h) and returns at once with a handle; the host computes
+ * meanwhile; comm_wait blocks until it is done (the blocked time is exposed communication, written as a `wait` event).
+ * The buffers belong to the collective until comm_wait returns.
  *
  * Each call writes one `collective` event (op, unit, bytes, ring traffic, seq, duration). Before moving data, every
  * rank checks that all ranks called the same op with the same count, detail (reduction, root) and unit: a mismatch
  * returns -1 on every rank with a message in ctx->error naming both ranks and values, instead of hanging or
- * producing garbage. (A start form agrees on the host at issue, on the context's communicator, or on its group's.) The check is made once per signature (op, count, detail, unit): once every rank has agreed on
- * it, later calls with it skip the exchange (ctx->agreed; ctx->agreements counts the exchanges), so a unit's
- * layout is agreed on its first gather, not on every one. MPI failures also return -1 with MPI's reason. Callers
- * check the result (COMM_CHECK aborts with the message).
+ * producing garbage. (A start form agrees on the host at issue, on the context's communicator, or on its group's.) The
+ * check is made once per signature (op, count, detail, unit): once every rank has agreed on it, later calls with it
+ * skip the exchange (ctx->agreed; ctx->agreements counts the exchanges), so a unit's layout is agreed on its first
+ * gather, not on every one. MPI failures also return -1 with MPI's reason. Callers check the result (COMM_CHECK aborts
+ * with the message).
  */
 #ifndef FSDPLAB_COMM_H
 #define FSDPLAB_COMM_H

@@ -99,8 +99,8 @@ int group_shard_size_from_env(context *ctx, int default_size, int hybrid) {
             world_exit_all(ctx, 2, "SHARD_GROUP unset: its default is the ranks per node, but %s; set SHARD_GROUP to "
                          "one of %s", ctx->error, divisors);
         if (ctx->world_size % shard != 0)
-            world_exit_all(ctx, 2, "SHARD_GROUP unset: its default, the ranks per node (%ld), does not divide the world "
-                         "size %d; set SHARD_GROUP to one of %s", shard, ctx->world_size, divisors);
+            world_exit_all(ctx, 2, "SHARD_GROUP unset: its default, the ranks per node (%ld), does not divide the "
+                         "world size %d; set SHARD_GROUP to one of %s", shard, ctx->world_size, divisors);
     } else if (ctx->world_size % shard != 0) {
         world_exit_all(ctx, 2, "SHARD_GROUP='%ld' does not divide the world size %d: the mesh is (world / SHARD_GROUP) "
                      "x SHARD_GROUP ranks; choose one of %s", shard, ctx->world_size, divisors);

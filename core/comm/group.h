@@ -14,9 +14,9 @@
  *                                                         link between nodes)
  *
  * Each group is an MPI communicator from MPI_Comm_split; the host uses it for the agreement check and the blocking
- * forms, and every comm stream makes its own duplicate (stream_add_group, core/comm/stream.h), as it does of the world's.
- * With BACKEND=nccl a group also has an NCCL communicator (its rank 0's ncclUniqueId broadcast over the MPI one), and
- * every comm stream makes its own of it.
+ * forms, and every comm stream makes its own duplicate (stream_add_group, core/comm/stream.h), as it does of the
+ * world's. With BACKEND=nccl a group also has an NCCL communicator (its rank 0's ncclUniqueId broadcast over the MPI
+ * one), and every comm stream makes its own of it.
  */
 #ifndef FSDPLAB_GROUP_H
 #define FSDPLAB_GROUP_H

@@ -20,8 +20,8 @@
  * comm stream is a cudaStream of its own (no thread: the host queues NCCL's kernels on it). Work launched on such a
  * *device stream* runs on the host at once and queues device work on its cudaStream; an event recorded on it is a
  * cudaEvent, and stream_wait of one device stream for another's event does not block the host. With BACKEND=mpi a
- * comm stream stays a progress thread (MPI runs on pinned host copies of the buffers, core/comm/comm.c), whose events are
- * host flags: a device stream waiting for one makes the host wait.
+ * comm stream stays a progress thread (MPI runs on pinned host copies of the buffers, core/comm/comm.c), whose events
+ * are host flags: a device stream waiting for one makes the host wait.
  */
 #ifndef FSDPLAB_STREAM_H
 #define FSDPLAB_STREAM_H

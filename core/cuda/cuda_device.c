@@ -1,6 +1,6 @@
-/* cuda_device.c — the CUDA device of core/device/device.h: the rank's GPU, its compute stream and cuBLAS handle, and where
- * the caching allocators' segments come from (cudaMalloc for the device pool, pinned host memory for the host pool).
- * The layer, vector and AdamW functions are core/cuda/kernels.cu's (cuda_ops_install). See cuda_device.h. */
+/* cuda_device.c — the CUDA device of core/device/device.h: the rank's GPU, its compute stream and cuBLAS handle, and
+ * where the caching allocators' segments come from (cudaMalloc for the device pool, pinned host memory for the host
+ * pool). The layer, vector and AdamW functions are core/cuda/kernels.cu's (cuda_ops_install). See cuda_device.h. */
 #include "core/cuda/cuda_device.h"
 
 #include <mpi.h>

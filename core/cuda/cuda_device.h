@@ -1,4 +1,5 @@
-/* cuda_device.h — the CUDA device's state behind core/device/device.h (`device.impl`), for the files of core/cuda/ only.
+/* cuda_device.h — the CUDA device's state behind core/device/device.h (`device.impl`), for the files of core/cuda/
+ * only.
  *
  * One GPU per rank, chosen from the node-local rank (core/runtime/context.h local_rank). Every kernel and GEMM runs on
  * `compute`, the rank's compute stream; the all-gather and reduce-scatter streams of core/comm/stream.h are other
@@ -23,7 +24,8 @@ typedef struct cuda_device_state {
     int ordinal;                  /* cudaSetDevice's */
     cudaStream_t compute;         /* the compute stream */
     cublasHandle_t cublas;        /* bound to `compute` */
-    int allow_tf32;               /* ALLOW_TF32=1: cuBLAS may use TF32 tensor cores for float32 GEMMs (off: exact fp32) */
+    int allow_tf32;               /* ALLOW_TF32=1: cuBLAS may use TF32 tensor cores for float32 GEMMs (off: exact
+                                     fp32) */
     /* Reductions' partial results (sum_squares, sum_abs, first_nonfinite, the loss): a small device buffer and its
      * pinned host twin, made once at init outside the caching allocator (like cuBLAS's own workspace; they are the
      * device's tools, not tensors of the run). */

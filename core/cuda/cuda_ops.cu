@@ -1,5 +1,5 @@
-/* cuda_ops.cu — the CUDA device's layer, vector and AdamW functions (core/device/device.h's table), on the compute stream:
- * the kernels of kernels.cu and the GEMMs in cuBLAS. cuda_ops_install puts them in the table.
+/* cuda_ops.cu — the CUDA device's layer, vector and AdamW functions (core/device/device.h's table), on the compute
+ * stream: the kernels of kernels.cu and the GEMMs in cuBLAS. cuda_ops_install puts them in the table.
  *
  * Row-major through column-major cuBLAS. A row-major (r, c) matrix with row stride ld is, to cuBLAS, the
  * column-major (c, r) matrix with leading dimension ld: its transpose. So a row-major product C = op(A) op(B) is

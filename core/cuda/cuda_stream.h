@@ -1,7 +1,8 @@
 /* cuda_stream.h — core/comm/stream.h on the CUDA device: cudaStreams, cudaEvents, and the GPU's clock on the trace's.
  *
- * core/comm/stream.c calls these (in a `make CUDA=1` build, when ctx->device is the CUDA device); so do core/comm/comm.c and
- * core/cuda/nccl_comm.c. Plain C types only, so the core's C files include it without CUDA's headers.
+ * core/comm/stream.c calls these (in a `make CUDA=1` build, when ctx->device is the CUDA device); so do
+ * core/comm/comm.c and core/cuda/nccl_comm.c. Plain C types only, so the core's C files include it without CUDA's
+ * headers.
  *
  * Which stream is what on the CUDA device:
  *

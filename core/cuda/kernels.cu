@@ -1,5 +1,5 @@
-/* kernels.cu — the compute device's CUDA kernels (see kernels.cuh): every element loop of core/kernels/layers.c and of the
- * runtime's vectors, on the GPU, calling core/base/kernel_math.h for the arithmetic.
+/* kernels.cu — the compute device's CUDA kernels (see kernels.cuh): every element loop of core/kernels/layers.c and of
+ * the runtime's vectors, on the GPU, calling core/base/kernel_math.h for the arithmetic.
  *
  * Shapes and layouts are core/kernels/layers.h's. Each kernel says how its work is split and in which order it sums:
  *   - element-wise kernels (RoPE, SwiGLU, add, scale, casts, AdamW): one thread per element (per pair for RoPE),
@@ -8,8 +8,8 @@
  *     then one warp over the warps' results) for the row's max or its double sum;
  *   - column sums into a weight gradient (RMSNorm's dweight, a bias's gradient): 16 row groups per column each sum
  *     their rows in order, then one thread adds the 16 partials in order: no atomics, the same bits every run;
- *   - the bfloat16 layers (core/kernels/layers_bf16.h): the same splits, each element's formula kernel_math.h's km_bf16_*
- *     (the CPU's layers_bf16.c calls them too), so every rounding sits where the CPU's does;
+ *   - the bfloat16 layers (core/kernels/layers_bf16.h): the same splits, each element's formula kernel_math.h's
+ *     km_bf16_* (the CPU's layers_bf16.c calls them too), so every rounding sits where the CPU's does;
  *   - the embedding's gradient: each destination row is summed by one thread in the order of the tokens, exactly
  *     the CPU's order (the same bits as the CPU).
  * Nothing here uses atomics; every result is deterministic run to run.

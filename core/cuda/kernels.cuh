@@ -1,7 +1,7 @@
 /* kernels.cuh — the CUDA kernels of the compute device (core/cuda/kernels.cu), for core/cuda/cuda_ops.cu only.
  *
- * One launcher per kernel family, llm.c's way: the CPU function's signature (core/kernels/layers.h) plus the stream last,
- * returning cudaGetLastError() of its launches so the caller checks it with CUDA_CHECK (which names the rank, the
+ * One launcher per kernel family, llm.c's way: the CPU function's signature (core/kernels/layers.h) plus the stream
+ * last, returning cudaGetLastError() of its launches so the caller checks it with CUDA_CHECK (which names the rank, the
  * launcher and the line). Every launcher only queues work on `stream`; none waits. The GEMMs are not here: the
  * table functions in cuda_ops.cu call cuBLAS around these kernels.
  *

@@ -3,12 +3,12 @@
  * A communicator is made the way torch's ProcessGroupNCCL makes one: the group's rank 0 asks NCCL for an
  * ncclUniqueId, MPI_Bcast gives it to the group's other ranks over the group's MPI communicator, and every member
  * joins with ncclCommInitRank(size, id, its rank in the group). There is one for the world (ctx->collectives_world, the
- * compute stream's), one per process group (core/comm/group.h `backend_comm`), and one of the world and of each group per comm stream
- * (core/cuda/cuda_stream.c): as on the MPI path each comm stream has its own duplicate communicators, so the
- * all-gathers and reduce-scatters on two streams never share one.
+ * compute stream's), one per process group (core/comm/group.h `backend_comm`), and one of the world and of each group
+ * per comm stream (core/cuda/cuda_stream.c): as on the MPI path each comm stream has its own duplicate communicators,
+ * so the all-gathers and reduce-scatters on two streams never share one.
  *
- * What stays on MPI: the agreement check of every collective (core/comm/comm.c, on the host, before anything is queued),
- * the barrier, and everything of the context (world_allreduce, ordered printing).
+ * What stays on MPI: the agreement check of every collective (core/comm/comm.c, on the host, before anything is
+ * queued), the barrier, and everything of the context (world_allreduce, ordered printing).
  *
  * A collective is queued on a cudaStream (the comm stream's, or the compute stream's for the blocking forms and a
  * host stream) behind the compute stream's work queued before it (a cudaEvent: its input was written there), between

@@ -73,10 +73,10 @@ size_t data_generate_stories(uint64_t seed, int count, char *out, size_t out_siz
 int data_token_width(int vocab_size);
 
 /* Writes `count` ids as a token file of the given width (2 or 4): header, then the ids little-endian, through
- * <path>.tmp flushed to disk and renamed (core/base/file.h's file_commit), so a full disk or a kill leaves no partial file under
- * `path`. Returns -1 with `error` naming the path and the values: a width that is not 2 or 4, an id that does not
- * fit it (negative, or >= 65536 at width 2: "id 70000 at position 3 does not fit in 2 bytes"), a failed write (the
- * .tmp is removed). Not collective: one rank writes. */
+ * <path>.tmp flushed to disk and renamed (core/base/file.h's file_commit), so a full disk or a kill leaves no partial
+ * file under `path`. Returns -1 with `error` naming the path and the values: a width that is not 2 or 4, an id that
+ * does not fit it (negative, or >= 65536 at width 2: "id 70000 at position 3 does not fit in 2 bytes"), a failed write
+ * (the .tmp is removed). Not collective: one rank writes. */
 int data_write_tokens(const char *path, const int *ids, size_t count, int width, char *error, size_t error_size);
 
 /* ---- Loader ---- */
@@ -110,8 +110,8 @@ typedef struct data_loader {
  * vocabulary (vocab_size 260)"). Nothing stays allocated on failure. */
 int data_loader_open(data_loader *loader, context *ctx, const char *path, int vocab_size, int micro_batch,
                      int seq_len, uint64_t seed, int shuffle);
-/* The same, with text (a text file, or the generated stories) tokenized by `tokenizer` (Qwen2's BPE, core/data/tokenizer.h;
- * NULL: bytes, as data_encode). Token files are read as they are. */
+/* The same, with text (a text file, or the generated stories) tokenized by `tokenizer` (Qwen2's BPE,
+ * core/data/tokenizer.h; NULL: bytes, as data_encode). Token files are read as they are. */
 int data_loader_open_tokenized(data_loader *loader, context *ctx, const char *path, tok_tokenizer *tokenizer,
                                int vocab_size, int micro_batch, int seq_len, uint64_t seed, int shuffle);
 

@@ -25,7 +25,8 @@ static void fail(char *error, size_t error_size, const char *format, ...) {
     va_end(args);
 }
 
-/* The table's hash (not FNV-1a, core/base/hash.h: 8 bytes at a time; tokens are short, so this is most of a lookup's cost. */
+/* The table's hash (not FNV-1a, core/base/hash.h: 8 bytes at a time; tokens are short, so this is most of a lookup's
+ * cost. */
 static uint64_t token_hash(const char *bytes, size_t length) {
     uint64_t hash = 0x9E3779B97F4A7C15ull ^ length, word;
     for (; length >= 8; bytes += 8, length -= 8) {
@@ -647,7 +648,8 @@ static void queue_pair(const tok_tokenizer *t, const char *word, const uint32_t 
 /* BPE over one pre-token of `length` >= 2 bytes: parts start as bytes; the lowest-ranked adjacent pair (leftmost
  * on ties) merges until none can. A heap of candidates, dropped when stale, keeps a long word O(n log n). */
 static int bpe(tok_tokenizer *t, const char *word, uint32_t length, tok_ids *out) {
-    size_t need = (size_t)(length + 1) * (2 * sizeof(uint32_t) + sizeof(int)) + 3 * (size_t)length * sizeof(merge_candidate);
+    size_t need =
+        (size_t)(length + 1) * (2 * sizeof(uint32_t) + sizeof(int)) + 3 * (size_t)length * sizeof(merge_candidate);
     if (need > t->scratch_capacity) {
         void *grown = realloc(t->scratch, need);
         if (grown == NULL) return -1;

@@ -9,8 +9,8 @@
  *
  * so the same FSDP loop, hooks and model code run on either, and the trace, the memory model and the labs do not
  * know which. The per-element arithmetic both devices run (RMSNorm's scale, RoPE's rotation, SiLU, softmax's
- * pieces, AdamW's update, bfloat16 rounding) is in core/base/kernel_math.h as `static inline` functions that the CPU loops
- * and the CUDA kernels both call: the CPU tests cover the arithmetic the GPU runs.
+ * pieces, AdamW's update, bfloat16 rounding) is in core/base/kernel_math.h as `static inline` functions that the CPU
+ * loops and the CUDA kernels both call: the CPU tests cover the arithmetic the GPU runs.
  *
  * Every function takes the device first (its backend state: on CUDA the stream and the cuBLAS handle). Work is
  * ordered on the device's compute stream: on CPU it is done when the call returns; on CUDA it is queued, and a

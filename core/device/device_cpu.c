@@ -1,8 +1,8 @@
 /* device_cpu.c — the CPU device: tensors in host memory, the layers of core/kernels/layers.c, plain loops for the rest.
  *
  * Each entry is the CPU's way of doing what core/device/device.h names; the layer entries only drop the device argument
- * (core/kernels/layers.h is the CPU's own interface: the tests and the lesson labs call it directly). The vector loops are
- * the ones the runtime ran inline before the device table existed, unchanged, so the CPU's results are bit for bit
+ * (core/kernels/layers.h is the CPU's own interface: the tests and the lesson labs call it directly). The vector loops
+ * are the ones the runtime ran inline before the device table existed, unchanged, so the CPU's results are bit for bit
  * what they were: sums in double in index order, AdamW in core/kernels/adamw_kernel.c's loop.
  */
 #include <math.h>

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *flat_param_shard_state_name(flat_param_shard_state state) { return state == FLAT_PARAM_UNSHARDED ? "UNSHARDED" : "SHARDED"; }
+const char *flat_param_shard_state_name(flat_param_shard_state state) {
+    return state == FLAT_PARAM_UNSHARDED ? "UNSHARDED" : "SHARDED";
+}
 
 void flat_param_fill_normal(const char *name, size_t first, size_t count, float *out, void *user) {
     const flat_param_normal_init *init = user;
@@ -84,7 +86,8 @@ int flat_param_init(flat_param *fp, context *ctx, const char *unit, const flat_p
     return init_layout(fp, ctx, unit, specs, count, 0);
 }
 
-int flat_param_init_replicated(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs, int count) {
+int flat_param_init_replicated(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs,
+                               int count) {
     return init_layout(fp, ctx, unit, specs, count, 1);
 }
 
@@ -131,7 +134,8 @@ int flat_param_find_param(const flat_param *fp, const char *name) {
     return -1;
 }
 
-void flat_param_fill_flat_range(const flat_param *fp, flat_param_fill_fn fill, void *user, size_t begin, size_t end, float *out) {
+void flat_param_fill_flat_range(const flat_param *fp, flat_param_fill_fn fill, void *user, size_t begin, size_t end,
+                                float *out) {
     memset(out, 0, (end - begin) * sizeof *out); /* the padding, and anything no parameter covers */
     for (int i = 0; i < fp->param_count; i++) {
         const flat_param_param_info *info = &fp->params[i];
@@ -173,8 +177,10 @@ void flat_param_shard_from_full(flat_param *fp, const float *full) {
             device_from_host(d));
 }
 
-static void shard_state_event(flat_param *fp, flat_param_shard_state from, flat_param_shard_state to, const char *hook) {
-    trace_state(&fp->ctx->trace, fp->unit, "ShardState", flat_param_shard_state_name(from), flat_param_shard_state_name(to), hook);
+static void shard_state_event(flat_param *fp, flat_param_shard_state from, flat_param_shard_state to,
+                              const char *hook) {
+    trace_state(&fp->ctx->trace, fp->unit, "ShardState", flat_param_shard_state_name(from),
+                flat_param_shard_state_name(to), hook);
 }
 
 static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook);
@@ -584,7 +590,8 @@ static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
             fp->grad_shard = mem_alloc_uninitialized(flat_param_shard_pool(fp), bytes, MEM_GRAD_SHARD, owner);
         snprintf(owner, sizeof owner, "%s.grad_shard_device", fp->unit);
         fp->reduce_target = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
-        if (status == 0) ctx->device.convert(&ctx->device, fp->reduce_target, DTYPE_FLOAT32, output, type, fp->sharded_numel);
+        if (status == 0)
+            ctx->device.convert(&ctx->device, fp->reduce_target, DTYPE_FLOAT32, output, type, fp->sharded_numel);
     } else if (status == 0) {
         /* _accumulate_sharded_grad after _cast_grad_to_param_dtype: float32 += the reduce_dtype result, widened */
         device *d = &ctx->device;
@@ -597,11 +604,14 @@ static int reduce_low_precision_wait(flat_param *fp, const char *hook) {
     if (fp->offload_params) offloaded_gradient_to_host(fp, status);
     else flat_param_free_full_grad(fp);
     if (status == 0 && fp->mixed_precision.keep_low_precision_grads)
-        flat_param_shard_device(fp)->round_to(flat_param_shard_device(fp), fp->grad_shard, fp->sharded_numel, fp->mixed_precision.param_dtype);
+        flat_param_shard_device(fp)->round_to(flat_param_shard_device(fp), fp->grad_shard, fp->sharded_numel,
+                                              fp->mixed_precision.param_dtype);
     return status;
 }
 
-mem_tracker *flat_param_shard_pool(const flat_param *fp) { return fp->offload_params ? &fp->ctx->host_mem : &fp->ctx->mem; }
+mem_tracker *flat_param_shard_pool(const flat_param *fp) {
+    return fp->offload_params ? &fp->ctx->host_mem : &fp->ctx->mem;
+}
 
 /* Torch moves an offloaded FlatParameter to the CPU when FSDP wraps it; here the shard, made (and initialised) in the
  * device pool, moves to the host pool once, as a d2h copy, before any step. */

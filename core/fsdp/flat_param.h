@@ -4,13 +4,13 @@
  *   rank r keeps chunk r: [  rank 0   ][  rank 1   ][  rank 2   ]            sharded_numel each
  *
  * The parameters are concatenated in the order they were registered and padded with zeros so the total divides by
- * the world size; rank r keeps chunk r (`_local_shard`, category param_shard). flat_param_unshard all-gathers the chunks
- * into `_full_param_padded` (param_unsharded) and every parameter becomes a view into it; flat_param_reshard frees it.
- * For gradients the mirror image: a full padded gradient (grad_unsharded) is reduce-scattered into the sharded
- * gradient (grad_shard), added to what is there (gradient accumulation).
+ * the world size; rank r keeps chunk r (`_local_shard`, category param_shard). flat_param_unshard all-gathers the
+ * chunks into `_full_param_padded` (param_unsharded) and every parameter becomes a view into it; flat_param_reshard
+ * frees it. For gradients the mirror image: a full padded gradient (grad_unsharded) is reduce-scattered into the
+ * sharded gradient (grad_shard), added to what is there (gradient accumulation).
  *
- * Mixed precision (torch's MixedPrecision, flat_param_set_mixed_precision): the float32 local shard stays the master (the
- * optimizer's). pre_unshard casts it into a low-precision shard (`_mp_shard`, category param_shard_low_precision,
+ * Mixed precision (torch's MixedPrecision, flat_param_set_mixed_precision): the float32 local shard stays the master
+ * (the optimizer's). pre_unshard casts it into a low-precision shard (`_mp_shard`, category param_shard_low_precision,
  * param_dtype) and the all-gather moves that into a param_dtype `_full_param_padded` (param_unsharded, half the
  * bytes in bfloat16); post_unshard frees the low-precision shard (as torch does, once the all-gather is done).
  * Compute on CPU: OpenBLAS (Debian's 0.3.21) has no bfloat16 GEMM, so post_unshard also widens the gathered bfloat16
@@ -81,21 +81,22 @@ typedef struct flat_param {
     float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
     float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */
     flat_param_shard_state shard_state;
-    comm_handle unshard_handle;      /* the all-gather in flight, between flat_param_unshard_start and flat_param_unshard_wait */
+    comm_handle unshard_handle;      /* the all-gather in flight, between flat_param_unshard_start and
+                                        flat_param_unshard_wait */
     comm_handle reduce_handle;       /* the gradient's reduce-scatter (all-reduce when replicated) in flight */
     float *reduce_target;            /* where it lands: grad_shard, or a buffer added into grad_shard at the wait */
     int reduce_accumulate, reduce_started, reduce_status;
     int replicated;                  /* NO_SHARD: every rank keeps the whole buffer; unshard is a no-op (a view) and
                                         gradients are all-reduced instead of reduce-scattered */
-    /* HYBRID_SHARD (ctx->mesh, core/comm/group.h): sharded over the shard group only, padded to a multiple of its size, the
-     * chunk its shard rank's; the reduce-scattered gradient shard is then all-reduced across the replicate group
+    /* HYBRID_SHARD (ctx->mesh, core/comm/group.h): sharded over the shard group only, padded to a multiple of its size,
+     * the chunk its shard rank's; the reduce-scattered gradient shard is then all-reduced across the replicate group
      * (the ranks holding the same chunk). NULL, NULL: sharded over the world (FULL_SHARD, SHARD_GRAD_OP). */
     const comm_group *shard_group;
     const comm_group *replicate_group;
     comm_handle replicate_handle;    /* the gradient shard's all-reduce across the replicate group, in flight */
     int offload_params;              /* CPUOffload(offload_params=True): local_shard and grad_shard live in the host
-                                        pool (core/runtime/offload.h); unshard copies the shard in (h2d), the reduce-scatter's
-                                        result is copied out (d2h) */
+                                        pool (core/runtime/offload.h); unshard copies the shard in (h2d), the
+                                        reduce-scatter's result is copied out (d2h) */
     /* mixed precision (flat_param_set_mixed_precision); all NULL / 0 without it */
     flat_param_mixed_precision mixed_precision;
     void *mp_shard;                  /* _mp_shard: sharded_numel param_dtype elements, pre_unshard to post_unshard */
@@ -118,8 +119,8 @@ typedef struct flat_param {
  * others (a value must depend only on the name and the index). */
 typedef void (*flat_param_fill_fn)(const char *name, size_t first, size_t count, float *out, void *user);
 
-/* An flat_param_fill_fn: normal(0, std) from a counter-based RNG keyed by (seed, parameter name, index), as HF initialises
- * weights; `user` points to an flat_param_normal_init. */
+/* An flat_param_fill_fn: normal(0, std) from a counter-based RNG keyed by (seed, parameter name, index), as HF
+ * initialises weights; `user` points to an flat_param_normal_init. */
 typedef struct flat_param_normal_init {
     uint64_t seed;
     float std;
@@ -133,7 +134,8 @@ size_t flat_param_padded_numel(size_t numel, size_t world);
  * repeated name, a dimension < 1, more than FLAT_PARAM_MAX_DIMS dims). */
 int flat_param_init(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs, int count);
 /* The same layout unsharded on every rank (FSDP's NO_SHARD, i.e. DDP): no padding, local_shard is everything. */
-int flat_param_init_replicated(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs, int count);
+int flat_param_init_replicated(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs,
+                               int count);
 void flat_param_free(flat_param *fp);
 
 /* The flat index range [begin, end) that world rank `rank` owns (padding included); everything when replicated.
@@ -145,7 +147,8 @@ int flat_param_param_shard_overlap(const flat_param *fp, int param_index, int ra
 int flat_param_find_param(const flat_param *fp, const char *name);
 
 /* out[i - begin] = value of flat element i for i in [begin, end): parameters' values, 0 in the padding. */
-void flat_param_fill_flat_range(const flat_param *fp, flat_param_fill_fn fill, void *user, size_t begin, size_t end, float *out);
+void flat_param_fill_flat_range(const flat_param *fp, flat_param_fill_fn fill, void *user, size_t begin, size_t end,
+                                float *out);
 /* Fills this rank's local shard (its chunk of the flat buffer). */
 void flat_param_fill_local_shard(flat_param *fp, flat_param_fill_fn fill, void *user);
 /* The path without deferred init (torch without the meta device: the whole unit materialised on every rank, then
@@ -153,7 +156,8 @@ void flat_param_fill_local_shard(flat_param *fp, flat_param_fill_fn fill, void *
 void flat_param_shard_from_full(flat_param *fp, const float *full);
 
 /* SHARDED -> UNSHARDED: allocate the padded full buffer and all-gather every rank's shard into it. A no-op when
- * already UNSHARDED. Writes a ShardState `state` event with `hook`. Returns -1 with ctx->error if the collective fails. */
+ * already UNSHARDED. Writes a ShardState `state` event with `hook`. Returns -1 with ctx->error if the collective
+ * fails. */
 int flat_param_unshard(flat_param *fp, const char *hook);
 /* The same in two halves: allocate and issue the all-gather on stream `on` (NULL: blocking, as flat_param_unshard), the
  * state UNSHARDED at once (as torch's unshard: the views exist, the data comes when the stream is done); then the host
@@ -180,9 +184,9 @@ int flat_param_reduce_scatter_grad(flat_param *fp, comm_reduce reduce);
  * gradient and the temporary (the full gradient stays allocated while the collective reads it). */
 int flat_param_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, stream *on);
 int flat_param_reduce_scatter_grad_wait(flat_param *fp, const char *hook);
-/* The sharded gradient all-gathered into the full gradient buffer (flat_param_alloc_full_grad's; zeros where no gradient
- * has arrived yet), so flat_param_grad_view reads every parameter's whole gradient: for writing gradients out, never
- * during a step. Collective. Returns -1 with ctx->error if the collective fails. */
+/* The sharded gradient all-gathered into the full gradient buffer (flat_param_alloc_full_grad's; zeros where no
+ * gradient has arrived yet), so flat_param_grad_view reads every parameter's whole gradient: for writing gradients out,
+ * never during a step. Collective. Returns -1 with ctx->error if the collective fails. */
 int flat_param_gather_grad(flat_param *fp);
 /* Frees the full gradient buffer (after flat_param_gather_grad). */
 void flat_param_free_full_grad(flat_param *fp);
@@ -192,19 +196,19 @@ void flat_param_zero_grad(flat_param *fp);
 /* ---- CPU offload (lab 09, core/runtime/offload.h) ---- */
 
 /* Moves the local shard (and the sharded gradient, if any) into the host pool and turns offload on: from now on
- * flat_param_unshard copies the shard into its chunk of the device's unsharded buffer (h2d) and all-gathers in place, and the
- * reduce-scatter lands in a device buffer that is copied to the host gradient shard (d2h; accumulated on the host).
- * Returns -1 with ctx->error for a replicated (NO_SHARD) unit, which this runtime does not offload. */
+ * flat_param_unshard copies the shard into its chunk of the device's unsharded buffer (h2d) and all-gathers in place,
+ * and the reduce-scatter lands in a device buffer that is copied to the host gradient shard (d2h; accumulated on the
+ * host). Returns -1 with ctx->error for a replicated (NO_SHARD) unit, which this runtime does not offload. */
 int flat_param_offload_params(flat_param *fp);
 /* The pool that holds this unit's shards (and its optimizer state): the host pool when offloaded, else the device's. */
 mem_tracker *flat_param_shard_pool(const flat_param *fp);
 /* The device that holds the unit's shards: the host (ctx->host, a CPU device) when offloaded, else the rank's. */
 device *flat_param_shard_device(const flat_param *fp);
-/* Turns mixed precision on for this FlatParameter (before its first unshard, and before flat_param_offload_params). Every
- * strategy takes it: NO_SHARD casts the whole unit into its _mp_shard and all-reduces the gradient in reduce_dtype,
- * HYBRID_SHARD all-reduces the reduce_dtype gradient shard across the replicate group, CPU offload copies the float32
- * shard h2d and casts it on the device (torch's order). -1 with ctx->error for a dtype other than float32 or
- * bfloat16, a buffer_dtype other than float32, or a unit already unsharded or holding a gradient. */
+/* Turns mixed precision on for this FlatParameter (before its first unshard, and before flat_param_offload_params).
+ * Every strategy takes it: NO_SHARD casts the whole unit into its _mp_shard and all-reduces the gradient in
+ * reduce_dtype, HYBRID_SHARD all-reduces the reduce_dtype gradient shard across the replicate group, CPU offload copies
+ * the float32 shard h2d and casts it on the device (torch's order). -1 with ctx->error for a dtype other than float32
+ * or bfloat16, a buffer_dtype other than float32, or a unit already unsharded or holding a gradient. */
 int flat_param_set_mixed_precision(flat_param *fp, const flat_param_mixed_precision *mixed_precision);
 /* Whether mixed precision changes anything (some dtype is not float32). */
 int flat_param_mixed_precision_enabled(const flat_param_mixed_precision *mixed_precision);

@@ -214,8 +214,8 @@ static void set_handle_state(fsdp_runtime *runtime, int unit, fsdp_handle_state 
 static void set_training_state(fsdp_runtime *runtime, int unit, fsdp_training_state to, const char *hook) {
     fsdp_unit *u = &runtime->units[unit];
     if (u->training_state == to) return; /* FORWARD_BACKWARD stays so for the whole pass */
-    trace_state(&runtime->ctx->trace, unit_name(runtime, unit), "TrainingState", training_state_names[u->training_state],
-                training_state_names[to], hook);
+    trace_state(&runtime->ctx->trace, unit_name(runtime, unit), "TrainingState",
+                training_state_names[u->training_state], training_state_names[to], hook);
     u->training_state = to;
 }
 
@@ -404,8 +404,8 @@ static int hybrid_streams(fsdp_runtime *runtime) {
     int hybrid = fsdp_strategy_is_hybrid(runtime->options.strategy);
     if (hybrid != (root->shard_group != NULL))
         return error_set(ctx->error, sizeof ctx->error, "rank %d: strategy %s, but the model's units are sharded over "
-                         "%s: set ctx->mesh (core/comm/group.h) before building the model for a hybrid strategy, and leave "
-                         "it NULL for the others", ctx->rank, strategy_names[runtime->options.strategy],
+                         "%s: set ctx->mesh (core/comm/group.h) before building the model for a hybrid strategy, and "
+                         "leave it NULL for the others", ctx->rank, strategy_names[runtime->options.strategy],
                          root->shard_group  ? "a shard group"
                          : root->replicated ? "no group (replicated)"
                                             : "the world");

@@ -73,7 +73,8 @@ int fsdp_backward_prefetch_from_name(const char *name);
 typedef int (*fsdp_wrap_fn)(const module_node *module, size_t unwrapped_numel, void *user);
 /* transformer_auto_wrap_policy: user points to the class name to wrap ("Qwen2DecoderLayer"). */
 int fsdp_wrap_by_type(const module_node *module, size_t unwrapped_numel, void *user);
-/* size_based_auto_wrap_policy: user points to a size_t min_num_params; ModuleList is never wrapped (torch excludes it). */
+/* size_based_auto_wrap_policy: user points to a size_t min_num_params; ModuleList is never wrapped (torch excludes
+ * it). */
 int fsdp_wrap_by_size(const module_node *module, size_t unwrapped_numel, void *user);
 /* Walks the tree children-first; every parameter goes to the unit of its nearest wrapped ancestor, else the root
  * (unit 0). A module holding every parameter not yet claimed is never wrapped: it is the root. Units are numbered
@@ -97,7 +98,8 @@ typedef struct fsdp_options {
     int offload_params;           /* CPUOffload(offload_params=True): shards, gradient shards and AdamW state in the
                                      host pool, copied to the device for the all-gather and back after the
                                      reduce-scatter (core/runtime/offload.h; env OFFLOAD) */
-    flat_param_mixed_precision mixed_precision; /* torch's MixedPrecision (core/fsdp/flat_param.h); zeroed: all float32, off */
+    flat_param_mixed_precision mixed_precision; /* torch's MixedPrecision (core/fsdp/flat_param.h); zeroed: all float32,
+                                                   off */
     int loss_chunk;               /* the model's loss this many rows at a time (LOSS_CHUNK; qwen2_model.loss_chunk):
                                      the runtime passes it on to the memory model; 0, all rows at once */
 } fsdp_options;

@@ -64,14 +64,15 @@ void module_units_free(flat_param *units, int unit_count, module_location *locat
     free(locations);
 }
 
-int module_units_build(context *ctx, const module_tree *tree, const int *unit_of_param, int unit_count,
-                       int replicated, const char *strip, flat_param_fill_fn fill, void *fill_user, flat_param **units_out,
+int module_units_build(context *ctx, const module_tree *tree, const int *unit_of_param, int unit_count, int replicated,
+                       const char *strip, flat_param_fill_fn fill, void *fill_user, flat_param **units_out,
                        module_location **locations_out) {
     *units_out = NULL, *locations_out = NULL;
     for (int p = 0; p < tree->param_count; p++) {
         if (unit_of_param[p] < 0 || unit_of_param[p] >= unit_count) {
-            snprintf(ctx->error, sizeof ctx->error, "rank %d: parameter '%s' assigned to unit %d, but there are %d units",
-                     ctx->rank, tree->params[p].name, unit_of_param[p], unit_count);
+            snprintf(ctx->error, sizeof ctx->error,
+                     "rank %d: parameter '%s' assigned to unit %d, but there are %d units", ctx->rank,
+                     tree->params[p].name, unit_of_param[p], unit_count);
             return -1;
         }
     }

@@ -134,7 +134,8 @@ static void adamw_make_state(adamw_state *state, flat_param *fp) {
 }
 
 void adamw_state_prepare(adamw_state *state, flat_param *fp, int64_t step) {
-    if (state->exp_avg != NULL) world_fatal(fp->ctx, "unit '%s': restoring an AdamW state that already has moments", fp->unit);
+    if (state->exp_avg != NULL)
+        world_fatal(fp->ctx, "unit '%s': restoring an AdamW state that already has moments", fp->unit);
     adamw_make_state(state, fp);
     state->step = step;
 }

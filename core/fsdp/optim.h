@@ -47,8 +47,8 @@ typedef struct adamw_state {
     size_t sharded_numel;  /* floats in each moment: the shard's, padding included */
     float *exp_avg;        /* "<unit>.exp_avg", category optim_state; NULL until the first step, as torch */
     float *exp_avg_sq;     /* "<unit>.exp_avg_sq" */
-    mem_tracker *pool;     /* where the moments live: the shard's pool (flat_param_shard_pool: host under CPU offload, so
-                              AdamW steps on the host there) */
+    mem_tracker *pool;     /* where the moments live: the shard's pool (flat_param_shard_pool: host under CPU offload,
+                              so AdamW steps on the host there) */
 } adamw_state;
 
 /* An empty state: no memory until the first step that has a gradient. */

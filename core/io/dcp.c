@@ -315,7 +315,8 @@ int dcp_save(context *ctx, const char *root, const flat_param *units, const adam
     /* A directory of an earlier, stopped attempt at this step is uncommitted until the new .metadata lands. */
     snprintf(path, sizeof path, "%s/%s", directory, DCP_METADATA);
     if (status == 0 && ctx->rank == 0 && unlink(path) != 0 && errno != ENOENT)
-        status = error_set(ctx->error, sizeof ctx->error, "rank 0: cannot remove the old %s: %s", path, strerror(errno));
+        status =
+            error_set(ctx->error, sizeof ctx->error, "rank 0: cannot remove the old %s: %s", path, strerror(errno));
     status = world_all_true(ctx, status == 0) ? 0 : -1;
 
     uint64_t info[3] = {0, 0, 0}; /* wrote, bytes, checksum */
@@ -434,7 +435,8 @@ static int parse_units(const cJSON *json, dcp_metadata *m, const char *path, cha
 
 static int parse_files(const cJSON *json, dcp_metadata *m, const char *path, char *error, size_t error_size) {
     const cJSON *array; /* one file per rank at most */
-    m->files = json_list(json, "files", m->world_size, sizeof *m->files, &array, &m->file_count, path, error, error_size);
+    m->files =
+        json_list(json, "files", m->world_size, sizeof *m->files, &array, &m->file_count, path, error, error_size);
     if (m->files == NULL) return -1;
     int f = 0;
     const cJSON *item;
@@ -480,11 +482,13 @@ static int parse_files(const cJSON *json, dcp_metadata *m, const char *path, cha
 
 static int parse_settings(const cJSON *json, dcp_progress *progress, const char *path, char *error, size_t error_size) {
     const cJSON *settings = cJSON_GetObjectItemCaseSensitive(json, "settings");
-    if (!cJSON_IsObject(settings)) return error_set(error, error_size, "%s: \"settings\" is missing or not an object", path);
+    if (!cJSON_IsObject(settings))
+        return error_set(error, error_size, "%s: \"settings\" is missing or not an object", path);
     const cJSON *item;
     cJSON_ArrayForEach(item, settings) {
-        if (!cJSON_IsString(item) || item->string == NULL || strlen(item->string) >= sizeof progress->settings[0].name ||
-            strlen(item->valuestring) >= DCP_TEXT_MAX || progress->setting_count == DCP_MAX_SETTINGS)
+        if (!cJSON_IsString(item) || item->string == NULL ||
+            strlen(item->string) >= sizeof progress->settings[0].name || strlen(item->valuestring) >= DCP_TEXT_MAX ||
+            progress->setting_count == DCP_MAX_SETTINGS)
             return error_set(error, error_size, "%s: settings: '%.40s' is not a short text setting (at most %d)", path,
                              item->string ? item->string : "?", DCP_MAX_SETTINGS);
         dcp_progress_set(progress, item->string, "%s", item->valuestring);
@@ -501,7 +505,8 @@ static int parse_metadata(const cJSON *json, dcp_metadata *m, const char *path, 
         return error_set(error, error_size, "%s: format '%s', expected '%s'", path, format, DCP_FORMAT);
     if (json_whole(json, "version", 0, 1e9, &version, path, error, error_size)) return -1;
     if (version != DCP_VERSION)
-        return error_set(error, error_size, "%s: version %.0f; this build reads version %d", path, version, DCP_VERSION);
+        return error_set(error, error_size, "%s: version %.0f; this build reads version %d", path, version,
+                         DCP_VERSION);
     m->version = (int)version;
     if (json_whole(json, "step", 0, MAX_ELEMENTS, &step, path, error, error_size) ||
         json_whole(json, "world_size", 1, 1e6, &world, path, error, error_size) ||
@@ -538,7 +543,8 @@ int dcp_read_metadata(const char *directory, dcp_metadata *m, char *error, size_
     if (text == NULL) return error_set(error, error_size, "%s: out of memory", path);
     if (length > MAX_BYTES) {
         free(text);
-        return error_set(error, error_size, "%s: larger than %d MiB, not a checkpoint's metadata", path, MAX_BYTES >> 20);
+        return error_set(error, error_size, "%s: larger than %d MiB, not a checkpoint's metadata", path,
+                         MAX_BYTES >> 20);
     }
     text[length] = '\0';
     cJSON *json = cJSON_ParseWithLength(text, length);

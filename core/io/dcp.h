@@ -11,7 +11,8 @@
  *
  * A directory without .metadata was never committed (the run stopped while writing it) and is not a checkpoint.
  * Every file is written to <name>.tmp, flushed to disk (fsync) and renamed, so a full disk or a kill leaves no file
- * that looks whole and is not; the checksum (64-bit FNV-1a over 8-byte words, core/base/hash.h's hash_words) catches the rest.
+ * that looks whole and is not; the checksum (64-bit FNV-1a over 8-byte words, core/base/hash.h's hash_words) catches
+ * the rest.
  *
  * Loading is by element ranges, so the world size may change between save and load (torch's resharding): rank r of
  * the new run takes, for each unit, the intersection of its new chunk with each file's range. The arithmetic does
@@ -37,7 +38,8 @@
 #define DCP_MAX_SETTINGS 24
 #define DCP_TEXT_MAX 256
 
-/* A setting of the run, recorded so that a resume can say what it changed ("LR: 0.001 in the checkpoint, 0.002 now"). */
+/* A setting of the run, recorded so that a resume can say what it changed ("LR: 0.001 in the checkpoint, 0.002
+ * now"). */
 typedef struct dcp_setting {
     char name[32];
     char value[DCP_TEXT_MAX];
@@ -66,7 +68,8 @@ typedef struct dcp_file_record {
     int rank;
     char file[64];
     uint64_t bytes, checksum;
-    size_t *begin, *end;       /* per unit: the unpadded element range [begin, end) the file holds (begin == end: none) */
+    size_t *begin, *end;       /* per unit: the unpadded element range [begin, end) the file holds (begin == end:
+                                  none) */
 } dcp_file_record;
 
 typedef struct dcp_metadata {

@@ -37,8 +37,9 @@ static int write_files(qwen2_model *model, const char *directory, float *(*tenso
     device *d = &ctx->device;
     size_t total = 0;
     for (int p = 0; p < tree->param_count; p++) total += qwen2_param_numel(&tree->params[p]);
-    float *staging = d->kind == DEVICE_CPU ? NULL : mem_alloc_uninitialized(offload_host_pool(ctx), total * sizeof(float),
-                                                                             MEM_WORKSPACE, "checkpoint.staging");
+    float *staging = d->kind == DEVICE_CPU ? NULL
+                                           : mem_alloc_uninitialized(offload_host_pool(ctx), total * sizeof(float),
+                                                                     MEM_WORKSPACE, "checkpoint.staging");
     size_t at = 0;
     for (int p = 0; p < tree->param_count; p++) {
         const qwen2_param *param = &tree->params[p];
@@ -88,7 +89,8 @@ int pretrained_save(qwen2_model *model, const char *directory) {
 int pretrained_save_gradients(qwen2_model *model, const char *directory) {
     context *ctx = model->ctx;
     int status = 0;
-    for (int unit = 0; unit < model->unit_count && status == 0; unit++) status = flat_param_gather_grad(&model->units[unit]);
+    for (int unit = 0; unit < model->unit_count && status == 0; unit++)
+        status = flat_param_gather_grad(&model->units[unit]);
     if (status == 0 && ctx->rank == 0) status = write_files(model, directory, qwen2_param_grad);
     for (int unit = 0; unit < model->unit_count; unit++)
         if (model->units[unit].full_grad_padded != NULL) flat_param_free_full_grad(&model->units[unit]);

@@ -117,8 +117,8 @@ static int parse_entry(const cJSON *item, st_entry *entry, const char *path, cha
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2)
-        return error_set(error, error_size, "%s: tensor '%s': header entry needs dtype, shape and two data_offsets", path,
-                    entry->name);
+        return error_set(error, error_size, "%s: tensor '%s': header entry needs dtype, shape and two data_offsets",
+                         path, entry->name);
     if (strcmp(dtype->valuestring, "F32") != 0)
         return error_set(error, error_size, "%s: tensor '%s' has dtype %s; fsdplab reads F32 only", path, entry->name,
                     dtype->valuestring);
@@ -142,7 +142,8 @@ static int parse_entry(const cJSON *item, st_entry *entry, const char *path, cha
     entry->numel = numel;
     const cJSON *begin = cJSON_GetArrayItem(offsets, 0), *end = cJSON_GetArrayItem(offsets, 1);
     if (!is_whole_count(begin) || !is_whole_count(end) || end->valuedouble < begin->valuedouble)
-        return error_set(error, error_size, "%s: tensor '%s': data_offsets are not an increasing pair", path, entry->name);
+        return error_set(error, error_size, "%s: tensor '%s': data_offsets are not an increasing pair", path,
+                         entry->name);
     entry->begin = (uint64_t)begin->valuedouble;
     entry->end = (uint64_t)end->valuedouble;
     if (entry->end - entry->begin != entry->numel * sizeof(float))
@@ -159,9 +160,9 @@ static int check_layout(const st_file *st, uint64_t data_bytes, char *error, siz
     for (int i = 0; i < st->count; i++) {
         const st_entry *entry = &st->entries[i];
         if (entry->begin != expected)
-            return error_set(error, error_size, "%s: tensor '%s' starts at data byte %llu, expected %llu (%s)", st->path,
-                        entry->name, (unsigned long long)entry->begin, (unsigned long long)expected,
-                        entry->begin < expected ? "overlaps the previous tensor" : "a hole before it");
+            return error_set(error, error_size, "%s: tensor '%s' starts at data byte %llu, expected %llu (%s)",
+                             st->path, entry->name, (unsigned long long)entry->begin, (unsigned long long)expected,
+                             entry->begin < expected ? "overlaps the previous tensor" : "a hole before it");
         if (entry->end > data_bytes)
             return error_set(error, error_size,
                         "%s: tensor '%s' ends at data byte %llu but the file has only %llu data bytes (truncated?)",

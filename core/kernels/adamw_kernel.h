@@ -5,7 +5,8 @@
 
 #include <stddef.h>
 
-/* AdamW's per-step scalars, as core/fsdp/optim.c derives them from the config and the step (torch's _single_tensor_adamw). */
+/* AdamW's per-step scalars, as core/fsdp/optim.c derives them from the config and the step (torch's
+ * _single_tensor_adamw). */
 typedef struct adamw_kernel_scalars {
     float decay;                  /* 1 - lr * weight_decay */
     float lerp_weight;            /* 1 - beta1 */

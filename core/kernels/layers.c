@@ -18,7 +18,9 @@ void layers_choose_blas_core(char **argv) {
     if (getenv("OPENBLAS_CORETYPE") != NULL) return; /* chosen by the user, or by us before the re-exec */
     const char *core = openblas_get_corename();
     if (core == NULL || strcasecmp(core, "prescott") != 0) return;
-    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
+    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                         : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                           : NULL;
     if (better == NULL) return;
     setenv("OPENBLAS_CORETYPE", better, 1);
     execv("/proc/self/exe", argv);

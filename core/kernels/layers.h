@@ -3,7 +3,8 @@
  * Conventions (from llm.c): outputs first, then what forward saves for backward, then inputs, weights, and the
  * shapes last. Row-major; N = B*T rows of tokens. Every *_backward ADDS (+=) into the gradients of weights and
  * inputs, so gradients accumulate across uses (the tied embedding) and micro-batches; the caller zeroes them.
- * Matrix products go to OpenBLAS cblas_sgemm. Math per element is core/base/kernel_math.h's, shared with the CUDA kernels.
+ * Matrix products go to OpenBLAS cblas_sgemm. Math per element is core/base/kernel_math.h's, shared with the CUDA
+ * kernels.
  */
 #ifndef FSDPLAB_LAYERS_H
 #define FSDPLAB_LAYERS_H

@@ -7,8 +7,8 @@
  * what layers.h computes as one function: RMSNorm is `weight * (x * rstd).to(bfloat16)` (two roundings), RoPE
  * `q * cos + rotate_half(q) * sin` (three), attention rounds its scores, their scaling, the float32 softmax's result
  * and the output. Here the values live in float32 buffers holding bfloat16 values (the CPU has no bfloat16 GEMM;
- * core/fsdp/flat_param.h): inputs must be bfloat16 values, outputs are. What torch does, op by op, was read off torch 2.x
- * on CPU (tests/check_torch_bf16.py asserts each rule below against torch itself):
+ * core/fsdp/flat_param.h): inputs must be bfloat16 values, outputs are. What torch does, op by op, was read off torch
+ * 2.x on CPU (tests/check_torch_bf16.py asserts each rule below against torch itself):
  *
  *   GEMM (+ bias)       float32 sum of the products (and the bias), rounded once: linear_forward, then round
  *   x * scalar, a * b,  computed in float32 from the bfloat16 inputs, rounded once

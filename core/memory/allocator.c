@@ -36,9 +36,13 @@ const allocator_backend allocator_host_backend = {"host", host_segment_alloc, ho
 
 static size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-size_t allocator_round_size(size_t bytes) { return bytes < ALLOCATOR_ROUND ? ALLOCATOR_ROUND : round_up(bytes, ALLOCATOR_ROUND); }
+size_t allocator_round_size(size_t bytes) {
+    return bytes < ALLOCATOR_ROUND ? ALLOCATOR_ROUND : round_up(bytes, ALLOCATOR_ROUND);
+}
 
-allocator_pool allocator_pool_of(size_t size) { return size <= ALLOCATOR_SMALL_SIZE ? ALLOCATOR_POOL_SMALL : ALLOCATOR_POOL_LARGE; }
+allocator_pool allocator_pool_of(size_t size) {
+    return size <= ALLOCATOR_SMALL_SIZE ? ALLOCATOR_POOL_SMALL : ALLOCATOR_POOL_LARGE;
+}
 
 size_t allocator_segment_size(const allocator *a, size_t size) {
     if (!a->settings.caching) return size;  /* a segment per request, exactly the block */
@@ -254,7 +258,8 @@ static void absorb(allocator *a, allocator_block *block, allocator_block *other)
 void allocator_free(allocator *a, allocator_block *block) {
     if (block == NULL) return;
     if (!block->allocated) {
-        fprintf(stderr, "allocator: free of block %p (%zu bytes) that is not allocated\n", (void *)block->ptr, block->size);
+        fprintf(stderr, "allocator: free of block %p (%zu bytes) that is not allocated\n", (void *)block->ptr,
+                block->size);
         abort();
     }
     block->allocated = 0;
@@ -314,16 +319,19 @@ int allocator_check(const allocator *a, char *error, size_t error_size) {
         const char *expected = segment->ptr;
         const allocator_block *prev = NULL;
         for (const allocator_block *block = segment->first; block != NULL; prev = block, block = block->next) {
-            if (block->ptr != expected) FAIL("segment %llu: block at offset %td, expected %td",
-                                             (unsigned long long)segment->id, block->ptr - segment->ptr, expected - segment->ptr);
-            if (block->prev != prev || block->segment != segment) FAIL("segment %llu: broken block links", (unsigned long long)segment->id);
+            if (block->ptr != expected)
+                FAIL("segment %llu: block at offset %td, expected %td", (unsigned long long)segment->id,
+                     block->ptr - segment->ptr, expected - segment->ptr);
+            if (block->prev != prev || block->segment != segment)
+                FAIL("segment %llu: broken block links", (unsigned long long)segment->id);
             if (block->size == 0 || block->size % ALLOCATOR_ROUND != 0)
                 FAIL("segment %llu: block size %zu is not a positive multiple of %d", (unsigned long long)segment->id,
                      block->size, ALLOCATOR_ROUND);
             if (block->allocated) {
                 allocated += block->size;
                 requested += block->requested;
-                if (block->requested > block->size) FAIL("block of %zu bytes serves %zu", block->size, block->requested);
+                if (block->requested > block->size)
+                    FAIL("block of %zu bytes serves %zu", block->size, block->requested);
             } else {
                 if (prev && !prev->allocated && a->settings.caching)
                     FAIL("segment %llu: two free neighbours at offset %td", (unsigned long long)segment->id,
@@ -333,13 +341,14 @@ int allocator_check(const allocator *a, char *error, size_t error_size) {
                 size_t at = lower_bound(list, block->stream, block->size, block->ptr);
                 if (a->settings.caching && (at >= list->count || list->blocks[at] != block))
                     FAIL("segment %llu: free block at offset %td missing from the %s free list",
-                         (unsigned long long)segment->id, block->ptr - segment->ptr, allocator_pool_name(segment->pool));
+                         (unsigned long long)segment->id, block->ptr - segment->ptr,
+                         allocator_pool_name(segment->pool));
             }
             expected = block->ptr + block->size;
         }
         if (expected != segment->ptr + segment->size)
-            FAIL("segment %llu: blocks cover %td of %zu bytes", (unsigned long long)segment->id, expected - segment->ptr,
-                 segment->size);
+            FAIL("segment %llu: blocks cover %td of %zu bytes", (unsigned long long)segment->id,
+                 expected - segment->ptr, segment->size);
     }
     for (int pool = 0; pool < 2; pool++) {
         const allocator_free_list *list = &a->free_blocks[pool];
@@ -347,7 +356,8 @@ int allocator_check(const allocator *a, char *error, size_t error_size) {
             FAIL("%s free list holds %zu blocks, segments have %zu free", allocator_pool_name((allocator_pool)pool),
                  list->count, free_count[pool]);
         for (size_t i = 1; i < list->count; i++)
-            if (!block_before(list->blocks[i - 1], list->blocks[i]->stream, list->blocks[i]->size, list->blocks[i]->ptr))
+            if (!block_before(list->blocks[i - 1], list->blocks[i]->stream, list->blocks[i]->size,
+                              list->blocks[i]->ptr))
                 FAIL("%s free list not sorted at %zu", allocator_pool_name((allocator_pool)pool), i);
     }
     if (reserved != a->reserved_bytes) FAIL("reserved %zu, segments sum to %zu", a->reserved_bytes, reserved);

@@ -24,8 +24,8 @@
  * With caching off (ALLOC=malloc, like PYTORCH_NO_CUDA_MEMORY_CACHING=1) every request is a segment of its own,
  * released the moment the block is freed: reserved == allocated, and every reuse is a fresh page-faulted mmap.
  *
- * The allocator knows nothing of categories, owners or the trace: core/memory/mem.h keeps those per allocation and is told
- * of every segment through the `observer` callback, so the trace shows segment_alloc / segment_free in order.
+ * The allocator knows nothing of categories, owners or the trace: core/memory/mem.h keeps those per allocation and is
+ * told of every segment through the `observer` callback, so the trace shows segment_alloc / segment_free in order.
  */
 #ifndef FSDPLAB_ALLOCATOR_H
 #define FSDPLAB_ALLOCATOR_H

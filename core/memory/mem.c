@@ -44,7 +44,8 @@ static void on_segment(void *state, allocator_event event, const allocator_segme
 }
 
 /* The budget: a segment that would take the pool's reserved bytes past it is refused, as cudaMalloc refuses one past
- * the GPU's memory; the allocator then empties its cache and tries once more, and mem_alloc aborts naming the budget. */
+ * the GPU's memory; the allocator then empties its cache and tries once more, and mem_alloc aborts naming the
+ * budget. */
 static void *budget_segment_alloc(void *state, size_t bytes) {
     mem_tracker *tracker = state;
     if (tracker->allocator.reserved_bytes + bytes > tracker->budget) return NULL;
@@ -211,7 +212,8 @@ int mem_try_free(mem_tracker *tracker, void *ptr) {
          * again (and that was freed again since) is reported with its latest owner; a live address never gets
          * here, which is why allocating needs no bookkeeping of reused addresses. */
         for (size_t back = 1; back <= MEM_RECENT_FREES; back++) {
-            const mem_block *freed = &tracker->recent_frees[(tracker->recent_next + MEM_RECENT_FREES - back) % MEM_RECENT_FREES];
+            const mem_block *freed =
+                &tracker->recent_frees[(tracker->recent_next + MEM_RECENT_FREES - back) % MEM_RECENT_FREES];
             if (freed->ptr == ptr) {
                 snprintf(tracker->error, sizeof tracker->error,
                          "rank %d: double free of %zu bytes of %s owned by '%s' (allocation id %llu)",

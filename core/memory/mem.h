@@ -1,20 +1,20 @@
 /* mem.h — the tracked allocator: every byte the runtime allocates, by category and owner.
  *
  * FSDP is a story about memory, so nothing in the core calls malloc directly: each block is allocated with a
- * category (what it is for, docs/architecture.md §6) and an owner (who holds it, e.g. "layers.3.flat_param"). The tracker
- * keeps live and peak bytes per category and in total, and writes an `alloc` / `free` event for each, so that
+ * category (what it is for, docs/architecture.md §6) and an owner (who holds it, e.g. "layers.3.flat_param"). The
+ * tracker keeps live and peak bytes per category and in total, and writes an `alloc` / `free` event for each, so that
  * sum(alloc) - sum(free) in the trace is exactly the live bytes it reports.
  *
- * The bytes themselves come from the caching allocator (core/memory/allocator.h): `live` (allocated) bytes are what callers
- * asked for, `reserved` bytes the segments the allocator holds from the backend, cached blocks included. Both have
- * peaks; reserved - allocated is the cache plus fragmentation, the gap PyTorch's memory stats show.
+ * The bytes themselves come from the caching allocator (core/memory/allocator.h): `live` (allocated) bytes are what
+ * callers asked for, `reserved` bytes the segments the allocator holds from the backend, cached blocks included. Both
+ * have peaks; reserved - allocated is the cache plus fragmentation, the gap PyTorch's memory stats show.
  *
  * Two pools (CPU offload, lab 09): a tracker is one *device*'s memory. `ctx->mem` is the "device" pool, where
- * everything lives unless offloaded (on the CUDA build: cudaMalloc'd GPU memory); the "host" pool (core/runtime/offload.h,
- * on CUDA: pinned host memory) holds what CPUOffload(offload_params=True) moves off the device: parameter shards,
- * gradient shards, optimizer state. Each is its own caching allocator with its own live / peak / reserved figures,
- * and every event names its pool (`device`). A pool may have a budget (DEVICE_MEMORY_MB for the device pool): a
- * segment that would take reserved bytes past it fails like a cudaMalloc out of memory.
+ * everything lives unless offloaded (on the CUDA build: cudaMalloc'd GPU memory); the "host" pool
+ * (core/runtime/offload.h, on CUDA: pinned host memory) holds what CPUOffload(offload_params=True) moves off the
+ * device: parameter shards, gradient shards, optimizer state. Each is its own caching allocator with its own live /
+ * peak / reserved figures, and every event names its pool (`device`). A pool may have a budget (DEVICE_MEMORY_MB for
+ * the device pool): a segment that would take reserved bytes past it fails like a cudaMalloc out of memory.
  *
  * Misuse aborts with a message that names the rank and the owner: freeing twice, freeing a pointer the tracker
  * never gave out. Blocks still live at mem_shutdown are listed as leaks. (The tracker's own bookkeeping table is

@@ -33,9 +33,9 @@ static count layer_activation_floats(const qwen2_config *c, count N, count B, co
 }
 
 /* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward).
- * bf16_compute (MixedPrecision with param_dtype bfloat16, core/kernels/layers_bf16.h) adds its scratch buffers: up_proj's
- * share of the MLP's input gradient beside gate_proj's, the attention backward's bfloat16 probabilities and per-head
- * key/value gradient, one Linear's share of ln1's gradient at a time, and in forward the attention's bfloat16
+ * bf16_compute (MixedPrecision with param_dtype bfloat16, core/kernels/layers_bf16.h) adds its scratch buffers:
+ * up_proj's share of the MLP's input gradient beside gate_proj's, the attention backward's bfloat16 probabilities and
+ * per-head key/value gradient, one Linear's share of ln1's gradient at a time, and in forward the attention's bfloat16
  * probabilities (a layer recomputed in backward runs its forward before any of its backward temporaries exist). */
 static count layer_workspace_floats(const qwen2_config *c, count N, count T, int bf16_compute) {
     count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
@@ -62,8 +62,9 @@ typedef struct unit_sizes {
     count padded_unsharded_numel, sharded_numel;
 } unit_sizes;
 
-/* Mixed precision (core/fsdp/flat_param.h) changes four categories; the float32 shard, its gradient and AdamW's states do
- * not change (16 bytes per parameter / N together). With p = param_dtype's size, r = reduce_dtype's (2 for bfloat16):
+/* Mixed precision (core/fsdp/flat_param.h) changes four categories; the float32 shard, its gradient and AdamW's states
+ * do not change (16 bytes per parameter / N together). With p = param_dtype's size, r = reduce_dtype's (2 for
+ * bfloat16):
  *   param_unsharded   an unsharded unit holds its p-byte gathered buffer and, on CPU, the 4-byte copy the layers read
  *                     (made when the all-gather is waited for): 4 + p bytes per element. A prefetched neighbour whose
  *                     all-gather is still in flight on its stream holds only its p bytes: a pair x (in use), y
@@ -112,9 +113,8 @@ static void predict_mixed_precision(count *peak, const unit_sizes *units, int un
         else if (options->strategy == FSDP_SHARD_GRAD_OP || options->strategy == FSDP_HYBRID_SHARD_ZERO2)
             peak[MEM_PARAM_UNSHARDED] = (f + p) * all;
         else peak[MEM_PARAM_UNSHARDED] = (f + p) * root + (param_pairs ? unit_pair : one_unit);
-        peak[MEM_PARAM_SHARD_LOW_PRECISION] = replicated ? p * all
-                                                         : p * (streams && param_pairs ? max_of(shard_pair, largest_shard)
-                                                                                       : largest_shard);
+        peak[MEM_PARAM_SHARD_LOW_PRECISION] =
+            replicated ? p * all : p * (streams && param_pairs ? max_of(shard_pair, largest_shard) : largest_shard);
     }
     if (options->mixed_precision.reduce_dtype == DTYPE_FLOAT32) return; /* gradients reduce as without it */
     /* Backward meets units L .. 1, the root last (its float32 gradient lives from the first backward piece). A unit's
@@ -210,16 +210,17 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     int bf16_compute = options->mixed_precision.param_dtype == DTYPE_BFLOAT16;
     peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T, bf16_compute), head_workspace)) * f;
     /* The lab's batch and the loader's stream, then the model's copy. On the CUDA device the first two are in the host
-     * pool (core/runtime/offload.h offload_data_pool: the host writes them), so the device pool holds the copy alone. */
+     * pool (core/runtime/offload.h offload_data_pool: the host writes them), so the device pool holds the copy
+     * alone. */
     peak[MEM_DATA] = data_on_host ? 2 * N * sizeof(int) : 4 * N * sizeof(int) + (count)data_stream_bytes;
     if (flat_param_mixed_precision_enabled(&options->mixed_precision))
         predict_mixed_precision(peak, units, unit_count, options, replicated, world_size, replicate_size,
                                 forward_passes);
-    /* CPU offload (core/runtime/offload.h): the shards, gradient shards, moments and the accumulation buffer move to the host
-     * pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one gradient
-     * shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time. With a
-     * bfloat16 param_dtype the device holds one float32 shard for a moment (the h2d copy pre_unshard casts from, as
-     * torch's _local_shard.to(device)); with a bfloat16 reduce_dtype its comm buffers are mixed precision's, and its
+    /* CPU offload (core/runtime/offload.h): the shards, gradient shards, moments and the accumulation buffer move to
+     * the host pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one
+     * gradient shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time.
+     * With a bfloat16 param_dtype the device holds one float32 shard for a moment (the h2d copy pre_unshard casts from,
+     * as torch's _local_shard.to(device)); with a bfloat16 reduce_dtype its comm buffers are mixed precision's, and its
      * one float32 gradient shard is the result cast back for the d2h copy. */
     if (options->offload_params) {
         count host_peak[MEM_CATEGORY_COUNT] = {0};
@@ -297,7 +298,8 @@ int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_
     int shard_size = fsdp_strategy_is_hybrid(options->strategy) && ctx->mesh ? ctx->mesh->shard_size : ctx->world_size;
     size_t world = replicated ? 1 : (size_t)shard_size;
     for (int unit = 0; unit < unit_count; unit++) {
-        units[unit].padded_unsharded_numel = (count)flat_param_padded_numel(bytes(units[unit].padded_unsharded_numel), world);
+        units[unit].padded_unsharded_numel =
+            (count)flat_param_padded_numel(bytes(units[unit].padded_unsharded_numel), world);
         units[unit].sharded_numel = units[unit].padded_unsharded_numel / (count)world;
     }
     if (unit_count > 0)
@@ -343,9 +345,9 @@ void memory_model_require_fit(context *ctx, const memory_prediction *prediction)
     double figures[3] = {0.0, 0.0, 0.0}; /* the worst rank's predicted, available, machine-wide available */
     if (ctx->rank == worst.rank) figures[0] = predicted, figures[1] = available, figures[2] = machine;
     world_allreduce(ctx, figures, 3, MPI_DOUBLE, MPI_SUM, "the memory check");
-    world_exit_all(ctx, 2, "rank %d: predicted peak %.2f GB per rank (core/models/memory_model.h: model, MBS, SEQ, strategy) "
-                 "but %.2f GB available (MemAvailable %.2f GB shared by %d ranks on this machine); lower MBS or SEQ, "
-                 "or use more ranks (MEMORY_CHECK=0 skips this check)", worst.rank, figures[0] / 1e9,
+    world_exit_all(ctx, 2, "rank %d: predicted peak %.2f GB per rank (core/models/memory_model.h: model, MBS, "
+                 "SEQ, strategy) but %.2f GB available (MemAvailable %.2f GB shared by %d ranks on this machine); "
+                 "lower MBS or SEQ, or use more ranks (MEMORY_CHECK=0 skips this check)", worst.rank, figures[0] / 1e9,
                  figures[1] / 1e9, figures[2] / 1e9, local_ranks);
 }
 
@@ -365,7 +367,8 @@ void memory_model_report(const memory_prediction *p, const size_t *measured, siz
     char predicted_text[32], measured_text[32];
     for (int category = 0; category < MEM_CATEGORY_COUNT && used < out_size; category++) {
         if (p->category_peak[category] == 0 && measured[category] == 0) continue;
-        double ratio = p->category_peak[category] ? (double)measured[category] / (double)p->category_peak[category] : 0.0;
+        double ratio =
+            p->category_peak[category] ? (double)measured[category] / (double)p->category_peak[category] : 0.0;
         /* in bytes, exactly: the model counts the very buffers the code allocates, so anything but 0 is a bug */
         long long difference = (long long)measured[category] - (long long)p->category_peak[category];
         used += (size_t)snprintf(out + used, out_size - used, "  %-25s %12s %12s %7.3f %+10lld B\n",

@@ -8,9 +8,9 @@
  * no_sync), counting exactly the buffers fsdplab allocates; the categories peak at different moments, so their sum
  * bounds the total peak from above.
  *
- * Mixed precision (options->mixed_precision, core/fsdp/flat_param.h) leaves the 16 bytes per parameter / N of the float32
- * shard, gradient shard and AdamW states as they are, and changes what is in flight: param_dtype buffers for the
- * gathered units (with, on CPU, the float32 copy the layers read), the low-precision shard
+ * Mixed precision (options->mixed_precision, core/fsdp/flat_param.h) leaves the 16 bytes per parameter / N of the
+ * float32 shard, gradient shard and AdamW states as they are, and changes what is in flight: param_dtype buffers for
+ * the gathered units (with, on CPU, the float32 copy the layers read), the low-precision shard
  * (param_shard_low_precision) and reduce_dtype gradients and outputs; the .c counts them buffer by buffer.
  *
  * Reserved memory (the caching allocator's segments, core/memory/allocator.h) is bounded, not predicted: see

@@ -16,7 +16,8 @@
 
 int mlp_config_validate(const mlp_config *c, char *error, size_t error_size) {
     if (c->vocab_size < 1) return error_set(error, error_size, "mlp config: vocab_size %d, need >= 1", c->vocab_size);
-    if (c->hidden_size < 1) return error_set(error, error_size, "mlp config: hidden_size %d, need >= 1", c->hidden_size);
+    if (c->hidden_size < 1)
+        return error_set(error, error_size, "mlp config: hidden_size %d, need >= 1", c->hidden_size);
     if (c->mlp_hidden < 1) return error_set(error, error_size, "mlp config: mlp_hidden %d, need >= 1", c->mlp_hidden);
     if (c->num_blocks < 0) return error_set(error, error_size, "mlp config: num_blocks %d, need >= 0", c->num_blocks);
     if (!(c->init_std >= 0.0f) || isinf(c->init_std))
@@ -140,8 +141,8 @@ float *mlp_param_data(const mlp_model *model, int param) {
     module_location at = model->locations[param];
     const flat_param *unit = &model->units[at.unit];
     if (unit->shard_state != FLAT_PARAM_UNSHARDED)
-        world_fatal(model->ctx, "unit '%s': parameter '%s' read while the unit is SHARDED; unshard it first", unit->unit,
-                  model->tree.params[param].name);
+        world_fatal(model->ctx, "unit '%s': parameter '%s' read while the unit is SHARDED; unshard it first",
+                    unit->unit, model->tree.params[param].name);
     if (flat_param_unshard_pending(unit))
         world_fatal(model->ctx, "unit '%s': parameter '%s' read while its all-gather (seq %llu) is in flight",
                   unit->unit, model->tree.params[param].name, (unsigned long long)unit->unshard_handle.seq);

@@ -51,14 +51,15 @@ int mlp_config_validate(const mlp_config *config, char *error, size_t error_size
  * out of memory (out is left empty). */
 int mlp_module_tree(const mlp_config *config, module_tree *out);
 
-/* An flat_param_fill_fn: weights normal(0, init_std) from the RNG keyed by (seed, name, index), biases 0. `user` points to
- * the mlp_config. */
+/* An flat_param_fill_fn: weights normal(0, init_std) from the RNG keyed by (seed, name, index), biases 0. `user` points
+ * to the mlp_config. */
 void mlp_init_fill(const char *name, size_t first, size_t count, float *out, void *user);
 
 typedef struct mlp_model {
     context *ctx;
     mlp_config config;
-    module_tree tree;             /* parameters in registration order: embed, blocks.0.fc1.weight, .bias, fc2 ..., head */
+    module_tree tree;             /* parameters in registration order: embed, blocks.0.fc1.weight, .bias, fc2 ...,
+                                     head */
     int unit_count;
     flat_param *units;            /* units[0] is the root */
     module_location *locations;   /* per tree parameter */
@@ -70,7 +71,8 @@ typedef struct mlp_model {
 int mlp_model_init(mlp_model *model, context *ctx, const mlp_config *config, const int *unit_of_param, int unit_count,
                    int replicated);
 /* The model wrapped by `wrap` (fsdp_auto_wrap over its tree; fsdp_wrap_by_type with MLP_BLOCK: one unit per block
- * and the root holding embed and head). NO_SHARD keeps whole units on every rank. -1 with ctx->error on a bad config. */
+ * and the root holding embed and head). NO_SHARD keeps whole units on every rank. -1 with ctx->error on a bad
+ * config. */
 int mlp_model_init_wrapped(mlp_model *model, context *ctx, const mlp_config *config, fsdp_wrap_fn wrap, void *user,
                            fsdp_strategy strategy);
 void mlp_model_free(mlp_model *model);

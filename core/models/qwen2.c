@@ -165,7 +165,8 @@ int qwen2_config_apply(qwen2_config *config, const char *overrides, char *error,
 void qwen2_config_from_env(context *ctx, qwen2_config *config, int seq_len) {
     const char *model = env_text(ctx, "MODEL");
     if (model == NULL || model[0] == '\0') model = "tiny";
-    if (qwen2_config_preset(config, model, ctx->error, sizeof ctx->error) != 0) world_exit_all(ctx, 2, "%s", ctx->error);
+    if (qwen2_config_preset(config, model, ctx->error, sizeof ctx->error) != 0)
+        world_exit_all(ctx, 2, "%s", ctx->error);
     const char *overrides = env_text(ctx, "CONFIG");
     if (overrides != NULL && overrides[0] != '\0') {
         char preset[sizeof config->name];
@@ -225,17 +226,19 @@ int qwen2_config_validate(const qwen2_config *c, char *error, size_t error_size)
         return error_set(error, error_size, "config '%s': hidden_size %d is not divisible by num_attention_heads %d",
                     c->name, c->hidden_size, c->num_attention_heads);
     if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return error_set(error, error_size, "config '%s': num_attention_heads %d is not divisible by num_key_value_heads %d",
-                    c->name, c->num_attention_heads, c->num_key_value_heads);
+        return error_set(error, error_size,
+                         "config '%s': num_attention_heads %d is not divisible by num_key_value_heads %d", c->name,
+                         c->num_attention_heads, c->num_key_value_heads);
     if (c->head_dim != c->hidden_size / c->num_attention_heads || c->head_dim % 2 != 0)
         return error_set(error, error_size, "config '%s': head_dim %d must be hidden_size / heads = %d and even (RoPE)",
                     c->name, c->head_dim, c->hidden_size / c->num_attention_heads);
     if (!c->tie_word_embeddings)
-        return error_set(error, error_size, "config '%s': untied lm_head is not supported (tie_word_embeddings must be true)",
-                    c->name);
+        return error_set(error, error_size,
+                         "config '%s': untied lm_head is not supported (tie_word_embeddings must be true)", c->name);
     if (!(c->rope_theta > 0.0 && isfinite(c->rope_theta)) || !(c->rms_norm_eps > 0.0 && isfinite(c->rms_norm_eps)))
-        return error_set(error, error_size, "config '%s': rope_theta=%g and rms_norm_eps=%g must be positive and finite",
-                         c->name, c->rope_theta, c->rms_norm_eps);
+        return error_set(error, error_size,
+                         "config '%s': rope_theta=%g and rms_norm_eps=%g must be positive and finite", c->name,
+                         c->rope_theta, c->rms_norm_eps);
     if (!(c->initializer_range >= 0.0 && isfinite(c->initializer_range))) /* the init's std */
         return error_set(error, error_size, "config '%s': initializer_range=%g must be a finite number >= 0 (the "
                          "init's standard deviation)", c->name, c->initializer_range);
@@ -339,8 +342,10 @@ int qwen2_config_load_json(qwen2_config *c, const char *path, char *error, size_
     if (head_dim >= 0 && head_dim != (double)c->head_dim) /* compared as doubles: no cast of an unchecked value */
         return error_set(error, error_size, "%s: head_dim %g differs from hidden_size / num_attention_heads = %d", path,
                     head_dim, c->head_dim);
-    c->tie_word_embeddings = tie == NULL || cJSON_IsTrue(tie); /* HF's default for Qwen2 is false, but our presets tie */
-    if (tie != NULL && !cJSON_IsBool(tie)) return error_set(error, error_size, "%s: tie_word_embeddings is not a bool", path);
+    /* HF's default for Qwen2 is false, but our presets tie */
+    c->tie_word_embeddings = tie == NULL || cJSON_IsTrue(tie);
+    if (tie != NULL && !cJSON_IsBool(tie))
+        return error_set(error, error_size, "%s: tie_word_embeddings is not a bool", path);
     return qwen2_config_validate(c, error, error_size);
 }
 
@@ -624,9 +629,9 @@ static void ensure_rope(qwen2_model *model, int T) {
 
 /* ---------------------------------------------------------------- mixed precision compute (MP=bf16)
  * Under MixedPrecision(param_dtype=bfloat16) torch runs every op on bfloat16 tensors: each op's output is rounded to
- * bfloat16 (core/kernels/layers_bf16.h says where, op by op). The model does the same when its units gather in bfloat16:
- * it calls the device's bfloat16 layers (device.h's *_bf16 entries: the `if (bf16_compute(model))` branches and
- * model_linear_forward / model_linear_backward below), and every other op's output goes through round_activation.
+ * bfloat16 (core/kernels/layers_bf16.h says where, op by op). The model does the same when its units gather in
+ * bfloat16: it calls the device's bfloat16 layers (device.h's *_bf16 entries: the `if (bf16_compute(model))` branches
+ * and model_linear_forward / model_linear_backward below), and every other op's output goes through round_activation.
  * The float32 path is untouched. */
 
 /* What the layers compute in: the gathered parameters' dtype (the root unit's param_dtype; float32 without mixed
@@ -680,7 +685,8 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
     }
     for (int i = 0; i < B * T; i++) {
         int bad_token = tokens[i] < 0 || tokens[i] >= c->vocab_size;
-        int bad_target = targets != NULL && targets[i] != QWEN2_IGNORE_INDEX && (targets[i] < 0 || targets[i] >= c->vocab_size);
+        int bad_target =
+            targets != NULL && targets[i] != QWEN2_IGNORE_INDEX && (targets[i] < 0 || targets[i] >= c->vocab_size);
         if (bad_token || bad_target) {
             snprintf(ctx->error, sizeof ctx->error, "rank %d: %s %d at batch row %d, position %d is outside the "
                      "vocabulary 0..%d", ctx->rank, bad_token ? "token" : "target", bad_token ? tokens[i] : targets[i],
@@ -817,7 +823,8 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &stacked);
     if (bf16_compute(model)) d->swiglu_forward_bf16(d, a->swiglu, a->gate_up, N, I);
     else d->swiglu_forward(d, a->swiglu, a->gate_up, N, I);
-    float *out = acts->residuals[l + 1] = output_buffer(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
+    float *out = acts->residuals[l + 1] =
+        output_buffer(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
     model_linear_forward(model, out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
     add_activation(model, out, a->mid, (size_t)N * C);
 }
@@ -902,8 +909,8 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
                          V);
     if (acts->targets == NULL) return 0.0f;
     acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
-    acts->loss = d->cross_entropy_forward_backward(d, acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
-                                                &acts->target_count);
+    acts->loss = d->cross_entropy_forward_backward(d, acts->dlogits, acts->logits, acts->targets, N, V,
+                                                   QWEN2_IGNORE_INDEX, &acts->target_count);
     return acts->loss;
 }
 
@@ -919,7 +926,8 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
     int chunked = chunked_loss(model, acts);
-    if (acts->dlogits == NULL && !chunked) world_fatal(model->ctx, "head backward without targets (forward-only batch)");
+    if (acts->dlogits == NULL && !chunked)
+        world_fatal(model->ctx, "head backward without targets (forward-only batch)");
     float *dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
     if (chunked) {
         head_backward_chunked(model, acts, dnorm);
@@ -940,8 +948,8 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
                                  acts->residuals[L], qwen2_param_data(model, norm_param(model)), acts->final_rstd, N,
                                  C);
     else
-        d->rmsnorm_backward(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm, acts->residuals[L],
-                         qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
+        d->rmsnorm_backward(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm,
+                            acts->residuals[L], qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
     release(model, &dnorm);
     release(model, &acts->final_norm);
     release(model, &acts->final_rstd);
@@ -974,7 +982,8 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     const float *gate_up_weight = stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l);
     float *gate_up_grad = g[UP_WEIGHT] == g[GATE_WEIGHT] + (size_t)I * C
                               ? g[GATE_WEIGHT]
-                              : (stacked_grad = sum_buffer(model, (size_t)2 * I * C, "mlp.gate_up_grad", l, MEM_WORKSPACE));
+                              : (stacked_grad = sum_buffer(model, (size_t)2 * I * C, "mlp.gate_up_grad", l,
+                                                           MEM_WORKSPACE));
     if (bf16_compute(model)) { /* gate_proj and up_proj are two modules: their input gradients add in bfloat16 */
         float *scratch = output_buffer(model, (size_t)N * C, "mlp.dinput_up", l, MEM_WORKSPACE);
         d->linear_backward_bf16(d, NULL, gate_up_grad, NULL, dgate_up, a->ln2, gate_up_weight, N, C, 2 * I);

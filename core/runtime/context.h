@@ -17,8 +17,8 @@
 #include "core/device/device.h"
 #include "core/memory/mem.h"
 
-/* A collective's signature that every rank has agreed on (core/comm/comm.c): the op, the buffer's float count, the detail
- * (reduction or broadcast root) and a hash of the unit's name. A call whose signature is in the table skips the
+/* A collective's signature that every rank has agreed on (core/comm/comm.c): the op, the buffer's float count, the
+ * detail (reduction or broadcast root) and a hash of the unit's name. A call whose signature is in the table skips the
  * agreement exchange; the table is the same on every rank because a signature enters it only after all agreed. */
 typedef struct ctx_signature {
     uint64_t op, count, detail, unit_hash;
@@ -43,8 +43,8 @@ typedef struct context {
     uint64_t agreements;       /* agreement exchanges made (one small MPI_Allgather each), for tests and curiosity */
     int thread_multiple;       /* MPI provides MPI_THREAD_MULTIPLE: comm streams may be threads (core/comm/stream.h) */
     double timeout_seconds;    /* TIMEOUT: a collective not complete after this long aborts the run (0: never) */
-    const struct group_mesh *mesh; /* HYBRID_SHARD's shard x replicate groups (core/comm/group.h), set by the program before
-                                  it builds the model; NULL: one group, the world (every other strategy) */
+    const struct group_mesh *mesh; /* HYBRID_SHARD's shard x replicate groups (core/comm/group.h), set by the program
+                                      before it builds the model; NULL: one group, the world (every other strategy) */
     device device;             /* the compute device (core/device/device.h): cpu, or cuda (DEVICE=cuda, BACKEND=nccl) */
     device host;               /* the host as a device (a CPU device): CPU offload's accumulation and AdamW run here */
     /* What the device's plug-in (core/runtime/plugin.h) brought; NULL on the CPU device: */

@@ -100,7 +100,8 @@ void session_open(context *ctx, int *argc, char ***argv, const char *program, co
     snprintf(ctx->program, sizeof ctx->program, "%s", program);
     layers_choose_blas_core(*argv); /* may re-execute this program: must come before MPI starts */
     shared_memory_copies_in_user_space();
-    /* MPI_THREAD_MULTIPLE: the comm streams (core/comm/stream.h) are threads that call MPI while the host thread does. */
+    /* MPI_THREAD_MULTIPLE: the comm streams (core/comm/stream.h) are threads that call MPI while the host thread
+     * does. */
     int provided = MPI_THREAD_SINGLE;
     int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) {

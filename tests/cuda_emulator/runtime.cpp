@@ -115,7 +115,8 @@ extern "C" {
 
 cudaError_t emulator_fail(cudaError_t err, const char *what) {
     last_error = err;
-    if (getenv("CUDA_EMULATOR_VERBOSE") != NULL) fprintf(stderr, "cuda emulator: %s: %s\n", what, cudaGetErrorName(err));
+    if (getenv("CUDA_EMULATOR_VERBOSE") != NULL)
+        fprintf(stderr, "cuda emulator: %s: %s\n", what, cudaGetErrorName(err));
     return err;
 }
 
@@ -279,13 +280,15 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
 
 /* A destroyed handle stays allocated (marked dead), so a later use is seen, not undefined. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    if (stream == NULL || stream->magic != LIVE) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy");
+    if (stream == NULL || stream->magic != LIVE)
+        return emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy");
     stream->magic = DEAD;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    return emulator_stream_ok(stream) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
+    return emulator_stream_ok(stream) ? cudaSuccess
+                                      : emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
@@ -309,7 +312,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    if (!event_ok(event) || !emulator_stream_ok(stream)) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventRecord");
+    if (!event_ok(event) || !emulator_stream_ok(stream))
+        return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventRecord");
     event->recorded = 1;
     event->time_ms = now_ms();
     return cudaSuccess;

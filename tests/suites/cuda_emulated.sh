@@ -33,7 +33,8 @@ emulated05() {
   if [ $bf16 = 1 ]; then
     check "emulated CUDA $tag vs CPU: losses within the bfloat16 flip bound and drift" python3 tests/compare_losses.py \
       $REFERENCE05 $dir $((GLOBAL05 * SEQ05 * ACC05)) $SEQ05 $LR05 bf16
-    check "emulated CUDA $tag vs CPU: parameters within AdamW's bound" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+    check "emulated CUDA $tag vs CPU: parameters within AdamW's bound" \
+      env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
       compare "$dir/checkpoint" $REFERENCE05/checkpoint "$(python3 tests/tolerances.py adamw $LR05 $STEPS05)" absolute
   else
     equal05 "emulated CUDA $tag vs CPU" $dir
@@ -63,7 +64,8 @@ emulated05 MP_reduce_bf16 STRATEGY=FULL_SHARD MP=fp32,reduce=bf16
 # core/models/memory_model.c does not predict yet: equivalence only.
 emulated05 OFFLOAD MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1
 # MP=bf16: the CUDA device's bfloat16 layers (cuBLAS GEMMs under CUBLAS_COMPUTE_32F_FAST_16BF, which the emulator
-# aborts on if any input is not a bfloat16 value) against the CPU's core/kernels/layers_bf16.c; with LOSS_CHUNK and CKPT too
+# aborts on if any input is not a bfloat16 value) against the CPU's core/kernels/layers_bf16.c; with LOSS_CHUNK and CKPT
+# too
 emulated05 MP_bf16 BF16=1 STRATEGY=FULL_SHARD MP=bf16
 emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK=100 CKPT=1
 # What users open, from the CUDA device's runs, in the clients they use (the device mark, the cudaMalloc segments'

@@ -9,9 +9,11 @@
 #              into lr-sized steps, so only a bound in units of lr holds there.
 source tests/lab05_equal.sh
 lab05 "05_full_step -np 1 NO_SHARD: the reference" 1 $REFERENCE05 STRATEGY=NO_SHARD
-check "05_full_step prints the seed-style log" grep -qE '^1/5: Loss = [0-9]+\.[0-9]{6}, Peak = [0-9.]+ MB, Time = [0-9.]+s$' \
+check "05_full_step prints the seed-style log" \
+  grep -qE '^1/5: Loss = [0-9]+\.[0-9]{6}, Peak = [0-9.]+ MB, Time = [0-9.]+s$' \
   "$(log_of "05_full_step -np 1 NO_SHARD: the reference")"
-for variant in "FULL_SHARD" "SHARD_GRAD_OP" "NO_SHARD" "FULL_SHARD NO_SYNC=1" "FULL_SHARD CKPT=1" "FULL_SHARD WRAP=size:100000"; do
+for variant in "FULL_SHARD" "SHARD_GRAD_OP" "NO_SHARD" "FULL_SHARD NO_SYNC=1" "FULL_SHARD CKPT=1" \
+  "FULL_SHARD WRAP=size:100000"; do
   set -- $variant
   strategy=$1
   shift
@@ -46,9 +48,11 @@ print(f'{len(a)} step events; first {a[0]}')
 assert a == b and len(a) > 0, f'losses differ: {a} vs {b}'
 segments = [e for e in map(json.loads, open('runs/check/05_malloc/rank0.jsonl')) if e['kind'] == 'alloc']
 assert all(e['reserved'] >= e['size'] for e in segments)"
-check "05_full_step ALLOC=malloc: gradients bit-identical to caching's" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+check "05_full_step ALLOC=malloc: gradients bit-identical to caching's" \
+  env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
   compare runs/check/05_malloc/grads runs/check/05_FULL_SHARD_np2/grads 0 absolute
-check "05_full_step ALLOC=malloc: parameters bit-identical to caching's" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+check "05_full_step ALLOC=malloc: parameters bit-identical to caching's" \
+  env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
   compare runs/check/05_malloc/checkpoint runs/check/05_FULL_SHARD_np2/checkpoint 0 absolute
 check_fails "05_full_step ALLOC=pool is refused, naming the value" "ALLOC='pool' is not allowed" \
   env OUT=runs/check/05_bad ALLOC=pool $MPIRUN -np 2 lab/05_full_step
@@ -89,23 +93,27 @@ for ranks in 1 2; do
 done
 STEPS05=5 ACC05=2 GLOBAL05=8 REFERENCE05=runs/check/05_reference
 run_lab "05_full_step -np 2 ACC=1 one step: for the state order" 2 runs/check/05_states 05_full_step STEPS=1 ACC=1
-check "05_full_step: state transitions in PyTorch FSDP1's order" python3 tests/check_state_order.py runs/check/05_states 4
+check "05_full_step: state transitions in PyTorch FSDP1's order" \
+  python3 tests/check_state_order.py runs/check/05_states 4
 run_lab "05_full_step -np 2 ACC=1 one step, BACKWARD_PRE on comm streams: for the state order" 2 \
   runs/check/05_states_prefetch 05_full_step STEPS=1 ACC=1 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE
 check "05_full_step BACKWARD_PRE: prefetched units' transitions in PyTorch FSDP1's order" \
   python3 tests/check_state_order.py runs/check/05_states_prefetch 4 BACKWARD_PRE
+mid05="CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408"
 for variant in "" "CKPT=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "WRAP=size:100000" "ALLOC=malloc" "MAX_SPLIT_SIZE_MB=21" \
   "LOSS_CHUNK=100 CONFIG=vocab_size=4096" "LOSS_CHUNK=100 CKPT=1 CONFIG=vocab_size=4096" "MP=fp32,reduce=bf16" \
   "GRADS=runs/check/05_memory_grads" \
-  "CONFIG=hidden_size=512,num_hidden_layers=8,num_attention_heads=8,num_key_value_heads=2,intermediate_size=1408 MBS=2 SEQ=64"; do
+  "$mid05 MBS=2 SEQ=64"; do
   name="05_full_step memory model exact to the byte, reserved within its bound (${variant:-tiny})"
-  check "$name" bash -c "env OUT=runs/check/05_memory STEPS=2 $variant $MPIRUN -np 2 lab/05_full_step > runs/check/05_memory.log &&
+  check "$name" \
+    bash -c "env OUT=runs/check/05_memory STEPS=2 $variant $MPIRUN -np 2 lab/05_full_step > runs/check/05_memory.log &&
     python3 tests/check_memory_model.py runs/check/05_memory.log"
 done
 run_lab "05_full_step -np 2 STEPS=50: the loss falls" 2 runs/check/05_fifty 05_full_step STEPS=50
 check "05_full_step: loss after 50 steps well below the first" python3 -c "
 import json
-losses = [e['loss'] for e in map(json.loads, open('runs/check/05_fifty/rank0.jsonl')) if e['kind'] == 'step' and e['micro'] == -1]
+losses = [e['loss'] for e in map(json.loads, open('runs/check/05_fifty/rank0.jsonl'))
+          if e['kind'] == 'step' and e['micro'] == -1]
 print(f'step 1: {losses[0]:.4f}, step 50: {losses[-1]:.4f}')
 assert len(losses) == 50 and losses[-1] < losses[0] - 2.0, 'the loss did not fall by 2 nats over 50 steps'"
 check_fails "05_full_step STRATEGY=HYBRID is refused, naming the value" "STRATEGY='HYBRID' is not allowed" \
@@ -128,7 +136,8 @@ data = bytearray(open(path, \"rb\").read())
 size = struct.unpack(\"<Q\", data[:8])[0]
 begin = json.loads(data[8:8 + size])[\"model.norm.weight\"][\"data_offsets\"][0]
 data[8 + size + begin + 12:8 + size + begin + 16] = struct.pack(\"<f\", float(\"nan\"))
-open(path, \"wb\").write(data)' && OUT=runs/check/compare_$suite tests/bin/qwen2_tool compare runs/check/05_nan $REFERENCE05/checkpoint 1"
+open(path, \"wb\").write(data)' &&
+  OUT=runs/check/compare_$suite tests/bin/qwen2_tool compare runs/check/05_nan $REFERENCE05/checkpoint 1"
 # The README's main command, `make run`: lab 05 launched through the Makefile's MPIRUN (--allow-run-as-root for root),
 # its settings from make's command line or from the environment alike, OUT passed on as any other setting.
 check "make run NP=1 STEPS=1 ACC=1: make's command line reaches lab 05" bash -c \
@@ -144,20 +153,25 @@ check_fails "05_full_step: MBS differing between ranks is refused on every rank,
   env OUT=runs/check/05_disagree timeout 60 $MPIRUN -np 1 -x MBS=4 lab/05_full_step : -np 1 -x MBS=abc lab/05_full_step
 check_fails "05_full_step: SAVE on one rank only is refused before training" \
   "SAVE differs between ranks: rank 0 has unset, rank 1 has 'runs/check/05_disagree/ckpt'" \
-  env OUT=runs/check/05_disagree timeout 60 $MPIRUN -np 1 lab/05_full_step : -np 1 -x SAVE=runs/check/05_disagree/ckpt lab/05_full_step
+  env OUT=runs/check/05_disagree timeout 60 $MPIRUN -np 1 lab/05_full_step : \
+  -np 1 -x SAVE=runs/check/05_disagree/ckpt lab/05_full_step
 # Divergence stops the run: LR=10 makes the loss non-finite within a few steps; the lab stops before that step's
 # optimizer update, names the step and the first unit with a non-finite gradient, writes no checkpoint, and still
 # leaves views that load (the step events' loss is null in JSON).
+diverged05="step [0-9]+ diverged: loss (-?nan|-?inf), first non-finite gradient in unit '.*'; stopped before its"
+diverged05+=" optimizer step.*SAVE skipped"
 check_fails "05_full_step LR=10: stops at the first non-finite step, naming it, with no checkpoint written" \
-  "step [0-9]+ diverged: loss (-?nan|-?inf), first non-finite gradient in unit '.*'; stopped before its optimizer step.*SAVE skipped" \
+  "$diverged05" \
   bash -c 'rm -rf runs/check/05_diverged && LR=10 STEPS=20 SAVE=runs/check/05_diverged/ckpt OUT=runs/check/05_diverged \
-    $MPIRUN -np 2 lab/05_full_step; status=$?; if [ -e runs/check/05_diverged/ckpt ]; then echo "a checkpoint was written"; exit 0; fi; exit $status'
+    $MPIRUN -np 2 lab/05_full_step; status=$?
+    if [ -e runs/check/05_diverged/ckpt ]; then echo "a checkpoint was written"; exit 0; fi; exit $status'
 check "05_full_step LR=10: the diverged run's trace still validates" \
   python3 tests/validate_trace.py --expect-ranks 2 runs/check/05_diverged
 check "05_full_step LR=10: the diverged run's summary loads" trace/fsdptrace summary runs/check/05_diverged
 check_fails "05_full_step EVAL with a prompt beyond max_position_embeddings is refused, not overflowed" \
   "EVAL: rank 0: generate: a prompt of 16 tokens and 200 new ones; the prompt must hold 1..8 tokens" \
-  env OUT=runs/check/05_eval_positions CONFIG=max_position_embeddings=8 SEQ=8 EVAL=1 STEPS=1 $MPIRUN -np 2 lab/05_full_step
+  env OUT=runs/check/05_eval_positions CONFIG=max_position_embeddings=8 SEQ=8 EVAL=1 STEPS=1 \
+  $MPIRUN -np 2 lab/05_full_step
 # The watchdog (TIMEOUT): a rank stopped with SIGSTOP makes the other abort, naming the collective, within seconds.
 check "05_full_step TIMEOUT=3: a stopped rank is named as a timeout (blocking collectives)" \
   tests/check_watchdog.sh runs/check/05_watchdog

@@ -31,10 +31,10 @@ done
 # would count each R times): the traffic check finds any collective outside the rank's two groups.
 REFERENCE05=runs/check/08_reference_clip
 lab05 "08: 05_full_step -np 1 NO_SHARD CLIP=0.5: the reference" 1 $REFERENCE05 STRATEGY=NO_SHARD CLIP=0.5
-lab05 "08: 05_full_step -np 4 HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5" 4 runs/check/08_clip STRATEGY=HYBRID_SHARD \
-  SHARD_GROUP=2 CLIP=0.5
-equal05 "08: 05_full_step -np 4 HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5" runs/check/08_clip
-check "08: 05_full_step -np 4 HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5: clip_grad_norm in the shard group, bytes across exact" \
+clip08="08: 05_full_step -np 4 HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5"
+lab05 "$clip08" 4 runs/check/08_clip STRATEGY=HYBRID_SHARD SHARD_GROUP=2 CLIP=0.5
+equal05 "$clip08" runs/check/08_clip
+check "$clip08: clip_grad_norm in the shard group, bytes across exact" \
   python3 tests/check_lab08.py traffic runs/check/08_clip $REFERENCE05/grads/config.json 2 $ACC05 $STEPS05
 # Padding: a decoder layer of the tiny model is 184,832 floats, 2 short of a multiple of 3: shard groups of 3 (6 ranks
 # as 2 x 3) pad each unit; against a reference of 6 sequences per micro-batch.
@@ -52,7 +52,8 @@ for strategy in HYBRID_SHARD _HYBRID_SHARD_ZERO2; do
       > runs/check/08_memory.log && python3 tests/check_memory_model.py runs/check/08_memory.log"
 done
 # The lab itself: every mode, its memory model exact, the groups in the trace, less across nodes than FULL_SHARD.
-run_lab "08_hybrid_shard -np 4: FULL_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2, NO_SHARD" 4 runs/check/08_lab 08_hybrid_shard
+run_lab "08_hybrid_shard -np 4: FULL_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2, NO_SHARD" 4 runs/check/08_lab \
+  08_hybrid_shard
 check "08_hybrid_shard -np 4: memory model exact, shards of 1/2, less across nodes, groups in the trace" \
   python3 tests/check_lab08.py lab runs/check/08_lab \
   "$(log_of "08_hybrid_shard -np 4: FULL_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2, NO_SHARD")"

@@ -1,4 +1,6 @@
 # The source tree's shape (tests/check_layers.py reads it from the files): core/'s floors include only downward, no
 # circle of modules, no FSDPLAB_CUDA outside the CUDA plug-in, no line over 120 columns.
-check "the source tree: floors include downward, no circle of modules, the plug-in alone compiled for CUDA, 120 columns" \
+layout_check="the source tree: floors include downward, no circle of modules, the plug-in alone compiled for CUDA,"
+layout_check+=" 120 columns"
+check "$layout_check" \
   python3 tests/check_layers.py

@@ -25,7 +25,8 @@ check "resume: it said so" grep -q "resumed from $K/checkpoints/step_00000004: s
   "$(log_of "resume: RESUME=auto continues the killed run from step 4 (passing by an uncommitted step 5)")"
 check "resume: the resumed run's trace is valid" python3 tests/validate_trace.py --expect-ranks 2 $K
 check "resume: steps 5 and 6 have the uninterrupted run's losses, bit for bit" python3 tests/check_resume.py exact $R $K
-check "resume: final parameters bit-identical (SAVE)" cmp $R/checkpoint/model.safetensors $K/checkpoint/model.safetensors
+check "resume: final parameters bit-identical (SAVE)" \
+  cmp $R/checkpoint/model.safetensors $K/checkpoint/model.safetensors
 check "resume: step 6's shards bit-identical (parameters, exp_avg, exp_avg_sq)" bash -c "
   cmp $R/checkpoints/step_00000006/__0_0.distcp $K/checkpoints/step_00000006/__0_0.distcp &&
   cmp $R/checkpoints/step_00000006/__1_0.distcp $K/checkpoints/step_00000006/__1_0.distcp"
@@ -61,7 +62,8 @@ resume_fails() { # resume_fails NAME PATTERN ENV...
 resume_fails "a directory that does not exist" "RESUME='$B/nowhere'.*nowhere is not a directory" RESUME=$B/nowhere
 resume_fails "a checkpoint never committed" "uncommitted: no \.metadata, so the checkpoint was never committed" \
   RESUME=$B/uncommitted
-resume_fails "a corrupt shard (one byte changed)" "corrupt/__1_0\.distcp: checksum [0-9a-f]+, the metadata says [0-9a-f]+ \(corrupt\)" \
+resume_fails "a corrupt shard (one byte changed)" \
+  "corrupt/__1_0\.distcp: checksum [0-9a-f]+, the metadata says [0-9a-f]+ \(corrupt\)" \
   RESUME=$B/corrupt
 resume_fails "a truncated shard" "truncated/__0_0\.distcp: [0-9]+ bytes, the metadata says [0-9]+" RESUME=$B/truncated
 resume_fails "a format version from the future" "version99/\.metadata: version 99; this build reads version 1" \
@@ -76,9 +78,11 @@ resume_fails "a data position this batch size cannot continue" \
 touch $B/a_file
 resume_fails "a CHECKPOINT_DIR that cannot be made, before step 1" "CHECKPOINT_DIR='$B/a_file/ckpt': cannot create" \
   CHECKPOINT_DIR=$B/a_file/ckpt
-check "resume refused: ... and no step ran first" bash -c "! grep -q '^1/6' '$(log_of "resume refused: a CHECKPOINT_DIR that cannot be made, before step 1")'"
+check "resume refused: ... and no step ran first" \
+  bash -c "! grep -q '^1/6' '$(log_of "resume refused: a CHECKPOINT_DIR that cannot be made, before step 1")'"
 check "resume: RESUME=auto with no checkpoint yet starts at step 1" bash -c "
-  rm -rf $B/fresh && OUT=$B/fresh STEPS=1 RESUME=auto $MPIRUN -np 2 lab/05_full_step | grep -q 'RESUME=auto: no committed checkpoint under $B/fresh/checkpoints; starting at step 1'"
+  rm -rf $B/fresh && OUT=$B/fresh STEPS=1 RESUME=auto $MPIRUN -np 2 lab/05_full_step |
+    grep -q 'RESUME=auto: no committed checkpoint under $B/fresh/checkpoints; starting at step 1'"
 # What a user opens: each rank's shard file in Python's safetensors (the real client), holding for every unit the
 # element range .metadata gives it, parameters and both moments.
 check "resume: the shard files open in Python's safetensors with .metadata's ranges" python3 -c "
@@ -92,7 +96,8 @@ for f in meta['files']:
         for part in ('param', 'exp_avg', 'exp_avg_sq'):
             t = tensors.get(unit['name'] + '.' + part)
             if end > begin and (t is None or t.shape != (end - begin,) or t.dtype.name != 'float32'):
-                sys.exit(f\"{f['file']}: {unit['name']}.{part} is {None if t is None else t.shape}, expected ({end - begin},)\")
+                sys.exit(f\"{f['file']}: {unit['name']}.{part} is {None if t is None else t.shape}, \"
+                         f\"expected ({end - begin},)\")
 print('ok:', len(meta['files']), 'files,', len(meta['units']), 'units')
 "
 # The other strategies resume bit for bit too: NO_SHARD (every rank holds everything; rank 0 alone writes it) and

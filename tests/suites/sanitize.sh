@@ -3,7 +3,8 @@
 # with float-cast-overflow, every UB fatal: -fno-sanitize-recover). A check passes only when its command exits 0 AND
 # no sanitizer printed a report (belt and braces: a report in a forked child or a rank that mpirun hides still fails).
 SAN=${SANITIZE_DIR:-build/sanitize}
-SAN_REPORT='ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|SUMMARY: (AddressSanitizer|UndefinedBehaviorSanitizer)'
+SAN_REPORT='ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:'
+SAN_REPORT+='|SUMMARY: (AddressSanitizer|UndefinedBehaviorSanitizer)'
 # LeakSanitizer is on (detect_leaks=1) with tests/sanitize.supp naming Open MPI's, PMIx's, hwloc's, libevent's and
 # OpenBLAS's own allocations (never a frame of ours). A leak makes the process exit non-zero, so it fails a Check
 # test's fork like a crash does.
@@ -42,22 +43,23 @@ sanitized_mpi "sanitize 03_reduce_scatter -np 2 BW_MB=2" 2 runs/check/san_03 $SA
 sanitized_mpi "sanitize 04_checkpoint -np 2" 2 runs/check/san_04 $SAN/lab/04_checkpoint
 sanitized_mpi "sanitize 05_full_step -np 2 STEPS=2 ACC=2 SEQ=32, SAVE, GRADS" 2 runs/check/san_05 \
   $SAN/lab/05_full_step STEPS=2 ACC=2 SEQ=32 MBS=2 SAVE=runs/check/san_05/checkpoint GRADS=runs/check/san_05/grads
-sanitized_mpi "sanitize 05_full_step -np 2 comm streams, BACKWARD_PRE, CKPT=1, ALLOC=malloc" 2 runs/check/san_05_streams \
-  $SAN/lab/05_full_step STEPS=1 ACC=2 SEQ=32 MBS=2 CKPT=1 ALLOC=malloc COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE \
-  FORWARD_PREFETCH=1
+sanitized_mpi "sanitize 05_full_step -np 2 comm streams, BACKWARD_PRE, CKPT=1, ALLOC=malloc" 2 \
+  runs/check/san_05_streams $SAN/lab/05_full_step STEPS=1 ACC=2 SEQ=32 MBS=2 CKPT=1 ALLOC=malloc COMM_STREAMS=1 \
+  BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1
 # Sharded checkpoints (core/io/dcp.c): written every step, then a run on another world size resumes from step 1.
 sanitized_mpi "sanitize 05_full_step -np 2 CHECKPOINT_EVERY=1" 2 runs/check/san_05_dcp $SAN/lab/05_full_step STEPS=2 \
   ACC=1 SEQ=32 MBS=2 CHECKPOINT_EVERY=1 CHECKPOINT_DIR=runs/check/san_dcp
-sanitized_mpi "sanitize 05_full_step -np 1 RESUME from 2 ranks' step 1" 1 runs/check/san_05_resume $SAN/lab/05_full_step \
-  STEPS=2 ACC=1 SEQ=32 MBS=4 RESUME=runs/check/san_dcp/step_00000001
+sanitized_mpi "sanitize 05_full_step -np 1 RESUME from 2 ranks' step 1" 1 runs/check/san_05_resume \
+  $SAN/lab/05_full_step STEPS=2 ACC=1 SEQ=32 MBS=4 RESUME=runs/check/san_dcp/step_00000001
 # Generation (EVAL) with the KV cache; text through Qwen2's tokenizer when its vocabulary is here.
 sanitized_mpi "sanitize 05_full_step -np 2 EVAL=1 (generation with the KV cache)" 2 runs/check/san_05_eval \
   $SAN/lab/05_full_step STEPS=1 ACC=1 SEQ=32 MBS=2 EVAL=1
 # Labs 07-09's paths through the core: bfloat16 casts and typed collectives on streams with prefetch; process groups
 # with CPU offload's host pool, h2d copies into the in-place all-gather and d2h copies after the replicate all-reduce;
 # lab 09's naive and deferred initialisation.
-sanitized_mpi "sanitize 05_full_step -np 2 MP=bf16, comm streams, prefetch" 2 runs/check/san_05_mp $SAN/lab/05_full_step \
-  STEPS=2 ACC=2 SEQ=32 MBS=2 MP=bf16 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1
+sanitized_mpi "sanitize 05_full_step -np 2 MP=bf16, comm streams, prefetch" 2 runs/check/san_05_mp \
+  $SAN/lab/05_full_step STEPS=2 ACC=2 SEQ=32 MBS=2 MP=bf16 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE \
+  FORWARD_PREFETCH=1
 sanitized_mpi "sanitize 05_full_step -np 4 HYBRID_SHARD 2x2, OFFLOAD=1, comm streams" 4 runs/check/san_05_hybrid \
   $SAN/lab/05_full_step STEPS=1 ACC=2 SEQ=32 MBS=2 STRATEGY=HYBRID_SHARD SHARD_GROUP=2 OFFLOAD=1 COMM_STREAMS=1
 sanitized_mpi "sanitize 09_offload_and_init -np 2 (tiny, 1 step)" 2 runs/check/san_09 $SAN/lab/09_offload_and_init \

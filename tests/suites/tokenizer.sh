@@ -1,17 +1,19 @@
-# Qwen2's tokenizer (core/data/tokenizer.c) against HF tokenizers built from the same qwen.tiktoken: ids on a fixed corpus
-# through each loader and on 2,000 random strings, decode(encode(x)) == NFC(x). Without data/qwen2/qwen.tiktoken
+# Qwen2's tokenizer (core/data/tokenizer.c) against HF tokenizers built from the same qwen.tiktoken: ids on a fixed
+# corpus through each loader and on 2,000 random strings, decode(encode(x)) == NFC(x). Without data/qwen2/qwen.tiktoken
 # ($QWEN2_TOKENIZER; scripts/get_qwen2_tokenizer.sh fetches it) or the tokenizers package, the check says skipped.
 # The unit test (tests/test_tokenizer.c, in the unit suite) needs no vocabulary.
 check "tokenizer parity: ids equal HF tokenizers (fixed corpus x 3 loaders, 2000 random strings), decode round trip" \
   python3 tests/check_tokenizer_parity.py
-check_fails "tokenize_tool: \$QWEN2_TOKENIZER naming no file is refused by name" "/nonexistent/qwen.tiktoken: No such file" \
+check_fails "tokenize_tool: \$QWEN2_TOKENIZER naming no file is refused by name" \
+  "/nonexistent/qwen.tiktoken: No such file" \
   env QWEN2_TOKENIZER=/nonexistent/qwen.tiktoken tests/bin/tokenize_tool encode /dev/null
 
 # Lab 05 on Qwen2's ids: qwen2-0.5b cut to one small layer by CONFIG (its 151,936-row embedding kept), TinyStories-
 # format text (stories separated by <|endoftext|> lines: the generated ones) read as text and as the token file
 # scripts/prepare_tinystories.sh makes of it. Both must hold exactly the ids tokenize_tool gives and train to the same
 # losses, bit for bit; EVAL decodes through the same tokenizer.
-QWEN2_SMALL=(MODEL=qwen2-0.5b CONFIG=hidden_size=64,num_hidden_layers=1,intermediate_size=128,num_attention_heads=2,num_key_value_heads=1
+QWEN2_SMALL=(MODEL=qwen2-0.5b
+             CONFIG=hidden_size=64,num_hidden_layers=1,intermediate_size=128,num_attention_heads=2,num_key_value_heads=1
              SEQ=64 MBS=2 ACC=1 STEPS=2)
 T=runs/check/tokenizer
 if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ]; then
@@ -25,7 +27,8 @@ if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ]; then
     grep -q "text through Qwen2's tokenizer (.*): $expected tokens)" "$text_log"
   check "tokenizer: EVAL printed a story decoded by Qwen2's tokenizer" grep -q "^    --- Once upon a time" "$text_log"
   check "tokenizer: prepare_tinystories.sh writes the same ids as a token file" bash -c "
-    scripts/prepare_tinystories.sh $T/stories.txt $T/stories.bin | grep -q '$T/stories.bin: $expected tokens of 4 bytes'"
+    scripts/prepare_tinystories.sh $T/stories.txt $T/stories.bin |
+    grep -q '$T/stories.bin: $expected tokens of 4 bytes'"
   # The same ids when the text is encoded in pieces cut before each <|endoftext|> (here every ~2 KB; 16 MB by default)
   check "tokenizer: write-tokens in pieces of ~2 KB writes the whole text's token file, byte for byte" bash -c "
     tests/bin/tokenize_tool write-tokens $T/stories.txt $T/pieces.bin 2000 && cmp $T/stories.bin $T/pieces.bin"
@@ -33,16 +36,19 @@ if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ]; then
   check "tokenizer: the token file trains to the text's losses, bit for bit" python3 tests/check_resume.py exact \
     $T/text $T/bin
   check "tokenizer: TOKENIZER=auto without the vocabulary says so and reads bytes" bash -c "
-    OUT=$T/auto_bytes QWEN2_TOKENIZER=/nonexistent/qwen.tiktoken ${QWEN2_SMALL[*]} STEPS=1 $MPIRUN -np 2 lab/05_full_step |
+    OUT=$T/auto_bytes QWEN2_TOKENIZER=/nonexistent/qwen.tiktoken ${QWEN2_SMALL[*]} STEPS=1 \
+      $MPIRUN -np 2 lab/05_full_step |
     grep -q 'text as byte ids: TOKENIZER=auto found no Qwen2 vocabulary at /nonexistent/qwen.tiktoken'"
   check_fails "tokenizer: TOKENIZER=qwen2 on the tiny model is refused (its vocabulary is too small)" \
     "TOKENIZER='qwen2': rank 0: .*has ids up to 151645, beyond this model's vocab_size 260" \
     env OUT=$T/refused TOKENIZER=qwen2 STEPS=1 $MPIRUN -np 2 lab/05_full_step
 else
+  tokenizer_missing="skipped: no Qwen2 vocabulary at ${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}"
   check "tokenizer: lab 05 on Qwen2's ids" bash -c \
-    "echo 'skipped: no Qwen2 vocabulary at ${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken} (scripts/get_qwen2_tokenizer.sh)'; exit 77"
+    "echo '$tokenizer_missing (scripts/get_qwen2_tokenizer.sh)'; exit 77"
 fi
 check_fails "tokenizer: TOKENIZER naming no file is refused by name" \
   "TOKENIZER='/nonexistent/vocab.json': rank 0: /nonexistent/vocab.json" \
-  env OUT=$T/refused2 MODEL=qwen2-0.5b CONFIG=hidden_size=64,num_hidden_layers=1,intermediate_size=128,num_attention_heads=2,num_key_value_heads=1 \
+  env OUT=$T/refused2 MODEL=qwen2-0.5b \
+  CONFIG=hidden_size=64,num_hidden_layers=1,intermediate_size=128,num_attention_heads=2,num_key_value_heads=1 \
   TOKENIZER=/nonexistent/vocab.json STEPS=1 SEQ=16 $MPIRUN -np 2 lab/05_full_step

@@ -11,8 +11,10 @@ check "fsdptrace all: lab 05 writes its views" bash -c '
   rm -rf runs/check/views && OUT=runs/check/views STEPS=1 $MPIRUN -np 2 lab/05_full_step >/dev/null &&
   ls runs/check/views/trace.json runs/check/views/memory.html runs/check/views/player.html \
     runs/check/views/memory_snapshot.pickle runs/check/views/summary.txt'
-check "memory_snapshot.pickle: loads, fields, addresses consistent with sizes" python3 tests/check_snapshot.py runs/check/views
-check "memory.html in headless Chromium: a band per allocation, no console errors" python3 tests/check_memory_page.py runs/check/views
+check "memory_snapshot.pickle: loads, fields, addresses consistent with sizes" \
+  python3 tests/check_snapshot.py runs/check/views
+check "memory.html in headless Chromium: a band per allocation, no console errors" \
+  python3 tests/check_memory_page.py runs/check/views
 check "player.html in headless Chromium: unit states, memory and the peak at chosen moments equal the JSONL" \
   python3 tests/check_player.py runs/check/views
 for ranks in 3 4; do
@@ -49,7 +51,8 @@ check "player.html of the prefetching run: several units unsharded at once, the 
 check "OUT reused by a smaller run: the bigger run's rank2.jsonl and old views are gone" bash -c '
   rm -rf runs/check/reuse && OUT=runs/check/reuse $MPIRUN -np 3 lab/01_shard >/dev/null &&
   OUT=runs/check/reuse $MPIRUN -np 2 lab/01_shard | grep -q "removed 6 files of an earlier run" &&
-  test ! -e runs/check/reuse/rank2.jsonl && python3 tests/validate_trace.py --expect-ranks 2 runs/check/reuse >/dev/null'
+  test ! -e runs/check/reuse/rank2.jsonl &&
+  python3 tests/validate_trace.py --expect-ranks 2 runs/check/reuse >/dev/null'
 check_fails "fsdptrace: rank files of two runs are refused, naming both run ids" \
   "run id '[^']+', but rank0.jsonl has '[^']+': the rank files come from different runs" bash -c '
   rm -rf runs/check/mixed_a runs/check/mixed_b && OUT=runs/check/mixed_a $MPIRUN -np 2 lab/01_shard >/dev/null &&

@@ -5,16 +5,19 @@ check "train.sh FSDP=both on Qwen2's vocabulary and tokenizer: losses equal PyTo
 check "train.sh FSDP=both MP=bf16: fsdplab's mixed precision vs torch's MixedPrecision (derived bound)" \
   tests/check_train_parity.sh bf16
 check_fails "train.sh MP=fp16 is refused, naming the value" "MP='fp16' is not allowed" env MP=fp16 scripts/train.sh
-check "train.sh FSDP=edufsdp runs lab 05" bash -c 'TRAIN_DIR=runs/check/train_edu FSDP=edufsdp STEPS=1 scripts/train.sh | grep -q "^1/1: Loss = "'
+check "train.sh FSDP=edufsdp runs lab 05" \
+  bash -c 'TRAIN_DIR=runs/check/train_edu FSDP=edufsdp STEPS=1 scripts/train.sh | grep -q "^1/1: Loss = "'
 check_fails "train.sh FSDP=deepspeed is refused, naming the value" "FSDP='deepspeed' is not allowed" \
   env FSDP=deepspeed scripts/train.sh
-check_fails "train.sh BACKEND=nccl without a GPU is refused, saying so" "BACKEND=nccl needs an NVIDIA GPU and none is visible" \
+check_fails "train.sh BACKEND=nccl without a GPU is refused, saying so" \
+  "BACKEND=nccl needs an NVIDIA GPU and none is visible" \
   env BACKEND=nccl scripts/train.sh
 check_fails "train.sh FSDP=torch BACKEND=nccl without a GPU is refused, saying so" "BACKEND=nccl needs an NVIDIA GPU" \
   env BACKEND=nccl FSDP=torch scripts/train.sh
 # The seed's own command line says MODEL=qwen2: lab 05 must take it as Qwen2-0.5B (cut to one layer and a byte vocab
 # by CONFIG, so the check takes a second, not minutes).
-check "train.sh MODEL=qwen2 runs lab 05 on qwen2-0.5b" bash -c 'TRAIN_DIR=runs/check/train_qwen2 FSDP=edufsdp MODEL=qwen2 \
+check "train.sh MODEL=qwen2 runs lab 05 on qwen2-0.5b" \
+  bash -c 'TRAIN_DIR=runs/check/train_qwen2 FSDP=edufsdp MODEL=qwen2 \
   CONFIG=num_hidden_layers=1,vocab_size=260 SEQ=16 MBS=1 ACC=1 STEPS=1 scripts/train.sh | tee /dev/stderr |
   grep -q "^(model qwen2-0.5b + CONFIG, "'
 check_fails "train.sh MODEL=gpt2 is refused, listing the models" "MODEL='gpt2' is not a model; choose one of: .*qwen2" \

@@ -7,10 +7,12 @@ mpi_suite() { # mpi_suite NAME BINARY RANKS...
     check "$name -np $ranks" env OUT="runs/check/$(basename "$binary")_np$ranks" $MPIRUN -np "$ranks" "$binary"
   done
 }
-check "test_allocator: rounding, pools, split/merge, best fit, max_split_size, empty_cache, vs a reference model" tests/bin/test_allocator
+check "test_allocator: rounding, pools, split/merge, best fit, max_split_size, empty_cache, vs a reference model" \
+  tests/bin/test_allocator
 check "test_mem: tracked allocator" tests/bin/test_mem
 check "test_safetensors: round trip, HF-written file, refusals" tests/bin/test_safetensors
-check "test_tokenizer: merges by rank, specials, NFC, decode, tokenizer.json, bad files named by line" tests/bin/test_tokenizer
+check "test_tokenizer: merges by rank, specials, NFC, decode, tokenizer.json, bad files named by line" \
+  tests/bin/test_tokenizer
 check "test_rng: counter-based, any range alone, normal statistics" tests/bin/test_rng
 check "test_dtype: bfloat16 round to nearest even, NaN kept, every value round-trips" tests/bin/test_dtype
 check "test_kernel_math: the per-element math CPU and GPU share vs double references within derived bounds" \
@@ -22,6 +24,7 @@ mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_fla
 mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batches" tests/bin/test_data 1 2 4
 mpi_suite "test_optim: AdamW vs reference, state on the shard, padding, clip" tests/bin/test_optim 1 2 3 4
 mpi_suite "test_fsdp: wrap policies, spans, illegal transitions, a clean micro-batch" tests/bin/test_fsdp 1 2 3
-mpi_suite "test_mlp: a second model under the runtime: tree, finite differences, every mode vs the model alone" tests/bin/test_mlp 1 2 3
+mpi_suite "test_mlp: a second model under the runtime: tree, finite differences, every mode vs the model alone" \
+  tests/bin/test_mlp 1 2 3
 check "fuzz_parsers: safetensors, config.json, token files, rank JSONL survive 100 mutants each; must-refuse refused" \
   env OUT=runs/check/fuzz_parsers tests/bin/fuzz_parsers 1 100
