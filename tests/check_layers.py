@@ -9,7 +9,8 @@
             includes B's header. No module may reach itself again through such uses (a circle), on any floor.
   plug-in   no file outside core/cuda/ (and the tests that only the CUDA builds compile) is compiled differently
             for CUDA: the word FSDPLAB_CUDA appears nowhere else in core/, lab/, trace/ or scripts/.
-  columns   no line of the project's own sources, scripts, Makefile or pages is longer than 120 columns.
+  columns   no line of the project's own sources, scripts, Makefile or pages is longer than 120 columns (in a
+            Markdown page, a table row or a line of a fenced block, pasted output, may be: neither can be wrapped).
 
 Prints every violation (file, line, what and why) and exits 1 if there is one; else a summary and 0.
   tests/check_layers.py [--root DIR]
@@ -141,7 +142,14 @@ def main():
             lines = open(os.path.join(root, path), encoding="utf-8").read().split("\n")
         except (UnicodeDecodeError, OSError):
             continue
+        fenced = False
         for number, text in enumerate(lines, 1):
+            if path.endswith(".md"):
+                if text.lstrip().startswith("```"):
+                    fenced = not fenced
+                    continue
+                if fenced or text.lstrip().startswith("|"):
+                    continue
             if len(text) > MAX_COLUMNS:
                 long_lines += 1
                 problems.append(f"{path}:{number}: {len(text)} columns (at most {MAX_COLUMNS})")

@@ -6,6 +6,8 @@
 #
 #   tests/mutations.sh              every mutation
 #   tests/mutations.sh NAME...      some of them (names below)
+#   tests/mutations.sh --applies    only whether each still applies to the code it targets (seconds; make check runs
+#                                   it, so a mutation whose text the code no longer has is found at once)
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -19,18 +21,19 @@ fi
 # name | file | python expression turning the file's text into the mutant's (must change it) [| the make target that
 # must catch it: check-05 when absent]
 mutations=(
-  "sum-for-mean|core/fsdp/fsdp.c|s.replace('flat_param_reduce_scatter_grad(fp, COMM_AVG)', "\
-"'flat_param_reduce_scatter_grad(fp, COMM_SUM)')"
-  "skip-one-reduce-scatter|core/comm/comm.c|s.replace('    if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, "\
-"factor) != 0) return -1;', "\
-"'    if (strcmp(unit, \"layers.1\") == 0) memcpy(shard, full + (size_t)ctx->rank * shard_count, "\
-"shard_count * sizeof(float));\n    else if (ring_reduce_scatter(ctx, &c, full, shard, shard_count, "\
-"factor) != 0) return -1;')"
+  "sum-for-mean|core/fsdp/fsdp.c|s.replace('flat_param_reduce_scatter_grad_start(fp, COMM_AVG, on)', "\
+"'flat_param_reduce_scatter_grad_start(fp, COMM_SUM, on)')"
+  # layers.1's reduce-scatter skipped: its shard keeps this rank's own chunk of the local gradient
+  "skip-one-reduce-scatter|core/comm/comm.c|s.replace('    if (world == 1) { /* the sum of one rank; a mean "\
+"divides by 1, which changes nothing */\n        memcpy(shard, full, chunk_bytes);', "\
+"'    if (world == 1 ? 1 : c->unit != NULL "\
+"&& strcmp(c->unit, \"layers.1\") == 0) {\n        memcpy(shard, full + (size_t)rank * chunk_bytes, chunk_bytes);')"
   "wrong-shard-offset|core/comm/comm.c|s.replace('full + (size_t)((rank - step - 2 + 2 * world) % world) * chunk', "\
 "'full + (size_t)((rank - step - 1 + 2 * world) % world) * chunk')"
-  "padding-rounds-down|core/fsdp/flat_param.c|s.replace('fp->padded_unsharded_numel = (offset + world - 1) / world * "\
-"world;', 'fp->padded_unsharded_numel = offset / world * world;')"
-  "post-forward-keeps-layer-0|core/fsdp/fsdp.c|s.replace('int keep = unit == 0 ||', 'int keep = unit <= 1 ||')"
+  "padding-rounds-down|core/fsdp/flat_param.c|s.replace('return (numel + world - 1) / world * world;', "\
+"'return numel / world * world;')"
+  "post-forward-keeps-layer-0|core/fsdp/fsdp.c|s.replace('int free_unsharded = unit != 0 &&', "\
+"'int free_unsharded = unit > 1 &&')"
   # gradient accumulation without its 1/ACC: every ACC=2 gradient doubled (caught against ACC=1 with one micro-batch)
   "acc-missing-scale|core/fsdp/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps)', '1.0f)')"
   # HYBRID_SHARD (lab 08)
@@ -53,8 +56,9 @@ mutations=(
 "last ? c->factor : 1.0f);', 'ring_add(c, received, buffer + add_first, add_length, last ? 1.0f : 1.0f);')|check-07"
   "mp-hybrid-skips-replicate-all-reduce|core/fsdp/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != "\
 "NULL)\n            status = comm_all_reduce_typed', 'if (0)\n            status = comm_all_reduce_typed')|check-07"
-  "mp-skips-q-rounding|core/models/qwen2.c|s.replace('    round_activation(model, a->q, (size_t)N * H * D);\n', "\
-"'')|check-07"
+  "mp-rope-skips-a-rounding|core/base/kernel_math.h|s.replace('return km_bf16_round(km_bf16_round(a * "\
+"km_bf16_round(cos_value)) + km_bf16_round(b * km_bf16_round(sin_value)));', 'return km_bf16_round(a * "\
+"km_bf16_round(cos_value) + km_bf16_round(b * km_bf16_round(sin_value)));')|check-07"
   "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && "\
 "a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
   # The CUDA backend, run on the CUDA emulator by the unit suite (tests/cuda_emulator), and the math it shares
@@ -64,6 +68,22 @@ mutations=(
   "lerp-from-the-wrong-end|core/base/kernel_math.h|s.replace('fmaf(weight, end - start, start)', "\
 "'fmaf(weight, start - end, start)')|check-unit"
 )
+
+if [ "${1:-}" = --applies ]; then
+  stale=0
+  for entry in "${mutations[@]}"; do
+    IFS='|' read -r name file expression target <<<"$entry"
+    if python3 -c 'import sys; s = open(sys.argv[1]).read(); sys.exit(eval(sys.argv[2], {"s": s}) == s)' \
+      "$root/$file" "$expression"; then
+      echo "applies  $name ($file)"
+    else
+      echo "STALE    $name: $file no longer has the text it replaces; update tests/mutations.sh"
+      stale=$((stale + 1))
+    fi
+  done
+  echo "${#mutations[@]} mutations, $stale stale"
+  exit $((stale > 0))
+fi
 
 wanted=("$@")
 passed=0

@@ -4,3 +4,6 @@ layout_check="the source tree: floors include downward, no circle of modules, th
 layout_check+=" 120 columns"
 check "$layout_check" \
   python3 tests/check_layers.py
+# The planted mutations (tests/mutations.sh: proof that the lab checks can fail) still apply to the code they target:
+# one whose text the code no longer has would prove nothing, silently.
+check "tests/mutations.sh: every planted mutation still applies to the code it targets" tests/mutations.sh --applies
