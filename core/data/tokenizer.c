@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "core/data/tokenizer.h"
+#include "core/base/error.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -17,13 +18,6 @@
 #define NO_RANK INT32_MAX
 #define CACHE_SLOTS (1u << 15)      /* pre-tokens cached; the cache is cleared when half full */
 #define CACHE_MAX_WORD 128          /* longer pre-tokens are rare: not cached */
-
-static void fail(char *error, size_t error_size, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(error, error_size, format, args);
-    va_end(args);
-}
 
 /* The table's hash (not FNV-1a, core/base/hash.h: 8 bytes at a time; tokens are short, so this is most of a lookup's
  * cost. */
@@ -80,7 +74,7 @@ typedef struct builder {
 static int read_file(const char *path, char **text, size_t *length, char *error, size_t error_size) {
     FILE *file = fopen(path, "rb");
     if (file == NULL) {
-        fail(error, error_size, "%s: cannot open: %s", path, strerror(errno));
+        error_set(error, error_size, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     size_t capacity = 1 << 20, used = 0;
@@ -97,7 +91,7 @@ static int read_file(const char *path, char **text, size_t *length, char *error,
     int read_error = ferror(file) || buffer == NULL || (used == capacity && !feof(file));
     fclose(file);
     if (read_error) {
-        fail(error, error_size, "%s: cannot read (%s)", path, buffer == NULL ? "out of memory" : "read error");
+        error_set(error, error_size, "%s: cannot read (%s)", path, buffer == NULL ? "out of memory" : "read error");
         free(buffer);
         return -1;
     }
@@ -110,11 +104,11 @@ static int read_file(const char *path, char **text, size_t *length, char *error,
 static int set_token(builder *b, int id, const char *bytes, size_t length, const char *where) {
     tok_tokenizer *t = b->t;
     if (id < 0 || id >= INT32_MAX - 1) {
-        fail(b->error, b->error_size, "%s: id %d is out of range", where, id);
+        error_set(b->error, b->error_size, "%s: id %d is out of range", where, id);
         return -1;
     }
     if (length == 0 || length > UINT32_MAX / 2) {
-        fail(b->error, b->error_size, "%s: a token of %zu bytes", where, length);
+        error_set(b->error, b->error_size, "%s: a token of %zu bytes", where, length);
         return -1;
     }
     if (id >= b->capacity) {
@@ -129,7 +123,7 @@ static int set_token(builder *b, int id, const char *bytes, size_t length, const
         b->capacity = capacity;
     }
     if (id < t->vocab_size && t->token_length[id] != 0) {
-        fail(b->error, b->error_size, "%s: id %d is given twice", where, id);
+        error_set(b->error, b->error_size, "%s: id %d is given twice", where, id);
         return -1;
     }
     if (b->bytes_used + length > b->bytes_capacity) {
@@ -147,7 +141,7 @@ static int set_token(builder *b, int id, const char *bytes, size_t length, const
     if (id >= t->vocab_size) t->vocab_size = id + 1;
     return 0;
 out_of_memory:
-    fail(b->error, b->error_size, "%s: out of memory", where);
+    error_set(b->error, b->error_size, "%s: out of memory", where);
     return -1;
 }
 
@@ -159,9 +153,9 @@ static int unicode_to_bytes(const builder *b, const char *text, char *out, size_
         utf8proc_int32_t code_point;
         step = utf8proc_iterate(p, -1, &code_point);
         if (step < 0 || code_point >= 324 || b->unicode_to_byte[code_point] < 0) {
-            fail(b->error, b->error_size, "%s: '%s' is not a byte-level token: %s at byte %zu", where, text,
-                 step < 0 ? "invalid UTF-8" : "a character outside GPT-2's byte-to-unicode table",
-                 (size_t)(p - (const utf8proc_uint8_t *)text));
+            error_set(b->error, b->error_size, "%s: '%s' is not a byte-level token: %s at byte %zu", where, text,
+                      step < 0 ? "invalid UTF-8" : "a character outside GPT-2's byte-to-unicode table",
+                      (size_t)(p - (const utf8proc_uint8_t *)text));
             return -1;
         }
         out[used++] = (char)b->unicode_to_byte[code_point];
@@ -211,7 +205,7 @@ static int load_tiktoken(builder *b, const char *path, char *text, size_t length
         if (line_end > line && line_end[-1] == '\r') line_end--;
         if (line_end == line) {
             if (newline == NULL) break;
-            fail(b->error, b->error_size, "%s: empty line", where);
+            error_set(b->error, b->error_size, "%s: empty line", where);
             return -1;
         }
         char *space = memchr(line, ' ', (size_t)(line_end - line));
@@ -219,24 +213,24 @@ static int load_tiktoken(builder *b, const char *path, char *text, size_t length
                                 ? base64_decode(line, (size_t)(space - line), bytes)
                                 : -1;
         if (token_length < 0) {
-            fail(b->error, b->error_size, "%s: '%.*s' is not 'base64token rank'", where,
-                 (int)(line_end - line > 60 ? 60 : line_end - line), line);
+            error_set(b->error, b->error_size, "%s: '%.*s' is not 'base64token rank'", where,
+                      (int)(line_end - line > 60 ? 60 : line_end - line), line);
             return -1;
         }
         char *rank_end;
         errno = 0;
         long rank = space + 1 < line_end && space[1] >= '0' && space[1] <= '9' ? strtol(space + 1, &rank_end, 10) : -1;
         if (rank < 0 || errno != 0 || rank_end != line_end || rank >= INT32_MAX - TOK_MAX_SPECIALS) {
-            fail(b->error, b->error_size, "%s: rank '%.*s' is not a number from 0 to %d", where,
-                 (int)(line_end - space - 1 > 30 ? 30 : line_end - space - 1), space + 1,
-                 INT32_MAX - TOK_MAX_SPECIALS - 1);
+            error_set(b->error, b->error_size, "%s: rank '%.*s' is not a number from 0 to %d", where,
+                      (int)(line_end - space - 1 > 30 ? 30 : line_end - space - 1), space + 1,
+                      INT32_MAX - TOK_MAX_SPECIALS - 1);
             return -1;
         }
         if (set_token(b, (int)rank, bytes, (size_t)token_length, where) != 0) return -1;
         line = newline != NULL ? newline + 1 : end;
     }
     if (b->t->vocab_size == 0) {
-        fail(b->error, b->error_size, "%s: no tokens", path);
+        error_set(b->error, b->error_size, "%s: no tokens", path);
         return -1;
     }
     if (build_table(b, path) != 0) return -1;
@@ -249,7 +243,7 @@ static int load_tiktoken(builder *b, const char *path, char *text, size_t length
 static int load_vocab_object(builder *b, const cJSON *vocab, const char *where_vocab) {
     char where[700];
     if (!cJSON_IsObject(vocab) || vocab->child == NULL) {
-        fail(b->error, b->error_size, "%s: not an object of token → id", where_vocab);
+        error_set(b->error, b->error_size, "%s: not an object of token → id", where_vocab);
         return -1;
     }
     const cJSON *entry;
@@ -258,11 +252,11 @@ static int load_vocab_object(builder *b, const cJSON *vocab, const char *where_v
         char bytes[1024];
         size_t length;
         if (strlen(entry->string) >= sizeof bytes) {
-            fail(b->error, b->error_size, "%s: a token of %zu characters", where, strlen(entry->string));
+            error_set(b->error, b->error_size, "%s: a token of %zu characters", where, strlen(entry->string));
             return -1;
         }
         if (!cJSON_IsNumber(entry) || entry->valuedouble != (double)entry->valueint) {
-            fail(b->error, b->error_size, "%s: the id is not an integer", where);
+            error_set(b->error, b->error_size, "%s: the id is not an integer", where);
             return -1;
         }
         if (unicode_to_bytes(b, entry->string, bytes, &length, where) != 0 ||
@@ -277,7 +271,7 @@ static int add_merge(builder *b, const char *left, const char *right, int index,
     char bytes[2048];
     size_t left_length, right_length;
     if (strlen(left) >= sizeof bytes / 2 || strlen(right) >= sizeof bytes / 2) {
-        fail(b->error, b->error_size, "%s: a merge of over %zu characters", where, sizeof bytes / 2);
+        error_set(b->error, b->error_size, "%s: a merge of over %zu characters", where, sizeof bytes / 2);
         return -1;
     }
     if (unicode_to_bytes(b, left, bytes, &left_length, where) != 0 ||
@@ -287,8 +281,8 @@ static int add_merge(builder *b, const char *left, const char *right, int index,
     int left_id = lookup(t, bytes, left_length), right_id = lookup(t, bytes + left_length, right_length);
     int merged_id = lookup(t, bytes, left_length + right_length);
     if (left_id < 0 || right_id < 0 || merged_id < 0) {
-        fail(b->error, b->error_size, "%s: merge '%s %s': '%s%s' is not in the vocabulary", where, left, right,
-             left_id < 0 ? left : right_id < 0 ? right : left, left_id < 0 || right_id < 0 ? "" : right);
+        error_set(b->error, b->error_size, "%s: merge '%s %s': '%s%s' is not in the vocabulary", where, left, right,
+                  left_id < 0 ? left : right_id < 0 ? right : left, left_id < 0 || right_id < 0 ? "" : right);
         return -1;
     }
     if (t->merge_rank[merged_id] == NO_RANK) t->merge_rank[merged_id] = index;
@@ -298,7 +292,7 @@ static int add_merge(builder *b, const char *left, const char *right, int index,
 static int add_merge_line(builder *b, char *line, int index, const char *where) {
     char *space = strchr(line, ' ');
     if (space == NULL || space == line || space[1] == '\0' || strchr(space + 1, ' ') != NULL) {
-        fail(b->error, b->error_size, "%s: '%.60s' is not 'left right'", where, line);
+        error_set(b->error, b->error_size, "%s: '%.60s' is not 'left right'", where, line);
         return -1;
     }
     *space = '\0';
@@ -310,27 +304,28 @@ static int add_merge_line(builder *b, char *line, int index, const char *where) 
 static int add_special(builder *b, const char *text, int id, const char *where) {
     tok_tokenizer *t = b->t;
     if (t->special_count == TOK_MAX_SPECIALS) {
-        fail(b->error, b->error_size, "%s: more than %d special tokens", where, TOK_MAX_SPECIALS);
+        error_set(b->error, b->error_size, "%s: more than %d special tokens", where, TOK_MAX_SPECIALS);
         return -1;
     }
     size_t length = strlen(text);
     if (length == 0 || id < 0 || id >= INT32_MAX - 1) {
-        fail(b->error, b->error_size, "%s: special token '%s' with id %d", where, text, id);
+        error_set(b->error, b->error_size, "%s: special token '%s' with id %d", where, text, id);
         return -1;
     }
     if (id < t->vocab_size && t->token_length[id] != 0 &&
         (t->token_length[id] != length || memcmp(t->token_bytes + t->token_offset[id], text, length) != 0)) {
-        fail(b->error, b->error_size, "%s: special token '%s' takes id %d, which is another token's", where, text, id);
+        error_set(b->error, b->error_size, "%s: special token '%s' takes id %d, which is another token's", where, text,
+                  id);
         return -1;
     }
     for (int i = 0; i < t->special_count; i++)
         if (t->specials[i].id == id || strcmp(t->specials[i].text, text) == 0) {
-            fail(b->error, b->error_size, "%s: special token '%s' (id %d) is given twice", where, text, id);
+            error_set(b->error, b->error_size, "%s: special token '%s' (id %d) is given twice", where, text, id);
             return -1;
         }
     tok_special *special = &t->specials[t->special_count];
     if ((special->text = malloc(length + 1)) == NULL) {
-        fail(b->error, b->error_size, "%s: out of memory", where);
+        error_set(b->error, b->error_size, "%s: out of memory", where);
         return -1;
     }
     memcpy(special->text, text, length + 1);
@@ -354,7 +349,7 @@ static int load_tokenizer_json(builder *b, const char *path, const char *text) {
     cJSON *root = cJSON_Parse(text);
     if (root == NULL) {
         const char *at = cJSON_GetErrorPtr();
-        fail(b->error, b->error_size, "%s: not JSON (at byte %ld)", path, at != NULL ? (long)(at - text) : -1L);
+        error_set(b->error, b->error_size, "%s: not JSON (at byte %ld)", path, at != NULL ? (long)(at - text) : -1L);
         return -1;
     }
     int status = -1;
@@ -363,8 +358,8 @@ static int load_tokenizer_json(builder *b, const char *path, const char *text) {
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (!cJSON_IsObject(model) || (type != NULL && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE") != 0))) {
-        fail(b->error, b->error_size, "%s: model is not a BPE model (model.type %s)", path,
-             cJSON_IsString(type) ? type->valuestring : "missing");
+        error_set(b->error, b->error_size, "%s: model is not a BPE model (model.type %s)", path,
+                  cJSON_IsString(type) ? type->valuestring : "missing");
         goto done;
     }
     snprintf(where, sizeof where, "%s: model.vocab", path);
@@ -372,7 +367,7 @@ static int load_tokenizer_json(builder *b, const char *path, const char *text) {
         build_table(b, path) != 0)
         goto done;
     if (!cJSON_IsArray(merges)) {
-        fail(b->error, b->error_size, "%s: model.merges is not an array", path);
+        error_set(b->error, b->error_size, "%s: model.merges is not an array", path);
         goto done;
     }
     int index = 0;
@@ -389,7 +384,7 @@ static int load_tokenizer_json(builder *b, const char *path, const char *text) {
                    cJSON_IsString(right)) {
             if (add_merge(b, left->valuestring, right->valuestring, index, where) != 0) goto done;
         } else {
-            fail(b->error, b->error_size, "%s: neither \"left right\" nor [\"left\", \"right\"]", where);
+            error_set(b->error, b->error_size, "%s: neither \"left right\" nor [\"left\", \"right\"]", where);
             goto done;
         }
         index++;
@@ -401,7 +396,7 @@ static int load_tokenizer_json(builder *b, const char *path, const char *text) {
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(token, "content");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(token, "id");
         if (!cJSON_IsString(content) || !cJSON_IsNumber(id)) {
-            fail(b->error, b->error_size, "%s: no string content and number id", where);
+            error_set(b->error, b->error_size, "%s: no string content and number id", where);
             goto done;
         }
         if (add_special(b, content->valuestring, id->valueint, where) != 0) goto done;
@@ -420,7 +415,7 @@ static int load_vocab_and_merges(builder *b, const char *vocab_path, const char 
     cJSON *vocab = cJSON_Parse(text);
     free(text);
     if (vocab == NULL) {
-        fail(b->error, b->error_size, "%s: not JSON", vocab_path);
+        error_set(b->error, b->error_size, "%s: not JSON", vocab_path);
         return -1;
     }
     int status = load_vocab_object(b, vocab, vocab_path);
@@ -452,7 +447,7 @@ static int build_table(builder *b, const char *path) {
     t->table = calloc(slots, sizeof *t->table);
     t->merge_rank = malloc(sizeof *t->merge_rank * (size_t)(t->vocab_size > 0 ? t->vocab_size : 1));
     if (t->table == NULL || t->merge_rank == NULL) {
-        fail(b->error, b->error_size, "%s: out of memory for %d tokens", path, t->vocab_size);
+        error_set(b->error, b->error_size, "%s: out of memory for %d tokens", path, t->vocab_size);
         return -1;
     }
     t->table_mask = slots - 1;
@@ -462,7 +457,7 @@ static int build_table(builder *b, const char *path) {
         const char *bytes = t->token_bytes + t->token_offset[id];
         int existing = lookup(t, bytes, t->token_length[id]);
         if (existing >= 0) {
-            fail(b->error, b->error_size, "%s: ids %d and %d are the same token", path, existing, id);
+            error_set(b->error, b->error_size, "%s: ids %d and %d are the same token", path, existing, id);
             return -1;
         }
         uint64_t slot = token_hash(bytes, t->token_length[id]) & t->table_mask;
@@ -472,7 +467,7 @@ static int build_table(builder *b, const char *path) {
     for (int byte = 0; byte < 256; byte++) {
         char c = (char)byte;
         if ((t->byte_id[byte] = lookup(t, &c, 1)) < 0) {
-            fail(b->error, b->error_size, "%s: no token for the byte 0x%02X (every byte needs one)", path, byte);
+            error_set(b->error, b->error_size, "%s: no token for the byte 0x%02X (every byte needs one)", path, byte);
             return -1;
         }
     }
@@ -487,13 +482,13 @@ static int compile_pattern(tok_tokenizer *t, char *error, size_t error_size) {
     if (regex == NULL) {
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(code, message, sizeof message);
-        fail(error, error_size, "the pre-tokenizer pattern does not compile at %zu: %s", (size_t)offset, message);
+        error_set(error, error_size, "the pre-tokenizer pattern does not compile at %zu: %s", (size_t)offset, message);
         return -1;
     }
     t->regex = regex;
     t->jit = pcre2_jit_compile(regex, PCRE2_JIT_COMPLETE) == 0;
     if ((t->match_data = pcre2_match_data_create_from_pattern(regex, NULL)) == NULL) {
-        fail(error, error_size, "out of memory for PCRE2 match data");
+        error_set(error, error_size, "out of memory for PCRE2 match data");
         return -1;
     }
     return 0;
@@ -519,8 +514,9 @@ static int load_path(builder *b, const char *path) {
     struct stat info;
     char file[600], other[600];
     if (stat(path, &info) != 0) {
-        fail(b->error, b->error_size, "%s: %s (the Qwen2 vocabulary: scripts/get_qwen2_tokenizer.sh fetches it)", path,
-             strerror(errno));
+        error_set(b->error, b->error_size, "%s: %s (the Qwen2 vocabulary: scripts/get_qwen2_tokenizer.sh fetches it)",
+                  path,
+                  strerror(errno));
         return -1;
     }
     if (S_ISDIR(info.st_mode)) {
@@ -529,7 +525,7 @@ static int load_path(builder *b, const char *path) {
             snprintf(file, sizeof file, "%s/%s", path, names[i]);
             if (is_file(file)) return load_path(b, file);
         }
-        fail(b->error, b->error_size, "%s: a directory without qwen.tiktoken, tokenizer.json or vocab.json", path);
+        error_set(b->error, b->error_size, "%s: a directory without qwen.tiktoken, tokenizer.json or vocab.json", path);
         return -1;
     }
     snprintf(b->t->source, sizeof b->t->source, "%s", path);
@@ -764,10 +760,10 @@ static int encode_ordinary(tok_tokenizer *t, const char *text, size_t length, si
                                                           &normalized, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
         if (normalized_length < 0) {
             if (normalized_length == UTF8PROC_ERROR_INVALIDUTF8)
-                fail(error, error_size, "invalid UTF-8 at byte %zu", offset + invalid_utf8_at(text, length));
+                error_set(error, error_size, "invalid UTF-8 at byte %zu", offset + invalid_utf8_at(text, length));
             else
-                fail(error, error_size, "NFC of %zu bytes at byte %zu: %s", length, offset,
-                     utf8proc_errmsg(normalized_length));
+                error_set(error, error_size, "NFC of %zu bytes at byte %zu: %s", length, offset,
+                          utf8proc_errmsg(normalized_length));
             return -1;
         }
         text = (const char *)normalized, length = (size_t)normalized_length;
@@ -782,18 +778,18 @@ static int encode_ordinary(tok_tokenizer *t, const char *text, size_t length, si
         if (found < 0 && found != PCRE2_ERROR_NOMATCH) {
             PCRE2_UCHAR message[256];
             pcre2_get_error_message(found, message, sizeof message);
-            fail(error, error_size, "pre-tokenizing at byte %zu: %s", offset + at, message);
+            error_set(error, error_size, "pre-tokenizing at byte %zu: %s", offset + at, message);
             status = -1;
             break;
         }
         if (found > 0 && end == start) { /* the pattern matches no empty string; a bug if it did */
-            fail(error, error_size, "pre-tokenizing at byte %zu: an empty match", offset + at);
+            error_set(error, error_size, "pre-tokenizing at byte %zu: an empty match", offset + at);
             status = -1;
             break;
         }
         if (start > at) status = encode_word(t, text + at, start - at, out); /* text between matches: a piece too */
         if (status == 0 && end > start) status = encode_word(t, text + start, end - start, out);
-        if (status != 0) fail(error, error_size, "out of memory encoding %zu bytes", length);
+        if (status != 0) error_set(error, error_size, "out of memory encoding %zu bytes", length);
         at = end;
     }
     free(normalized);
@@ -830,7 +826,7 @@ int tok_encode(tok_tokenizer *t, const char *text, size_t length, tok_ids *out, 
         }
         if (special < 0) break;
         if (push_id(out, t->specials[special].id) != 0) {
-            fail(error, error_size, "out of memory encoding %zu bytes", length);
+            error_set(error, error_size, "out of memory encoding %zu bytes", length);
             out->count = count_before;
             return -1;
         }
