@@ -33,9 +33,9 @@ sanitized_mpi() { # sanitized_mpi NAME RANKS DIR PROGRAM [ENV=VALUE...]: PROGRAM
 }
 
 # The build carries the sanitizers (the fast-math kernels too): a check that found nothing must have looked.
-check "sanitize build: ASan and UBSan float-cast-overflow in the labs and core/layers.o" bash -c "
-  nm $SAN/lab/05_full_step | grep -q __asan_report_load && nm $SAN/core/layers.o | grep -q __asan_report &&
-  nm $SAN/core/safetensors.o | grep -q __ubsan_handle_float_cast_overflow"
+check "sanitize build: ASan and UBSan float-cast-overflow in the labs and core/kernels/layers.o" bash -c "
+  nm $SAN/lab/05_full_step | grep -q __asan_report_load && nm $SAN/core/kernels/layers.o | grep -q __asan_report &&
+  nm $SAN/core/io/safetensors.o | grep -q __ubsan_handle_float_cast_overflow"
 
 sanitized_mpi "sanitize 01_shard -np 2" 2 runs/check/san_01 $SAN/lab/01_shard
 sanitized_mpi "sanitize 02_gather -np 2" 2 runs/check/san_02 $SAN/lab/02_gather
