@@ -16,8 +16,8 @@ memory". As opened, the page shows the first hook's state event, boxes reading "
 <state>" and the 'next hook' and 'jump to the peak' buttons in the window. The colours of every category and state,
 read from both pages as rendered (player.html, then memory.html), equal trace/palette.h's; no state has a category's
 colour; trace.json's memory counter lists the categories in that order. No console errors. A screenshot goes to
-PATH (default <rundir>/player.png). Exit 0 when every check passes, 1 when one fails, 77 ("skipped: <reason>") when Chromium or websocket-client is
-missing.
+PATH (default <rundir>/player.png). Exit 0 when every check passes, 1 when one fails, 77 ("skipped: <reason>") when
+Chromium or websocket-client is missing.
 """
 import argparse
 import json
