@@ -224,7 +224,7 @@ def check_labels(browser, events, report):
         end = min(x(event["_line"]), drawn["left"] + drawn["width"])
         if label["text"] != wanted:
             problems.append(f"the label at line {label['line']} reads {label['text']!r}, its step event is {wanted!r}")
-        if not start - 0.5 <= label["left"] and label["right"] <= end + 0.5:
+        if not (start - 0.5 <= label["left"] and label["right"] <= end + 0.5):
             problems.append(f"{label['text']!r} spans x {label['left']:.0f}..{label['right']:.0f}, its span "
                             f"(lines {before[-1] if before else drawn['from']}..{event['_line']}) is x "
                             f"{start:.0f}..{end:.0f}")
