@@ -33,16 +33,6 @@ import pandas as pd  # noqa: E402
 MB = 1e6  # lab 05 and the trace tool print decimal units (1 MB = 10^6 bytes); so do the notebooks
 MS = 1e3  # event times are microseconds
 
-# Memory categories in trace/EVENTS.md's order, each with one colour in every notebook.
-CATEGORIES = ["param_shard", "param_unsharded", "grad_unsharded", "grad_shard", "optim_state", "activation",
-              "checkpoint_input", "workspace", "comm_buffer", "data", "kv_cache",
-              "param_shard_low_precision"]
-CATEGORY_COLORS = {
-    "param_shard": "#1f77b4", "param_unsharded": "#9ecae1", "grad_unsharded": "#fdae6b", "grad_shard": "#e6550d",
-    "optim_state": "#756bb1", "activation": "#31a354", "checkpoint_input": "#a1d99b", "workspace": "#bdbdbd",
-    "comm_buffer": "#f768a1", "data": "#636363", "kv_cache": "#17becf",
-    "param_shard_low_precision": "#bcbd22",
-}
 OP_COLORS = {"all_gather": "#3182bd", "reduce_scatter": "#e6550d", "all_reduce": "#756bb1", "broadcast": "#31a354",
              "barrier": "#969696"}
 PHASE_COLORS = {"forward": "#74c476", "backward": "#fd8d3c", "recompute": "#9e9ac8", "optimizer": "#6baed6"}
@@ -58,6 +48,20 @@ def repo_root() -> Path:
 
 
 REPO = repo_root()
+
+
+def palette_tables(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """trace/palette.h's two tables, the one definition of the views' colours (memory.html and player.html read the
+    same): ({category: "#rrggbb"} in trace/EVENTS.md's order, {state: "#rrggbb"})."""
+    text = path.read_text(encoding="utf-8")
+    states_at = text.index("palette_states[")
+    row = re.compile(r'\{"(\w+)", "(#[0-9a-fA-F]{6})"\}')
+    return dict(row.findall(text[:states_at])), dict(row.findall(text[states_at:]))
+
+
+# Memory categories in trace/EVENTS.md's order, each with one colour in every notebook and view: trace/palette.h's.
+CATEGORY_COLORS, STATE_COLORS = palette_tables(REPO / "trace" / "palette.h")
+CATEGORIES = list(CATEGORY_COLORS)
 
 
 def run_dir(notebook: str) -> Path:

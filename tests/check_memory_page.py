@@ -6,7 +6,9 @@
 Drives headless Chromium over the DevTools protocol (tests/browser.py). For every rank it selects the rank and checks
 that the SVG has one band (path.band) per `alloc` line of rank<R>.jsonl and that the page's peak equals the peak
 recomputed here; it hovers the biggest band and checks the side panel names its owner, category and bytes and the FSDP
-state; it fails on any console error or uncaught exception. Then it saves a screenshot of the whole page (default
+state; every step and micro-batch label lies within the span it names; at 1,400 px the subtitle ends inside the
+SVG and the key to the vertical lines and the legend are above the fold; it fails on any console error or uncaught
+exception. Then it saves a screenshot of the whole page (default
 <rundir>/memory.png) and prints the page's size and drawing time. Exit 0 when every check passes, 1 when one fails, 77
 ("skipped: <reason>") when Chromium or websocket-client is missing.
 """
@@ -195,6 +197,79 @@ def check_zoom(browser, report):
                  problems)
 
 
+def check_labels(browser, events, report):
+    """Every step and micro-batch label of rank 0 lies inside the span it names: after the step event before its own
+    (the previous whole step's for a step label; the plot's left edge for the first) and before its own step event,
+    the line that ends it. The spans come from the JSONL's step events; x from the plot's scale."""
+    select_rank(browser, 0)
+    drawn = browser.evaluate(
+        "(() => { const svg = document.getElementById('timeline'), clip = svg.querySelector('#plot-clip rect');"
+        " return { from: Number(svg.dataset.from), to: Number(svg.dataset.to), left: Number(clip.getAttribute('x')),"
+        " width: Number(clip.getAttribute('width')), labels: [...svg.querySelectorAll('text.step-label,"
+        " text.micro-label')].map(t => { const b = t.getBBox(); return {text: t.textContent, line:"
+        " Number(t.dataset.line), left: b.x, right: b.x + b.width}; }) }; })()")
+    x = lambda line: drawn["left"] + (line - drawn["from"]) / (drawn["to"] - drawn["from"]) * drawn["width"]
+    steps = [event for event in events if event["kind"] == "step"]
+    problems = []
+    for label in drawn["labels"]:
+        at = next((i for i, event in enumerate(steps) if event["_line"] == label["line"]), None)
+        if at is None:
+            problems.append(f"label {label['text']!r} names line {label['line']}, not a step event")
+            continue
+        event = steps[at]
+        whole = event["micro"] < 0
+        wanted = f"step {event['step']}" if whole else f"s{event['step']} mb{event['micro']}"
+        before = [e["_line"] for e in steps[:at] if e["micro"] < 0 or not whole]
+        start = max(x(before[-1]) if before else drawn["left"], drawn["left"])
+        end = min(x(event["_line"]), drawn["left"] + drawn["width"])
+        if label["text"] != wanted:
+            problems.append(f"the label at line {label['line']} reads {label['text']!r}, its step event is {wanted!r}")
+        if not (start - 0.5 <= label["left"] and label["right"] <= end + 0.5):
+            problems.append(f"{label['text']!r} spans x {label['left']:.0f}..{label['right']:.0f}, its span "
+                            f"(lines {before[-1] if before else drawn['from']}..{event['_line']}) is x "
+                            f"{start:.0f}..{end:.0f}")
+    if not drawn["labels"] and 0 < len(steps) <= 50:
+        problems.append(f"no step or micro-batch label drawn for {len(steps)} step events")
+    report.check(f"rank 0: {len(drawn['labels'])} step and micro-batch labels, each within the span it names",
+                 problems)
+
+
+def check_top(browser, report, width=1400, height=900):
+    """At a 1,400 x 900 window: the subtitle lines end inside the SVG (not cut), and the key to the vertical lines
+    and the legend are above the fold."""
+    browser.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+    try:
+        browser.evaluate("render()")
+        found = browser.evaluate(
+            "(() => { const svg = document.getElementById('timeline'), width = svg.getBoundingClientRect().width;"
+            " const subtitles = [...svg.querySelectorAll('text.subtitle')].map(t => ({text: t.textContent,"
+            " right: t.getBBox().x + t.getBBox().width, squeezed: t.hasAttribute('textLength')}));"
+            " const key = document.getElementById('lines-key'), legend = document.getElementById('legend');"
+            " return {width, subtitles, key: key ? key.textContent : '', keyBottom: key ? key.getBoundingClientRect()"
+            ".bottom : 1e9, legendBottom: legend ? legend.getBoundingClientRect().bottom : 1e9,"
+            " swatches: legend ? legend.querySelectorAll('.swatch').length : 0, inner: window.innerHeight}; })()")
+    finally:
+        browser.send("Emulation.clearDeviceMetricsOverride")
+        browser.evaluate("render()")
+    problems = []
+    if not found["subtitles"]:
+        problems.append("no subtitle")
+    for line in found["subtitles"]:
+        if line["right"] > found["width"] - 2:
+            problems.append(f"subtitle ends at x {line['right']:.0f}, the SVG is {found['width']:.0f} wide: "
+                            f"{line['text']!r}")
+    if "solid line ends an optimizer step" not in found["key"] or "micro-batch" not in found["key"] \
+            or "reserved" not in found["key"]:
+        problems.append(f"the key to the lines reads {found['key']!r}")
+    if max(found["keyBottom"], found["legendBottom"]) > found["inner"]:
+        problems.append(f"the key ends at y {found['keyBottom']:.0f}, the legend at {found['legendBottom']:.0f}, "
+                        f"below the fold ({found['inner']} px)")
+    if found["swatches"] < 12:
+        problems.append(f"the legend at the top has {found['swatches']} swatches")
+    report.check(f"at {width} px: {len(found['subtitles'])} subtitle lines inside the plot's width, the lines "
+                 "explained and the legend above the fold", problems)
+
+
 def screenshot(browser, path):
     metrics = browser.send("Page.getLayoutMetrics")
     size = metrics.get("cssContentSize") or metrics["contentSize"]
@@ -223,6 +298,8 @@ def main():
         render_times = check_ranks(browser, ranks, report)
         check_hover(browser, report)
         check_zoom(browser, report)
+        check_labels(browser, ranks[0], report)
+        check_top(browser, report)
         select_rank(browser, 0)
         shot_path = args.screenshot or os.path.join(args.rundir, "memory.png")
         screenshot(browser, shot_path)

@@ -12,11 +12,15 @@ window.player.seek, and its window.player.state() must equal the replay at: a fe
 `_pre_forward` of the root, mid-backward, the optimizer step, the last event and (--expect-overlap, a prefetching
 run) the first moment two units other than root are UNSHARDED on one rank. The peak jump (player.peak(r),
 and the p key for the highest rank) must land on rank r's alloc where live bytes peak, equal to summary.txt's "peak
-memory". No console errors. A screenshot goes to PATH (default <rundir>/player.png).
-Exit 0 when every check passes, 1 when one fails, 77 ("skipped: <reason>") when Chromium or websocket-client is
-missing.
+memory". As opened, the page shows the first hook's state event, boxes reading "training <state> · shard
+<state>" and the 'next hook' and 'jump to the peak' buttons in the window. The colours of every category and state,
+read from both pages as rendered (player.html, then memory.html), equal trace/palette.h's; no state has a category's
+colour; trace.json's memory counter lists the categories in that order. No console errors. A screenshot goes to
+PATH (default <rundir>/player.png). Exit 0 when every check passes, 1 when one fails, 77 ("skipped: <reason>") when
+Chromium or websocket-client is missing.
 """
 import argparse
+import json
 import os
 import re
 import sys
@@ -211,6 +215,126 @@ def check_peaks(browser, ranks, rows, rundir, report):
     report.check("p: the highest rank's peak", [] if index == best[1] else [f"landed on {index}, wanted {best[1]}"])
 
 
+PALETTE_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trace", "palette.h")
+
+
+def palette_tables():
+    """({category: '#rrggbb'}, {state: '#rrggbb'}) as trace/palette.h defines them, in its order."""
+    with open(PALETTE_H, encoding="utf-8") as file:
+        text = file.read()
+    states_at = text.index("palette_states[")
+    row = re.compile(r'\{"(\w+)", "(#[0-9a-fA-F]{6})"\}')
+    return dict(row.findall(text[:states_at])), dict(row.findall(text[states_at:]))
+
+
+def rgb(color):
+    return "rgb({}, {}, {})".format(*(int(color[i:i + 2], 16) for i in (1, 3, 5)))
+
+
+# Each page's colours as the browser renders them: the legend's swatches at the top, and what is drawn with them
+# (player: a category's live bar, the unit boxes' fill and left edge; memory: the bands, the SVG legend, the lanes).
+PLAYER_COLORS = """(() => {
+  const style = node => getComputedStyle(node);
+  const legend = {};
+  for (const s of document.querySelectorAll('#legend .swatch')) legend[s.dataset.name] = style(s).backgroundColor;
+  const drawn = {};
+  for (const bar of document.querySelectorAll('.mem .live[data-category]'))
+    drawn[bar.dataset.category] = style(bar).backgroundColor;
+  const boxes = [...document.querySelectorAll('.unit .box')].map(box => ({fill: style(box.querySelector('.fill'))
+    .backgroundColor, edge: style(box).borderLeftColor, text: box.textContent}));
+  return {legend, drawn, boxes};
+})()"""
+MEMORY_COLORS = """(() => {
+  const data = JSON.parse(document.getElementById('run-data').textContent);
+  const legend = {};
+  for (const s of document.querySelectorAll('#legend .swatch')) legend[s.dataset.name] = getComputedStyle(s)
+    .backgroundColor;
+  const drawn = {};
+  for (const band of document.querySelectorAll('path.band')) {
+    const name = data.categories[data.ranks[0].allocations[Number(band.dataset.index)][3]];
+    drawn[name] = getComputedStyle(band).fill;
+  }
+  const lanes = [...new Set([...document.querySelectorAll('.lanes rect')].map(r => getComputedStyle(r).fill))];
+  return {legend, drawn, lanes};
+})()"""
+
+
+def check_first_frame(browser, rows, report):
+    """As opened: the first hook of step 1 (not the allocator's settings), the boxes naming their two states, and the
+    'next hook' and 'jump to the peak' buttons in the window without scrolling."""
+    shown = state(browser)
+    first_hook = next(i for i, row in enumerate(rows)
+                      if row[3]["kind"] == "state" and str(row[3].get("hook", "")).startswith("_"))
+    event = rows[shown["index"]][3]
+    problems = []
+    if shown["index"] != first_hook:
+        problems.append(f"opens on index {shown['index']} ({event['kind']}), the first hook is index {first_hook}")
+    if event["kind"] != "state" or not str(event.get("hook", "")).startswith("_"):
+        problems.append(f"the first frame's event is {event['kind']} {event.get('hook')!r}, not a hook's")
+    found = browser.evaluate(
+        "(() => { const buttons = [...document.querySelectorAll('#controls button')].map(b => ({text: b.textContent,"
+        " bottom: b.getBoundingClientRect().bottom, right: b.getBoundingClientRect().right}));"
+        " return {buttons, inner: window.innerHeight, width: window.innerWidth,"
+        " box: document.querySelector('.unit .box')?.textContent ?? ''}; })()")
+    for wanted in ("next hook", "jump to the peak"):
+        button = next((b for b in found["buttons"] if wanted in b["text"]), None)
+        if button is None:
+            problems.append(f"no {wanted!r} button; buttons {[b['text'] for b in found['buttons']]}")
+        elif button["bottom"] > found["inner"] or button["right"] > found["width"]:
+            problems.append(f"{wanted!r} is outside the window at ({button['right']:.0f}, {button['bottom']:.0f})")
+    if not re.fullmatch(r"training \w+ \u00b7 shard (UN)?SHARDED", found["box"]):
+        problems.append(f"a unit's box reads {found['box']!r}, not 'training <state> \u00b7 shard <state>'")
+    report.check(f"opened: the first hook (index {first_hook}, rank {rows[first_hook][1]} line {rows[first_hook][2]}), "
+                 f"boxes reading {found['box']!r}, 'next hook' and 'jump to the peak' in the window", problems)
+
+
+def check_palette(browser, rundir, report):
+    """One colour per category and per state, read from both pages as rendered: each equals trace/palette.h's, in
+    player.html and memory.html alike, no state has a category's colour, and trace.json's memory counter lists the
+    categories in palette.h's order."""
+    categories, states = palette_tables()
+    player = browser.evaluate(PLAYER_COLORS)
+    browser.navigate("file://" + os.path.abspath(os.path.join(rundir, "memory.html")))
+    if not browser.wait_for("document.body && document.body.dataset.ready === '1'", 30):
+        report.check("palette: memory.html draws", ["memory.html did not draw within 30 s"])
+        return
+    memory = browser.evaluate(MEMORY_COLORS)
+    problems = []
+    for name, color in {**categories, **states}.items():
+        wanted = rgb(color)
+        seen = {"player.html legend": player["legend"].get(name), "player.html bar": player["drawn"].get(name),
+                "memory.html legend": memory["legend"].get(name), "memory.html band": memory["drawn"].get(name)}
+        if name in categories and (seen["player.html legend"] is None or seen["memory.html legend"] is None):
+            problems.append(f"{name}: missing from a legend ({seen})")
+        if name in states and name in ("UNSHARDED", "FORWARD", "BACKWARD_PRE", "BACKWARD_POST") \
+                and (seen["player.html legend"] is None or seen["memory.html legend"] is None):
+            problems.append(f"state {name}: missing from a legend ({seen})")
+        wrong = {where: found for where, found in seen.items() if found is not None and found != wanted}
+        if wrong:
+            problems.append(f"{name}: palette.h {color} ({wanted}), but {wrong}")
+    clash = sorted(set(categories.values()) & set(states.values()))
+    if clash:
+        problems.append(f"a state has a category's colour: {clash}")
+    state_rgbs = {rgb(color) for color in states.values()}
+    for box in player["boxes"]:
+        if box["fill"] not in state_rgbs or box["edge"] not in state_rgbs:
+            problems.append(f"a unit box's fill {box['fill']} or edge {box['edge']} is no state's colour")
+            break
+    lanes = set(memory["lanes"]) - state_rgbs
+    if lanes:
+        problems.append(f"memory.html's unit lanes use {sorted(lanes)}, no state's colour")
+    with open(os.path.join(rundir, "trace.json"), encoding="utf-8") as file:
+        trace = json.load(file)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    counter = next((e for e in events if e.get("ph") == "C" and set(e.get("args", {})) >= set(categories)), None)
+    if counter is None or [name for name in counter["args"] if name in categories] != list(categories):
+        problems.append(f"trace.json's memory counter series {list(counter['args']) if counter else None}, "
+                        f"palette.h's order {list(categories)}")
+    report.check(f"one colour per category ({len(categories)}) and state ({len(states)}): palette.h's, the same in "
+                 f"player.html and memory.html ({len(player['drawn'])} bars, {len(memory['drawn'])} band categories "
+                 "read), in trace.json's order", problems)
+
+
 LINES = {}
 
 
@@ -243,11 +367,13 @@ def main():
         count = browser.evaluate("window.player.count()")
         report.check(f"the page holds every event of every rank ({len(rows)})",
                      [] if count == len(rows) else [f"window.player.count() is {count}"])
+        check_first_frame(browser, rows, report)
         check_moments(browser, rows, len(ranks), report, args.expect_overlap)
         check_peaks(browser, ranks, rows, args.rundir, report)
         shot_path = args.screenshot or os.path.join(args.rundir, "player.png")
         browser.evaluate("window.player.peak(); window.player.nextCollective()")
         screenshot(browser, shot_path)
+        check_palette(browser, args.rundir, report)
         report.check("no console errors or uncaught exceptions", browser.errors())
     finally:
         browser.close()

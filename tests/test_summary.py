@@ -349,6 +349,31 @@ def volume_problems(section):
     return problems
 
 
+def layout_problems(section):
+    """The category table's columns stay straight with the longest category name (param_shard_low_precision): every
+    row's bytes end in one column, its name apart from them; the collectives' time column and the comm row say the
+    time includes waiting for peers."""
+    problems = []
+    table = re.search(r"^  category .*\n((?:  \w+ +[\d,]+ +[\d.]+%\n)+)", section, re.M)
+    if table is None:
+        return ["no category table"]
+    rows = table[1].splitlines()
+    names = [row.split()[0] for row in rows]
+    if "param_shard_low_precision" not in names:
+        problems.append(f"no param_shard_low_precision row in {names}")
+    ends = {re.search(r"[\d,]+(?= +[\d.]+%$)", row).end() for row in rows}
+    header_end = table[0].splitlines()[0].index("bytes") + len("bytes")
+    if len(ends) != 1 or ends != {header_end}:
+        problems.append(f"the bytes column ends at {sorted(ends)} (header at {header_end}): {rows}")
+    if any(not re.match(r"  \w+ {2,}", row) for row in rows):
+        problems.append(f"a name runs into its bytes: {rows}")
+    if not re.search(r"^  collective .*time ms.*incl\. waiting for peers", section, re.M):
+        problems.append("the collectives' header does not say the time includes waiting for peers")
+    if not re.search(r"^  comm .*incl\. waiting for peers", section, re.M):
+        problems.append("the comm time row does not say it includes waiting for peers")
+    return problems
+
+
 def run_tool(tool, *arguments):
     return subprocess.run([tool, *arguments], capture_output=True, text=True, timeout=60)
 
@@ -416,6 +441,8 @@ def main():
         report.check("reserved peak, fragmentation at the peak (rounding, cached) and its segment",
                      reserved_problems(section))
         report.check("collectives by op: count, bytes, bytes sent, time", collective_problems(section))
+        report.check("columns: the category table as wide as its longest name, 'incl. waiting for peers' on the "
+                     "collectives' time and comm", layout_problems(section))
         report.check("compute / comm / overlap (interval intersection) / idle", time_problems(section))
         report.check("comm volume vs ZeRO-3 and all-reduce", volume_problems(section))
         old = os.path.join(scratch, "version2")  # no streams: every collective read as a blocking one

@@ -129,7 +129,7 @@ static cJSON *page_data(const trace_run *run) {
     cJSON_AddItemToObject(data, "strings", run->strings.count == 0 ? cJSON_CreateArray()
                           : cJSON_CreateStringArray((const char *const *)run->strings.texts, (int)run->strings.count));
     cJSON *ranks = cJSON_AddArrayToObject(data, "ranks");
-    int complete = ranks != NULL && cJSON_GetObjectItem(data, "strings") != NULL;
+    int complete = ranks != NULL && cJSON_GetObjectItem(data, "strings") != NULL && view_palette_add(data) == 0;
     for (int rank = 0; complete && rank < run->world; rank++) {
         cJSON *each = rank_data(&run->ranks[rank]);
         complete = each != NULL && cJSON_AddItemToArray(ranks, each);
@@ -156,7 +156,14 @@ static void body_put(FILE *file, const trace_run *run) {
     fputs("<div class=\"controls\"><label>show <select id=\"rank-select\"></select></label>\n"
           "<button id=\"zoom-reset\" type=\"button\">reset zoom</button>\n"
           "<span class=\"hint\">hover a band for its owner, bytes and the FSDP state then; drag across the plot to "
-          "zoom; double-click to reset</span></div>\n</header>\n"
+          "zoom; double-click to reset</span></div>\n"
+          "<p id=\"lines-key\"><svg width=\"26\" height=\"10\"><line class=\"step\" x1=\"13\" x2=\"13\" y1=\"0\" "
+          "y2=\"10\"/></svg> a solid line ends an optimizer step, <svg width=\"26\" height=\"10\">"
+          "<line class=\"micro\" x1=\"13\" x2=\"13\" y1=\"0\" y2=\"10\"/></svg> a dashed grey line ends a "
+          "micro-batch; each label sits over the span it names (s2 mb1: step 2, micro-batch 1). "
+          "<svg width=\"26\" height=\"10\"><line class=\"reserved\" "
+          "x1=\"0\" x2=\"26\" y1=\"5\" y2=\"5\"/></svg> the dark dashed line across is reserved bytes (the allocator's "
+          "segments).</p>\n<div id=\"legend\" class=\"legend-bar\"></div>\n</header>\n"
           "<main>\n<div id=\"chart\"><noscript>This page draws with JavaScript; please enable it.</noscript></div>\n"
           "<aside id=\"details\"></aside>\n</main>\n"
           "<section id=\"fragmentation\"></section>\n", file);

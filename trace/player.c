@@ -119,7 +119,8 @@ static cJSON *page_data(const trace_run *run, char *error, size_t error_size) {
     cJSON *ranks = cJSON_AddArrayToObject(data, "ranks");
     if (ranks == NULL || cJSON_AddStringToObject(data, "rundir", run->rundir) == NULL ||
         cJSON_AddNumberToObject(data, "world", run->world) == NULL ||
-        !cJSON_AddItemToObject(data, "categories", cJSON_CreateStringArray(run_categories, RUN_CATEGORY_COUNT))) {
+        !cJSON_AddItemToObject(data, "categories", cJSON_CreateStringArray(run_categories, RUN_CATEGORY_COUNT)) ||
+        view_palette_add(data) != 0) {
         snprintf(error, error_size, "out of memory building the data of %s", run->rundir);
         cJSON_Delete(data);
         return NULL;
@@ -147,7 +148,8 @@ static void page_put(FILE *file, const trace_run *run, const char *json) {
     view_html_text_put(file, run->rundir);
     fprintf(file, ", %d rank%s: every event of rank&lt;R&gt;.jsonl, merged by time. Written by "
                   "<code>trace/fsdptrace player</code>.</p>\n", run->world, run->world == 1 ? "" : "s");
-    fputs("<div id=\"controls\"></div>\n</header>\n<main>\n<div id=\"comm\"></div>\n<div id=\"ranks\">"
+    fputs("<div id=\"controls\"></div>\n<div id=\"legend\"></div>\n</header>\n<main>\n<div id=\"comm\"></div>\n"
+          "<div id=\"ranks\">"
           "<noscript>This page draws with JavaScript; please enable it.</noscript></div>\n"
           "<section id=\"event\"><p id=\"caption\"></p><p id=\"where\"></p><pre id=\"json\"></pre></section>\n"
           "</main>\n", file);
@@ -155,7 +157,9 @@ static void page_put(FILE *file, const trace_run *run, const char *json) {
           "<li>Keys: &rarr; &larr; one event; Shift+&rarr; &larr; one hook (a <code>state</code> event of an FSDP "
           "hook); <kbd>c</kbd> the next collective; space plays and pauses; <kbd>p</kbd> the memory peak.</li>\n"
           "<li>A unit's box is filled where this rank holds its parameters: its 1/N slice while SHARDED, the whole "
-          "box while UNSHARDED (gathered). In it: HandleTrainingState and TrainingState (all three on hover).</li>\n"
+          "box while UNSHARDED (gathered). In it: <em>training</em>, the unit's HandleTrainingState, and "
+          "<em>shard</em>, its ShardState; the left edge has the training state's colour; TrainingState too on "
+          "hover.</li>\n"
           "<li>A band across the ranks is a collective in flight, from the host issuing it to its completion; a rank "
           "whose part is pale has not issued it yet or has finished it.</li>\n"
           "<li>Memory bars: live bytes per category; the tick is the peak so far on that rank.</li>\n"

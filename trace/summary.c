@@ -50,6 +50,14 @@ typedef struct memory_peak {
     size_t index;
 } memory_peak;
 
+/* The category column's width: the longest category name (param_shard_low_precision), so no row breaks it. */
+static int category_width(void) {
+    size_t width = strlen("category");
+    for (int category = 0; category < RUN_CATEGORY_COUNT; category++)
+        if (strlen(run_categories[category]) > width) width = strlen(run_categories[category]);
+    return (int)width;
+}
+
 /* The allocated peak (segments_peak_index) and its composition: the running sums up to it. */
 static memory_peak peak_find(const run_rank *rank) {
     memory_peak peak = {0};
@@ -97,15 +105,16 @@ static void peak_print(FILE *stream, const trace_run *run, const run_rank *rank,
         return;
     }
     moment_describe(rank, peak.index, moment, sizeof moment);
+    int width = category_width();
     fprintf(stream, "peak memory: %s B (%s) at line %zu (alloc of %s), %s\n", grouped(peak.bytes, exact, sizeof exact),
             human(peak.bytes, readable, sizeof readable), peak.line, run_string(run, rank->events[peak.index].label),
             moment);
-    fprintf(stream, "  %-18s %16s %8s\n", "category", "bytes", "share");
+    fprintf(stream, "  %-*s %16s %8s\n", width, "category", "bytes", "share");
     for (int category = 0; category < RUN_CATEGORY_COUNT; category++)
-        fprintf(stream, "  %-18s %16s %7.1f%%\n", run_categories[category],
+        fprintf(stream, "  %-*s %16s %7.1f%%\n", width, run_categories[category],
                 grouped(peak.category_bytes[category], exact, sizeof exact),
                 share((double)peak.category_bytes[category], (double)peak.bytes));
-    fprintf(stream, "  %-18s %16s %7.1f%%\n", "total", grouped(peak.bytes, exact, sizeof exact), 100.0);
+    fprintf(stream, "  %-*s %16s %7.1f%%\n", width, "total", grouped(peak.bytes, exact, sizeof exact), 100.0);
     /* Mixed precision: how much of the peak is 2-byte elements (the gathered units, the low-precision shard). */
     uint64_t low = dtype_bytes_at(run, rank, peak.index, "bfloat16");
     if (low > 0)
@@ -122,7 +131,7 @@ static void host_pool_print(FILE *stream, const trace_run *run, const run_rank *
             grouped(peak.bytes, exact, sizeof exact), human(peak.bytes, readable, sizeof readable), peak.line);
     for (int category = 0; category < RUN_CATEGORY_COUNT; category++)
         if (peak.category_bytes[category] != 0)
-            fprintf(stream, "  %-18s %16s %7.1f%%\n", run_categories[category],
+            fprintf(stream, "  %-*s %16s %7.1f%%\n", category_width(), run_categories[category],
                     grouped(peak.category_bytes[category], exact, sizeof exact),
                     share((double)peak.category_bytes[category], (double)peak.bytes));
     uint64_t count[2] = {0, 0}, bytes[2] = {0, 0};
@@ -263,7 +272,8 @@ static int collectives_print(FILE *stream, const trace_run *run, const run_rank 
         all.bytes_sent += event->bytes_sent;
         all.dur += event->dur;
     }
-    fprintf(stream, "  %-24s %7s %16s %16s %10s\n", "collective", "count", "bytes", "bytes sent", "time ms");
+    fprintf(stream, "  %-24s %7s %16s %16s %10s  %s\n", "collective", "count", "bytes", "bytes sent", "time ms",
+            "(incl. waiting for peers)");
     /* One row per op, group and dtype: "all_reduce (replicate)" as the Chrome export names a group's collectives, and
      * a type other than float32 after a colon, "all_gather:bfloat16". */
     for (size_t index = 0; index < total_count; index++) {
@@ -279,6 +289,9 @@ static int collectives_print(FILE *stream, const trace_run *run, const run_rank 
         op_row_print(stream, name, &totals[index]);
     }
     op_row_print(stream, "total", &all);
+    fprintf(stream, "  time ms: from this rank entering each collective to its completion. A collective completes only "
+                    "when every rank of\n  its group has joined, so a rank that arrives first waits there for the "
+                    "slower ones: the ranks' times differ\n  by that waiting, not by the transfer.\n");
     free(totals);
     return 0;
 }
@@ -463,7 +476,8 @@ static int time_print(FILE *stream, const trace_run *run, const run_rank *rank) 
     fprintf(stream, "  %-28s %12.3f\n", "span", split.span / 1000);
     fprintf(stream, "  %-28s %12.3f %7.1f%% of span\n", "compute", split.compute / 1000,
             share(split.compute, split.span));
-    fprintf(stream, "  %-28s %12.3f %7.1f%% of span\n", "comm", split.comm / 1000, share(split.comm, split.span));
+    fprintf(stream, "  %-28s %12.3f %7.1f%% of span   (collectives incl. waiting for peers)\n", "comm",
+            split.comm / 1000, share(split.comm, split.span));
     for (int each = 0; each < RUN_STREAM_COUNT; each++) {
         if (split.stream_comm[each] == 0) continue;
         char name[64];

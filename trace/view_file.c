@@ -1,5 +1,7 @@
 /* view_file.c — see view_file.h. */
 #include "view_file.h"
+#include "palette.h"
+#include "run.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -91,4 +93,33 @@ int view_html_write(const char *out_path, const struct trace_run *run, cJSON *da
     }
     cJSON_free(json);
     return status;
+}
+
+static cJSON *palette_object(const palette_color *colors, int count) {
+    cJSON *object = cJSON_CreateObject();
+    for (int index = 0; object != NULL && index < count; index++) {
+        if (cJSON_AddStringToObject(object, colors[index].name, colors[index].color) == NULL) {
+            cJSON_Delete(object);
+            return NULL;
+        }
+    }
+    return object;
+}
+
+int view_palette_add(cJSON *data) {
+    for (int index = 0; index < RUN_CATEGORY_COUNT; index++)
+        if (strcmp(palette_categories[index].name, run_categories[index]) != 0) return -1;
+    cJSON *palette = data != NULL ? cJSON_AddObjectToObject(data, "palette") : NULL;
+    if (palette == NULL) return -1;
+    cJSON *categories = palette_object(palette_categories, RUN_CATEGORY_COUNT);
+    if (categories == NULL || !cJSON_AddItemToObject(palette, "categories", categories)) {
+        cJSON_Delete(categories);
+        return -1;
+    }
+    cJSON *states = palette_object(palette_states, PALETTE_STATE_COUNT);
+    if (states == NULL || !cJSON_AddItemToObject(palette, "states", states)) {
+        cJSON_Delete(states);
+        return -1;
+    }
+    return 0;
 }

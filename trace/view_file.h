@@ -38,6 +38,10 @@ void view_html_head_put(FILE *file, const char *title_prefix, const char *rundir
  * memory) and has `page_put` write the page around that text into out_path, through view_file_open/close. */
 struct cJSON;
 struct trace_run;
+/* Adds "palette": {categories: {name: color}, states: {name: color}} to an HTML view's data: trace/palette.h's
+ * tables, the one definition of the views' colours. Returns 0, or -1 when out of memory or when palette.h's
+ * categories are not run_categories in order. */
+int view_palette_add(struct cJSON *data);
 typedef void (*view_page_writer)(FILE *file, const struct trace_run *run, const char *json);
 int view_html_write(const char *out_path, const struct trace_run *run, struct cJSON *data, view_page_writer page_put,
                     char *error, size_t error_size);
