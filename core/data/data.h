@@ -136,15 +136,15 @@ typedef struct data_loader {
     tok_tokenizer *tokenizer;     /* text through Qwen2's BPE; NULL: bytes (not owned) */
 } data_loader;
 
-/* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed` (their text
- * tokenized whole, separator lines and all); "*.bin" a token file (headered, or old headerless uint16); anything
- * else a TinyStories text file, its stories as data_encode_stories makes them. Every id must be < vocab_size, and
- * the stream must hold at least seq_len + 1 tokens. shuffle != 0 reorders the windows by `seed` (world-size
- * independent all the same). Collective: every rank loads its own copy, and every rank returns -1 if any failed, with ctx->error naming
- * the path and the values ("rank 0: /x/a.bin: 7 bytes, not a whole number of uint16 tokens"; "... header says 100
- * ids of 4 bytes (400 bytes) but 396 bytes follow it"; "... token file version 7, this build reads version 1";
- * "... id width 3 in the header; token files hold 2 or 4"; "... token id 300 at position 2 is outside the
- * vocabulary (vocab_size 260)"). Nothing stays allocated on failure. */
+/* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed` (their text tokenized
+ * whole, separator lines and all); "*.bin" a token file (headered, or old headerless uint16); anything else a
+ * TinyStories text file, its stories as data_encode_stories makes them. Every id must be < vocab_size, and the stream
+ * must hold at least seq_len + 1 tokens. shuffle != 0 reorders the windows by `seed` (world-size independent all the
+ * same). Collective: every rank loads its own copy, and every rank returns -1 if any failed, with ctx->error naming the
+ * path and the values ("rank 0: /x/a.bin: 7 bytes, not a whole number of uint16 tokens"; "... header says 100 ids of 4
+ * bytes (400 bytes) but 396 bytes follow it"; "... token file version 7, this build reads version 1"; "... id width 3
+ * in the header; token files hold 2 or 4"; "... token id 300 at position 2 is outside the vocabulary (vocab_size
+ * 260)"). Nothing stays allocated on failure. */
 int data_loader_open(data_loader *loader, context *ctx, const char *path, int vocab_size, int micro_batch,
                      int seq_len, uint64_t seed, int shuffle);
 /* The same, with text (a text file, or the generated stories) tokenized by `tokenizer` (Qwen2's BPE,
