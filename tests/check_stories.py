@@ -14,8 +14,10 @@ story, edges included, the ids the seed's pipeline makes, from both of our paths
   - the stream lab 05's loader holds after reading the text (DATA=<text>; tokenize_tool load-text dumps it).
 --tokenizer qwen2 (the default) compares with HF tokenizers built from qwen.tiktoken (tests/check_tokenizer_parity.py
 builds it); --tokenizer bytes with the stories' UTF-8 bytes, DATA_EOT (256) between them (TOKENIZER=bytes, the tiny
-model). Exit 0 when every story's ids are equal on both paths, 1 otherwise, 77 ("skipped: ...") for qwen2 without
-the vocabulary or the tokenizers package.
+model), and also on 20,000 random pieces (separators whole and cut, whitespace of every kind, CR, bytes that are not
+UTF-8: Python reads them as surrogate escapes, never stripped) against Python's own split and strip. Exit 0 when
+every story's ids are equal on both paths, 1 otherwise, 77 ("skipped: ...") for qwen2 without the vocabulary or the
+tokenizers package.
 
   tests/check_stories.py --dir DIR [--tokenizer qwen2|bytes] [--vocab PATH] [--stories N] [--seed S]
 DIR receives sample.txt (lab 05 trains on it in tests/suites/tokenizer.sh), the token files and the loader's ids.
@@ -86,9 +88,24 @@ def write_sample(path, count, seed):
     return text
 
 
-def dataset_stories(path):
+# Random text's pieces (--tokenizer bytes): separators whole and cut, every kind of whitespace Python strips and
+# some it does not, CR and CRLF, UTF-8 and bytes Python's decoder refuses (kept as surrogate escapes: never stripped).
+RANDOM_PIECES = [b" ", b"  ", b"\t", b"\n", b"\r", b"\r\n", b"\x0b", b"\x0c", b"\x1c", b"\x1f", MARKER.encode(),
+                 MARKER.encode(), b"<|endof", b"text|>", b"<", b"a", b"Tom ran.", b"\xc3\xa9", b"\xc2\xa0", b"\xc2\x85",
+                 "\u3000".encode(), "\u2003".encode(), "\u2028".encode(), "\u200b".encode(), "\ufeff".encode(),
+                 b"\xff", b"\x80", b"\xe3\x80", b"\xc0\xa0", b"\xed\xa0\x80", b"\x00"]
+
+
+def write_random(path, seed):
+    rng = random.Random(seed)
+    data = b"".join(rng.choice(RANDOM_PIECES) for _ in range(20000))
+    with open(path, "wb") as file:
+        file.write(data)
+
+
+def dataset_stories(path, errors="strict"):
     """The dataset's own loader: text mode (universal newlines), split at the separator, strip, drop the empty."""
-    with open(path, encoding="utf-8") as file:
+    with open(path, encoding="utf-8", errors=errors) as file:
         text = file.read()
     return [story.strip() for story in text.split(MARKER) if story.strip()]
 
@@ -183,6 +200,15 @@ def main():
     run([TOOL, *vocab, "load-text", sample, ids_path], env)
     ok = compare("token file (scripts/prepare_tinystories.sh)", read_token_file(bin_path), expected, texts, eot)
     ok &= compare("lab 05's loader (DATA=<text>, tokenize_tool load-text)", read_ids(ids_path), expected, texts, eot)
+    if not qwen2:  # random bytes (Qwen2's tokenizer refuses invalid UTF-8): the split alone, against Python's
+        random_path = os.path.join(args.dir, "random.txt")
+        write_random(random_path, args.seed)
+        random_texts = dataset_stories(random_path, errors="surrogateescape")
+        random_expected = [list(text.encode("utf-8", errors="surrogateescape")) for text in random_texts]
+        random_bin = os.path.join(args.dir, "random.bin")
+        run([TOOL, "--vocab", "bytes", "write-tokens", random_path, random_bin], env)
+        ok &= compare(f"random bytes ({len(random_texts)} stories, Python's split and strip)",
+                      read_token_file(random_bin), random_expected, random_texts, eot)
     print("OK" if ok else "NOT OK")
     return 0 if ok else 1
 
