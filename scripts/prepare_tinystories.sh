@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# TinyStories as the seed trains on it, as a token file lab 05 reads (DATA=<file>.bin): each story's text through
-# Qwen2's tokenizer (core/data/tokenizer.h; the ids Qwen2-0.5B was trained with), stories separated by <|endoftext|>.
+# TinyStories as the seed trains on it, as a token file lab 05 reads (DATA=<file>.bin): each story as the dataset
+# gives it (the text split at "<|endoftext|>", each story stripped of the whitespace around it, inner newlines kept,
+# empty ones dropped; core/data/data.h: data_story_next), tokenized alone by Qwen2's tokenizer (core/data/tokenizer.h;
+# the ids Qwen2-0.5B was trained with), <|endoftext|> (151643) between stories: the seed's pipeline's ids, story by
+# story (tests/check_stories.py checks them against HF tokenizers). Lab 05's DATA=<TEXT> reads the text the same way.
 #
 #   scripts/prepare_tinystories.sh TEXT [OUT.bin]     a local TinyStories text file (the dataset's own format: stories
 #                                                     separated by "<|endoftext|>" lines) -> OUT.bin (default:
@@ -10,7 +13,7 @@
 #                                                     https://huggingface.co/datasets/roneneldan/TinyStories
 #                                                     (TinyStoriesV2-GPT4-train.txt is the 2 GB training split:
 #                                                     download it yourself and pass it as TEXT) into data/tinystories/
-#   TOKENIZER=bytes scripts/prepare_tinystories.sh TEXT   byte ids instead, for MODEL=tiny
+#   TOKENIZER=bytes scripts/prepare_tinystories.sh TEXT   byte ids instead (<|endoftext|> as 256), for MODEL=tiny
 #
 # Then: DATA=data/tinystories/TinyStoriesV2-GPT4-valid.bin MODEL=qwen2-0.5b mpirun -np 2 lab/05_full_step
 # (lab 05 also reads the text file itself, DATA=<TEXT>, tokenizing it on every rank at start; the token file skips
@@ -21,7 +24,7 @@ cd "$(dirname "$0")/.."
 URL=https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt
 text=${1:-}
 if [ -z "$text" ]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 if [ "$text" = --fetch ]; then

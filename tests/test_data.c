@@ -146,18 +146,23 @@ static void expect_same_batches(data_loader *a, data_loader *b, int batches) {
 }
 
 /* Text through a BPE tokenizer (tests/data/tiny_ranks.tiktoken: the 256 bytes and "Hi" at 256, so the three
- * specials take 257-259): the stream holds exactly tok_encode's ids, <|endoftext|> as one special id, and the source
- * says which tokenizer read it. A vocabulary smaller than the tokenizer's ids is refused naming the id. */
+ * specials take 257-259): the stream holds exactly tok_encode's ids of each story alone, <|endoftext|> as one
+ * special id between them, and the source says which tokenizer read it. A vocabulary smaller than the tokenizer's
+ * ids is refused naming the id. */
 START_TEST(test_text_through_a_bpe_tokenizer) {
     tok_tokenizer tokenizer;
     char error[512], path[256];
     ck_assert_msg(tok_load(&tokenizer, "tests/data/tiny_ranks.tiktoken", error, sizeof error) == 0, "%s", error);
     ck_assert_int_eq(tok_vocab_size(&tokenizer), 260);
-    const char *text = "Hi. Hi!\n<|endoftext|>\nHi Hi Hi, said the cat.";
+    const char *text = "Hi. Hi!\n<|endoftext|>\nHi Hi Hi, said the cat.", *first = "Hi. Hi!";
+    const char *second = "Hi Hi Hi, said the cat.";
     temp_path(path, sizeof path, "bpe.txt");
     write_file(path, text, strlen(text));
     tok_ids expected = {0};
-    ck_assert_msg(tok_encode(&tokenizer, text, strlen(text), &expected, error, sizeof error) == 0, "%s", error);
+    ck_assert_msg(tok_encode(&tokenizer, first, strlen(first), &expected, error, sizeof error) == 0, "%s", error);
+    ck_assert_uint_lt(expected.count, expected.capacity); /* tok_encode left room: its capacity grows by doubling */
+    expected.ids[expected.count++] = 257;
+    ck_assert_msg(tok_encode(&tokenizer, second, strlen(second), &expected, error, sizeof error) == 0, "%s", error);
     data_loader loader;
     ck_assert_msg(data_loader_open_tokenized(&loader, &ctx, path, &tokenizer, 260, 1, 4, 1, 0) == 0, "%s", ctx.error);
     ck_assert_uint_eq(loader.token_count, expected.count);
@@ -179,12 +184,92 @@ START_TEST(test_text_through_a_bpe_tokenizer) {
 }
 END_TEST
 
+/* The stories of a TinyStories text file as the dataset's loader (Python) gives them: universal newlines, split at
+ * every <|endoftext|>, str.strip()'s whitespace (Unicode's too) removed, empty pieces dropped, inner newlines kept;
+ * a sequence Python could not decode is never stripped. Then the loader's stream: the stories' bytes, DATA_EOT
+ * between them, none at either end. (tests/check_stories.py checks the same against HF tokenizers with Qwen2's
+ * vocabulary, and against Python's own strip.) */
+START_TEST(test_stories_as_the_dataset_gives_them) {
+    const char text[] =
+        " Spot. Spot saw.\n<|endoftext|>\n"                    /* the file's first story starts with a space */
+        "Tom ran.\n\n\nHe fell.\n \n\tThe end.\n\n<|endoftext|>" /* inner blank lines and a tab kept */
+        "\r\nAnna jumped.\r\n\r\nThe end.\r\n<|endoftext|>\n"    /* CRLF: "\n" inside */
+        "Old Mac.\rA cow.\r<|endoftext|>"                        /* a lone CR: "\n" */
+        "\xc2\xa0\xe3\x80\x80Mia.\xe2\x80\x83\xc2\x85\x1c \n<|endoftext|>" /* NBSP, U+3000, U+2003, NEL, FS */
+        "\n<|endoftext|>  \t\n<|endoftext|><|endoftext|>"        /* empty and blank pieces: no story */
+        "End.<|endoftext|>Start.\n"                              /* a separator inside a line */
+        "<|endoftext|>\xff \xe3\x80";                             /* bytes Python could not decode stay */
+    const char *const stories[] = {"Spot. Spot saw.", "Tom ran.\n\n\nHe fell.\n \n\tThe end.",
+                                   "Anna jumped.\n\nThe end.", "Old Mac.\nA cow.", "Mia.", "End.", "Start.",
+                                   "\xff \xe3\x80"};
+    size_t count = sizeof stories / sizeof stories[0], story_length = 0, total = 0;
+    data_story_reader reader = data_story_reader_of(text, sizeof text - 1);
+    for (size_t i = 0; i < count; i++) {
+        const char *story = data_story_next(&reader, &story_length);
+        ck_assert_msg(story != NULL, "story %zu missing", i);
+        ck_assert_msg(story_length == strlen(stories[i]) && memcmp(story, stories[i], story_length) == 0,
+                      "story %zu: '%.*s', want '%s'", i, (int)story_length, story, stories[i]);
+        ck_assert_uint_eq(reader.stories, i + 1);
+        total += story_length;
+    }
+    ck_assert_ptr_null(data_story_next(&reader, &story_length));
+    ck_assert_int_eq(reader.out_of_memory, 0);
+    data_story_reader_free(&reader);
+
+    /* data_encode_stories: the bytes, DATA_EOT between; with a budget of 1 byte, one story a call */
+    tok_ids ids = {0};
+    reader = data_story_reader_of(text, sizeof text - 1);
+    int calls = 0, more;
+    while ((more = data_encode_stories(&reader, NULL, 1, &ids, ctx.error, sizeof ctx.error)) == 1) calls++;
+    ck_assert_int_eq(more, 0);
+    ck_assert_int_ge(calls, (int)count - 1);
+    ck_assert_uint_eq(ids.count, total + count - 1);
+    size_t at = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (i > 0) ck_assert_int_eq(ids.ids[at++], DATA_EOT);
+        for (const char *c = stories[i]; *c; c++) ck_assert_int_eq(ids.ids[at++], (unsigned char)*c);
+    }
+    data_story_reader_free(&reader);
+
+    /* the loader (DATA=<text>) holds exactly that stream */
+    char path[256];
+    temp_path(path, sizeof path, "dataset.txt");
+    write_file(path, text, sizeof text - 1);
+    data_loader loader;
+    ck_assert_msg(data_loader_open(&loader, &ctx, path, 260, 1, 4, 1, 0) == 0, "%s", ctx.error);
+    ck_assert_uint_eq(loader.token_count, ids.count);
+    for (size_t i = 0; i < ids.count; i++) ck_assert_uint_eq(data_token(&loader, i), (uint32_t)ids.ids[i]);
+    data_loader_close(&loader);
+    tok_ids_free(&ids);
+
+    /* text with no separator is one story; nothing but whitespace and separators is none */
+    const char *one = "\n  One story.\n\n", *none = " \n<|endoftext|>\r\n";
+    reader = data_story_reader_of(one, strlen(one));
+    ck_assert_ptr_nonnull(data_story_next(&reader, &story_length));
+    ck_assert_uint_eq(story_length, 10);
+    ck_assert_ptr_null(data_story_next(&reader, &story_length));
+    reader = data_story_reader_of(none, strlen(none));
+    ck_assert_ptr_null(data_story_next(&reader, &story_length));
+    ck_assert_uint_eq(reader.stories, 0);
+    data_story_reader_free(&reader);
+    remove(path);
+}
+END_TEST
+
 START_TEST(test_text_and_bin_loaders_agree) {
     size_t data_before = ctx.mem.category_live_bytes[MEM_DATA];
     size_t length = 0;
     char *text = generate(77, 60, &length);
     int *stream = token_buffer(length, "test.stream");
-    size_t count = data_encode(text, length, stream);
+    size_t raw = data_encode(text, length, stream), count = 0;
+    /* read as a text file, the stories as the dataset gives them: each "\n<|endoftext|>\n" becomes DATA_EOT alone,
+     * the last one goes (the generated stories hold no other whitespace at their edges) */
+    for (size_t i = 0; i < raw; i++) {
+        int separator_newline = stream[i] == '\n' && ((i + 1 < raw && stream[i + 1] == DATA_EOT) ||
+                                                      (i > 0 && stream[i - 1] == DATA_EOT));
+        if (!separator_newline && !(stream[i] == DATA_EOT && i + 2 == raw)) stream[count++] = stream[i];
+    }
+    ck_assert_uint_eq(count, raw - 3 * 60 + 59);
     char text_path[256], bin_path[256];
     temp_path(text_path, sizeof text_path, "stories.txt");
     temp_path(bin_path, sizeof bin_path, "stories.bin");
@@ -400,11 +485,11 @@ START_TEST(test_refusals_name_path_and_values) {
 
     /* text with the marker needs a vocabulary that has id 256 */
     temp_path(path, sizeof path, "marker.txt");
-    write_file(path, "Hi.\n<|endoftext|>\nBye.", 22);
-    expect_refusal(path, 256, 1, 4, (const char *const[]){"token id 256", "position 4", "vocab_size 256",
+    write_file(path, "Hi.\n<|endoftext|>\nBye.", 22); /* the stories "Hi." and "Bye.", <|endoftext|> between */
+    expect_refusal(path, 256, 1, 4, (const char *const[]){"token id 256", "position 3", "vocab_size 256",
                                                           "<|endoftext|>", NULL});
-    /* and 16 tokens cannot fill a window of 16 + 1 */
-    expect_refusal(path, 260, 1, 16, (const char *const[]){"10 tokens", "seq_len + 1 = 17", NULL});
+    /* and 8 tokens cannot fill a window of 8 + 1 */
+    expect_refusal(path, 260, 1, 8, (const char *const[]){"8 tokens", "seq_len + 1 = 9", NULL});
     expect_refusal(path, 260, 0, 4, (const char *const[]){"micro_batch 0", NULL});
     remove(path);
 
@@ -601,6 +686,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_stories_are_deterministic_printable_and_separated);
     tcase_add_test(tc, test_text_and_bin_loaders_agree);
     tcase_add_test(tc, test_text_through_a_bpe_tokenizer);
+    tcase_add_test(tc, test_stories_as_the_dataset_gives_them);
     tcase_add_test(tc, test_default_stories_and_targets_one_ahead);
     tcase_add_test(tc, test_global_batch_is_independent_of_world_size);
     tcase_add_test(tc, test_shuffle_keeps_the_windows_and_the_world_size_independence);

@@ -9,13 +9,21 @@
  *                                                      "tokens N bytes N seconds S tokens_per_second R"
  *   tokenize_tool stories COUNT [SEED]                 data_generate_stories' text, to stdout (no vocabulary read)
  *   tokenize_tool [--vocab PATH|bytes] write-tokens TEXT OUT.bin [PIECE_BYTES]
- *                                                      TEXT tokenized (Qwen2's BPE, or byte ids with --vocab bytes)
- *                                                      into a token file (core/data/data.h's format: 2-byte ids when
- *                                                      they fit, else 4), with progress on stderr; what
+ *                                                      TEXT, a TinyStories text file, tokenized story by story as the
+ *                                                      dataset gives them (Qwen2's BPE, or byte ids with --vocab
+ *                                                      bytes), <|endoftext|> between stories (data.h:
+ *                                                      data_encode_stories), into a token file (core/data/data.h's
+ *                                                      format: 2-byte ids when they fit, else 4), with progress on
+ *                                                      stderr every PIECE_BYTES of text (default 16 MB); what
  *                                                      scripts/prepare_tinystories.sh runs
+ *   tokenize_tool [--vocab PATH|bytes] load-text TEXT IDS
+ *                                                      the ids lab 05's loader holds after reading TEXT (DATA=TEXT)
+ *                                                      into IDS, on one line (MPI, one rank; OUT: default
+ *                                                      runs/tokenize_tool)
  * --vocab defaults to tok_load's default ($QWEN2_TOKENIZER, else data/qwen2/qwen.tiktoken). Exit 0, or 1 with the
  * reason on stderr. */
 #define _GNU_SOURCE /* memmem */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +31,8 @@
 
 #include "core/data/data.h"
 #include "core/data/tokenizer.h"
+#include "core/runtime/session.h"
+#include "core/runtime/world.h"
 
 static int read_all(const char *path, char **text, size_t *length) {
     FILE *file = path == NULL || strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
@@ -156,8 +166,9 @@ static int run(const char *vocab, const char *command, const char *path, const c
     return status;
 }
 
-/* write-tokens: the text in pieces of about 16 MB, each cut just before an "<|endoftext|>" (a special token is
- * never part of a longer one, so the pieces encode to the ids of the whole), with progress on stderr. */
+/* write-tokens: the text's stories as the dataset gives them, <|endoftext|> between them (data.h:
+ * data_encode_stories, what lab 05's loader does with DATA=<text>), encoded about `piece` bytes of text at a time
+ * with progress on stderr. */
 static int write_tokens(const char *vocab, const char *text_path, const char *out_path, size_t piece) {
     char error[1024];
     char *text;
@@ -173,42 +184,69 @@ static int write_tokens(const char *vocab, const char *text_path, const char *ou
         return -1;
     }
     tok_ids ids = {0};
-    int status = 0, max_id = 0;
+    data_story_reader reader = data_story_reader_of(text, length);
+    int more = 1, status = 0, max_id = 0;
     double start = now();
-    for (size_t at = 0; status == 0 && at < length;) {
-        size_t cut = length - at > piece ? at + piece : length;
-        const char *next = cut < length ? memmem(text + cut, length - cut, TOK_ENDOFTEXT, strlen(TOK_ENDOFTEXT)) : NULL;
-        cut = next != NULL ? (size_t)(next - text) : length;
-        if (bytes) {
-            size_t need = ids.count + (cut - at);
-            int *grown = need > ids.capacity ? realloc(ids.ids, need * sizeof *grown) : ids.ids;
-            if (grown == NULL) {
-                snprintf(error, sizeof error, "out of memory for %zu ids", need);
-                status = -1;
-                break;
-            }
-            ids.ids = grown, ids.capacity = need > ids.capacity ? need : ids.capacity;
-            ids.count += data_encode(text + at, cut - at, ids.ids + ids.count);
-        } else {
-            status = tok_encode(&t, text + at, cut - at, &ids, error, sizeof error);
-        }
-        at = cut;
-        fprintf(stderr, "\rtokenize_tool: %.1f of %.1f MB, %zu tokens, %.1f s", (double)at / 1e6, (double)length / 1e6,
-                ids.count, now() - start);
+    while (more == 1) {
+        more = data_encode_stories(&reader, bytes ? NULL : &t, piece, &ids, error, sizeof error);
+        fprintf(stderr, "\rtokenize_tool: %.1f of %.1f MB, %zu stories, %zu tokens, %.1f s", (double)reader.at / 1e6,
+                (double)length / 1e6, reader.stories, ids.count, now() - start);
     }
     fprintf(stderr, "\n");
+    if (more < 0) status = -1;
+    data_story_reader_free(&reader);
     for (size_t i = 0; i < ids.count; i++) max_id = ids.ids[i] > max_id ? ids.ids[i] : max_id;
     int width = max_id > 65535 ? 4 : 2;
     if (status == 0) status = data_write_tokens(out_path, ids.ids, ids.count, width, error, sizeof error);
     if (status == 0)
-        printf("%s: %zu tokens of %d bytes (largest id %d) from %s (%s)\n", out_path, ids.count, width, max_id,
-               text_path, bytes ? "byte ids" : t.source);
+        printf("%s: %zu tokens of %d bytes (largest id %d) from %s: %zu stories (%s)\n", out_path, ids.count, width,
+               max_id, text_path, reader.stories, bytes ? "byte ids" : t.source);
     else
-        fprintf(stderr, "tokenize_tool: %s\n", error);
+        fprintf(stderr, "tokenize_tool: %s: %s\n", text_path, error);
     free(text);
     free(ids.ids);
     if (!bytes) tok_free(&t);
     return status;
+}
+
+/* load-text: the stream lab 05's loader holds after reading TEXT (data_loader_open_tokenized at world size 1, the
+ * loader every rank runs), into IDS as ids on one line. A session of its own (MPI, OUT: default runs/tokenize_tool). */
+static int load_text(int *argc, char ***argv, const char *vocab, const char *text_path, const char *ids_path) {
+    context ctx;
+    session_open(&ctx, argc, argv, "tokenize_tool", "runs/tokenize_tool");
+    world_require_size(&ctx, 1, 1);
+    char error[1024];
+    tok_tokenizer t, *tokenizer = NULL;
+    int status = 0;
+    if (vocab == NULL || strcmp(vocab, "bytes") != 0) {
+        if (tok_load(&t, vocab, error, sizeof error) != 0) {
+            fprintf(stderr, "tokenize_tool: %s\n", error);
+            status = -1;
+        } else {
+            tokenizer = &t;
+        }
+    }
+    data_loader loader;
+    if (status == 0 && data_loader_open_tokenized(&loader, &ctx, text_path, tokenizer,
+                                                  tokenizer != NULL ? tok_vocab_size(tokenizer) : 260, 1, 1, 0, 0)
+                           != 0) {
+        fprintf(stderr, "tokenize_tool: %s\n", ctx.error);
+        status = -1;
+    }
+    if (status == 0) {
+        FILE *out = fopen(ids_path, "w");
+        int ok = out != NULL;
+        for (size_t i = 0; ok && i < loader.token_count; i++)
+            ok = fprintf(out, i > 0 ? " %u" : "%u", data_token(&loader, i)) > 0;
+        if (out != NULL && (fputc('\n', out) == EOF || fclose(out) != 0)) ok = 0;
+        if (!ok) fprintf(stderr, "tokenize_tool: cannot write %s: %s\n", ids_path, strerror(errno));
+        else printf("%s: %zu ids of %s\n", ids_path, loader.token_count, loader.source);
+        status = ok ? 0 : -1;
+        data_loader_close(&loader);
+    }
+    if (tokenizer != NULL) tok_free(tokenizer);
+    int closed = session_close(&ctx);
+    return status != 0 ? status : closed;
 }
 
 int main(int argc, char **argv) {
@@ -231,7 +269,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if ((argc == first + 3 || argc == first + 4) && strcmp(argv[first], "write-tokens") == 0) {
-        /* PIECE_BYTES (default 16 MB): how much text one piece holds at least; small ones test the cutting */
+        /* PIECE_BYTES (default 16 MB): how much text to encode between two progress lines */
         char *end = NULL;
         unsigned long long piece = argc == first + 4 ? strtoull(argv[first + 3], &end, 10) : 16ull << 20;
         if (piece == 0 || (end != NULL && *end != '\0')) {
@@ -241,6 +279,8 @@ int main(int argc, char **argv) {
         }
         return write_tokens(vocab, argv[first + 1], argv[first + 2], (size_t)piece) == 0 ? 0 : 1;
     }
+    if (argc == first + 3 && strcmp(argv[first], "load-text") == 0)
+        return load_text(&argc, &argv, vocab, argv[first + 1], argv[first + 2]) == 0 ? 0 : 1;
     if (argc <= first) {
         fprintf(stderr, "usage: tokenize_tool [--vocab PATH] encode|decode|encode-batch|decode-batch [FILE] | "
                         "bench FILE SECONDS\n");

@@ -443,6 +443,137 @@ size_t data_generate_stories(uint64_t seed, int count, char *out, size_t out_siz
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
+/* TinyStories text: the stories as the dataset gives them                                                      */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+/* Python's str.isspace(), which str.strip() removes: the code points whose bidirectional class is WS, B or S, or
+ * whose category is Zs. */
+static int python_space(uint32_t code) {
+    return (code >= 0x09 && code <= 0x0d) || (code >= 0x1c && code <= 0x20) || code == 0x85 || code == 0xa0 ||
+           code == 0x1680 || (code >= 0x2000 && code <= 0x200a) || code == 0x2028 || code == 0x2029 ||
+           code == 0x202f || code == 0x205f || code == 0x3000;
+}
+
+/* The code point a well-formed UTF-8 sequence of exactly `length` bytes encodes, or -1 (never a space, so bytes
+ * Python could not have decoded are never stripped). */
+static long utf8_code(const unsigned char *bytes, size_t length) {
+    static const unsigned char lead_mask[5] = {0, 0x7f, 0x1f, 0x0f, 0x07};
+    static const uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};
+    size_t expected = bytes[0] < 0x80 ? 1 : bytes[0] >= 0xc2 && bytes[0] < 0xe0 ? 2 : (bytes[0] & 0xf0) == 0xe0 ? 3
+                    : bytes[0] >= 0xf0 && bytes[0] < 0xf5 ? 4 : 0;
+    if (expected == 0 || expected != length) return -1;
+    uint32_t code = bytes[0] & lead_mask[length];
+    for (size_t i = 1; i < length; i++) {
+        if ((bytes[i] & 0xc0) != 0x80) return -1;
+        code = code << 6 | (bytes[i] & 0x3f);
+    }
+    return code < smallest[length] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff) ? -1 : (long)code;
+}
+
+/* How many bytes of Python whitespace text[0 .. length) starts with. */
+static size_t leading_space(const unsigned char *text, size_t length) {
+    size_t at = 0;
+    while (at < length) {
+        size_t width = text[at] < 0x80 ? 1 : text[at] < 0xe0 ? 2 : text[at] < 0xf0 ? 3 : 4;
+        long code = width <= length - at ? utf8_code(text + at, width) : -1;
+        if (code < 0 || !python_space((uint32_t)code)) break;
+        at += width;
+    }
+    return at;
+}
+
+/* How many bytes of Python whitespace text[0 .. length) ends with. */
+static size_t trailing_space(const unsigned char *text, size_t length) {
+    size_t end = length;
+    while (end > 0) {
+        size_t start = end - 1;
+        while (start > 0 && end - start < 4 && (text[start] & 0xc0) == 0x80) start--;
+        long code = utf8_code(text + start, end - start);
+        if (code < 0 || !python_space((uint32_t)code)) break;
+        end = start;
+    }
+    return length - end;
+}
+
+data_story_reader data_story_reader_of(const char *text, size_t length) {
+    return (data_story_reader){.text = text, .length = length};
+}
+
+void data_story_reader_free(data_story_reader *reader) {
+    free(reader->scratch);
+    reader->scratch = NULL;
+    reader->scratch_size = 0;
+}
+
+const char *data_story_next(data_story_reader *reader, size_t *story_length) {
+    size_t marker_length = sizeof DATA_EOT_TEXT - 1;
+    while (!reader->out_of_memory && reader->at < reader->length) {
+        const char *start = reader->text + reader->at, *end = reader->text + reader->length, *marker = NULL;
+        for (const char *c = memchr(start, '<', (size_t)(end - start)); c != NULL && marker == NULL;
+             c = memchr(c + 1, '<', (size_t)(end - c - 1)))
+            if ((size_t)(end - c) >= marker_length && memcmp(c, DATA_EOT_TEXT, marker_length) == 0) marker = c;
+        size_t piece = (size_t)((marker != NULL ? marker : end) - start);
+        reader->at = marker != NULL ? (size_t)(marker - reader->text) + marker_length : reader->length;
+        const char *story = start;
+        if (memchr(start, '\r', piece) != NULL) { /* universal newlines: "\r\n" and a lone "\r" become "\n" */
+            if (piece > reader->scratch_size) {
+                char *grown = realloc(reader->scratch, piece);
+                if (grown == NULL) {
+                    reader->out_of_memory = 1;
+                    return NULL;
+                }
+                reader->scratch = grown, reader->scratch_size = piece;
+            }
+            size_t kept = 0;
+            for (size_t i = 0; i < piece; i++) {
+                reader->scratch[kept++] = start[i] == '\r' ? '\n' : start[i];
+                if (start[i] == '\r' && i + 1 < piece && start[i + 1] == '\n') i++;
+            }
+            story = reader->scratch, piece = kept;
+        }
+        size_t lead = leading_space((const unsigned char *)story, piece);
+        size_t trail = lead < piece ? trailing_space((const unsigned char *)story + lead, piece - lead) : 0;
+        if (lead + trail < piece) {
+            reader->stories++;
+            reader->piece_at = (size_t)(start - reader->text);
+            *story_length = piece - lead - trail;
+            return story + lead;
+        }
+    }
+    return NULL;
+}
+
+int data_encode_stories(data_story_reader *reader, tok_tokenizer *tokenizer, size_t budget, tok_ids *ids,
+                        char *error, size_t error_size) {
+    int eot = tokenizer != NULL ? tok_special_id(tokenizer, DATA_EOT_TEXT) : DATA_EOT;
+    if (eot < 0)
+        return error_set(error, error_size, "tokenizer %s has no %s token to put between stories", tokenizer->source,
+                         DATA_EOT_TEXT);
+    size_t first = reader->at, story_length = 0;
+    const char *story;
+    while (reader->at - first < budget && (story = data_story_next(reader, &story_length)) != NULL) {
+        size_t need = ids->count + 1 + (tokenizer != NULL ? 0 : story_length);
+        if (need > ids->capacity) { /* bytes: room for the story's ids and the separator; BPE: tok_encode grows it */
+            size_t capacity = need > 2 * ids->capacity ? need : 2 * ids->capacity;
+            int *grown = realloc(ids->ids, capacity * sizeof *grown);
+            if (grown == NULL) return error_set(error, error_size, "out of memory for %zu ids", capacity);
+            ids->ids = grown, ids->capacity = capacity;
+        }
+        if (reader->stories > 1) ids->ids[ids->count++] = eot;
+        if (tokenizer == NULL) {
+            ids->count += data_encode(story, story_length, ids->ids + ids->count);
+        } else {
+            char reason[512];
+            if (tok_encode(tokenizer, story, story_length, ids, reason, sizeof reason) != 0)
+                return error_set(error, error_size, "story %zu (its piece at byte %zu of the text): %s",
+                                 reader->stories, reader->piece_at, reason);
+        }
+    }
+    if (reader->out_of_memory) return error_set(error, error_size, "out of memory for story %zu", reader->stories + 1);
+    return reader->at < reader->length ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
 /* Loader                                                                                                        */
 /* ------------------------------------------------------------------------------------------------------------ */
 
@@ -509,25 +640,30 @@ static void set_token(data_loader *loader, size_t i, uint32_t id) {
 
 static int refuse_id(data_loader *loader, uint64_t id, size_t position);
 
-/* Text through the loader's BPE tokenizer (Qwen2's): the ids come in a plain list first, then into the tracked
- * stream of exactly their count. */
-static int tokenize_bpe(data_loader *loader, const char *text, size_t length) {
-    tok_ids ids = {0};
-    char reason[512];
-    if (tok_encode(loader->tokenizer, text, length, &ids, reason, sizeof reason) != 0)
-        return fail(loader, "%s (tokenizer %s)", reason, loader->tokenizer->source);
+/* Ids from a plain list into the tracked stream of exactly their count; the list is freed either way. */
+static int stream_from_ids(data_loader *loader, tok_ids *ids) {
     int status = 0;
-    allocate_stream(loader, ids.count);
-    for (size_t i = 0; i < ids.count && status == 0; i++) {
-        if (ids.ids[i] < 0 || ids.ids[i] >= loader->vocab_size) status = refuse_id(loader, (uint64_t)ids.ids[i], i);
-        else set_token(loader, i, (uint32_t)ids.ids[i]);
+    allocate_stream(loader, ids->count);
+    for (size_t i = 0; i < ids->count && status == 0; i++) {
+        if (ids->ids[i] < 0 || ids->ids[i] >= loader->vocab_size) status = refuse_id(loader, (uint64_t)ids->ids[i], i);
+        else set_token(loader, i, (uint32_t)ids->ids[i]);
     }
-    tok_ids_free(&ids);
+    tok_ids_free(ids);
     if (status != 0) {
         mem_free(offload_data_pool(loader->ctx), loader->tokens);
         loader->tokens = NULL;
     }
     return status;
+}
+
+/* Text through the loader's BPE tokenizer (Qwen2's), whole: the ids come in a plain list first, then into the
+ * stream. */
+static int tokenize_bpe(data_loader *loader, const char *text, size_t length) {
+    tok_ids ids = {0};
+    char reason[512];
+    if (tok_encode(loader->tokenizer, text, length, &ids, reason, sizeof reason) != 0)
+        return fail(loader, "%s (tokenizer %s)", reason, loader->tokenizer->source);
+    return stream_from_ids(loader, &ids);
 }
 
 /* Text to the token stream: count first, so the tracked stream is exactly the size it holds. */
@@ -542,11 +678,51 @@ static int tokenize_text(data_loader *loader, const char *text, size_t length) {
     return 0;
 }
 
+/* A TinyStories text file, story by story as the dataset gives them (data.h: data_story_next), <|endoftext|>
+ * between stories (data_encode_stories). Bytes: counted first, so the stream is exactly its size with no list of
+ * ints on the way. */
+static int tokenize_stories(data_loader *loader, const char *text, size_t length) {
+    data_story_reader reader = data_story_reader_of(text, length);
+    char reason[512];
+    int status = 0;
+    if (loader->tokenizer != NULL) {
+        tok_ids ids = {0};
+        if (data_encode_stories(&reader, loader->tokenizer, SIZE_MAX, &ids, reason, sizeof reason) < 0) {
+            tok_ids_free(&ids);
+            status = fail(loader, "%s (tokenizer %s)", reason, loader->tokenizer->source);
+        } else {
+            status = stream_from_ids(loader, &ids);
+        }
+    } else {
+        size_t count = 0, story_length = 0;
+        const char *story;
+        while ((story = data_story_next(&reader, &story_length)) != NULL)
+            count += story_length + (reader.stories > 1);
+        if (!reader.out_of_memory) {
+            allocate_stream(loader, count);
+            data_story_reader_free(&reader);
+            reader = data_story_reader_of(text, length);
+            count = 0;
+            while ((story = data_story_next(&reader, &story_length)) != NULL) {
+                if (reader.stories > 1) set_token(loader, count++, DATA_EOT);
+                for (size_t i = 0; i < story_length; i++) set_token(loader, count++, (unsigned char)story[i]);
+            }
+        }
+        if (reader.out_of_memory) {
+            if (loader->tokens != NULL) mem_free(offload_data_pool(loader->ctx), loader->tokens);
+            loader->tokens = NULL;
+            status = fail(loader, "out of memory for story %zu's newlines", reader.stories + 1);
+        }
+    }
+    data_story_reader_free(&reader);
+    return status;
+}
+
 static int load_text(data_loader *loader, const char *path) {
     unsigned char *bytes = NULL;
     size_t size = 0;
     if (read_file(loader, path, "data.text", &bytes, &size) != 0) return -1;
-    int status = tokenize_text(loader, (const char *)bytes, size);
+    int status = tokenize_stories(loader, (const char *)bytes, size);
     mem_free(offload_data_pool(loader->ctx), bytes);
     return status;
 }

@@ -6,7 +6,8 @@
  *
  * The default data is generated here (data_generate_stories), so every lab runs with no download. A path ending in
  * .bin is a token file (below); any other path is UTF-8 text in TinyStories' format (stories separated by
- * "<|endoftext|>"), tokenized by bytes.
+ * "<|endoftext|>"), read story by story as the dataset gives them (data_story_next) and tokenized with <|endoftext|>
+ * between stories (data_encode_stories). The generated stories are tokenized as their text stands.
  *
  * Token files (.bin), like llm.c's: a 24-byte header, then the ids little-endian, `width` bytes each:
  *
@@ -62,6 +63,41 @@ size_t data_decode(const int *tokens, size_t count, char *out, size_t out_size);
  * out_size - 1 bytes and a NUL, returns the full length (call with NULL, 0 to size the buffer). */
 size_t data_generate_stories(uint64_t seed, int count, char *out, size_t out_size);
 
+/* ---- TinyStories text: the stories as the dataset gives them ---- */
+
+/* A TinyStories text file (TinyStoriesV2-GPT4-*.txt: stories between "<|endoftext|>" lines) read as the dataset's
+ * loader and the seed's pipeline read it, in Python: the file's text (universal newlines, as Python's text mode reads
+ * it: "\r\n" and a lone "\r" become "\n"), split at every "<|endoftext|>", each piece stripped of the whitespace
+ * Python's str.strip() removes (ASCII's, U+001C..U+001F, U+0085, U+00A0 and Unicode's spaces and separators), empty
+ * pieces dropped. A story keeps its inner newlines and blank lines. data_story_next hands them out one by one. */
+typedef struct data_story_reader {
+    const char *text;
+    size_t length;
+    size_t at;                    /* where the next piece starts */
+    size_t stories;               /* stories handed out so far */
+    size_t piece_at;              /* where the last story's piece (from the separator before it) starts */
+    char *scratch;                /* a story that held '\r', its newlines translated (malloc'd, grown as needed) */
+    size_t scratch_size;
+    int out_of_memory;            /* set when the scratch could not grow: data_story_next returned NULL early */
+} data_story_reader;
+
+/* A reader of text[0 .. length); nothing allocated until a story holds '\r'. data_story_reader_free releases it. */
+data_story_reader data_story_reader_of(const char *text, size_t length);
+/* The next story (not NUL-terminated: its bytes and *story_length), or NULL after the last (or when out_of_memory).
+ * The story points into the text, or into the scratch when its newlines were translated (valid until the next
+ * call). */
+const char *data_story_next(data_story_reader *reader, size_t *story_length);
+void data_story_reader_free(data_story_reader *reader);
+
+/* Stories to ids, as the seed's pipeline makes them: each story tokenized alone (`tokenizer`, Qwen2's BPE; NULL:
+ * bytes, as data_encode), <|endoftext|> between two stories (the tokenizer's special id, 151643 for Qwen2; DATA_EOT
+ * for bytes), none before the first or after the last. Appends to `ids` the stories `reader` hands out until at
+ * least `budget` bytes of text were read (SIZE_MAX: all), so a caller can report progress. Returns 1 when stories
+ * may remain, 0 after the last, -1 with `error` naming the story and the tokenizer's reason ("story 12 (its piece at
+ * byte 3456 of the text): invalid UTF-8 at byte 7"), out of memory, or a tokenizer without <|endoftext|>. */
+int data_encode_stories(data_story_reader *reader, tok_tokenizer *tokenizer, size_t budget, tok_ids *ids,
+                        char *error, size_t error_size);
+
 /* ---- Token files ---- */
 
 #define DATA_TOKENS_MAGIC "FSDPTOKS"  /* 8 bytes, no terminator in the file */
@@ -100,14 +136,15 @@ typedef struct data_loader {
     tok_tokenizer *tokenizer;     /* text through Qwen2's BPE; NULL: bytes (not owned) */
 } data_loader;
 
-/* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed`; "*.bin" a token
- * file (headered, or old headerless uint16); anything else text. Every id must be < vocab_size, and the stream must
- * hold at least seq_len + 1 tokens. shuffle != 0 reorders the windows by `seed` (world-size independent all the
- * same). Collective: every rank loads its own copy, and every rank returns -1 if any failed, with ctx->error naming
- * the path and the values ("rank 0: /x/a.bin: 7 bytes, not a whole number of uint16 tokens"; "... header says 100
- * ids of 4 bytes (400 bytes) but 396 bytes follow it"; "... token file version 7, this build reads version 1";
- * "... id width 3 in the header; token files hold 2 or 4"; "... token id 300 at position 2 is outside the
- * vocabulary (vocab_size 260)"). Nothing stays allocated on failure. */
+/* Loads the stream whole: path NULL or "" is DATA_DEFAULT_STORIES generated stories from `seed` (their text tokenized
+ * whole, separator lines and all); "*.bin" a token file (headered, or old headerless uint16); anything else a
+ * TinyStories text file, its stories as data_encode_stories makes them. Every id must be < vocab_size, and the stream
+ * must hold at least seq_len + 1 tokens. shuffle != 0 reorders the windows by `seed` (world-size independent all the
+ * same). Collective: every rank loads its own copy, and every rank returns -1 if any failed, with ctx->error naming the
+ * path and the values ("rank 0: /x/a.bin: 7 bytes, not a whole number of uint16 tokens"; "... header says 100 ids of 4
+ * bytes (400 bytes) but 396 bytes follow it"; "... token file version 7, this build reads version 1"; "... id width 3
+ * in the header; token files hold 2 or 4"; "... token id 300 at position 2 is outside the vocabulary (vocab_size
+ * 260)"). Nothing stays allocated on failure. */
 int data_loader_open(data_loader *loader, context *ctx, const char *path, int vocab_size, int micro_batch,
                      int seq_len, uint64_t seed, int shuffle);
 /* The same, with text (a text file, or the generated stories) tokenized by `tokenizer` (Qwen2's BPE,

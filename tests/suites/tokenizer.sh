@@ -8,29 +8,40 @@ check_fails "tokenize_tool: \$QWEN2_TOKENIZER naming no file is refused by name"
   "/nonexistent/qwen.tiktoken: No such file" \
   env QWEN2_TOKENIZER=/nonexistent/qwen.tiktoken tests/bin/tokenize_tool encode /dev/null
 
-# Lab 05 on Qwen2's ids: qwen2-0.5b cut to one small layer by CONFIG (its 151,936-row embedding kept), TinyStories-
-# format text (stories separated by <|endoftext|> lines: the generated ones) read as text and as the token file
-# scripts/prepare_tinystories.sh makes of it. Both must hold exactly the ids tokenize_tool gives and train to the same
+# TinyStories text as the seed's pipeline sees it (the dataset's loader: each story stripped, <|endoftext|> between
+# stories), on a generated sample in the dataset's format with edge cases (tests/check_stories.py): story by story,
+# edges included, the token file prepare_tinystories.sh writes and the stream lab 05's loader reads from the text
+# must equal HF tokenizers' ids (Qwen2's vocabulary), and the stories' bytes with DATA_EOT between (TOKENIZER=bytes).
+S=runs/check/tokenizer_stories
+check "tokenizer: TinyStories text, bytes: each story's ids (edges too) are the seed's, in token file and loader" \
+  python3 tests/check_stories.py --dir $S --tokenizer bytes
+check "tokenizer: TinyStories text, Qwen2: each story's ids (edges too) are HF tokenizers', in token file and loader" \
+  python3 tests/check_stories.py --dir $S --tokenizer qwen2
+
+# Lab 05 on Qwen2's ids: qwen2-0.5b cut to one small layer by CONFIG (its 151,936-row embedding kept), on that
+# TinyStories-format sample read as text and as the token file scripts/prepare_tinystories.sh makes of it. Both must
+# hold exactly the ids of the loader's stream (which check_stories.py compared with HF) and train to the same
 # losses, bit for bit; EVAL decodes through the same tokenizer.
 QWEN2_SMALL=(MODEL=qwen2-0.5b
              CONFIG=hidden_size=64,num_hidden_layers=1,intermediate_size=128,num_attention_heads=2,num_key_value_heads=1
              SEQ=64 MBS=2 ACC=1 STEPS=2)
 T=runs/check/tokenizer
-if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ]; then
+if [ -f "${QWEN2_TOKENIZER:-data/qwen2/qwen.tiktoken}" ] && [ -f $S/sample.txt ]; then
   rm -rf $T && mkdir -p $T
-  tests/bin/tokenize_tool stories 300 7 >$T/stories.txt
-  expected=$(tests/bin/tokenize_tool encode $T/stories.txt | wc -w)
+  cp $S/sample.txt $T/stories.txt
+  OUT=$T/load_text tests/bin/tokenize_tool load-text $T/stories.txt $T/stories.ids >/dev/null
+  expected=$(wc -w <$T/stories.ids)
   run_lab "tokenizer: lab 05 on qwen2-0.5b's vocabulary, DATA=TinyStories-format text, EVAL=2" 2 $T/text 05_full_step \
     "${QWEN2_SMALL[@]}" DATA=$T/stories.txt EVAL=2
   text_log=$(log_of "tokenizer: lab 05 on qwen2-0.5b's vocabulary, DATA=TinyStories-format text, EVAL=2")
-  check "tokenizer: lab 05 read the text as Qwen2 ids: $expected tokens, tokenize_tool's count" \
+  check "tokenizer: lab 05 read the text as Qwen2 ids: $expected tokens, the loader's stream (load-text)" \
     grep -q "text through Qwen2's tokenizer (.*): $expected tokens)" "$text_log"
   check "tokenizer: EVAL printed a story decoded by Qwen2's tokenizer" grep -q "^    --- Once upon a time" "$text_log"
   check "tokenizer: prepare_tinystories.sh writes the same ids as a token file" bash -c "
     scripts/prepare_tinystories.sh $T/stories.txt $T/stories.bin |
     grep -q '$T/stories.bin: $expected tokens of 4 bytes'"
-  # The same ids when the text is encoded in pieces cut before each <|endoftext|> (here every ~2 KB; 16 MB by default)
-  check "tokenizer: write-tokens in pieces of ~2 KB writes the whole text's token file, byte for byte" bash -c "
+  # The same ids when write-tokens encodes the text ~2 KB at a time (16 MB by default: its progress lines)
+  check "tokenizer: write-tokens ~2 KB at a time writes the whole text's token file, byte for byte" bash -c "
     tests/bin/tokenize_tool write-tokens $T/stories.txt $T/pieces.bin 2000 && cmp $T/stories.bin $T/pieces.bin"
   run_lab "tokenizer: lab 05 on the prepared token file" 2 $T/bin 05_full_step "${QWEN2_SMALL[@]}" DATA=$T/stories.bin
   check "tokenizer: the token file trains to the text's losses, bit for bit" python3 tests/check_resume.py exact \
