@@ -6,9 +6,14 @@
  *   chunk boundary can fall in the middle of a tensor, and one rank may own the tail of one parameter and the head
  *   of the next. Each rank holds 1/N of the bytes (plus at most N-1 floats of padding).
  *
- * What to run
- *   mpirun -np 2 lab/01_shard          then -np 3 and -np 4: watch the padding and the boundaries move
- *   env: OUT (output dir, default runs/01_shard), SEED (the values; default 1234)
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-01                        2 ranks
+ *   make lab-01 NP=3                   then 4: watch the padding and the boundaries move
+ *   make lab-01 NP=4
+ *   mpirun --allow-run-as-root --oversubscribe -np 3 lab/01_shard     the same by hand, after `make` (as a user
+ *                                      other than root with 3 cores, plain `mpirun -np 3 lab/01_shard`)
+ *   env: OUT (output dir, default runs/01_shard), SEED (the values; default 1234), NP (ranks, 2 to 8)
  *
  * What to look at
  *   The table: for each rank, which elements of which parameter it owns; its bytes: its data as a share of the
