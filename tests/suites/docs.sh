@@ -13,7 +13,7 @@
 # cannot lean on another page's runs. The environment is the learner's shell: the settings docs/reference.md lists
 # are unset (a value left over from the checks would change what runs), as are make's own variables; then two
 # settings keep the suite short: STEPS=2 (the labs train 2 steps, unless the command sets STEPS itself) and
-# INIT_MODELS=tiny (lab 09 builds tiny alone, not qwen2-0.5b's 3 GB per rank). About 2 minutes on 2 cores.
+# INIT_MODELS=tiny (lab 09 builds tiny alone, not qwen2-0.5b's 3 GB per rank). About 3 minutes on 2 cores.
 # The labs' headers too: the commands of each lab/NN_name.c's "What to run" block (lines " *   make lab-NN ...",
 # " *   mpirun ...", " *   NAME=value make ...", up to the two-space gap before the explanation; an explanation
 # starting "long:" is syntax-checked only, "fails:" must be refused), run as a ```sh block's, with the same settings.

@@ -26,7 +26,7 @@ for ranks in 2 3 4; do
   check "01_shard -np $ranks: the ranks' shares of the unit add up to 100%, padding counted once" \
     python3 -c "$LAB01_SHARES_ADD_UP" $ranks "$(log_of "01_shard -np $ranks: shards reassemble")"
 done
-check_fails "01_shard -np 1 is refused, naming the value" "needs 2 to 8 ranks, got 1" \
-  env OUT=runs/check/01_np1 $MPIRUN -np 1 lab/01_shard
+check_fails "01_shard -np 1 is refused, naming the value and the command that works" \
+  "needs 2 to 8 ranks, got 1; run it as: make lab-01 NP=2" env OUT=runs/check/01_np1 $MPIRUN -np 1 lab/01_shard
 check_fails "01_shard SEED=abc is refused, naming the variable" "SEED='abc' is not an integer" \
   env OUT=runs/check/01_bad SEED=abc $MPIRUN -np 2 lab/01_shard
