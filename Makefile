@@ -1,8 +1,9 @@
 # fsdplab — build the runtime, the trace tool, the labs; run the checks.
 #
 #   make              build everything (installs missing dependencies first, via scripts/install_deps.sh)
-#   make run          lab 05 (the whole FSDP step) on NP=2 ranks through MPIRUN; settings from the environment or
-#                     the command line: `make run NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make run`
+#   make lab-01       one lab (01 ... 09) on NP=2 ranks through MPIRUN; settings from the environment or the command
+#                     line: `make lab-01 NP=3`, `make lab-05 NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make lab-05`
+#   make run          lab 05 (the whole FSDP step): `make lab-05`
 #   make check        every check; ends with "N passed, N failed"
 #   make check-01     one lab's check (01 ... 09); check-unit, check-tokenizer, check-trace, check-model,
 #                     check-train, check-resume, check-badinput, check-docs (every command README.md and docs/
@@ -24,8 +25,9 @@
 #   make clean
 #   make CFLAGS='-O1 -g -fsanitize=address' LDFLAGS=-fsanitize=address    your flags, added to the required ones
 #
-# MPIRUN is how `make run` and the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and 3-4 ranks on
-# a 2-core machine need --oversubscribe. Users may also type `mpirun -np 2 lab/01_shard` themselves.
+# MPIRUN is how `make lab-NN`, `make run` and the checks launch ranks; as root OpenMPI needs --allow-run-as-root, and
+# 3-4 ranks on a 2-core machine need --oversubscribe. Users may also type `mpirun -np 2 lab/01_shard` themselves, with
+# those two flags where they need them (or README.md's `export OMPI_...` setup for the shell).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
@@ -245,12 +247,17 @@ sanitize:
 	@$(MAKE) --no-print-directory BUILD=$(SANITIZE_DIR) CFLAGS='-O1 -g $(SANITIZE_FLAGS)' \
 	  LDFLAGS='$(SANITIZE_FLAGS)' all
 
-# The main job, as root or not: lab 05 on NP ranks into its default run dir (runs/05_full_step, unless OUT says
-# otherwise). The lab reads its settings from the environment, and make passes it on, with any VAR=value given on
-# make's command line, so `make run STEPS=10` and `STEPS=10 make run` do the same.
+# make lab-NN: lab NN (lab/NN_*.c) on NP ranks through MPIRUN, into its default run dir (runs/NN_name, unless OUT
+# says otherwise), as root or not, on as many cores as you have: `make lab-01 NP=3`, `make lab-08 NP=4`. The lab
+# reads its settings from the environment, and make passes it on, with any VAR=value given on make's command line, so
+# `make lab-05 STEPS=10` and `STEPS=10 make lab-05` do the same. `make run` is lab 05, the main job.
 NP ?= 2
-run: lab/05_full_step
-	$(MPIRUN) -np $(NP) lab/05_full_step
+.SECONDEXPANSION:
+lab-%: $$(basename $$(wildcard lab/$$*_*.c))
+	@test -n "$<" || { echo "make lab-$*: no lab/$*_*.c (the labs: $(LAB_NUMBERS))" >&2; exit 2; }
+	$(MPIRUN) -np $(NP) $<
+LAB_NUMBERS := $(sort $(foreach lab,$(wildcard lab/[0-9][0-9]_*.c),$(firstword $(subst _, ,$(notdir $(lab))))))
+run: lab-05
 
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line. `make check`
 # runs two lanes side by side (much of a check is one process waiting on another, so two keep 2 cores busier than one);

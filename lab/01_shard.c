@@ -6,16 +6,23 @@
  *   chunk boundary can fall in the middle of a tensor, and one rank may own the tail of one parameter and the head
  *   of the next. Each rank holds 1/N of the bytes (plus at most N-1 floats of padding).
  *
- * What to run
- *   mpirun -np 2 lab/01_shard          then -np 3 and -np 4: watch the padding and the boundaries move
- *   env: OUT (output dir, default runs/01_shard), SEED (the values; default 1234)
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-01                        2 ranks
+ *   make lab-01 NP=3                   then 4: watch the padding and the boundaries move
+ *   make lab-01 NP=4
+ *   mpirun --allow-run-as-root --oversubscribe -np 3 lab/01_shard     the same by hand, after `make` (as a user
+ *                                      other than root with 3 cores, plain `mpirun -np 3 lab/01_shard`)
+ *   env: OUT (output dir, default runs/01_shard), SEED (the values; default 1234), NP (ranks, 2 to 8)
  *
  * What to look at
- *   The table: for each rank, which elements of which parameter it owns, and its bytes vs the unsharded unit.
+ *   The table: for each rank, which elements of which parameter it owns; its bytes: its data as a share of the
+ *   unpadded unit (the shares of all ranks add up to 100%), and its padding apart.
  *   In the trace (runs/01_shard/trace.json, in Perfetto UI): the memory counter of each rank grows
  *   by only its shard (param_shard), and the one all-gather the lab uses to check that the shards reassemble.
  *
- * The check (`make check-01`): the concatenated shards equal the flattened original, for 2 and 3 ranks.
+ * The check (`make check-01`): the concatenated shards equal the flattened original, and the ranks' shares add up
+ * to 100%, for 2, 3 and 4 ranks.
  */
 #include <stdio.h>
 #include <string.h>
@@ -66,17 +73,21 @@ static void print_my_shard(context *ctx, const flat_param *fp) {
     char report[4096] = "";
     size_t begin, end;
     flat_param_shard_range(fp, ctx->rank, &begin, &end);
+    /* The padding counted once, apart: each rank's data bytes as a share of the unpadded unit, so the shares of all
+     * ranks add up to 100%, and the zeros it holds beside them. */
+    size_t data_end = begin > fp->unpadded_numel ? begin : fp->unpadded_numel; /* where this rank's padding starts */
+    size_t padding_here = end > fp->unpadded_numel ? end - data_end : 0;
     size_t shard_bytes = fp->sharded_numel * sizeof(float), full_bytes = fp->unpadded_numel * sizeof(float);
-    APPEND(report, "rank %d owns flat [%zu, %zu): %zu B of the unit's %zu B (%.1f%%)\n", ctx->rank, begin, end,
-           shard_bytes, full_bytes, 100.0 * (double)shard_bytes / (double)full_bytes);
+    size_t data_bytes = shard_bytes - padding_here * sizeof(float);
+    APPEND(report, "rank %d owns flat [%zu, %zu): %zu B = %zu B of the unit's %zu B (%.1f%%) + %zu B of padding\n",
+           ctx->rank, begin, end, shard_bytes, data_bytes, full_bytes, 100.0 * (double)data_bytes / (double)full_bytes,
+           padding_here * sizeof(float));
     for (int i = 0; i < fp->param_count; i++) {
         size_t first, last;
         if (!flat_param_param_shard_overlap(fp, i, ctx->rank, &first, &last)) continue;
         APPEND(report, "    %-22s elements [%zu, %zu) of %zu%s\n", fp->params[i].name, first, last,
                fp->params[i].numel, last - first < fp->params[i].numel ? "   <- split across ranks" : "");
     }
-    size_t data_end = begin > fp->unpadded_numel ? begin : fp->unpadded_numel; /* where this rank's padding starts */
-    size_t padding_here = end > fp->unpadded_numel ? end - data_end : 0;
     if (padding_here > 0) APPEND(report, "    %-22s %zu float%s of zeros\n", "(padding)", padding_here,
                                  padding_here == 1 ? "" : "s");
     world_print_ordered(ctx, report);

@@ -11,10 +11,13 @@
  *   system for memory: why torch.cuda.memory_reserved() exceeds memory_allocated(), and why after the first step FSDP
  *   costs no more system allocations.
  *
- * What to run
- *   mpirun -np 2 lab/02_gather         then -np 4: the shard shrinks, the unsharded buffer does not
- *   ALLOC=malloc mpirun -np 2 lab/02_gather   no caching: reserved falls with live, the second unshard maps anew
- *   env: OUT (default runs/02_gather), SEED (default 1234), ALLOC (caching or malloc)
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-02                        then NP=4: the shard shrinks, the unsharded buffer does not
+ *   make lab-02 NP=4
+ *   make lab-02 ALLOC=malloc           no caching: reserved falls with live, the second unshard maps anew
+ *   mpirun --allow-run-as-root --oversubscribe -np 4 lab/02_gather     the same by hand, after `make`
+ *   env: OUT (default runs/02_gather), SEED (default 1234), ALLOC (caching or malloc), NP (ranks, 2 to 8)
  *
  * What to look at
  *   The printed memory table (before / during / after, twice): live and reserved side by side. In the trace: on the

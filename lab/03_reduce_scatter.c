@@ -8,10 +8,13 @@
  *   and a ring reduce-scatter moves half the bytes of a ring all-reduce ((N-1)/N vs 2(N-1)/N of the gradient),
  *   because an all-reduce *is* a reduce-scatter followed by an all-gather.
  *
- * What to run
- *   mpirun -np 2 lab/03_reduce_scatter        then -np 4: the kept shard shrinks as 1/N
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-03                        then NP=4: the kept shard shrinks as 1/N
+ *   make lab-03 NP=4 BW_MB=0           (BW_MB=0: no bandwidth table)
+ *   mpirun --allow-run-as-root --oversubscribe -np 4 lab/03_reduce_scatter     the same by hand, after `make`
  *   env: OUT (default runs/03_reduce_scatter), SEED (default 1234), REPEAT (timed repetitions, default 5),
- *        BW_MB (largest buffer of the bandwidth table in MiB, default 64; 0 skips the table)
+ *        BW_MB (largest buffer of the bandwidth table in MiB, default 64; 0 skips the table), NP (ranks, 2 to 8)
  *
  * What to look at
  *   The printed comparison of reduce_scatter and all_reduce: bytes sent, median time, and what each rank keeps. In

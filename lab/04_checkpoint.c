@@ -9,9 +9,12 @@
  *   recomputation is the same arithmetic on the same inputs. The price is one more forward of every layer: about a
  *   third more compute for a step (forward 1x + backward 2x becomes 2x + 2x, for the layers).
  *
- * What to run
- *   mpirun -np 2 lab/04_checkpoint          one micro-batch without and with checkpointing, compared
- *   env: MODEL, CONFIG, MBS, SEQ, SEED, OUT (default runs/04_checkpoint)
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-04                        one micro-batch without and with checkpointing, compared
+ *   make lab-04 NP=3
+ *   mpirun --allow-run-as-root --oversubscribe -np 3 lab/04_checkpoint     the same by hand, after `make`
+ *   env: MODEL, CONFIG, MBS, SEQ, SEED, OUT (default runs/04_checkpoint), NP
  *
  * What to look at (runs/04_checkpoint/trace.json)
  *   Three steps (a warm-up, then the two compared). In the second the memory counter's activation band climbs through

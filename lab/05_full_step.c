@@ -13,16 +13,18 @@
  *   main below is the whole step; the machinery around it (settings, resume, checkpoints, the divergence stop, the
  *   log line, the memory report) is lab/trainer.c, behind the names main calls.
  *
- * What to run
- *   mpirun -np 2 lab/05_full_step                      3 steps of the tiny model, ACC=2 (as root, OpenMPI also
- *                                                      wants --allow-run-as-root; `make run` adds it for you)
- *   STEPS=50 EVAL=25 mpirun -np 2 lab/05_full_step     watch the loss fall and the model start to write
- *   STRATEGY=SHARD_GRAD_OP CKPT=1 NO_SYNC=1 ...        compare the peaks (and the traces)
- *   ALLOC=malloc mpirun -np 2 lab/05_full_step         no caching: every buffer a fresh segment (PyTorch's
- *                                                      PYTORCH_NO_CUDA_MEMORY_CACHING=1); same numbers, more sys time
- *   STEPS=200 CHECKPOINT_EVERY=20 mpirun -np 2 lab/05_full_step     sharded checkpoints under OUT/checkpoints;
- *   STEPS=200 CHECKPOINT_EVERY=20 RESUME=auto mpirun -np 2 ...      after a crash, continue from the newest one:
- *                                                      the same losses, bit for bit, as if it had never stopped
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-05                        3 steps of the tiny model, ACC=2 (`make run` is the same)
+ *   make lab-05 STEPS=50 EVAL=25       watch the loss fall and the model start to write
+ *   make lab-05 STRATEGY=SHARD_GRAD_OP CKPT=1 NO_SYNC=1    compare the peaks (and the traces)
+ *   make lab-05 ALLOC=malloc           no caching: every buffer a fresh segment (PyTorch's
+ *                                      PYTORCH_NO_CUDA_MEMORY_CACHING=1); same numbers, more sys time
+ *   make lab-05 STEPS=40 CHECKPOINT_EVERY=10                sharded checkpoints under OUT/checkpoints;
+ *   make lab-05 STEPS=40 CHECKPOINT_EVERY=10 RESUME=auto    after a crash, continue from the newest one:
+ *                                      the same losses, bit for bit, as if it had never stopped
+ *   make lab-05 NP=4 STEPS=10          4 ranks on any machine
+ *   mpirun --allow-run-as-root --oversubscribe -np 2 lab/05_full_step     the same by hand, after `make`
  *   Every setting (MODEL, MBS, ACC, STEPS, STRATEGY, MP, OFFLOAD, ...): docs/reference.md, and lab/trainer.h, which
  *   reads them.
  *

@@ -19,12 +19,15 @@
  *                                      on a GPU the host runs ahead of the compute stream and it binds.
  *   Prefetch changes *when*, never *what*: every mode computes the same losses and parameters, bit for bit.
  *
- * What to run
- *   mpirun -np 2 lab/06_prefetch                 every mode on the tiny model, 4 steps each, one table
- *   MODES=none,BACKWARD_PRE mpirun -np 2 ...     some modes (blocking, none, BACKWARD_PRE, BACKWARD_POST, forward,
- *                                                no_limit)
- *   CONFIG=hidden_size=512,num_hidden_layers=8 SEQ=256 mpirun -np 2 lab/06_prefetch    a bigger model: more to hide
- *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md)
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-06                        every mode on the tiny model, 4 steps each, one table
+ *   make lab-06 MODES=none,BACKWARD_PRE     some modes (blocking, none, BACKWARD_PRE, BACKWARD_POST, forward,
+ *                                      no_limit)
+ *   make lab-06 CONFIG=hidden_size=512,num_hidden_layers=8 SEQ=256    long: minutes on 2 cores; a bigger model,
+ *                                      more to hide
+ *   mpirun --allow-run-as-root --oversubscribe -np 2 lab/06_prefetch     the same by hand, after `make`
+ *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT, NP (as lab 05; every setting: docs/reference.md)
  *
  * What to look at (runs/06_prefetch/trace.json in Perfetto UI; the modes run one after the other, marked)
  *   Per rank three tracks: compute, the all_gather stream and the reduce_scatter stream. In "blocking" they take

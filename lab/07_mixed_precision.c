@@ -22,11 +22,13 @@
  *   reduce_dtype, with the reduce-scatter ring's rounding) and with CPU offload (the float32 shard copied h2d and
  *   cast on the device, as torch); check-07 runs those through lab 05.
  *
- * What to run
- *   mpirun -np 2 lab/07_mixed_precision              20 steps of the tiny model in float32, then in MP=bf16
- *   MP=bf16,reduce=fp32 mpirun -np 2 lab/07_mixed_precision    gather in bfloat16, reduce in float32
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-07                        20 steps of the tiny model in float32, then in MP=bf16
+ *   make lab-07 MP=bf16,reduce=fp32    gather in bfloat16, reduce in float32
+ *   mpirun --allow-run-as-root --oversubscribe -np 2 lab/07_mixed_precision     the same by hand, after `make`
  *   env: MP (bf16, the default; bf16,reduce=fp32; bf16,keep_low_precision_grads=1), MODEL, CONFIG, MBS, SEQ, STEPS,
- *   LR, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md); COMM_STREAMS, BACKWARD_PREFETCH,
+ *   LR, SEED, THREADS, OUT, NP (as lab 05; every setting: docs/reference.md); COMM_STREAMS, BACKWARD_PREFETCH,
  *   FORWARD_PREFETCH (lab 06's; off here)
  *
  * What to look at (runs/07_mixed_precision/: trace.json in Perfetto UI, memory.html, summary.txt)

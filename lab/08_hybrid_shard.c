@@ -18,12 +18,14 @@
  *   everything replicated, one all-reduce of every gradient), and prints per rank the bytes it sent inside its node
  *   and across nodes, and its memory.
  *
- * What to run
- *   mpirun -np 4 lab/08_hybrid_shard                  4 ranks as 2 pretend nodes of 2 (SHARD_GROUP=2 unless the
- *                                                     machine really has several nodes; --oversubscribe on a laptop)
- *   SHARD_GROUP=1 mpirun -np 4 lab/08_hybrid_shard    shard groups of 1: HYBRID_SHARD becomes DDP (NO_SHARD)
- *   SHARD_GROUP=4 mpirun -np 4 lab/08_hybrid_shard    one shard group: HYBRID_SHARD is FULL_SHARD, nothing crosses
- *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md);
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-08 NP=4                   4 ranks as 2 pretend nodes of 2 (SHARD_GROUP=2 unless the machine
+ *                                      really has several nodes)
+ *   make lab-08 NP=4 SHARD_GROUP=1     shard groups of 1: HYBRID_SHARD becomes DDP (NO_SHARD)
+ *   make lab-08 NP=4 SHARD_GROUP=4     one shard group: HYBRID_SHARD is FULL_SHARD, nothing crosses
+ *   mpirun --allow-run-as-root --oversubscribe -np 4 lab/08_hybrid_shard     the same by hand, after `make`
+ *   env: MODEL, CONFIG, MBS, SEQ, STEPS, SEED, THREADS, OUT, NP (as lab 05; every setting: docs/reference.md);
  *   SHARD_GROUP (ranks per shard group, a divisor of the world size; default the ranks per node, or half the ranks
  *   when all share one node)
  *

@@ -19,14 +19,16 @@
  *      the peak is the shard. The lab builds tiny and qwen2-0.5b both ways and shows the two peaks; the shards are
  *      the same bits either way.
  *
- * What to run
- *   mpirun -np 2 lab/09_offload_and_init                  tiny without and with offload, then both inits of tiny
- *                                                         and qwen2-0.5b (about 3 GB per rank for qwen2's naive one)
- *   INIT_MODELS=tiny mpirun -np 2 lab/09_offload_and_init  the initialisation lesson on tiny alone (no 3 GB)
- *   OFFLOAD=1 mpirun -np 2 lab/05_full_step               lab 05 offloaded; its report gets a host pool table
- *   DEVICE_MEMORY_MB=40 mpirun -np 2 lab/05_full_step     a device of 40 MiB: out of memory, naming the budget...
- *   DEVICE_MEMORY_MB=40 OFFLOAD=1 mpirun -np 2 lab/05_full_step     ...and with offload it fits
- *   env: MODEL, CONFIG, MBS, ACC, SEQ, STEPS, SEED, THREADS, OUT (as lab 05; every setting: docs/reference.md);
+ * What to run (from the repository root; `make lab-NN` builds the lab, then launches it through the Makefile's MPIRUN,
+ * which adds the flags mpirun needs as root (--allow-run-as-root) and for more ranks than cores (--oversubscribe))
+ *   make lab-09                        tiny without and with offload, then both inits of tiny and qwen2-0.5b
+ *                                      (about 3 GB per rank for qwen2's naive one)
+ *   make lab-09 INIT_MODELS=tiny       the initialisation lesson on tiny alone (no 3 GB)
+ *   make lab-05 OFFLOAD=1              lab 05 offloaded; its report gets a host pool table
+ *   make lab-05 DEVICE_MEMORY_MB=40    fails: a device of 40 MiB is out of memory, naming the budget...
+ *   make lab-05 DEVICE_MEMORY_MB=40 OFFLOAD=1    ...and with offload it fits
+ *   mpirun --allow-run-as-root --oversubscribe -np 2 lab/09_offload_and_init     the same by hand, after `make`
+ *   env: MODEL, CONFIG, MBS, ACC, SEQ, STEPS, SEED, THREADS, OUT, NP (as lab 05; every setting: docs/reference.md);
  *   INIT_MODELS (comma-separated presets, default tiny,qwen2-0.5b; "none" skips the initialisation lesson)
  *
  * What to look at (runs/09_offload_and_init/trace.json in Perfetto UI; the two runs one after the other, marked)

@@ -129,7 +129,7 @@ static size_t data_bytes_bound(const char *data, int vocab_size) {
 
 /* What both openings share: before anything is allocated, the analytic memory model's peak for these options, from
  * the config and the wrap alone, against the memory this rank may use (MEMORY_CHECK=0 skips it); then the model
- * from the seed, its runtime and AdamW's states, in that order. t->options and t->settings are set. */
+ * from SEED, its runtime and AdamW's states, in that order. t->options and t->settings are set. */
 static void build_model(trainer *t, const qwen2_config *config, fsdp_wrap_fn wrap, void *wrap_user,
                         size_t data_bytes) {
     context *ctx = t->ctx;

@@ -19,7 +19,8 @@
  * rank with a message naming it and the value.
  *   read here (trainer_read_settings): the fields of trainer_settings below, each with its variable's name.
  *   read by core/ while trainer_open builds the run, in this order:
- *     MODEL           tiny (the default), qwen2-0.5b, or its seed name qwen2 (core/models/qwen2.h)
+ *     MODEL           tiny (the default), qwen2-0.5b, or qwen2 (its name in the PyTorch FSDP training script
+ *                     that scripts/train.sh mirrors; core/models/qwen2.h)
  *     CONFIG          model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8
  *     COMM_STREAMS, BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST), FORWARD_PREFETCH, LIMIT_ALL_GATHERS
  *                     lab 06's overlap, all off in lab 05 by default (scripts/train.sh turns on torch's defaults)

@@ -16,11 +16,11 @@
 #      then the same with MP=bf16 (the device's bfloat16 layers: cuBLAS GEMMs on bfloat16 tensor cores) against the
 #      CPU's core/kernels/layers_bf16.c: losses within the bfloat16 flip bound and drift (compare_losses.py bf16),
 #      parameters within AdamW's bound
-#   4. Qwen2-0.5B, MBS=8 SEQ=256 ACC=2 STEPS=3 (the seed's run): BACKEND=nccl on 1 rank beside PyTorch FSDP on the same
-#      GPU, same init and batches (scripts/train.sh FSDP=both: the table of loss difference, time and peak ratios),
-#      in float32, then with MP=bf16 beside torch's MixedPrecision(param_dtype=reduce_dtype=bfloat16) (the bounds of
-#      check_train_parity.sh bf16), then DEVICE=cuda BACKEND=mpi on 2 ranks sharing the GPU (MPI through pinned host
-#      buffers)
+#   4. Qwen2-0.5B, MBS=8 SEQ=256 ACC=2 STEPS=3 (train.sh's default run): BACKEND=nccl on 1 rank beside PyTorch FSDP on
+#      the same GPU, same init and batches (scripts/train.sh FSDP=both: the table of loss difference, time and peak
+#      ratios), in float32, then with MP=bf16 beside torch's MixedPrecision(param_dtype=reduce_dtype=bfloat16) (the
+#      bounds of check_train_parity.sh bf16), then DEVICE=cuda BACKEND=mpi on 2 ranks sharing the GPU (MPI through
+#      pinned host buffers)
 #   5. throughput: tokens/s, achieved TFLOP/s and MFU of step 4's runs (qwen2_tool flops: the matmul count, 3 x
 #      forward, attention included), against the GPU's dense peak (PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16, known for
 #      H100 and H200 SXM: 67 and 989; A100: 19.5 and 312)
@@ -212,7 +212,7 @@ if want 3; then
     "$(grep -m1 -i 'bound' "$out/tiny_bf16_compare.log" 2>/dev/null)"
 fi
 
-# ---- 4. Qwen2-0.5B, the seed's run: fsdplab (NCCL, 1 rank) beside PyTorch FSDP on the same GPU
+# ---- 4. Qwen2-0.5B, train.sh's default run: fsdplab (NCCL, 1 rank) beside PyTorch FSDP on the same GPU
 # Losses within the bounds tests/check_train_parity.sh uses on the CPU (tests/tolerances.py: rounding of the first
 # step from the same bytes, plus AdamW's drift per later step), derived from this config and its gradients.
 if want 4; then

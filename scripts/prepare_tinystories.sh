@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# TinyStories as the seed trains on it, as a token file lab 05 reads (DATA=<file>.bin): each story as the dataset
-# gives it (the text split at "<|endoftext|>", each story stripped of the whitespace around it, inner newlines kept,
-# empty ones dropped; core/data/data.h: data_story_next), tokenized alone by Qwen2's tokenizer (core/data/tokenizer.h;
-# the ids Qwen2-0.5B was trained with), <|endoftext|> (151643) between stories: the seed's pipeline's ids, story by
-# story (tests/check_stories.py checks them against HF tokenizers). Lab 05's DATA=<TEXT> reads the text the same way.
+# TinyStories as the PyTorch script that scripts/train.sh mirrors trains on it, as a token file lab 05 reads
+# (DATA=<file>.bin): each story as the dataset gives it (the text split at "<|endoftext|>", each story stripped of the
+# whitespace around it, inner newlines kept, empty ones dropped; core/data/data.h: data_story_next), tokenized alone by
+# Qwen2's tokenizer (core/data/tokenizer.h; the ids Qwen2-0.5B was trained with), <|endoftext|> (151643) between
+# stories: that script's ids, story by story (tests/check_stories.py checks them against HF tokenizers). Lab 05's
+# DATA=<TEXT> reads the text the same way.
 #
 #   scripts/prepare_tinystories.sh TEXT [OUT.bin]     a local TinyStories text file (the dataset's own format: stories
 #                                                     separated by "<|endoftext|>" lines) -> OUT.bin (default:

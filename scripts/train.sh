@@ -77,8 +77,8 @@ dtype_re='(bf16|bfloat16|fp32|float32)'
   fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or" \
     "<param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, e.g." \
     "bf16,reduce=fp32"
-# The same names core/models/qwen2.c accepts (qwen2, the seed's name, is Qwen2-0.5B); checked here so a typo fails
-# before make.
+# The same names core/models/qwen2.c accepts (qwen2, the name in the PyTorch FSDP training script whose command line
+# this script keeps, is Qwen2-0.5B); checked here so a typo fails before make.
 case "$MODEL" in
   tiny | qwen2-0.5b | qwen2) ;;
   *) fail "MODEL='$MODEL' is not a model; choose one of: qwen2-0.5b (or qwen2), tiny" ;;

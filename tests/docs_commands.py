@@ -17,6 +17,15 @@ block, a line ending in a backslash continues on the next; blank lines and lines
 trailing # comment stays (bash ignores it). A table whose header has a column named `run` holds commands too: each
 code span in that column is a command of kind sh.
 
+The labs' headers (a FILE ending in .c: lab/NN_name.c) hold commands too, in the block that starts at the header's
+" * What to run" line and ends at its first empty " *" line. A command is a line of that block indented by exactly
+three spaces (" *   ") whose text starts with `make `, `mpirun ` or an assignment NAME=value (as in
+`STEPS=10 make lab-05`); the command is that text up to the first gap of two spaces, the explanation after it. Lines
+indented deeper continue an explanation; other lines (env: ..., prose) are not commands. The explanation may start
+with `long:` (too long for the check: syntax-checked only, as ```sh long) or `fails:` (must be refused, as ```sh
+fails); any other command is run as ```sh's are. A header must show at least one command, the first being its own
+`make lab-NN`; a command may not end in `...` (an abbreviation cannot be run) and must launch make or mpirun.
+
   tests/docs_commands.py list FILE...    one record per command, NUL-separated: kind, FILE:LINE, command
   tests/docs_commands.py lint FILE...    the pages' rules; prints each violation and exits 1 if any:
       every fence labelled as above; no `$ ` prompt in a command block; no run command that would start the checks
@@ -96,8 +105,53 @@ def table_commands(path):
                 yield number, span
 
 
+HEADER_COMMAND = re.compile(r"^ \*   ((?:make |mpirun |[A-Za-z_][A-Za-z0-9_]*=)\S.*)$")
+HEADER_KINDS = {"long:": "sh long", "fails:": "sh fails"}
+
+
+def header_commands(path):
+    """(kind, line number, command, problem or None) for each command of a lab header's "What to run" block."""
+    found, inside = [], False
+    with open(path, encoding="utf-8") as source:
+        for number, line in enumerate(source, 1):
+            line = line.rstrip("\n")
+            if not inside:
+                inside = line.startswith(" * What to run")
+                continue
+            if line.rstrip() in (" *", "*/", " */"):
+                break
+            match = HEADER_COMMAND.match(line)
+            if not match:
+                continue
+            command, _, explanation = match.group(1).partition("  ")
+            command, explanation = command.strip(), explanation.strip()
+            kind = next((k for prefix, k in HEADER_KINDS.items() if explanation.startswith(prefix)), "sh")
+            problem = None
+            if command.endswith("...") or " ... " in command:
+                problem = "an abbreviated command ('...') cannot be run: write it out"
+            elif not re.search(r"(^|\s)(make|mpirun)\s", command + " "):
+                problem = "a command of a lab header launches make or mpirun"
+            found.append((kind, number, command, problem))
+    return found
+
+
+def header_problems(path):
+    """The rules of a lab header's "What to run" block (see the module's docstring)."""
+    problems, commands_found = [], header_commands(path)
+    number = re.match(r"^(\d\d)_", os.path.basename(path))
+    if not commands_found:
+        problems.append((path, "no command in a ' * What to run' block (lines ' *   make lab-NN ...')"))
+    elif number and not commands_found[0][2].startswith(f"make lab-{number.group(1)}"):
+        problems.append((f"{path}:{commands_found[0][1]}", f"the first command is make lab-{number.group(1)} "
+                         "(the form that works as root and on any number of cores)"))
+    problems += [(f"{path}:{line}", problem) for _, line, _, problem in commands_found if problem]
+    return problems
+
+
 def command_blocks(path):
     """(kind, line number, command) in page order: the fenced blocks' commands and the tables' run columns."""
+    if path.endswith(".c") or path.endswith(".h"):
+        return [(kind, number, command) for kind, number, command, _ in header_commands(path)]
     found = []
     for info, start, body in fences(path):
         if body is not None and (info in RUN_KINDS or info in SYNTAX_KINDS or info == ENV_KIND):
@@ -163,6 +217,12 @@ def lint(paths):
         problems.append(f"{where}: {what}")
 
     for path in paths:
+        if path.endswith(".c") or path.endswith(".h"):  # a lab's header: its commands (120 columns: check_layers)
+            for where, what in header_problems(path):
+                problem(where, what)
+            for kind, number, command in command_blocks(path):
+                lint_command(f"{path}:{number}", kind, command, problem)
+            continue
         with open(path, encoding="utf-8") as page:
             lines = page.read().split("\n")
         if lines and lines[-1] == "":
@@ -195,7 +255,7 @@ def lint(paths):
         lint_links(path, lines, problem)
     for line in problems:
         print(line)
-    print(f"{len(paths)} pages, {len(problems)} problems")
+    print(f"{len(paths)} pages and headers, {len(problems)} problems")
     return 1 if problems else 0
 
 

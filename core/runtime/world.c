@@ -59,8 +59,10 @@ void world_exit_all(context *ctx, int status, const char *format, ...) {
 
 void world_require_size(context *ctx, int min_ranks, int max_ranks) {
     if (ctx->world_size >= min_ranks && ctx->world_size <= max_ranks) return;
-    world_exit_all(ctx, 2, "this lab needs %d to %d ranks, got %d; run it as: mpirun -np %d lab/%s", min_ranks,
-                 max_ranks, ctx->world_size, min_ranks, ctx->program);
+    /* ctx->program is the lab's name, NN_name: the Makefile's target is lab-NN. */
+    world_exit_all(ctx, 2, "this lab needs %d to %d ranks, got %d; run it as: make lab-%.2s NP=%d (or by hand: "
+                   "mpirun -np %d lab/%s)", min_ranks, max_ranks, ctx->world_size, ctx->program, min_ranks,
+                   min_ranks, ctx->program);
 }
 
 int world_all_true(context *ctx, int ok) {

@@ -1,4 +1,5 @@
-# The docs check: every command README.md and docs/*.md show, run as a learner types it, as the notebooks are run.
+# The docs check: every command README.md, docs/*.md and the labs' headers show, run as a learner types it, as the
+# notebooks are run.
 # The pages' fences say what each block is (tests/docs_commands.py, docs/checks.md "The docs check"):
 #   ```sh        run here, from the repository root, one check per command; it must exit 0
 #   ```sh fails  run here; it must be refused (exit non-zero within the timeout, with a message)
@@ -12,8 +13,11 @@
 # cannot lean on another page's runs. The environment is the learner's shell: the settings docs/reference.md lists
 # are unset (a value left over from the checks would change what runs), as are make's own variables; then two
 # settings keep the suite short: STEPS=2 (the labs train 2 steps, unless the command sets STEPS itself) and
-# INIT_MODELS=tiny (lab 09 builds tiny alone, not qwen2-0.5b's 3 GB per rank). About 2 minutes on 2 cores.
-DOCS_PAGES=(README.md $(find docs -name '*.md' | LC_ALL=C sort))
+# INIT_MODELS=tiny (lab 09 builds tiny alone, not qwen2-0.5b's 3 GB per rank). About 3 minutes on 2 cores.
+# The labs' headers too: the commands of each lab/NN_name.c's "What to run" block (lines " *   make lab-NN ...",
+# " *   mpirun ...", " *   NAME=value make ...", up to the two-space gap before the explanation; an explanation
+# starting "long:" is syntax-checked only, "fails:" must be refused), run as a ```sh block's, with the same settings.
+DOCS_PAGES=(README.md $(find docs -name '*.md' | LC_ALL=C sort) $(ls lab/[0-9][0-9]_*.c | LC_ALL=C sort))
 check "docs: fences labelled, commands and links name files in the repository, 120 columns, README within 200 lines" \
   python3 tests/docs_commands.py lint "${DOCS_PAGES[@]}"
 
@@ -45,7 +49,7 @@ declare -A docs_sandboxes=()
 for ((i = 0; i + 2 < ${#docs_records[@]}; i += 3)); do
   kind=${docs_records[i]} where=${docs_records[i + 1]} command=${docs_records[i + 2]}
   page=${where%:*}
-  sandbox=runs/check/docs/$(printf '%s' "${page%.md}" | tr '/' '_')
+  sandbox=runs/check/docs/$(printf '%s' "${page%.md}" | tr '/.' '__')
   if [ -z "${docs_sandboxes[$page]:-}" ]; then
     docs_sandbox "$sandbox"
     docs_sandboxes[$page]=1
@@ -64,3 +68,5 @@ for ((i = 0; i + 2 < ${#docs_records[@]}; i += 3)); do
   esac
 done
 check "docs: the pages show commands (${#docs_records[@]} fields read)" test $((${#docs_records[@]} / 3)) -ge 20
+docs_header_commands=$(printf '%s\n' "${docs_records[@]}" | grep -c '^lab/[0-9][0-9]_.*\.c:[0-9]*$')
+check "docs: every lab's header shows commands ($docs_header_commands read)" test "$docs_header_commands" -ge 18
