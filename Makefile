@@ -1,11 +1,11 @@
 # fsdplab — build the runtime, the trace tool, the labs; run the checks.
 #
 #   make              build everything (installs missing dependencies first, via scripts/install_deps.sh)
-#   make lab-01       one lab (01 ... 09) on NP=2 ranks through MPIRUN; settings from the environment or the command
+#   make lab-01       one lab (01 ... 10) on NP=2 ranks through MPIRUN; settings from the environment or the command
 #                     line: `make lab-01 NP=3`, `make lab-05 NP=4 STEPS=10`, `STEPS=10 MODEL=qwen2 make lab-05`
 #   make run          lab 05 (the whole FSDP step): `make lab-05`
 #   make check        every check; ends with "N passed, N failed"
-#   make check-01     one lab's check (01 ... 09); check-unit, check-tokenizer, check-trace, check-model,
+#   make check-01     one lab's check (01 ... 10); check-unit, check-tokenizer, check-trace, check-model,
 #                     check-train, check-resume, check-badinput, check-docs (every command README.md and docs/
 #                     show), check-layout (the source tree's floors) for the other suites
 #   make bench-model  fsdplab vs PyTorch forward+backward speed (scripts/bench_model.sh; prints ratios)
@@ -158,7 +158,7 @@ LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
 .PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace \
   check-model check-train check-badinput check-resume check-tokenizer check-layout check-docs bench-model \
-  bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09)
+  bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09 10)
 
 ifeq ($(O),build/)
 LAB_LINKS := $(patsubst build/%,%,$(LABS))
@@ -263,7 +263,8 @@ run: lab-05
 # runs two lanes side by side (much of a check is one process waiting on another, so two keep 2 cores busier than one);
 # suites that share a build tree (unit and cuda_emulated: build/cuda_emulated) stay in one lane.
 CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 docs layout
-CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 train badinput notebooks cuda_build
+CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 lab10 train badinput notebooks \
+  cuda_build
 check: all
 	@tests/run_checks.sh --lanes "$(CHECK_LANE_1)" "$(CHECK_LANE_2)"
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
@@ -299,6 +300,8 @@ check-08: all
 	@tests/run_checks.sh lab08
 check-09: all
 	@tests/run_checks.sh lab09
+check-10: all
+	@tests/run_checks.sh lab10
 check-resume: all
 	@tests/run_checks.sh resume
 check-cuda-build: all

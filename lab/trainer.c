@@ -47,6 +47,21 @@ static void check_save_directories(context *ctx, const trainer_settings *s) {
             world_exit_all(ctx, 2, "%s='%s': %s", names[i], values[i], ctx->error);
 }
 
+/* FSDP_VERSION=2 (fully_shard) runs FULL_SHARD and SHARD_GRAD_OP (torch's reshard_after_forward True and False)
+ * in float32 on the device; what it does not take is refused here, naming the setting and its value. */
+static void check_fsdp2(context *ctx, const trainer_settings *s) {
+    if (s->fsdp_version != 2) return;
+    fsdp_strategy strategy = strategy_of(s);
+    if (strategy != FSDP_FULL_SHARD && strategy != FSDP_SHARD_GRAD_OP)
+        world_exit_all(ctx, 2, "FSDP_VERSION=2 with STRATEGY='%s' is not supported: fully_shard takes FULL_SHARD "
+                       "(reshard_after_forward=True) or SHARD_GRAD_OP (reshard_after_forward=False)", s->strategy);
+    if (s->offload)
+        world_exit_all(ctx, 2, "FSDP_VERSION=2 with OFFLOAD='%d' is not supported: use OFFLOAD=0", s->offload);
+    if (s->checkpoint_every > 0 || is_set(s->resume))
+        world_exit_all(ctx, 2, "FSDP_VERSION=2 with CHECKPOINT_EVERY='%d' or RESUME='%s' is not supported yet",
+                       s->checkpoint_every, is_set(s->resume) ? s->resume : "");
+}
+
 trainer_settings trainer_read_settings(context *ctx) {
     static const char *const strategies[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
                                              "_HYBRID_SHARD_ZERO2", NULL};
@@ -74,6 +89,7 @@ trainer_settings trainer_read_settings(context *ctx) {
         .resume = env_text(ctx, "RESUME"),
         .kill_at_step = (int)env_int(ctx, "KILL_AT_STEP", 0, 0, 1000000),
         .kill_rank = (int)env_int(ctx, "KILL_RANK", 0, 0, ctx->world_size - 1),
+        .fsdp_version = env_choice(ctx, "FSDP_VERSION", "1", (const char *const[]){"1", "2", NULL})[0] - '0',
     };
     /* HYBRID_SHARD's shard group size (lab 08); unset: the ranks per node. Read whatever the strategy (settings are
      * collective), resolved and checked only for a hybrid one. */
@@ -84,6 +100,7 @@ trainer_settings trainer_read_settings(context *ctx) {
         s.checkpoint_dir = default_dir;
     }
     check_save_directories(ctx, &s);
+    check_fsdp2(ctx, &s);
     return s;
 }
 
@@ -165,6 +182,7 @@ static void print_setup(const trainer *t) {
     const trainer_settings *s = &t->settings;
     if (ctx->rank != 0) return;
     printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx->world_size, s->accumulation);
+    if (s->fsdp_version == 2) printf("(FSDP2: fully_shard, every parameter sharded on dim 0)\n");
     const flat_param_mixed_precision *mp = &t->options.mixed_precision;
     if (flat_param_mixed_precision_enabled(mp))
         printf("(mixed precision: param_dtype %s, reduce_dtype %s; float32 master shards and AdamW)\n",
@@ -196,6 +214,12 @@ void trainer_open(trainer *t, context *ctx, const trainer_settings *settings) {
     size_t min_params = 0; /* the size policy's argument, read while the model is built */
     wrap_policy(ctx, s->wrap, &wrap, &wrap_user, &min_params);
     t->options = options_from_settings(ctx, s);
+    t->options.fsdp_version = s->fsdp_version;
+    char mp_label[64];
+    if (s->fsdp_version == 2 && flat_param_mixed_precision_enabled(&t->options.mixed_precision))
+        world_exit_all(ctx, 2, "FSDP_VERSION=2 with MP='%s' is not supported: use MP=fp32",
+                       fsdp_mixed_precision_label(&t->options.mixed_precision, mp_label, sizeof mp_label));
+    ctx->per_parameter_sharding = s->fsdp_version == 2; /* the units below: FSDP2's rows or FSDP1's chunks */
     build_model(t, &config, wrap, wrap_user, data_bytes_bound(s->data, config.vocab_size));
     t->tokenizer = data_tokenizer_from_env(ctx, t->model.config.vocab_size, t->tokenizer_note,
                                            sizeof t->tokenizer_note);
@@ -610,6 +634,7 @@ void trainer_close(trainer *t) {
     free(t->states);
     fsdp_runtime_free(&t->runtime);
     qwen2_model_free(&t->model);
+    ctx->per_parameter_sharding = 0;
     if (t->owns_mesh) {
         group_mesh_free(&t->mesh);
         ctx->mesh = NULL, t->owns_mesh = 0;

@@ -88,6 +88,9 @@ typedef struct trainer_settings {
                                  with SIGKILL right after this step, its checkpoint included (0: never) */
     int kill_rank;            /* KILL_RANK (default 0) */
     int shard_group;          /* SHARD_GROUP: HYBRID_SHARD's ranks per shard group (default: the ranks per node) */
+    int fsdp_version;         /* FSDP_VERSION: 1 (the default: FSDP1's FlatParameter) or 2 (FSDP2's fully_shard:
+                                 every parameter sharded on dim 0, lab 10); 2 takes STRATEGY FULL_SHARD
+                                 (reshard_after_forward=True) or SHARD_GRAD_OP (False), MP=fp32 and OFFLOAD=0 */
 } trainer_settings;
 
 /* Everything one training run holds. A trainer never moves once open: the runtime keeps a pointer to `view`, and

@@ -28,6 +28,24 @@ static int bad_spec(flat_param *fp, int index, const char *why) {
     return -1;
 }
 
+/* FSDP2's layout (flat_param.h): every parameter cut on dim 0 into W pieces of c = ceil(d0 / W) rows; a rank's
+ * local shard is its c rows of each parameter, back to back, so the all-gather's output is rank-major. */
+static void rows_layout(flat_param *fp, size_t world) {
+    fp->layout = FLAT_PARAM_ROWS;
+    size_t shard_offset = 0;
+    for (int i = 0; i < fp->param_count; i++) {
+        flat_param_param_info *info = &fp->params[i];
+        size_t rows = (size_t)info->shape[0];
+        info->row_numel = info->numel / rows;
+        info->shard_rows = (rows + world - 1) / world;
+        info->shard_offset = shard_offset;
+        shard_offset += info->shard_rows * info->row_numel;
+    }
+    fp->sharded_numel = shard_offset;
+    fp->padded_unsharded_numel = shard_offset * world; /* the all-gather buffer, padding rows included */
+    fp->full_numel = fp->unpadded_numel;               /* each parameter unpadded, at FSDP1's offsets */
+}
+
 static int init_layout(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs, int count,
                        int replicated) {
     memset(fp, 0, sizeof *fp);
@@ -70,8 +88,19 @@ static int init_layout(flat_param *fp, context *ctx, const char *unit, const fla
     }
     fp->unpadded_numel = offset;
     fp->padded_unsharded_numel = flat_param_padded_numel(offset, world);
-    fp->pad_numel = fp->padded_unsharded_numel - offset;
     fp->sharded_numel = fp->padded_unsharded_numel / world;
+    fp->full_numel = fp->padded_unsharded_numel;
+    if (ctx->per_parameter_sharding && !replicated) {
+        if (fp->shard_group != NULL) {
+            snprintf(ctx->error, sizeof ctx->error, "rank %d: unit '%s': per-parameter sharding (FSDP2) over a "
+                     "HYBRID_SHARD mesh is not supported; use FULL_SHARD or SHARD_GRAD_OP", ctx->rank, unit);
+            free(fp->params);
+            fp->params = NULL;
+            return -1;
+        }
+        rows_layout(fp, world);
+    }
+    fp->pad_numel = fp->padded_unsharded_numel - offset;
 
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s._local_shard", unit);
@@ -94,6 +123,8 @@ int flat_param_init_replicated(flat_param *fp, context *ctx, const char *unit, c
 void flat_param_free(flat_param *fp) {
     mem_tracker *mem = &fp->ctx->mem;
     mem_free(mem, fp->full_grad_padded);
+    mem_free(mem, fp->all_gather_output);
+    mem_free(mem, fp->reduce_scatter_input);
     mem_free(flat_param_shard_pool(fp), fp->grad_shard);
     if (fp->full_param_padded != fp->local_shard) mem_free(mem, fp->full_param_padded); /* NO_SHARD: a view */
     mem_free(flat_param_shard_pool(fp), fp->local_shard);
@@ -108,13 +139,31 @@ void flat_param_free(flat_param *fp) {
 }
 
 void flat_param_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end) {
+    if (fp->layout == FLAT_PARAM_ROWS)
+        world_fatal(fp->ctx, "unit '%s': per-parameter (FSDP2) shards are no flat range of rank %d; use "
+                    "flat_param_param_shard_overlap per parameter", fp->unit, rank);
     int shard_rank = fp->shard_group != NULL ? rank % fp->shard_group->size : rank;
     *begin = fp->replicated ? 0 : (size_t)shard_rank * fp->sharded_numel;
     *end = *begin + fp->sharded_numel;
 }
 
+/* FLAT_PARAM_ROWS: the rows of parameter `info` that `rank` holds, [first, last), clamped to the parameter. */
+static void held_rows(const flat_param_param_info *info, int rank, size_t *first, size_t *last) {
+    size_t rows = (size_t)info->shape[0];
+    size_t begin = (size_t)rank * info->shard_rows, end = begin + info->shard_rows;
+    *first = begin < rows ? begin : rows;
+    *last = end < rows ? end : rows;
+}
+
 int flat_param_param_shard_overlap(const flat_param *fp, int param_index, int rank, size_t *begin, size_t *end) {
     const flat_param_param_info *info = &fp->params[param_index];
+    if (fp->layout == FLAT_PARAM_ROWS) {
+        size_t first, last;
+        held_rows(info, rank, &first, &last);
+        *begin = first * info->row_numel;
+        *end = last * info->row_numel;
+        return first < last;
+    }
     size_t shard_begin, shard_end;
     flat_param_shard_range(fp, rank, &shard_begin, &shard_end);
     size_t first = info->offset > shard_begin ? info->offset : shard_begin;
@@ -126,6 +175,14 @@ int flat_param_param_shard_overlap(const flat_param *fp, int param_index, int ra
     *begin = first - info->offset;
     *end = last - info->offset;
     return 1;
+}
+
+size_t flat_param_param_shard_offset(const flat_param *fp, int param_index, int rank) {
+    if (fp->layout == FLAT_PARAM_ROWS) return fp->params[param_index].shard_offset;
+    size_t begin, end, shard_begin, shard_end;
+    flat_param_shard_range(fp, rank, &shard_begin, &shard_end);
+    if (!flat_param_param_shard_overlap(fp, param_index, rank, &begin, &end)) return 0;
+    return fp->params[param_index].offset + begin - shard_begin;
 }
 
 int flat_param_find_param(const flat_param *fp, const char *name) {
@@ -149,13 +206,24 @@ device *flat_param_shard_device(const flat_param *fp) {
     return fp->offload_params ? &fp->ctx->host : &fp->ctx->device;
 }
 
+/* FLAT_PARAM_ROWS: this rank's rows of every parameter at their shard offsets, zeros in the padding rows. */
+static void fill_rows(const flat_param *fp, flat_param_fill_fn fill, void *user, float *out) {
+    memset(out, 0, fp->sharded_numel * sizeof *out);
+    for (int i = 0; i < fp->param_count; i++) {
+        size_t begin, end;
+        if (flat_param_param_shard_overlap(fp, i, fp->ctx->rank, &begin, &end))
+            fill(fp->params[i].name, begin, end - begin, out + fp->params[i].shard_offset, user);
+    }
+}
+
 void flat_param_fill_local_shard(flat_param *fp, flat_param_fill_fn fill, void *user) {
     context *ctx = fp->ctx;
-    size_t begin, end;
-    flat_param_shard_range(fp, ctx->rank, &begin, &end);
+    size_t begin = 0, end = fp->sharded_numel;
+    if (fp->layout != FLAT_PARAM_ROWS) flat_param_shard_range(fp, ctx->rank, &begin, &end);
     device *d = flat_param_shard_device(fp);
     if (d->kind == DEVICE_CPU) {
-        flat_param_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
+        if (fp->layout == FLAT_PARAM_ROWS) fill_rows(fp, fill, user, fp->local_shard);
+        else flat_param_fill_flat_range(fp, fill, user, begin, end, fp->local_shard);
         return;
     }
     /* A GPU shard: the values are drawn on the host (the fill functions are host code), then copied over. */
@@ -163,13 +231,25 @@ void flat_param_fill_local_shard(flat_param *fp, flat_param_fill_fn fill, void *
     snprintf(owner, sizeof owner, "%s.init_staging", fp->unit);
     float *staging = mem_alloc_uninitialized(offload_host_pool(ctx), (end - begin) * sizeof(float), MEM_WORKSPACE,
                                              owner);
-    flat_param_fill_flat_range(fp, fill, user, begin, end, staging);
+    if (fp->layout == FLAT_PARAM_ROWS) fill_rows(fp, fill, user, staging);
+    else flat_param_fill_flat_range(fp, fill, user, begin, end, staging);
     d->copy(d, fp->local_shard, staging, (end - begin) * sizeof(float), DEVICE_H2D);
     d->synchronize(d);
     mem_free(offload_host_pool(ctx), staging);
 }
 
 void flat_param_shard_from_full(flat_param *fp, const float *full) {
+    if (fp->layout == FLAT_PARAM_ROWS) {
+        device *d = flat_param_shard_device(fp);
+        d->zero(d, fp->local_shard, fp->sharded_numel * sizeof(float)); /* the padding rows */
+        for (int i = 0; i < fp->param_count; i++) {
+            size_t begin, end;
+            if (flat_param_param_shard_overlap(fp, i, fp->ctx->rank, &begin, &end))
+                d->copy(d, fp->local_shard + fp->params[i].shard_offset, full + fp->params[i].offset + begin,
+                        (end - begin) * sizeof(float), device_from_host(d));
+        }
+        return;
+    }
     size_t begin, end;
     flat_param_shard_range(fp, fp->ctx->rank, &begin, &end);
     device *d = flat_param_shard_device(fp);
@@ -185,6 +265,98 @@ static void shard_state_event(flat_param *fp, flat_param_shard_state from, flat_
 
 static int unshard_low_precision_start(flat_param *fp, stream *on, const char *hook);
 
+/* ---------------------------------------------------------------- FSDP2's copy-in and copy-out (FLAT_PARAM_ROWS) */
+
+/* split_with_sizes_copy: every rank's rows of every parameter, from the rank-major buffer (rank r's slice at
+ * r * sharded_numel, its rows of parameter p at p's shard offset) to their places in the unpadded full buffer. The
+ * padding rows stay behind. */
+static void rows_copy_out(const flat_param *fp, const float *rank_major, float *full) {
+    device *d = &fp->ctx->device;
+    for (int rank = 0; rank < fp->ctx->world_size; rank++)
+        for (int i = 0; i < fp->param_count; i++) {
+            const flat_param_param_info *info = &fp->params[i];
+            size_t first, last;
+            held_rows(info, rank, &first, &last);
+            if (first < last)
+                d->copy(d, full + info->offset + first * info->row_numel,
+                        rank_major + (size_t)rank * fp->sharded_numel + info->shard_offset,
+                        (last - first) * info->row_numel * sizeof(float), DEVICE_D2D);
+        }
+}
+
+/* The copy-in of foreach_reduce: the unpadded full gradient laid out rank-major, each rank's rows of every parameter
+ * padded with zero rows to c, so the reduce-scatter hands rank r exactly its local shard's layout. */
+static void rows_copy_in(const flat_param *fp, const float *full, float *rank_major) {
+    device *d = &fp->ctx->device;
+    for (int rank = 0; rank < fp->ctx->world_size; rank++)
+        for (int i = 0; i < fp->param_count; i++) {
+            const flat_param_param_info *info = &fp->params[i];
+            size_t first, last;
+            held_rows(info, rank, &first, &last);
+            float *slice = rank_major + (size_t)rank * fp->sharded_numel + info->shard_offset;
+            size_t held = (last - first) * info->row_numel;
+            if (held > 0)
+                d->copy(d, slice, full + info->offset + first * info->row_numel, held * sizeof(float), DEVICE_D2D);
+            if (held < info->shard_rows * info->row_numel)
+                d->zero(d, slice + held, (info->shard_rows * info->row_numel - held) * sizeof(float));
+        }
+}
+
+/* Once the all-gather is done: the unsharded parameters allocated (torch's alloc_storage in
+ * foreach_all_gather_copy_out), every rank's rows copied into them, the rank-major buffer freed. */
+static void all_gather_copy_out(flat_param *fp) {
+    context *ctx = fp->ctx;
+    double start_us = trace_now_us(&ctx->trace);
+    fp->copy_out_pending = 0;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
+    /* Unzeroed: the rows of all ranks cover every element of every parameter. */
+    fp->full_param_padded =
+        mem_alloc_uninitialized(&ctx->mem, fp->full_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
+    rows_copy_out(fp, fp->all_gather_output, fp->full_param_padded);
+    mem_free(&ctx->mem, fp->all_gather_output);
+    fp->all_gather_output = NULL;
+    snprintf(owner, sizeof owner, "%s.all_gather_copy_out", fp->unit);
+    trace_compute(&ctx->trace, owner, fp->unit, "copy_out", start_us, trace_now_us(&ctx->trace) - start_us);
+}
+
+/* FSDP2's unshard (foreach_all_gather): every rank's local shard, already its padded rows of each parameter back to
+ * back, all-gathered into the rank-major all_gather_output; the copy-out follows at once (blocking) or at the wait. */
+static int unshard_rows_start(flat_param *fp, stream *on, const char *hook) {
+    context *ctx = fp->ctx;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s.all_gather_output", fp->unit);
+    fp->all_gather_output = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
+                                                    MEM_PARAM_UNSHARDED, owner);
+    if (comm_all_gather_typed(ctx, NULL, on, fp->local_shard, fp->all_gather_output, fp->padded_unsharded_numel,
+                              DTYPE_FLOAT32, fp->unit, &fp->unshard_handle) != 0) {
+        mem_free(&ctx->mem, fp->all_gather_output);
+        fp->all_gather_output = NULL;
+        return -1;
+    }
+    fp->shard_state = FLAT_PARAM_UNSHARDED;
+    shard_state_event(fp, FLAT_PARAM_SHARDED, FLAT_PARAM_UNSHARDED, hook);
+    if (on == NULL) all_gather_copy_out(fp);
+    else fp->copy_out_pending = 1;
+    return 0;
+}
+
+/* foreach_reduce's copy-in: the full gradient into the rank-major reduce_scatter_input, then the full gradient is
+ * freed (torch drops the unsharded gradients once copied in). */
+static const float *reduce_scatter_copy_in(flat_param *fp) {
+    context *ctx = fp->ctx;
+    double start_us = trace_now_us(&ctx->trace);
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s.reduce_scatter_input", fp->unit);
+    fp->reduce_scatter_input = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
+                                                       MEM_GRAD_UNSHARDED, owner);
+    rows_copy_in(fp, fp->full_grad_padded, fp->reduce_scatter_input);
+    flat_param_free_full_grad(fp);
+    snprintf(owner, sizeof owner, "%s.reduce_scatter_copy_in", fp->unit);
+    trace_compute(&ctx->trace, owner, fp->unit, "copy_in", start_us, trace_now_us(&ctx->trace) - start_us);
+    return fp->reduce_scatter_input;
+}
+
 int flat_param_unshard_start(flat_param *fp, stream *on, const char *hook) {
     if (fp->shard_state == FLAT_PARAM_UNSHARDED) return 0;
     if (fp->mixed_precision.param_dtype != DTYPE_FLOAT32 && !fp->force_full_precision)
@@ -195,6 +367,7 @@ int flat_param_unshard_start(flat_param *fp, stream *on, const char *hook) {
         shard_state_event(fp, FLAT_PARAM_SHARDED, FLAT_PARAM_UNSHARDED, hook);
         return 0;
     }
+    if (fp->layout == FLAT_PARAM_ROWS) return unshard_rows_start(fp, on, hook);
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
     /* Unzeroed: the all-gather writes every element (every rank's shard, padding included) before any read. */
@@ -228,6 +401,7 @@ static void post_unshard(flat_param *fp);
 int flat_param_unshard_wait(flat_param *fp, const char *hook) {
     int status = comm_wait(fp->ctx, &fp->unshard_handle, hook);
     if (status == 0 && fp->post_unshard_pending) post_unshard(fp);
+    if (status == 0 && fp->copy_out_pending) all_gather_copy_out(fp);
     return status;
 }
 
@@ -274,7 +448,7 @@ float *flat_param_alloc_full_grad(flat_param *fp) {
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s.full_grad_padded", fp->unit);
     fp->full_grad_padded =
-        mem_alloc(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float), MEM_GRAD_UNSHARDED, owner);
+        mem_alloc(&fp->ctx->mem, fp->full_numel * sizeof(float), MEM_GRAD_UNSHARDED, owner);
     return fp->full_grad_padded;
 }
 
@@ -323,12 +497,13 @@ int flat_param_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, str
         fp->reduce_target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
     }
     int status;
+    const float *input = fp->layout == FLAT_PARAM_ROWS ? reduce_scatter_copy_in(fp) : fp->full_grad_padded;
     if (fp->replicated) /* NO_SHARD: the whole gradient all-reduced, copied into grad_shard at the wait */
         status = on ? comm_all_reduce_start(ctx, on, fp->full_grad_padded, fp->padded_unsharded_numel, reduce,
                                             fp->unit, &fp->reduce_handle)
                     : comm_all_reduce(ctx, fp->full_grad_padded, fp->padded_unsharded_numel, reduce, fp->unit);
     else
-        status = comm_reduce_scatter_typed(ctx, fp->shard_group, on, fp->full_grad_padded, fp->reduce_target,
+        status = comm_reduce_scatter_typed(ctx, fp->shard_group, on, input, fp->reduce_target,
                                            fp->padded_unsharded_numel, DTYPE_FLOAT32, reduce, fp->unit,
                                            &fp->reduce_handle);
     /* HYBRID_SHARD's gradient reduction, as torch's _reduce_grad: the reduce-scatter above ran in the shard group;
@@ -375,6 +550,8 @@ int flat_param_reduce_scatter_grad_wait(flat_param *fp, const char *hook) {
     if (fp->reducing_low_precision) return reduce_low_precision_wait(fp, hook);
     int status = fp->reduce_status == 0 ? comm_wait(ctx, &fp->reduce_handle, hook) : -1;
     if (status == 0 && fp->replicate_group != NULL) status = comm_wait(ctx, &fp->replicate_handle, hook);
+    mem_free(&ctx->mem, fp->reduce_scatter_input); /* FLAT_PARAM_ROWS: read by the reduce-scatter until now */
+    fp->reduce_scatter_input = NULL;
     if (fp->offload_params) {
         offloaded_gradient_to_host(fp, status);
         return status;
@@ -403,6 +580,17 @@ int flat_param_reduce_scatter_grad(flat_param *fp, comm_reduce reduce) {
 int flat_param_gather_grad(flat_param *fp) {
     float *full = flat_param_alloc_full_grad(fp);
     if (fp->grad_shard == NULL) return 0; /* the buffer starts zeroed */
+    if (fp->layout == FLAT_PARAM_ROWS) { /* all-gathered rank-major, then copied out as the parameters are */
+        char owner[MEM_OWNER_MAX];
+        snprintf(owner, sizeof owner, "%s.grad_all_gather_output", fp->unit);
+        float *rank_major = mem_alloc_uninitialized(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float),
+                                                    MEM_GRAD_UNSHARDED, owner);
+        int status = comm_all_gather_typed(fp->ctx, NULL, NULL, fp->grad_shard, rank_major,
+                                           fp->padded_unsharded_numel, DTYPE_FLOAT32, fp->unit, NULL);
+        if (status == 0) rows_copy_out(fp, rank_major, full);
+        mem_free(&fp->ctx->mem, rank_major);
+        return status;
+    }
     device *d = &fp->ctx->device;
     const float *shard = fp->grad_shard;
     if (fp->offload_params) { /* the shard is in the host pool: h2d into this rank's chunk, then gather in place */
@@ -451,6 +639,10 @@ int flat_param_set_mixed_precision(flat_param *fp, const flat_param_mixed_precis
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': buffer_dtype %s is not supported: the "
                          "model's one buffer (RoPE's inv_freq) is computed in float32, as HF does; use float32",
                          ctx->rank, fp->unit, dtype_name(mp->buffer_dtype));
+    if (fp->layout == FLAT_PARAM_ROWS && flat_param_mixed_precision_enabled(mp))
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision (param_dtype %s, "
+                         "reduce_dtype %s) with per-parameter sharding (FSDP_VERSION=2) is not supported here; use "
+                         "MP=fp32", ctx->rank, fp->unit, dtype_name(mp->param_dtype), dtype_name(mp->reduce_dtype));
     if (fp->shard_state != FLAT_PARAM_SHARDED || fp->full_grad_padded != NULL)
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision set while the unit is "
                          "unsharded or holds a full gradient; set it before the first step", ctx->rank, fp->unit);
@@ -621,6 +813,9 @@ int flat_param_offload_params(flat_param *fp) {
     if (fp->replicated)
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': CPU offload of a replicated (NO_SHARD) "
                          "unit is not supported; use FULL_SHARD or SHARD_GRAD_OP", ctx->rank, fp->unit);
+    if (fp->layout == FLAT_PARAM_ROWS)
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': CPU offload with per-parameter sharding "
+                         "(FSDP_VERSION=2) is not supported here; use OFFLOAD=0", ctx->rank, fp->unit);
     if (fp->shard_state != FLAT_PARAM_SHARDED || fp->reduce_started)
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': offloaded while %s; offload before the "
                          "first step", ctx->rank, fp->unit, fp->reduce_started ? "reducing" : "UNSHARDED");

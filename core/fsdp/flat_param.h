@@ -26,6 +26,21 @@
  * shard to the device and casts it there (pre_unshard), and copies the gradient cast back to float32 to the host.
  *
  * Names and sizes follow torch/distributed/fsdp/_flat_param.py, so the two read alike.
+ *
+ * FSDP2 (torch.distributed.fsdp.fully_shard, lab 10): the same units, states and hooks with another layout,
+ * FLAT_PARAM_ROWS, chosen by ctx->per_parameter_sharding when the unit is made. No flat chunks: each parameter is
+ * sharded on dim 0 (torch's Shard(0)), rank r keeping its rows [r c, min(d0, (r + 1) c)), c = ceil(d0 / W), padded
+ * with zero rows to c (the last ranks may hold padding only). The local shard is this rank's padded rows of p0, then
+ * p1, ... (sharded_numel = sum_p c_p row_p), which is exactly its slice of the rank-major all-gather buffer:
+ *
+ *   all_gather_output:  [ r0: p0 rows | p1 rows | .. ][ r1: p0 rows | p1 rows | .. ] ..   padded_unsharded_numel
+ *   full_param_padded:  [ p0 ........ | p1 .... | .. ]                                    unpadded_numel, no padding
+ *
+ * flat_param_unshard all-gathers into all_gather_output (torch's foreach_all_gather; param_unsharded), then copies
+ * each rank's rows out into every parameter's own place (torch's split_with_sizes_copy) and frees it: the views are
+ * FSDP1's, so the model does not change. The gradient is the mirror image: the unpadded full gradient is copied into
+ * a rank-major padded reduce_scatter_input (grad_unsharded, zeros in the padding rows; torch's foreach_reduce's
+ * copy-in) and reduce-scattered (mean) into grad_shard.
  */
 #ifndef FSDPLAB_FLAT_PARAM_H
 #define FSDPLAB_FLAT_PARAM_H
@@ -54,9 +69,16 @@ typedef struct flat_param_param_info {
     int64_t shape[FLAT_PARAM_MAX_DIMS];
     size_t numel;
     size_t offset; /* into the unsharded flat buffer */
+    /* FLAT_PARAM_ROWS only (0 otherwise): */
+    size_t row_numel;    /* elements of one dim-0 row: numel / shape[0] */
+    size_t shard_rows;   /* c = ceil(shape[0] / W): the rows every rank holds, padding included */
+    size_t shard_offset; /* where its rows start in a rank's local shard: sum of c row_numel of those before it */
 } flat_param_param_info;
 
 typedef enum flat_param_shard_state { FLAT_PARAM_SHARDED, FLAT_PARAM_UNSHARDED } flat_param_shard_state;
+
+/* FSDP1's FlatParameter (flat chunks) or FSDP2's per-parameter dim-0 shards (rows); see the header comment. */
+typedef enum flat_param_layout { FLAT_PARAM_FLAT, FLAT_PARAM_ROWS } flat_param_layout;
 
 /* torch.distributed.fsdp.MixedPrecision, by its field names. All float32 (a zeroed struct): no mixed precision. */
 typedef struct flat_param_mixed_precision {
@@ -71,14 +93,21 @@ typedef struct flat_param {
     context *ctx;
     char unit[64];
     int param_count;
+    flat_param_layout layout;        /* FLAT_PARAM_FLAT (FSDP1) or FLAT_PARAM_ROWS (FSDP2, fully_shard) */
     flat_param_param_info *params;           /* registration order */
     size_t unpadded_numel;           /* sum of the parameters' numel */
     size_t padded_unsharded_numel;   /* unpadded_numel rounded up to a multiple of the world size */
     size_t pad_numel;                /* padded_unsharded_numel - unpadded_numel, zeros at the end */
     size_t sharded_numel;            /* padded_unsharded_numel / world size */
+    size_t full_numel;               /* elements of full_param_padded and full_grad_padded: padded_unsharded_numel,
+                                        or unpadded_numel under FLAT_PARAM_ROWS (each parameter unpadded) */
     float *local_shard;              /* _local_shard: sharded_numel floats, always present */
     float *full_param_padded;        /* _full_param_padded: padded_unsharded_numel floats while UNSHARDED, else NULL */
     float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
+    float *all_gather_output;        /* FLAT_PARAM_ROWS: the rank-major all-gather buffer (padded_unsharded_numel)
+                                        from the all-gather's issue to the copy-out, else NULL */
+    float *reduce_scatter_input;     /* FLAT_PARAM_ROWS: the rank-major padded gradient the reduce-scatter reads */
+    int copy_out_pending;            /* FLAT_PARAM_ROWS: the all-gather is in flight; its wait copies out */
     float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */
     flat_param_shard_state shard_state;
     comm_handle unshard_handle;      /* the all-gather in flight, between flat_param_unshard_start and
@@ -139,20 +168,26 @@ int flat_param_init_replicated(flat_param *fp, context *ctx, const char *unit, c
 void flat_param_free(flat_param *fp);
 
 /* The flat index range [begin, end) that world rank `rank` owns (padding included); everything when replicated.
- * Hybrid: the chunk of its shard rank, rank % shard group size (the mesh's layout, core/comm/group.h). */
+ * Hybrid: the chunk of its shard rank, rank % shard group size (the mesh's layout, core/comm/group.h). A
+ * FLAT_PARAM_ROWS unit has no such range (a rank holds rows of every parameter): aborts, naming the unit. */
 void flat_param_shard_range(const flat_param *fp, int rank, size_t *begin, size_t *end);
-/* The part of parameter `param_index` that `rank` owns, as [begin, end) within the parameter; 0 if none. */
+/* The part of parameter `param_index` that `rank` owns, as [begin, end) within the parameter; 0 if none. Under
+ * FLAT_PARAM_ROWS its rows [r c, min(d0, (r + 1) c)) as elements. */
 int flat_param_param_shard_overlap(const flat_param *fp, int param_index, int rank, size_t *begin, size_t *end);
+/* Where that part starts in `rank`'s local shard. */
+size_t flat_param_param_shard_offset(const flat_param *fp, int param_index, int rank);
 /* Index of the parameter called `name`, or -1. */
 int flat_param_find_param(const flat_param *fp, const char *name);
 
 /* out[i - begin] = value of flat element i for i in [begin, end): parameters' values, 0 in the padding. */
 void flat_param_fill_flat_range(const flat_param *fp, flat_param_fill_fn fill, void *user, size_t begin, size_t end,
                                 float *out);
-/* Fills this rank's local shard (its chunk of the flat buffer). */
+/* Fills this rank's local shard (its chunk of the flat buffer; under FLAT_PARAM_ROWS its rows of every parameter,
+ * zeros in the padding rows). */
 void flat_param_fill_local_shard(flat_param *fp, flat_param_fill_fn fill, void *user);
 /* The path without deferred init (torch without the meta device: the whole unit materialised on every rank, then
- * sharded): copies this rank's chunk of `full` (padded_unsharded_numel floats) into the local shard. */
+ * sharded): copies this rank's chunk of `full` (padded_unsharded_numel floats; FLAT_PARAM_ROWS: unpadded_numel, its
+ * rows of each parameter) into the local shard. */
 void flat_param_shard_from_full(flat_param *fp, const float *full);
 
 /* SHARDED -> UNSHARDED: allocate the padded full buffer and all-gather every rank's shard into it. A no-op when

@@ -465,6 +465,12 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
         stream_init(&runtime->reduce_scatter_stream, ctx, "reduce_scatter", comm_kind) != 0)
         return -1;
     if (hybrid_streams(runtime) != 0) return -1;
+    for (int unit = 0; unit < units; unit++)
+        if ((model->units[unit].layout == FLAT_PARAM_ROWS) != (options->fsdp_version == 2))
+            return error_set(ctx->error, sizeof ctx->error, "rank %d: fsdp_version %d, but unit '%s' is %s: set "
+                             "ctx->per_parameter_sharding before building the model for FSDP2, and leave it 0 for "
+                             "FSDP1", ctx->rank, options->fsdp_version, model->units[unit].unit,
+                             model->units[unit].layout == FLAT_PARAM_ROWS ? "sharded per parameter" : "flat");
     trace_fsdp_info info = {
         .model = model->name,
         .sharding_strategy = strategy_names[options->strategy],

@@ -100,6 +100,8 @@ typedef struct fsdp_options {
                                      reduce-scatter (core/runtime/offload.h; env OFFLOAD) */
     flat_param_mixed_precision mixed_precision; /* torch's MixedPrecision (core/fsdp/flat_param.h); zeroed: all float32,
                                                    off */
+    int fsdp_version;             /* 2: the units are FSDP2's per-parameter shards (flat_param.h's FLAT_PARAM_ROWS,
+                                     made under ctx->per_parameter_sharding); 0 or 1: FSDP1's FlatParameters */
     int loss_chunk;               /* the model's loss this many rows at a time (LOSS_CHUNK; qwen2_model.loss_chunk):
                                      the runtime passes it on to the memory model; 0, all rows at once */
 } fsdp_options;

@@ -45,6 +45,9 @@ typedef struct context {
     double timeout_seconds;    /* TIMEOUT: a collective not complete after this long aborts the run (0: never) */
     const struct group_mesh *mesh; /* HYBRID_SHARD's shard x replicate groups (core/comm/group.h), set by the program
                                       before it builds the model; NULL: one group, the world (every other strategy) */
+    int per_parameter_sharding; /* FSDP2 (FSDP_VERSION=2, fully_shard): units made from now on shard every parameter
+                                   on dim 0 (core/fsdp/flat_param.h's FLAT_PARAM_ROWS); set, as mesh, before the model
+                                   is built. 0: FSDP1's FlatParameter */
     device device;             /* the compute device (core/device/device.h): cpu, or cuda (DEVICE=cuda, BACKEND=nccl) */
     device host;               /* the host as a device (a CPU device): CPU offload's accumulation and AdamW run here */
     /* What the device's plug-in (core/runtime/plugin.h) brought; NULL on the CPU device: */

@@ -1,0 +1,52 @@
+# lab 10 — FSDP2 (fully_shard): every parameter sharded on dim 0, beside FSDP1's FlatParameter.
+#   numerics  lab 05 with FSDP_VERSION=2 changes only where each element lives, never what is computed: at 2 ranks
+#             every gradient element is the same two terms added (a + b = b + a, in any ring order) and halved (exact
+#             in binary), so losses, gradients and parameters are bit-identical to FSDP1's; at 3 and 4 ranks an
+#             element's reduce-scatter chunk, and so the order of its sum, moves: check-05's derived bounds against
+#             1 rank (tests/lab05_equal.sh, tests/tolerances.py) hold as they do for FSDP1.
+source tests/lab05_equal.sh
+# the losses of the step events, every micro-batch of every rank, equal to the bit (python3 -c, as check runs it)
+SAME_LOSSES10='
+import json, sys
+def losses(d, ranks): return [(e["step"], e["micro"], e["loss"]) for r in range(ranks)
+                              for e in map(json.loads, open(f"{d}/rank{r}.jsonl")) if e["kind"] == "step"]
+a, b = losses(sys.argv[1], int(sys.argv[3])), losses(sys.argv[2], int(sys.argv[3]))
+print(f"{len(a)} step events; last {a[-1]} vs {b[-1]}")
+assert a == b and len(a) > 0, f"losses differ: {a} vs {b}"'
+for variant in "FULL_SHARD" "SHARD_GRAD_OP" "FULL_SHARD NO_SYNC=1"; do
+  set -- $variant
+  strategy=$1
+  shift
+  tag="$(echo "$variant" | tr ' =' '__')"
+  lab05 "05_full_step -np 2 $variant FSDP_VERSION=1: FSDP1, to compare" 2 runs/check/10_fsdp1_$tag \
+    STRATEGY=$strategy "$@"
+  lab05 "05_full_step -np 2 $variant FSDP_VERSION=2" 2 runs/check/10_fsdp2_$tag STRATEGY=$strategy FSDP_VERSION=2 "$@"
+  check "05_full_step -np 2 $variant: FSDP2's losses bit-identical to FSDP1's" \
+    python3 -c "$SAME_LOSSES10" runs/check/10_fsdp1_$tag runs/check/10_fsdp2_$tag 2
+  check "05_full_step -np 2 $variant: FSDP2's gradients bit-identical to FSDP1's" \
+    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+    compare runs/check/10_fsdp2_$tag/grads runs/check/10_fsdp1_$tag/grads 0 absolute
+  check "05_full_step -np 2 $variant: FSDP2's parameters bit-identical to FSDP1's" \
+    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+    compare runs/check/10_fsdp2_$tag/checkpoint runs/check/10_fsdp1_$tag/checkpoint 0 absolute
+done
+# 3 ranks (a global batch of 6, against its own 1-rank reference) and 4 (8): padding rows in every unit at 3
+REFERENCE05=runs/check/10_reference
+lab05 "05_full_step -np 1 NO_SHARD: the reference for 4 ranks" 1 $REFERENCE05 STRATEGY=NO_SHARD
+lab05 "05_full_step -np 4 FSDP_VERSION=2" 4 runs/check/10_fsdp2_np4 FSDP_VERSION=2
+equal05 "05_full_step -np 4 FSDP_VERSION=2" runs/check/10_fsdp2_np4
+GLOBAL05=6 REFERENCE05=runs/check/10_reference_6
+lab05 "05_full_step -np 1 NO_SHARD MBS=6: the reference for 3 ranks" 1 $REFERENCE05 STRATEGY=NO_SHARD
+lab05 "05_full_step -np 3 FSDP_VERSION=2 (padding rows)" 3 runs/check/10_fsdp2_np3 FSDP_VERSION=2
+equal05 "05_full_step -np 3 FSDP_VERSION=2 (padding rows)" runs/check/10_fsdp2_np3
+GLOBAL05=8 REFERENCE05=runs/check/05_reference
+# What FSDP_VERSION=2 does not take is refused, naming the setting and the value.
+for refused in "FSDP_VERSION=3|FSDP_VERSION='3' is not allowed" \
+  "STRATEGY=NO_SHARD|FSDP_VERSION=2 with STRATEGY='NO_SHARD' is not supported" \
+  "STRATEGY=HYBRID_SHARD|FSDP_VERSION=2 with STRATEGY='HYBRID_SHARD' is not supported" \
+  "MP=bf16|FSDP_VERSION=2 with MP='bf16' is not supported" \
+  "OFFLOAD=1|FSDP_VERSION=2 with OFFLOAD='1' is not supported"; do
+  setting=${refused%%|*}
+  check_fails "05_full_step FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
+    env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 2 lab/05_full_step
+done
