@@ -4,6 +4,22 @@
 #             in binary), so losses, gradients and parameters are bit-identical to FSDP1's; at 3 and 4 ranks an
 #             element's reduce-scatter chunk, and so the order of its sum, moves: check-05's derived bounds against
 #             1 rank (tests/lab05_equal.sh, tests/tolerances.py) hold as they do for FSDP1.
+#   layout    lab 10's decoder layer at 2, 3 and 4 ranks: each rank's FSDP2 shard equals the rows [r c, min(d0,
+#             (r+1) c)) of every full parameter byte for byte, padding rows zero (tests/check_lab10.py recomputes the
+#             rows from the shapes alone); the lab itself checks the unsharded views, the gradient mean (small
+#             integers: exact in any order) and the peaks per category, to the byte.
+#   bytes     from the trace events: an all-gather (and reduce-scatter) of FSDP2 moves W x sum_p c_p row_p floats,
+#             FSDP1's the unit padded to a multiple of W; the all-gather buffer is freed after the copy-out began.
+for ranks in 2 3 4; do
+  run_lab "10_fully_shard -np $ranks" $ranks runs/check/10_np$ranks 10_fully_shard
+  check "10_fully_shard -np $ranks: every shard is the rows [r c, min(d0, (r+1) c)) of each parameter, padding zero" \
+    python3 tests/check_lab10.py layout runs/check/10_np$ranks
+  check "10_fully_shard -np $ranks: bytes per collective W x sum_p c_p row_p (FSDP2), the padded unit (FSDP1)" \
+    python3 tests/check_lab10.py bytes runs/check/10_np$ranks
+done
+check "10_fully_shard -np 3: the last rank holds no rows of k_proj and v_proj (4 rows, c = 2)" \
+  grep -q "k_proj.weight  *rows \[4, 4) of 4 + 2 padding rows   <- no rows here" \
+  "$(log_of "10_fully_shard -np 3")"
 source tests/lab05_equal.sh
 # the losses of the step events, every micro-batch of every rank, equal to the bit (python3 -c, as check runs it)
 SAME_LOSSES10='

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Lab 10's layout and bytes, recomputed from the shapes alone (not from the C code's offsets).
+
+    python3 tests/check_lab10.py layout RUNDIR   each rank's FSDP2 shard (fsdp2_shard_rank<r>.bin) equals, for every
+                                                 parameter in registration order, the rows [r c, min(d0, (r+1) c))
+                                                 of the full parameter (full_params.bin), then zero rows up to c,
+                                                 c = ceil(d0 / W): byte for byte
+    python3 tests/check_lab10.py bytes RUNDIR    in the trace, every all_gather and reduce_scatter of unit
+                                                 layers.0.fsdp2 moves W x sum_p c_p row_p floats, and FSDP1's
+                                                 (layers.0.fsdp1) the unit padded to a multiple of W; FSDP2's
+                                                 all_gather_output is freed only after the unsharded parameters were
+                                                 allocated (alive until the copy-out), its reduce_scatter_input
+                                                 allocated before the gradient is freed (the copy-in)
+"""
+import json
+import math
+import struct
+import sys
+
+
+def load_layer(rundir):
+    layer = json.load(open(f"{rundir}/layer.json"))
+    world, params = layer["world"], layer["params"]
+    for p in params:
+        p["numel"] = math.prod(p["shape"])
+        p["rows"] = p["shape"][0]
+        p["row"] = p["numel"] // p["rows"]
+        p["c"] = -(-p["rows"] // world)
+    return world, params
+
+
+def check_layout(rundir):
+    world, params = load_layer(rundir)
+    full = open(f"{rundir}/full_params.bin", "rb").read()
+    assert len(full) == 4 * sum(p["numel"] for p in params), "full_params.bin has the wrong size"
+    offset, pieces = 0, []
+    for p in params:
+        pieces.append(full[4 * offset:4 * (offset + p["numel"])])
+        offset += p["numel"]
+    zero = struct.pack("<f", 0.0)
+    for rank in range(world):
+        expected = b""
+        for p, data in zip(params, pieces):
+            first, last = min(rank * p["c"], p["rows"]), min((rank + 1) * p["c"], p["rows"])
+            expected += data[4 * first * p["row"]:4 * last * p["row"]]
+            expected += zero * ((p["c"] - (last - first)) * p["row"])
+        got = open(f"{rundir}/fsdp2_shard_rank{rank}.bin", "rb").read()
+        if got != expected:
+            at = next((i for i in range(min(len(got), len(expected))) if got[i] != expected[i]), None)
+            sys.exit(f"rank {rank}: shard of {len(got)} B differs from the expected rows ({len(expected)} B), "
+                     f"first at byte {at}")
+        empty = [p["name"] for p in params if rank * p["c"] >= p["rows"]]
+        print(f"rank {rank}: {len(got)} B = its rows of {len(params)} parameters + zero padding rows"
+              + (f"; no rows of {len(empty)} parameters" if empty else ""))
+    print(f"OK: {world} ranks, every shard the rows [r c, min(d0, (r+1) c)) of every parameter, padding zero")
+
+
+def check_bytes(rundir):
+    world, params = load_layer(rundir)
+    fsdp2 = 4 * world * sum(p["c"] * p["row"] for p in params)
+    numel = sum(p["numel"] for p in params)
+    fsdp1 = 4 * (-(-numel // world) * world)
+    expected = {"layers.0.fsdp1": fsdp1, "layers.0.fsdp2": fsdp2}
+    for rank in range(world):
+        events = [json.loads(line) for line in open(f"{rundir}/rank{rank}.jsonl")]
+        seen = {}
+        for e in events:
+            if e["kind"] == "collective" and e["unit"] in expected and e["op"] in ("all_gather", "reduce_scatter"):
+                assert e["bytes"] == expected[e["unit"]], \
+                    f"rank {rank}: {e['op']} of {e['unit']} moved {e['bytes']} B, expected {expected[e['unit']]}"
+                seen[(e["unit"], e["op"])] = e["bytes"]
+        assert len(seen) == 4, f"rank {rank}: expected an all_gather and a reduce_scatter of each unit, saw {seen}"
+
+        def order(kind, owner):
+            return next(i for i, e in enumerate(events) if e["kind"] == kind and e.get("owner") == owner)
+        unit = "layers.0.fsdp2"
+        assert order("free", f"{unit}.all_gather_output") > order("alloc", f"{unit}._full_param_padded"), \
+            f"rank {rank}: all_gather_output freed before the unsharded parameters existed (no copy-out)"
+        assert order("alloc", f"{unit}.reduce_scatter_input") < order("free", f"{unit}.full_grad_padded"), \
+            f"rank {rank}: reduce_scatter_input allocated after the gradient was freed (no copy-in)"
+    print(f"OK: {world} ranks: all_gather and reduce_scatter move {fsdp2} B = {world} x sum_p c_p row_p x 4 (FSDP2), "
+          f"{fsdp1} B = the unit padded to a multiple of {world} (FSDP1)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("layout", "bytes"):
+        sys.exit(__doc__)
+    (check_layout if sys.argv[1] == "layout" else check_bytes)(sys.argv[2])
