@@ -57,10 +57,50 @@ static size_t reserved_bound_of(count sum) {
     return bytes(sum + (count)(bytes(sum) / 2) + ALLOCATOR_LARGE_SEGMENT + ALLOCATOR_SMALL_SEGMENT);
 }
 
-/* One unit's sizes, in floats: what the prediction needs of a FlatParameter. */
+/* One unit's sizes, in floats: what the prediction needs of a FlatParameter. FSDP2 (per-parameter rows) adds the
+ * unpadded parameters it copies out into: full_numel (FSDP1: 0, unused). */
 typedef struct unit_sizes {
-    count padded_unsharded_numel, sharded_numel;
+    count padded_unsharded_numel, sharded_numel, full_numel;
 } unit_sizes;
+
+/* FSDP2 (FSDP_VERSION=2, flat_param.h's FLAT_PARAM_ROWS): a unit's parameters and gradient are F = its unpadded numel,
+ * its all-gather buffer and reduce_scatter_input G = W x sum_p c_p row_p (padded_unsharded_numel). An unshard holds G
+ * from the issue to the copy-out, which allocates F and then frees G (G + F for a moment); a reduce holds the
+ * gradient F and copies it into G, then frees F; G lives until the reduce-scatter is waited for. Units in forward
+ * order 0 (the root, unsharded from the first forward piece to the end) .. L:
+ *   param_unsharded  SHARD_GRAD_OP keeps every unit: max_i (F_0 + .. + F_i + G_i). FULL_SHARD: F_0 + G_0 while the
+ *                    root copies out, then F_0 + G_i + F_i per unit; with BACKWARD_PRE unit i-1's unshard is issued
+ *                    before unit i copies out: + G_{i-1} on comm streams (still in flight), + F_{i-1} + G_{i-1} - G_i
+ *                    without them (the prefetch unshards at once, after unit i's copy-out).
+ *   grad_unsharded   the root's F_0 for the whole backward; unit i's reduce F_0 + F_i + G_i; on comm streams unit
+ *                    i+1's G is freed only at unit i's _post_backward_hook, after i's backward filled F_i: F_0 + F_i +
+ *                    G_{i+1}. no_sync (ACC > 1) keeps every F until the last micro-batch reduces units L .. 0:
+ *                    max_i (F_0 + .. + F_i + G_i). */
+static void predict_per_parameter(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options) {
+    count f = sizeof(float), prefix = 0, prefix_peak = 0;
+    count root = units[0].full_numel, root_peak = root + units[0].padded_unsharded_numel, single = 0, pair = 0;
+    count grad_single = 0;
+    for (int unit = 0; unit < unit_count; unit++) {
+        count full = units[unit].full_numel, gathered = units[unit].padded_unsharded_numel;
+        prefix += full;
+        prefix_peak = max_of(prefix_peak, prefix + gathered);
+        if (unit == 0) continue;
+        single = max_of(single, gathered + full);
+        grad_single = max_of(grad_single, full + gathered);
+        if (unit > 1) {
+            count before = units[unit - 1].padded_unsharded_numel;
+            pair = max_of(pair, options->comm_streams ? gathered + full + before
+                                                      : full + before + units[unit - 1].full_numel);
+        }
+        if (options->comm_streams && unit + 1 < unit_count)
+            grad_single = max_of(grad_single, full + units[unit + 1].padded_unsharded_numel);
+    }
+    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = prefix_peak * f;
+    else peak[MEM_PARAM_UNSHARDED] =
+             max_of(root_peak, root + max_of(single, options->backward_prefetch == BACKWARD_PRE ? pair : 0)) * f;
+    int keeps_all = options->no_sync && options->accumulation_steps > 1;
+    peak[MEM_GRAD_UNSHARDED] = (keeps_all ? prefix_peak : max_of(root_peak, root + grad_single)) * f;
+}
 
 /* Mixed precision (core/fsdp/flat_param.h) changes four categories; the float32 shard, its gradient and AdamW's states
  * do not change (16 bytes per parameter / N together). With p = param_dtype's size, r = reduce_dtype's (2 for
@@ -216,6 +256,7 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     if (flat_param_mixed_precision_enabled(&options->mixed_precision))
         predict_mixed_precision(peak, units, unit_count, options, replicated, world_size, replicate_size,
                                 forward_passes);
+    if (options->fsdp_version == 2) predict_per_parameter(peak, units, unit_count, options);
     /* CPU offload (core/runtime/offload.h): the shards, gradient shards, moments and the accumulation buffer move to
      * the host pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one
      * gradient shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time.
@@ -267,7 +308,8 @@ void memory_model_predict(memory_prediction *p, const qwen2_model *model, const 
     unit_sizes *units = calloc((size_t)model->unit_count, sizeof *units);
     if (units == NULL) world_fatal(model->ctx, "out of memory for %d unit sizes", model->unit_count);
     for (int unit = 0; unit < model->unit_count; unit++)
-        units[unit] = (unit_sizes){model->units[unit].padded_unsharded_numel, model->units[unit].sharded_numel};
+        units[unit] = (unit_sizes){model->units[unit].padded_unsharded_numel, model->units[unit].sharded_numel,
+                                   model->units[unit].full_numel};
     const comm_group *shard_group = model->units[0].shard_group; /* HYBRID_SHARD: shards of 1/its size */
     const comm_group *replicate_group = model->units[0].replicate_group;
     predict(p, &model->config, units, model->unit_count, model->units[0].replicated, options,
@@ -298,9 +340,22 @@ int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_
     int shard_size = fsdp_strategy_is_hybrid(options->strategy) && ctx->mesh ? ctx->mesh->shard_size : ctx->world_size;
     size_t world = replicated ? 1 : (size_t)shard_size;
     for (int unit = 0; unit < unit_count; unit++) {
+        units[unit].full_numel = units[unit].padded_unsharded_numel; /* the unpadded sum so far */
         units[unit].padded_unsharded_numel =
             (count)flat_param_padded_numel(bytes(units[unit].padded_unsharded_numel), world);
         units[unit].sharded_numel = units[unit].padded_unsharded_numel / (count)world;
+    }
+    if (options->fsdp_version == 2 && !replicated) { /* FSDP2: c = ceil(d0 / W) rows of each parameter, as flat_param */
+        for (int unit = 0; unit < unit_count; unit++) units[unit].sharded_numel = 0;
+        for (int param = 0; param < tree.param_count; param++) {
+            const module_param *info = &tree.params[param];
+            count rows = (count)info->shape[0], row = 1;
+            for (int d = 1; d < info->ndim; d++) row *= (count)info->shape[d];
+            if (unit_of_param[param] >= 0 && unit_of_param[param] < unit_count)
+                units[unit_of_param[param]].sharded_numel += (count)((bytes(rows) + world - 1) / world) * row;
+        }
+        for (int unit = 0; unit < unit_count; unit++)
+            units[unit].padded_unsharded_numel = units[unit].sharded_numel * (count)world;
     }
     if (unit_count > 0)
         predict(p, config, units, unit_count, replicated, options, shard_size, ctx->world_size / shard_size, B, T,

@@ -66,3 +66,12 @@ for refused in "FSDP_VERSION=3|FSDP_VERSION='3' is not allowed" \
   check_fails "05_full_step FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
     env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 2 lab/05_full_step
 done
+# The memory model (core/models/memory_model.c, predict_per_parameter) exact to the byte per category for FSDP2 too:
+# the all-gather buffer beside the parameters it is copied out into, the gradient beside its reduce_scatter_input.
+for variant in "" "STRATEGY=SHARD_GRAD_OP" "NO_SYNC=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "CKPT=1 WRAP=size:100000" \
+  "COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE" "BACKWARD_PREFETCH=BACKWARD_PRE"; do
+  name="05_full_step -np 3 FSDP_VERSION=2: memory model exact to the byte, reserved within its bound (${variant:-tiny})"
+  check "$name" \
+    bash -c "env OUT=runs/check/10_memory STEPS=2 FSDP_VERSION=2 $variant $MPIRUN -np 3 lab/05_full_step \
+    > runs/check/10_memory.log && python3 tests/check_memory_model.py runs/check/10_memory.log"
+done
