@@ -57,9 +57,6 @@ static void check_fsdp2(context *ctx, const trainer_settings *s) {
                        "(reshard_after_forward=True) or SHARD_GRAD_OP (reshard_after_forward=False)", s->strategy);
     if (s->offload)
         world_exit_all(ctx, 2, "FSDP_VERSION=2 with OFFLOAD='%d' is not supported: use OFFLOAD=0", s->offload);
-    if (s->checkpoint_every > 0 || is_set(s->resume))
-        world_exit_all(ctx, 2, "FSDP_VERSION=2 with CHECKPOINT_EVERY='%d' or RESUME='%s' is not supported yet",
-                       s->checkpoint_every, is_set(s->resume) ? s->resume : "");
 }
 
 trainer_settings trainer_read_settings(context *ctx) {
@@ -260,6 +257,7 @@ static void record_settings(const trainer *t, dcp_progress *p) {
     dcp_progress_set(p, "SEED", "%llu", (unsigned long long)s->seed);
     dcp_progress_set(p, "DATA", "%s", t->loader.source); /* names the tokenizer too */
     dcp_progress_set(p, "NO_SYNC", "%d", s->no_sync);
+    dcp_progress_set(p, "FSDP_VERSION", "%d", s->fsdp_version); /* may change: the ranges are the same elements */
     if (fsdp_strategy_is_hybrid(strategy_of(s))) /* the mesh: may change */
         dcp_progress_set(p, "SHARD_GROUP", "%d", s->shard_group);
 }

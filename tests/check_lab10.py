@@ -11,6 +11,8 @@
                                                  all_gather_output is freed only after the unsharded parameters were
                                                  allocated (alive until the copy-out), its reduce_scatter_input
                                                  allocated before the gradient is freed (the copy-in)
+    python3 tests/check_lab10.py save RUNDIR RANKS  lab 05's sharded checkpoints (dcp.save spans) issue no collective:
+                                                 no collective event of any rank starts inside a save's span
 """
 import json
 import math
@@ -82,7 +84,27 @@ def check_bytes(rundir):
           f"{fsdp1} B = the unit padded to a multiple of {world} (FSDP1)")
 
 
+def check_save(rundir, ranks):
+    saves = 0
+    for rank in range(ranks):
+        events = [json.loads(line) for line in open(f"{rundir}/rank{rank}.jsonl")]
+        spans = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                 if e["kind"] == "compute" and e["name"].startswith("dcp.save")]
+        assert spans, f"rank {rank}: no dcp.save span in the trace (CHECKPOINT_EVERY unset?)"
+        for e in events:
+            if e["kind"] != "collective":
+                continue
+            for begin, end, name in spans:
+                assert not begin <= e["issue_ts"] <= end and not begin <= e["ts"] <= end, \
+                    f"rank {rank}: {e['op']} of {e['unit']} (seq {e['seq']}) inside {name}"
+        saves += len(spans)
+    print(f"OK: {saves} saves on {ranks} ranks, no collective inside any")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("layout", "bytes"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("layout", "bytes", "save"):
         sys.exit(__doc__)
-    (check_layout if sys.argv[1] == "layout" else check_bytes)(sys.argv[2])
+    if sys.argv[1] == "save":
+        check_save(sys.argv[2], int(sys.argv[3]))
+    else:
+        (check_layout if sys.argv[1] == "layout" else check_bytes)(sys.argv[2])

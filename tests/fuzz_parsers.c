@@ -665,7 +665,9 @@ static parse_result dcp_parse(fuzz_state *state, char *error, size_t error_size)
     for (int f = 0; f < m.file_count; f++) {
         if (strchr(m.files[f].file, '/') != NULL || m.files[f].rank >= m.world_size) result = PARSE_BROKEN;
         for (int u = 0; u < m.unit_count; u++)
-            if (m.files[f].begin[u] > m.files[f].end[u] || m.files[f].end[u] > m.units[u].numel) result = PARSE_BROKEN;
+            for (int r = m.files[f].first_range[u]; r < m.files[f].first_range[u + 1]; r++)
+                if (m.files[f].begin[r] > m.files[f].end[r] || m.files[f].end[r] > m.units[u].numel)
+                    result = PARSE_BROKEN;
     }
     if (result == PARSE_BROKEN) snprintf(error, error_size, "accepted a file name or a range outside its bounds");
     dcp_metadata_free(&m);

@@ -182,15 +182,49 @@ static uint64_t layout_hash(const flat_param *fp) {
     return hash;
 }
 
-/* The unpadded element range of a unit this rank holds: its chunk without the padding; replicated units (NO_SHARD)
- * are held whole by every rank, and saved by rank 0 alone. HYBRID_SHARD: every replicate group holds the same
- * chunks, so the first shard group (world ranks 0 .. S-1) saves them, and every rank loads its chunk from there. */
-static void held_range(const flat_param *fp, int rank, int saving, size_t *begin, size_t *end) {
-    flat_param_shard_range(fp, rank, begin, end);
-    if (fp->replicated && saving && rank != 0) *end = *begin;
-    if (fp->shard_group != NULL && saving && rank >= fp->shard_group->size) *end = *begin;
-    if (*end > fp->unpadded_numel) *end = fp->unpadded_numel;
-    if (*begin > *end) *begin = *end;
+/* One element range of a unit that a rank holds: [begin, end) in the unpadded layout (parameters back to back in
+ * registration order, FSDP1's and FSDP2's alike), and where it starts in the rank's local shard. */
+typedef struct held_piece {
+    size_t begin, end, shard_offset;
+} held_piece;
+
+/* The unpadded element ranges of a unit `rank` holds, into pieces (room for fp->param_count); returns how many. FSDP1
+ * (flat chunks): one, its chunk without the padding (possibly empty); replicated units (NO_SHARD) are held whole by
+ * every rank, and saved by rank 0 alone. HYBRID_SHARD: every replicate group holds the same chunks, so the first
+ * shard group (world ranks 0 .. S-1) saves them, and every rank loads its chunk from there. FSDP2 (rows): one range
+ * per parameter it holds rows of, none for the others: no padding row is ever saved. */
+static int held_pieces(const flat_param *fp, int rank, int saving, held_piece *pieces) {
+    if (fp->layout == FLAT_PARAM_ROWS) {
+        int count = 0;
+        for (int p = 0; p < fp->param_count; p++) {
+            size_t first, last;
+            if (!flat_param_param_shard_overlap(fp, p, rank, &first, &last)) continue;
+            pieces[count++] = (held_piece){fp->params[p].offset + first, fp->params[p].offset + last,
+                                           flat_param_param_shard_offset(fp, p, rank)};
+        }
+        return count;
+    }
+    size_t begin, end;
+    flat_param_shard_range(fp, rank, &begin, &end);
+    size_t shard_begin = begin;
+    if (fp->replicated && saving && rank != 0) end = begin;
+    if (fp->shard_group != NULL && saving && rank >= fp->shard_group->size) end = begin;
+    if (end > fp->unpadded_numel) end = fp->unpadded_numel;
+    if (begin > end) begin = end;
+    pieces[0] = (held_piece){begin, end, begin - shard_begin};
+    return 1;
+}
+
+static held_piece *pieces_for(context *ctx, const flat_param *fp) {
+    held_piece *pieces = calloc((size_t)fp->param_count, sizeof *pieces);
+    if (pieces == NULL) world_fatal(ctx, "out of memory listing unit '%s''s ranges", fp->unit);
+    return pieces;
+}
+
+/* The name of a unit's k-th range's tensor `suffix` in a file: "<unit>.param", then "<unit>.param.1", ... */
+static void piece_name(char *out, size_t size, const char *unit, const char *suffix, int k) {
+    if (k == 0) snprintf(out, size, "%s.%s", unit, suffix);
+    else snprintf(out, size, "%s.%s.%d", unit, suffix, k);
 }
 
 /* ---- Saving ---- */
@@ -200,26 +234,27 @@ static const char *const MOMENT_SUFFIX[2] = {"exp_avg", "exp_avg_sq"};
 /* This rank's file: for every unit with elements here, "<unit>.param" and, once AdamW has stepped, the moments. */
 static int write_shard_file(context *ctx, const char *path, const flat_param *units, const adamw_state *states,
                             int unit_count, int *wrote) {
-    st_tensor_ref *refs = calloc((size_t)unit_count * 3, sizeof *refs);
-    char (*names)[ST_NAME_MAX] = calloc((size_t)unit_count * 3, sizeof *names);
+    int capacity = 0;
+    for (int u = 0; u < unit_count; u++) capacity += 3 * units[u].param_count;
+    st_tensor_ref *refs = calloc((size_t)capacity, sizeof *refs);
+    char (*names)[ST_NAME_MAX] = calloc((size_t)capacity, sizeof *names);
     if (refs == NULL || names == NULL) world_fatal(ctx, "out of memory listing %d units for a checkpoint", unit_count);
     int count = 0;
     for (int u = 0; u < unit_count; u++) {
-        size_t begin, end, shard_begin, shard_end;
-        held_range(&units[u], ctx->rank, 1, &begin, &end);
-        if (end == begin) continue;
-        flat_param_shard_range(&units[u], ctx->rank, &shard_begin, &shard_end);
-        size_t offset = begin - shard_begin;
-        snprintf(names[count], ST_NAME_MAX, "%s.param", units[u].unit);
-        refs[count] = (st_tensor_ref){names[count], 1, {(int64_t)(end - begin)}, units[u].local_shard + offset};
-        count++;
-        if (states[u].exp_avg == NULL) continue;
-        const float *moments[2] = {states[u].exp_avg, states[u].exp_avg_sq};
-        for (int m = 0; m < 2; m++) {
-            snprintf(names[count], ST_NAME_MAX, "%s.%s", units[u].unit, MOMENT_SUFFIX[m]);
-            refs[count] = (st_tensor_ref){names[count], 1, {(int64_t)(end - begin)}, moments[m] + offset};
-            count++;
+        held_piece *pieces = pieces_for(ctx, &units[u]);
+        int piece_count = held_pieces(&units[u], ctx->rank, 1, pieces);
+        for (int k = 0; k < piece_count; k++) {
+            size_t length = pieces[k].end - pieces[k].begin, offset = pieces[k].shard_offset;
+            if (length == 0) continue;
+            const float *sources[3] = {units[u].local_shard, states[u].exp_avg, states[u].exp_avg_sq};
+            const char *suffixes[3] = {"param", MOMENT_SUFFIX[0], MOMENT_SUFFIX[1]};
+            for (int t = 0; t < (states[u].exp_avg != NULL ? 3 : 1); t++) {
+                piece_name(names[count], ST_NAME_MAX, units[u].unit, suffixes[t], k);
+                refs[count] = (st_tensor_ref){names[count], 1, {(int64_t)length}, sources[t] + offset};
+                count++;
+            }
         }
+        free(pieces);
     }
     int status = 0;
     *wrote = count > 0;
@@ -268,13 +303,16 @@ static cJSON *metadata_json(context *ctx, const flat_param *units, const adamw_s
         snprintf(text, sizeof text, "%016" PRIx64, info[2]);
         cJSON_AddStringToObject(file, "checksum", text);
         cJSON *ranges = cJSON_AddArrayToObject(file, "ranges");
-        for (int u = 0; u < unit_count; u++) {
-            size_t begin, end;
-            held_range(&units[u], rank, 1, &begin, &end);
+        for (int u = 0; u < unit_count; u++) { /* [begin, end] of each range, flat: [b0, e0, b1, e1, ...] */
+            held_piece *pieces = pieces_for(ctx, &units[u]);
+            int piece_count = held_pieces(&units[u], rank, 1, pieces);
             cJSON *range = cJSON_CreateArray();
-            cJSON_AddItemToArray(range, cJSON_CreateNumber((double)begin));
-            cJSON_AddItemToArray(range, cJSON_CreateNumber((double)end));
+            for (int k = 0; k < (piece_count > 0 ? piece_count : 1); k++) {
+                cJSON_AddItemToArray(range, cJSON_CreateNumber(piece_count > 0 ? (double)pieces[k].begin : 0.0));
+                cJSON_AddItemToArray(range, cJSON_CreateNumber(piece_count > 0 ? (double)pieces[k].end : 0.0));
+            }
             cJSON_AddItemToArray(ranges, range);
+            free(pieces);
         }
         cJSON_AddItemToArray(file_array, file);
     }
@@ -458,19 +496,37 @@ static int parse_files(const cJSON *json, dcp_metadata *m, const char *path, cha
         if (!cJSON_IsArray(ranges) || cJSON_GetArraySize(ranges) != m->unit_count)
             return error_set(error, error_size, "%s: \"ranges\" is missing or has not one range per unit (%d)", where,
                              m->unit_count);
-        file->begin = calloc((size_t)m->unit_count, sizeof *file->begin);
-        file->end = calloc((size_t)m->unit_count, sizeof *file->end);
-        if (file->begin == NULL || file->end == NULL) return error_set(error, error_size, "%s: out of memory", path);
+        int total = 0;
         for (int u = 0; u < m->unit_count; u++) {
             const cJSON *range = cJSON_GetArrayItem(ranges, u);
-            const cJSON *b = cJSON_GetArrayItem(range, 0), *e = cJSON_GetArrayItem(range, 1);
-            double numel = (double)m->units[u].numel;
-            if (!cJSON_IsArray(range) || cJSON_GetArraySize(range) != 2 || !cJSON_IsNumber(b) || !cJSON_IsNumber(e) ||
-                !(b->valuedouble >= 0 && b->valuedouble <= e->valuedouble && e->valuedouble <= numel) ||
-                b->valuedouble != (double)(int64_t)b->valuedouble || e->valuedouble != (double)(int64_t)e->valuedouble)
-                return error_set(error, error_size, "%s: ranges[%d] (unit '%s') is not [begin, end] with 0 <= begin <= "
-                                 "end <= %zu", where, u, m->units[u].name, m->units[u].numel);
-            file->begin[u] = (size_t)b->valuedouble, file->end[u] = (size_t)e->valuedouble;
+            int size = cJSON_IsArray(range) ? cJSON_GetArraySize(range) : 0;
+            if (size < 2 || size % 2 != 0 || size > 2 * m->units[u].param_count)
+                return error_set(error, error_size, "%s: ranges[%d] (unit '%s') is not [begin, end, ...]: 1 to %d "
+                                 "ranges", where, u, m->units[u].name, m->units[u].param_count);
+            total += size / 2;
+        }
+        file->first_range = calloc((size_t)m->unit_count + 1, sizeof *file->first_range);
+        file->begin = calloc((size_t)total, sizeof *file->begin);
+        file->end = calloc((size_t)total, sizeof *file->end);
+        if (file->first_range == NULL || file->begin == NULL || file->end == NULL)
+            return error_set(error, error_size, "%s: out of memory", path);
+        for (int u = 0, at = 0; u < m->unit_count; u++) {
+            const cJSON *range = cJSON_GetArrayItem(ranges, u);
+            file->first_range[u] = at;
+            double numel = (double)m->units[u].numel, previous_end = 0;
+            for (int k = 0; k < cJSON_GetArraySize(range) / 2; k++, at++) {
+                const cJSON *b = cJSON_GetArrayItem(range, 2 * k), *e = cJSON_GetArrayItem(range, 2 * k + 1);
+                if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) ||
+                    !(b->valuedouble >= previous_end && b->valuedouble <= e->valuedouble && e->valuedouble <= numel) ||
+                    b->valuedouble != (double)(int64_t)b->valuedouble ||
+                    e->valuedouble != (double)(int64_t)e->valuedouble)
+                    return error_set(error, error_size, "%s: ranges[%d] (unit '%s'), range %d is not [begin, end] with "
+                                     "%.0f <= begin <= end <= %zu (ranges in order, apart)", where, u,
+                                     m->units[u].name, k, previous_end, m->units[u].numel);
+                file->begin[at] = (size_t)b->valuedouble, file->end[at] = (size_t)e->valuedouble;
+                previous_end = e->valuedouble;
+            }
+            file->first_range[u + 1] = at;
         }
         for (int g = 0; g < f; g++)
             if (m->files[g].rank == file->rank)
@@ -558,6 +614,7 @@ int dcp_read_metadata(const char *directory, dcp_metadata *m, char *error, size_
 
 void dcp_metadata_free(dcp_metadata *m) {
     for (int f = 0; m->files != NULL && f < m->file_count; f++) {
+        free(m->files[f].first_range);
         free(m->files[f].begin);
         free(m->files[f].end);
     }
@@ -601,37 +658,73 @@ static int verify_file(const char *directory, const dcp_file_record *record, cha
     return 0;
 }
 
-/* Reads the part of one unit's tensor `suffix` that a file holds and this rank needs, into target (this rank's
- * shard, indexed from shard_begin). */
-static int read_overlap(const st_file *st, const dcp_file_record *record, int u, const char *unit, const char *suffix,
-                        size_t begin, size_t end, size_t shard_begin, float *target, char *error, size_t error_size) {
+/* Reads elements [begin, end) of a unit's tensor `suffix` from the file's range k (which holds them) into target. */
+static int read_overlap(const st_file *st, const dcp_file_record *record, int range, int k, const char *unit,
+                        const char *suffix, size_t begin, size_t end, float *target, char *error, size_t error_size) {
     char name[ST_NAME_MAX];
-    snprintf(name, sizeof name, "%s.%s", unit, suffix);
+    piece_name(name, sizeof name, unit, suffix, k);
     const st_entry *entry = st_find(st, name);
-    size_t held = record->end[u] - record->begin[u];
+    size_t held = record->end[range] - record->begin[range];
     if (entry == NULL || entry->numel != held)
         return error_set(error, error_size, "%s: tensor '%s' %s, the metadata says %zu elements", st->path, name,
                          entry == NULL ? "is missing" : "has another size", held);
-    return st_read(st, name, begin - record->begin[u], end - begin, target + (begin - shard_begin), error, error_size);
+    return st_read(st, name, begin - record->begin[range], end - begin, target, error, error_size);
 }
 
-static int load_units(const char *directory, const dcp_metadata *m, flat_param *units, adamw_state *states,
-                      int unit_count, int rank, char *error, size_t error_size) {
-    size_t *covered = calloc((size_t)unit_count, sizeof *covered);
-    if (covered == NULL) return error_set(error, error_size, "out of memory");
+/* Elements of [a_begin, a_end) and [b_begin, b_end) both: [*begin, *end), 0 when none. */
+static int overlap(size_t a_begin, size_t a_end, size_t b_begin, size_t b_end, size_t *begin, size_t *end) {
+    *begin = a_begin > b_begin ? a_begin : b_begin;
+    *end = a_end < b_end ? a_end : b_end;
+    return *begin < *end;
+}
+
+/* Every range of unit u in the file against every range this rank holds: the shared elements read into the shard
+ * (and the moments) at their place; the count read is added to *covered. */
+static int load_unit_from_file(const st_file *st, const dcp_file_record *record, const dcp_metadata *m, int u,
+                               flat_param *fp, adamw_state *state, const held_piece *mine, int mine_count,
+                               size_t *covered, char *error, size_t error_size) {
     int status = 0;
-    for (int u = 0; u < unit_count && status == 0; u++) {
+    for (int range = record->first_range[u]; range < record->first_range[u + 1] && status == 0; range++) {
+        for (int j = 0; j < mine_count && status == 0; j++) {
+            size_t begin, end;
+            if (!overlap(record->begin[range], record->end[range], mine[j].begin, mine[j].end, &begin, &end))
+                continue;
+            size_t at = mine[j].shard_offset + (begin - mine[j].begin);
+            int k = range - record->first_range[u];
+            status = read_overlap(st, record, range, k, fp->unit, "param", begin, end, fp->local_shard + at, error,
+                                  error_size);
+            float *moments[2] = {state->exp_avg, state->exp_avg_sq};
+            for (int t = 0; t < 2 && status == 0 && m->units[u].optimizer_step > 0; t++)
+                status = read_overlap(st, record, range, k, fp->unit, MOMENT_SUFFIX[t], begin, end, moments[t] + at,
+                                      error, error_size);
+            *covered += end - begin;
+        }
+    }
+    return status;
+}
+
+static int load_units(context *ctx, const char *directory, const dcp_metadata *m, flat_param *units,
+                      adamw_state *states, int unit_count, int rank, char *error, size_t error_size) {
+    size_t *covered = calloc((size_t)unit_count, sizeof *covered);
+    held_piece **mine = calloc((size_t)unit_count, sizeof *mine);
+    int *mine_count = calloc((size_t)unit_count, sizeof *mine_count);
+    if (covered == NULL || mine == NULL || mine_count == NULL) world_fatal(ctx, "out of memory");
+    int status = 0;
+    for (int u = 0; u < unit_count; u++) {
         if (m->units[u].optimizer_step > 0) adamw_state_prepare(&states[u], &units[u], m->units[u].optimizer_step);
+        mine[u] = pieces_for(ctx, &units[u]);
+        mine_count[u] = held_pieces(&units[u], rank, 0, mine[u]);
     }
     for (int f = 0; f < m->file_count && status == 0; f++) {
         const dcp_file_record *record = &m->files[f];
         int needed = 0;
-        for (int u = 0; u < unit_count; u++) {
-            size_t begin, end;
-            held_range(&units[u], rank, 0, &begin, &end);
-            if ((record->begin[u] > begin ? record->begin[u] : begin) < (record->end[u] < end ? record->end[u] : end))
-                needed = 1;
-        }
+        for (int u = 0; u < unit_count; u++)
+            for (int range = record->first_range[u]; range < record->first_range[u + 1]; range++)
+                for (int j = 0; j < mine_count[u]; j++) {
+                    size_t begin, end;
+                    needed |= overlap(record->begin[range], record->end[range], mine[u][j].begin, mine[u][j].end,
+                                      &begin, &end);
+                }
         if (!needed) continue;
         status = verify_file(directory, record, error, error_size);
         st_file st;
@@ -639,31 +732,21 @@ static int load_units(const char *directory, const dcp_metadata *m, flat_param *
         snprintf(path, sizeof path, "%s/%s", directory, record->file);
         if (status == 0) status = st_open(&st, path, error, error_size);
         if (status != 0) break;
-        for (int u = 0; u < unit_count && status == 0; u++) {
-            size_t mine_begin, mine_end, shard_begin, shard_end;
-            held_range(&units[u], rank, 0, &mine_begin, &mine_end);
-            flat_param_shard_range(&units[u], rank, &shard_begin, &shard_end);
-            size_t begin = record->begin[u] > mine_begin ? record->begin[u] : mine_begin;
-            size_t end = record->end[u] < mine_end ? record->end[u] : mine_end;
-            if (begin >= end) continue;
-            status = read_overlap(&st, record, u, units[u].unit, "param", begin, end, shard_begin,
-                                  units[u].local_shard, error, error_size);
-            float *moments[2] = {states[u].exp_avg, states[u].exp_avg_sq};
-            for (int k = 0; k < 2 && status == 0 && m->units[u].optimizer_step > 0; k++)
-                status = read_overlap(&st, record, u, units[u].unit, MOMENT_SUFFIX[k], begin, end, shard_begin,
-                                      moments[k], error, error_size);
-            covered[u] += end - begin;
-        }
+        for (int u = 0; u < unit_count && status == 0; u++)
+            status = load_unit_from_file(&st, record, m, u, &units[u], &states[u], mine[u], mine_count[u],
+                                         &covered[u], error, error_size);
         st_close(&st);
     }
     for (int u = 0; u < unit_count && status == 0; u++) {
-        size_t begin, end;
-        held_range(&units[u], rank, 0, &begin, &end);
-        if (covered[u] != end - begin)
+        size_t held = 0;
+        for (int j = 0; j < mine_count[u]; j++) held += mine[u][j].end - mine[u][j].begin;
+        if (covered[u] != held)
             status = error_set(error, error_size, "%s: unit '%s': the files hold %zu of this rank's %zu elements "
-                               "[%zu, %zu) (overlapping or missing ranges)", directory, units[u].unit, covered[u],
-                               end - begin, begin, end);
+                               "(overlapping or missing ranges)", directory, units[u].unit, covered[u], held);
     }
+    for (int u = 0; u < unit_count; u++) free(mine[u]);
+    free(mine);
+    free(mine_count);
     free(covered);
     return status;
 }
@@ -680,7 +763,8 @@ int dcp_load(context *ctx, const char *directory, flat_param *units, adamw_state
     if (status == 0 && strcmp(m.progress.strategy, progress->strategy) != 0)
         status = error_set(error, sizeof error, "%s: saved with STRATEGY=%s, this run is %s; resume with the same "
                            "strategy", directory, m.progress.strategy, progress->strategy);
-    if (status == 0) status = load_units(directory, &m, units, states, unit_count, ctx->rank, error, sizeof error);
+    if (status == 0) status = load_units(ctx, directory, &m, units, states, unit_count, ctx->rank, error,
+                                          sizeof error);
     if (status == 0) *progress = m.progress;
     dcp_metadata_free(&m);
     if (status != 0) snprintf(ctx->error, sizeof ctx->error, "rank %d: %s", ctx->rank, error);

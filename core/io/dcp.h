@@ -3,7 +3,8 @@
  *
  *   <root>/step_00000010/
  *       __0_0.distcp     rank 0's shard: for every unit its chunk of the FlatParameter and of AdamW's exp_avg and
- *       __1_0.distcp     exp_avg_sq (padding left out), as safetensors, so Python's safetensors opens it too
+ *       __1_0.distcp     exp_avg_sq (padding left out), as safetensors, so Python's safetensors opens it too; FSDP2
+ *                        (per-parameter rows): its rows of each parameter, a range apiece, at their global offsets
  *       config.json      what the caller adds before the commit (the model's HF config)
  *       .metadata        written last, through .metadata.tmp + rename: the commit. Step, data position, world size,
  *                        strategy, dtype, the settings of the run, every unit's layout and optimizer step, and for
@@ -68,8 +69,12 @@ typedef struct dcp_file_record {
     int rank;
     char file[64];
     uint64_t bytes, checksum;
-    size_t *begin, *end;       /* per unit: the unpadded element range [begin, end) the file holds (begin == end:
-                                  none) */
+    /* The unpadded element ranges [begin, end) of each unit the file holds: unit u's are ranges first_range[u] ..
+     * first_range[u + 1] - 1 of begin and end. FSDP1 holds one range of a unit (begin == end: none), stored as the
+     * tensor "<unit>.param"; FSDP2 one per parameter it holds rows of, the k-th stored as "<unit>.param.<k>"
+     * (k > 0). */
+    int *first_range;
+    size_t *begin, *end;
 } dcp_file_record;
 
 typedef struct dcp_metadata {

@@ -75,3 +75,37 @@ for variant in "" "STRATEGY=SHARD_GRAD_OP" "NO_SYNC=1" "STRATEGY=SHARD_GRAD_OP N
     bash -c "env OUT=runs/check/10_memory STEPS=2 FSDP_VERSION=2 $variant $MPIRUN -np 3 lab/05_full_step \
     > runs/check/10_memory.log && python3 tests/check_memory_model.py runs/check/10_memory.log"
 done
+# Sharded checkpoints of FSDP2 (core/io/dcp.c): each rank writes its rows of every parameter, a range apiece at its
+# global offset, with no collective (the trace: nothing inside a dcp.save span); a run killed after step 5 resumes
+# from step 4 and ends bit for bit where the uninterrupted run ends (3 ranks: padding rows everywhere, the last rank
+# with no rows of some parameters). The ranges are the elements' own, so FSDP1 and FSDP2 load each other's
+# checkpoints: at 2 ranks, where both compute the same bits, a resumed run of the other version ends bit for bit.
+RESUME10=(STEPS=6 ACC=2 SEQ=128 LR=1e-3 CHECKPOINT_EVERY=2)
+R10=runs/check/10_resume_reference
+K10=runs/check/10_resume_killed
+rm -rf $R10 $K10
+run_lab "10 resume: the uninterrupted FSDP2 run (3 ranks, a checkpoint every 2 steps)" 3 $R10 05_full_step \
+  "${RESUME10[@]}" MBS=2 FSDP_VERSION=2 SAVE=$R10/checkpoint
+check "10 resume: FSDP2's checkpoints issue no collective (the trace)" python3 tests/check_lab10.py save $R10 3
+check_fails "10 resume: rank 1 killed with SIGKILL after step 5" "KILL_AT_STEP=5: killing myself with SIGKILL" \
+  env OUT=$K10 "${RESUME10[@]}" MBS=2 FSDP_VERSION=2 KILL_AT_STEP=5 KILL_RANK=1 $MPIRUN -np 3 lab/05_full_step
+run_lab "10 resume: RESUME=auto continues the killed FSDP2 run from step 4" 3 $K10.resumed 05_full_step \
+  "${RESUME10[@]}" MBS=2 FSDP_VERSION=2 CHECKPOINT_DIR=$K10/checkpoints RESUME=auto SAVE=$K10/checkpoint
+check "10 resume: steps 5 and 6 have the uninterrupted run's losses, bit for bit" \
+  python3 tests/check_resume.py exact $R10 $K10.resumed
+check "10 resume: final parameters bit-identical (SAVE)" \
+  cmp $R10/checkpoint/model.safetensors $K10/checkpoint/model.safetensors
+check "10 resume: step 6's shards bit-identical on every rank (rows, exp_avg, exp_avg_sq)" bash -c "
+  for rank in 0 1 2; do cmp $R10/checkpoints/step_00000006/__\${rank}_0.distcp \
+    $K10/checkpoints/step_00000006/__\${rank}_0.distcp || exit 1; done"
+for from in 1 2; do
+  to=$((3 - from))
+  S=runs/check/10_version_$from
+  rm -rf $S $S.to_$to
+  run_lab "10 resume: an FSDP$from run, 2 ranks" 2 $S 05_full_step "${RESUME10[@]}" MBS=4 FSDP_VERSION=$from \
+    SAVE=$S/checkpoint
+  run_lab "10 resume: its step 4 continued by FSDP$to" 2 $S.to_$to 05_full_step "${RESUME10[@]}" MBS=4 \
+    FSDP_VERSION=$to RESUME=$S/checkpoints/step_00000004 CHECKPOINT_EVERY=0 SAVE=$S.to_$to/checkpoint
+  check "10 resume: FSDP$from's checkpoint continued by FSDP$to ends bit for bit as FSDP$from" \
+    cmp $S/checkpoint/model.safetensors $S.to_$to/checkpoint/model.safetensors
+done
