@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Planted mutations: proof that `make check-05` can fail. Each mutation is a bug FSDP code really gets wrong; it is
-# applied to a scratch copy of the tree (never to this one), the copy is rebuilt, and its `make check-05` must fail.
+# Planted mutations: proof that `make check-05` (and the other checks named below) can fail. Each mutation is a bug
+# FSDP code really gets wrong; it is applied to a scratch copy of the tree (never to this one), the copy is rebuilt,
+# and its `make check-05` (or the target its entry names) must fail.
 # Prints, per mutation, the checks that caught it, and ends with "N passed, N failed" (a mutation that check-05
 # does not catch is a failure). About 3 minutes per mutation on 2 cores; not part of `make check`.
 #
@@ -61,6 +62,19 @@ mutations=(
 "km_bf16_round(cos_value) + km_bf16_round(b * km_bf16_round(sin_value)));')|check-07"
   "hybrid-flows-across-groups|trace/chrome.c|s.replace('return a->seq == b->seq && a->group == b->group && "\
 "a->group_ranks == b->group_ranks;', 'return a->seq == b->seq;')|check-08"
+  # FSDP2's per-parameter rows (lab 10): c rounded down (ceil(d0/W) taken as floor: the last rows nobody's, shards
+  # shifted), the copy-out reading the gathered buffer as if it were the parameters back to back (the rank-major padded
+  # layout skipped), the memory model forgetting the all-gather buffer beside the parameters, a save that gathers
+  "fsdp2-rows-per-rank-rounded-down|core/fsdp/flat_param.c|s.replace('info->shard_rows = (rows + world - 1) / "\
+"world;', 'info->shard_rows = rows / world;')|check-10"
+  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('rank_major + (size_t)rank * fp->sharded_numel + "\
+"info->shard_offset,\n                        (last - first)', 'rank_major + info->offset + first * info->row_numel,"\
+"\n                        (last - first)')|check-10"
+  "fsdp2-memory-model-without-all-gather-output|core/models/memory_model.c|s.replace('single = max_of(single, "\
+"gathered + full);', 'single = max_of(single, full);')|check-10"
+  "fsdp2-save-issues-a-collective|core/io/dcp.c|s.replace('    uint64_t info[3] = {0, 0, 0}; /* wrote, bytes, "\
+"checksum */', '    uint64_t info[3] = {0, 0, 0}; /* wrote, bytes, checksum */\n"\
+"    comm_barrier(ctx, \"dcp\");')|check-10"
   # The CUDA backend, run on the CUDA emulator by the unit suite (tests/cuda_emulator), and the math it shares
   "cuda-causal-mask-off-by-one|core/cuda/kernels.cu|s.replace('row[j] = j <= last ? row[j] * inverse : 0.0f;', "\
 "'row[j] = j < last ? row[j] * inverse : 0.0f;')|check-unit"
