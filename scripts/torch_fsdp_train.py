@@ -5,7 +5,11 @@ FullyShardedDataParallel (FSDP1; FULL_SHARD, transformer_auto_wrap_policy({Qwen2
 layer, as fsdplab), on CPU with the gloo backend; AdamW with torch's defaults and the same lr; the same gradient
 accumulation ((loss / ACC).backward() per micro-batch, a reduce-scatter each time). It starts from the bytes fsdplab
 initialises (a checkpoint written by `qwen2_tool init`) and reads the very token windows lab 05 trains on (written
-by `qwen2_tool batches`), so the two runs differ only in who implements FSDP. Prints lab 05's line format:
+by `qwen2_tool batches`), so the two runs differ only in who implements FSDP. With --fsdp-version 2, FSDP2 instead:
+torch.distributed.fsdp.fully_shard on each decoder layer, then on the root (each parameter sharded on dim 0, Shard(0),
+as DTensors), reshard_after_forward True for FULL_SHARD and False for SHARD_GRAD_OP (the other strategies are FSDP1's
+and refused), --mp as MixedPrecisionPolicy, the same optimizer, accumulation, batches and lines. Prints lab 05's line
+format:
 
     1/3: Loss = 5.551234, Peak = 12.3 MB, Time = 0.0123s
 
@@ -27,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from transformers import Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
@@ -34,6 +39,9 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 STRATEGIES = {"FULL_SHARD": ShardingStrategy.FULL_SHARD, "SHARD_GRAD_OP": ShardingStrategy.SHARD_GRAD_OP,
               "NO_SHARD": ShardingStrategy.NO_SHARD, "HYBRID_SHARD": ShardingStrategy.HYBRID_SHARD,
               "_HYBRID_SHARD_ZERO2": ShardingStrategy._HYBRID_SHARD_ZERO2}
+# --fsdp-version 2: fully_shard's reshard_after_forward for the strategies it has (FULL_SHARD reshards after forward and
+# all-gathers again in backward; SHARD_GRAD_OP keeps the unsharded parameters from forward to backward)
+RESHARD_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
 BACKWARD_PREFETCH = {"NONE": None, "None": None, "BACKWARD_PRE": BackwardPrefetch.BACKWARD_PRE,
                      "BACKWARD_POST": BackwardPrefetch.BACKWARD_POST}
 
@@ -62,6 +70,10 @@ def arguments():
                         "model.safetensors with HF's names, as lab 05's GRADS (FULL_SHARD and SHARD_GRAD_OP)")
     parser.add_argument("--mp", default="fp32", help="lab 05's MP: fp32 (off), bf16, bf16,reduce=fp32, "
                         "bf16,keep_low_precision_grads=1")
+    parser.add_argument("--params", default="",
+                        help="write the parameters after the last step there as model.safetensors with HF's names")
+    parser.add_argument("--fsdp-version", type=int, default=1, choices=(1, 2),
+                        help="1: FullyShardedDataParallel (flat parameters); 2: fully_shard (each parameter Shard(0))")
     return parser.parse_args()
 
 
@@ -90,6 +102,37 @@ def mixed_precision(text):
     return MixedPrecision(**fields)
 
 
+def mixed_precision_policy(text):
+    """--mp for --fsdp-version 2: fully_shard's MixedPrecisionPolicy (None when off), reduce_dtype following
+    param_dtype when not given, as FSDP1 does (torch 2.15's MixedPrecisionPolicy would reduce in the parameter's own
+    dtype, float32, so it is always named). FSDP2 casts no buffers (buffer=fp32 is what it does anyway) and has no
+    keep_low_precision_grads: =1 is refused."""
+    fsdp1 = mixed_precision(text)
+    if fsdp1 is None:
+        return None
+    if fsdp1.keep_low_precision_grads:
+        raise SystemExit(f"--mp '{text}': keep_low_precision_grads=1 has no counterpart in fully_shard "
+                         "(--fsdp-version 2); use it with --fsdp-version 1")
+    return MixedPrecisionPolicy(param_dtype=fsdp1.param_dtype, reduce_dtype=fsdp1.reduce_dtype)
+
+
+def apply_fully_shard(model, strategy, mp, device, world):
+    """FSDP2: fully_shard on each Qwen2DecoderLayer, then on the root (embed_tokens, the tied lm_head, the final norm),
+    the same units as FSDP1's transformer_auto_wrap_policy; a 1-D mesh of all ranks on the device's type."""
+    from torch.distributed.device_mesh import init_device_mesh
+    if strategy not in RESHARD_AFTER_FORWARD:
+        raise SystemExit(f"--strategy {strategy} with --fsdp-version 2: fully_shard has FULL_SHARD and SHARD_GRAD_OP "
+                         f"(reshard_after_forward True or False); {strategy} is FSDP1's (--fsdp-version 1)")
+    mesh = init_device_mesh(device.type, (world,))
+    policy = mixed_precision_policy(mp) or MixedPrecisionPolicy()
+    reshard = RESHARD_AFTER_FORWARD[strategy]
+    for module in model.modules():
+        if isinstance(module, Qwen2DecoderLayer):
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    return model
+
+
 def my_batches(path, rank, world, mbs, seq, count):
     """This rank's rows of each global micro-batch: tokens and targets, each (mbs, seq)."""
     global_batch = mbs * world
@@ -116,10 +159,11 @@ def hybrid_mesh(args, world):
     return init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
 
 
-def save_gradients(model, directory, rank, world):
+def save_gradients(model, directory, rank, world, of_gradients=True):
     """Every FlatParameter's sharded gradient (float32: FSDP casts the reduced gradient back to the parameter's dtype
     unless keep_low_precision_grads) all-gathered, unpadded and cut into its parameters, named as HF names them (the
-    tied lm_head.weight is embed_tokens.weight, once), written by rank 0 as lab 05's GRADS writes ours."""
+    tied lm_head.weight is embed_tokens.weight, once), written by rank 0 as lab 05's GRADS writes ours. With
+    of_gradients=False the same of the parameters themselves (--params)."""
     from safetensors.torch import save_file
     from torch.distributed.fsdp._common_utils import clean_tensor_name
     gradients = {}
@@ -127,9 +171,10 @@ def save_gradients(model, directory, rank, world):
         if not isinstance(module, FullyShardedDataParallel) or module._handle is None:
             continue
         flat = module._handle.flat_param
-        if flat.grad is None:
+        tensor = flat.grad if of_gradients else flat
+        if tensor is None:
             continue
-        shard = flat.grad.detach().float().contiguous()
+        shard = tensor.detach().float().contiguous()
         pieces = [torch.empty_like(shard) for _ in range(world)]
         dist.all_gather(pieces, shard)
         full = torch.cat(pieces)[:flat._unpadded_unsharded_size.numel()]
@@ -139,6 +184,37 @@ def save_gradients(model, directory, rank, world):
     if rank == 0:
         os.makedirs(directory, exist_ok=True)
         save_file(gradients, os.path.join(directory, "model.safetensors"))
+
+
+def fully_shard_prefetch(model, args, rank):
+    """FSDP1's prefetch settings under fully_shard: FORWARD_PREFETCH=1 is set_modules_to_forward_prefetch (each
+    decoder layer all-gathers the next one's parameters); backward prefetch is fully_shard's own, one unit ahead, as
+    BACKWARD_PRE; limit_all_gathers has no counterpart (fully_shard bounds its all-gathers itself). None of them
+    changes a number."""
+    layers = [module for module in model.modules() if isinstance(module, Qwen2DecoderLayer)]
+    if args.forward_prefetch:
+        for layer, following in zip(layers, layers[1:]):
+            layer.set_modules_to_forward_prefetch([following])
+    if rank == 0 and args.backward_prefetch != "BACKWARD_PRE":
+        print(f"(--backward-prefetch {args.backward_prefetch}: FSDP1's; fully_shard prefetches one unit ahead in "
+              "backward, as BACKWARD_PRE)", file=sys.stderr, flush=True)
+    if rank == 0 and not args.limit_all_gathers:
+        print("(--limit-all-gathers 0: FSDP1's; fully_shard has no such setting)", file=sys.stderr, flush=True)
+
+
+def save_gradients_fully_shard(model, directory, rank, gradients=True):
+    """--fsdp-version 2's save_gradients: each parameter's gradient (or, gradients=False, the parameter) is a Shard(0)
+    DTensor, gathered whole (full_tensor) and written by rank 0 under HF's name (the tied lm_head.weight is
+    embed_tokens.weight, once)."""
+    from safetensors.torch import save_file
+    tensors = {}
+    for name, param in model.named_parameters():
+        tensor = param.grad if gradients else param
+        if tensor is not None:
+            tensors[name] = tensor.full_tensor().detach().float().contiguous()
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        save_file(tensors, os.path.join(directory, "model.safetensors"))
 
 
 def main():
@@ -159,18 +235,33 @@ def main():
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     model = Qwen2ForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32, attn_implementation="eager")
-    model = FullyShardedDataParallel(
-        model, sharding_strategy=STRATEGIES[args.strategy], device_id=device,  # CPU + gloo or GPU + nccl, named
-        device_mesh=hybrid_mesh(args, world),
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer}),
-        backward_prefetch=BACKWARD_PREFETCH[args.backward_prefetch], forward_prefetch=bool(args.forward_prefetch),
-        limit_all_gathers=bool(args.limit_all_gathers), mixed_precision=mixed_precision(args.mp))
+    if args.fsdp_version == 2:
+        model = apply_fully_shard(model, args.strategy, args.mp, device, world)
+        fully_shard_prefetch(model, args, rank)
+        clip = functools.partial(torch.nn.utils.clip_grad_norm_, list(model.parameters()), args.clip)  # DTensor norms
+        dump_gradients = functools.partial(save_gradients_fully_shard, model, args.grads, rank)
+        dump_parameters = functools.partial(save_gradients_fully_shard, model, args.params, rank, gradients=False)
+    else:
+        model = FullyShardedDataParallel(
+            model, sharding_strategy=STRATEGIES[args.strategy], device_id=device,  # CPU + gloo or GPU + nccl, named
+            device_mesh=hybrid_mesh(args, world),
+            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                               transformer_layer_cls={Qwen2DecoderLayer}),
+            backward_prefetch=BACKWARD_PREFETCH[args.backward_prefetch], forward_prefetch=bool(args.forward_prefetch),
+            limit_all_gathers=bool(args.limit_all_gathers), mixed_precision=mixed_precision(args.mp))
+        clip = functools.partial(model.clip_grad_norm_, args.clip)
+        dump_gradients = functools.partial(save_gradients, model, args.grads, rank, world)
+        dump_parameters = functools.partial(save_gradients, model, args.params, rank, world, of_gradients=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
     batches = my_batches(args.batches, rank, world, args.mbs, args.seq, args.steps * args.acc)
     if rank == 0:
         print(f"Ranks = {world}, FSDP = torch, Acc = {args.acc}", flush=True)
+        if args.fsdp_version == 2:
+            print(f"(FSDP2: fully_shard on each decoder layer and the root, Shard(0) per parameter, "
+                  f"reshard_after_forward={RESHARD_AFTER_FORWARD[args.strategy]})", flush=True)
         if args.mp not in ("", "none", "fp32", "float32"):
-            print(f"(mixed precision: {mixed_precision(args.mp)})", flush=True)
+            policy = mixed_precision_policy(args.mp) if args.fsdp_version == 2 else mixed_precision(args.mp)
+            print(f"(mixed precision: {policy})", flush=True)
     for step in range(1, args.steps + 1):
         if gpu:
             torch.cuda.synchronize()
@@ -188,11 +279,11 @@ def main():
             # a diagnostic outside FSDP (every gradient gathered at once): the step's GPU peak leaves it out, as lab
             # 05's GRADS does (the CPU's max RSS cannot)
             peak_before_dump = torch.cuda.max_memory_allocated() if gpu else 0
-            save_gradients(model, args.grads, rank, world)
+            dump_gradients()
             if gpu:
                 torch.cuda.reset_peak_memory_stats()
         if args.clip > 0:
-            model.clip_grad_norm_(args.clip)
+            clip()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if gpu:
@@ -207,6 +298,8 @@ def main():
         if rank == 0:
             print(f"{step}/{args.steps}: Loss = {stats[0].item() / world:.6f}, Peak = {peak[0].item() / 1e6:.1f} MB, "
                   f"Time = {peak[1].item():.4f}s", flush=True)
+    if args.params:
+        dump_parameters()
     dist.barrier()
     dist.destroy_process_group()
     # About one run in ten, torch 2.15's gloo aborted at interpreter teardown after the last step ("terminate called

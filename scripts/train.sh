@@ -3,6 +3,7 @@
 #
 #   PROCESSES=2 MODEL=tiny MBS=16 ACC=2 STEPS=3 EVAL=0 FSDP=fsdplab ./scripts/train.sh
 #   ... FSDP=torch ./scripts/train.sh       PyTorch FSDP1 (FullyShardedDataParallel) on HF's Qwen2ForCausalLM
+#   ... FSDP=torch FSDP_VERSION=2 ./scripts/train.sh   PyTorch FSDP2 (fully_shard, each parameter Shard(0)) instead
 #   ... FSDP=both  ./scripts/train.sh       both, then a side-by-side table: loss difference, time and peak ratios
 #
 # Settings (environment): PROCESSES (ranks), FSDP (fsdplab, edufsdp = fsdplab, torch, both), BACKEND (mpi or gloo: the
@@ -17,7 +18,10 @@
 # place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
 # prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
 # their children, from /usr/bin/time; benchmarks read it), TORCH_GRADS (a directory: the torch run writes step 1's
-# gradients there as model.safetensors, as lab 05's GRADS does for fsdplab). Both implementations start from the same
+# gradients there as model.safetensors, as lab 05's GRADS does for fsdplab), TORCH_PARAMS (a directory: the torch run
+# writes the parameters after the last step there as model.safetensors), FSDP_VERSION (1: torch's FSDP1,
+# FullyShardedDataParallel's flat parameters; 2: FSDP2, fully_shard on each decoder layer and the root, FULL_SHARD or
+# SHARD_GRAD_OP only; exported to lab 05 as FSDP_VERSION). Both implementations start from the same
 # bytes (fsdplab's initialisation, saved as an HF checkpoint) and read the same token windows per rank per step;
 # runs/train/ keeps their outputs.
 set -euo pipefail
@@ -36,6 +40,8 @@ export BACKWARD_PREFETCH=${BACKWARD_PREFETCH:-BACKWARD_PRE} FORWARD_PREFETCH=${F
 export LIMIT_ALL_GATHERS=${LIMIT_ALL_GATHERS:-1} COMM_STREAMS=${COMM_STREAMS:-1}
 # CPUOffload(offload_params=True) (lab 09): shards, gradients and optimizer state in host memory; fsdplab only
 export OFFLOAD=${OFFLOAD:-0}
+# torch's FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard); lab 05 gets it as FSDP_VERSION too
+export FSDP_VERSION=${FSDP_VERSION:-1}
 work=${TRAIN_DIR:-runs/train}
 RUSAGE=${RUSAGE:-}
 
@@ -70,6 +76,10 @@ if [ "$BACKEND" = nccl ]; then
 fi
 export BACKEND
 [[ "$PROCESSES" =~ ^[1-9][0-9]*$ ]] || fail "PROCESSES='$PROCESSES' is not a positive integer"
+case "$FSDP_VERSION" in
+  1 | 2) ;;
+  *) fail "FSDP_VERSION='$FSDP_VERSION' is not allowed; choose one of: 1 (FullyShardedDataParallel), 2 (fully_shard)" ;;
+esac
 # The grammar of MP (core/fsdp/fsdp.h fsdp_mixed_precision_parse), checked here so the torch side gets only what lab 05
 # takes.
 dtype_re='(bf16|bfloat16|fp32|float32)'
@@ -123,6 +133,7 @@ run_torch() {
     --backward-prefetch "$BACKWARD_PREFETCH" \
     --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --mp "$MP" \
     --backend "$([ "$BACKEND" = nccl ] && echo nccl || echo gloo)" --grads "${TORCH_GRADS:-}" \
+    --params "${TORCH_PARAMS:-}" --fsdp-version "$FSDP_VERSION" \
     2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }
