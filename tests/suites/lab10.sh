@@ -109,3 +109,18 @@ for from in 1 2; do
   check "10 resume: FSDP$from's checkpoint continued by FSDP$to ends bit for bit as FSDP$from" \
     cmp $S/checkpoint/model.safetensors $S.to_$to/checkpoint/model.safetensors
 done
+# Against torch: scripts/torch_fully_shard_layout.py (fully_shard on each decoder layer, then the root, as
+# torch_fsdp_train.py --fsdp-version 2 does) writes each rank's to_local() of every parameter; lab 05 with
+# FSDP_VERSION=2 and LR=0 (AdamW then changes no bit) checkpoints the same initialisation on 3 ranks. Every rank's
+# rows of every parameter: torch's row range, and its bytes, are fsdplab's. Skipped without torch.
+T10=runs/check/10_torch
+rm -rf $T10
+run_lab "10 torch: lab 05 FSDP_VERSION=2 LR=0, a checkpoint of the initialisation on 3 ranks" 3 $T10/fsdplab \
+  05_full_step FSDP_VERSION=2 LR=0 STEPS=1 ACC=1 MBS=2 CHECKPOINT_EVERY=1
+check "10 torch: every rank's FSDP2 rows of every parameter are torch fully_shard's to_local(), byte for byte" \
+  bash -c "if ! python3 -c 'import torch, transformers' 2>/dev/null; then
+    echo 'skipped: torch or transformers is not installed (scripts/install_deps.sh installs them)'; exit 77; fi
+  OUT=$T10/init tests/bin/qwen2_tool init tiny 1234 $T10/model &&
+  torchrun --standalone --nproc_per_node 3 scripts/torch_fully_shard_layout.py --model-dir $T10/model \
+    --out $T10/torch &&
+  python3 tests/check_torch_fully_shard.py $T10/torch $T10/fsdplab/checkpoints/step_00000001"
