@@ -24,6 +24,7 @@
  *   make lab-05 STEPS=40 CHECKPOINT_EVERY=10 RESUME=auto    after a crash, continue from the newest one:
  *                                      the same losses, bit for bit, as if it had never stopped
  *   make lab-05 NP=4 STEPS=10          4 ranks on any machine
+ *   make lab-05 FSDP_VERSION=2         FSDP2 (lab 10): every parameter sharded on dim 0; on 2 ranks FSDP1's bits
  *   mpirun --allow-run-as-root --oversubscribe -np 2 lab/05_full_step     the same by hand, after `make`
  *   Every setting (MODEL, MBS, ACC, STEPS, STRATEGY, MP, OFFLOAD, ...): docs/reference.md, and lab/trainer.h, which
  *   reads them.

@@ -179,7 +179,9 @@ static void print_setup(const trainer *t) {
     const trainer_settings *s = &t->settings;
     if (ctx->rank != 0) return;
     printf("Ranks = %d, FSDP = fsdplab, Acc = %d\n", ctx->world_size, s->accumulation);
-    if (s->fsdp_version == 2) printf("(FSDP2: fully_shard, every parameter sharded on dim 0)\n");
+    if (s->fsdp_version == 2)
+        printf("(FSDP2: fully_shard, every parameter sharded on dim 0, reshard_after_forward=%s)\n",
+               strategy_of(s) == FSDP_FULL_SHARD ? "True" : "False");
     const flat_param_mixed_precision *mp = &t->options.mixed_precision;
     if (flat_param_mixed_precision_enabled(mp))
         printf("(mixed precision: param_dtype %s, reduce_dtype %s; float32 master shards and AdamW)\n",
