@@ -67,9 +67,9 @@ mutations=(
   # layout skipped), the memory model forgetting the all-gather buffer beside the parameters, a save that gathers
   "fsdp2-rows-per-rank-rounded-down|core/fsdp/flat_param.c|s.replace('info->shard_rows = (rows + world - 1) / "\
 "world;', 'info->shard_rows = rows / world;')|check-10"
-  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('rank_major + (size_t)rank * fp->sharded_numel + "\
-"info->shard_offset,\n                        (last - first)', 'rank_major + info->offset + first * info->row_numel,"\
-"\n                        (last - first)')|check-10"
+  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('float *slice = rank_major + (size_t)rank * "\
+"fp->sharded_numel + info->shard_offset;', 'float *slice = rank_major + (to_full ? info->offset + first * "\
+"info->row_numel : (size_t)rank * fp->sharded_numel + info->shard_offset);')|check-10"
   "fsdp2-memory-model-without-all-gather-output|core/models/memory_model.c|s.replace('single = max_of(single, "\
 "gathered + full);', 'single = max_of(single, full);')|check-10"
   "fsdp2-save-issues-a-collective|core/io/dcp.c|s.replace('    uint64_t info[3] = {0, 0, 0}; /* wrote, bytes, "\

@@ -267,26 +267,11 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
 
 /* ---------------------------------------------------------------- FSDP2's copy-in and copy-out (FLAT_PARAM_ROWS) */
 
-/* split_with_sizes_copy: every rank's rows of every parameter, from the rank-major buffer (rank r's slice at
- * r * sharded_numel, its rows of parameter p at p's shard offset) to their places in the unpadded full buffer. The
- * padding rows stay behind. */
-static void rows_copy_out(const flat_param *fp, const float *rank_major, float *full) {
-    device *d = &fp->ctx->device;
-    for (int rank = 0; rank < fp->ctx->world_size; rank++)
-        for (int i = 0; i < fp->param_count; i++) {
-            const flat_param_param_info *info = &fp->params[i];
-            size_t first, last;
-            held_rows(info, rank, &first, &last);
-            if (first < last)
-                d->copy(d, full + info->offset + first * info->row_numel,
-                        rank_major + (size_t)rank * fp->sharded_numel + info->shard_offset,
-                        (last - first) * info->row_numel * sizeof(float), DEVICE_D2D);
-        }
-}
-
-/* The copy-in of foreach_reduce: the unpadded full gradient laid out rank-major, each rank's rows of every parameter
+/* FSDP2's two copies between the rank-major padded layout (rank r's slice at r * sharded_numel, its rows of parameter
+ * p at p's shard offset) and the unpadded full buffer (p at its offset). to_full: the copy-out of an all-gather
+ * (torch's split_with_sizes_copy; the padding rows stay behind); else the copy-in of foreach_reduce, each rank's rows
  * padded with zero rows to c, so the reduce-scatter hands rank r exactly its local shard's layout. */
-static void rows_copy_in(const flat_param *fp, const float *full, float *rank_major) {
+static void rows_copy(const flat_param *fp, float *rank_major, float *full, int to_full) {
     device *d = &fp->ctx->device;
     for (int rank = 0; rank < fp->ctx->world_size; rank++)
         for (int i = 0; i < fp->param_count; i++) {
@@ -294,11 +279,10 @@ static void rows_copy_in(const flat_param *fp, const float *full, float *rank_ma
             size_t first, last;
             held_rows(info, rank, &first, &last);
             float *slice = rank_major + (size_t)rank * fp->sharded_numel + info->shard_offset;
-            size_t held = (last - first) * info->row_numel;
-            if (held > 0)
-                d->copy(d, slice, full + info->offset + first * info->row_numel, held * sizeof(float), DEVICE_D2D);
-            if (held < info->shard_rows * info->row_numel)
-                d->zero(d, slice + held, (info->shard_rows * info->row_numel - held) * sizeof(float));
+            float *rows = full + info->offset + first * info->row_numel;
+            size_t held = (last - first) * info->row_numel, padded = info->shard_rows * info->row_numel;
+            if (held > 0) d->copy(d, to_full ? rows : slice, to_full ? slice : rows, held * sizeof(float), DEVICE_D2D);
+            if (!to_full && held < padded) d->zero(d, slice + held, (padded - held) * sizeof(float));
         }
 }
 
@@ -313,7 +297,7 @@ static void all_gather_copy_out(flat_param *fp) {
     /* Unzeroed: the rows of all ranks cover every element of every parameter. */
     fp->full_param_padded =
         mem_alloc_uninitialized(&ctx->mem, fp->full_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
-    rows_copy_out(fp, fp->all_gather_output, fp->full_param_padded);
+    rows_copy(fp, fp->all_gather_output, fp->full_param_padded, 1);
     mem_free(&ctx->mem, fp->all_gather_output);
     fp->all_gather_output = NULL;
     snprintf(owner, sizeof owner, "%s.all_gather_copy_out", fp->unit);
@@ -350,7 +334,7 @@ static const float *reduce_scatter_copy_in(flat_param *fp) {
     snprintf(owner, sizeof owner, "%s.reduce_scatter_input", fp->unit);
     fp->reduce_scatter_input = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
                                                        MEM_GRAD_UNSHARDED, owner);
-    rows_copy_in(fp, fp->full_grad_padded, fp->reduce_scatter_input);
+    rows_copy(fp, fp->reduce_scatter_input, fp->full_grad_padded, 0);
     flat_param_free_full_grad(fp);
     snprintf(owner, sizeof owner, "%s.reduce_scatter_copy_in", fp->unit);
     trace_compute(&ctx->trace, owner, fp->unit, "copy_in", start_us, trace_now_us(&ctx->trace) - start_us);
@@ -587,7 +571,7 @@ int flat_param_gather_grad(flat_param *fp) {
                                                     MEM_GRAD_UNSHARDED, owner);
         int status = comm_all_gather_typed(fp->ctx, NULL, NULL, fp->grad_shard, rank_major,
                                            fp->padded_unsharded_numel, DTYPE_FLOAT32, fp->unit, NULL);
-        if (status == 0) rows_copy_out(fp, rank_major, full);
+        if (status == 0) rows_copy(fp, rank_major, full, 1);
         mem_free(&fp->ctx->mem, rank_major);
         return status;
     }
