@@ -1,6 +1,7 @@
 /* test_flat_param.c — FlatParameter at any world size (run under mpirun -np 1..4): for many shape lists, the
  * concatenated shards equal the flattened original; views alias the right offsets; the reduce-scattered gradient
- * shard equals the mean over ranks of their full gradients, restricted to the shard, and accumulates. */
+ * shard equals the mean over ranks of their full gradients, restricted to the shard, and accumulates; FSDP2's
+ * per-parameter rows hold the right rows, unshard whole and reduce to the mean. */
 #include <math.h>
 #include <string.h>
 
@@ -108,6 +109,62 @@ START_TEST(test_views_alias_the_right_offsets) {
         flat_param_reshard(&fp, "test");
         ck_assert_ptr_null(fp.full_param_padded);
         ck_assert_uint_eq(ctx.mem.live_bytes, live_sharded);
+        flat_param_free(&fp);
+    }
+}
+END_TEST
+
+/* FSDP2 (ctx.per_parameter_sharding, FLAT_PARAM_ROWS): for many shape lists (dims 1-9, so d0 < W happens), the
+ * local shard is this rank's rows [r c, min(d0, (r+1) c)) of each parameter then zero rows to c = ceil(d0 / W),
+ * computed here from the shapes alone; unshard gives every parameter whole at FSDP1's offsets; the reduce-scattered
+ * gradient of small integers (exact sums) is the mean, zero in the padding rows. */
+START_TEST(test_per_parameter_rows) {
+    size_t world = (size_t)ctx.world_size;
+    for (uint64_t seed = 200; seed < 200 + SHAPE_LISTS; seed++) {
+        shape_list list;
+        make_shape_list(&list, seed);
+        flat_param fp;
+        ctx.per_parameter_sharding = 1;
+        ck_assert_int_eq(flat_param_init(&fp, &ctx, "unit", list.specs, list.count), 0);
+        ctx.per_parameter_sharding = 0;
+        ck_assert_int_eq(fp.layout, FLAT_PARAM_ROWS);
+        flat_param_fill_local_shard(&fp, fill_values, &seed);
+        float expected[6 * 9 * 9 * 9] = {0}, full[9 * 9 * 9];
+        size_t at = 0, rank = (size_t)ctx.rank;
+        for (int i = 0; i < list.count; i++) {
+            size_t rows = (size_t)list.specs[i].shape[0], row = fp.params[i].numel / rows;
+            size_t c = (rows + world - 1) / world, first = rank * c < rows ? rank * c : rows;
+            size_t last = (rank + 1) * c < rows ? (rank + 1) * c : rows;
+            fill_values(list.names[i], 0, fp.params[i].numel, full, &seed);
+            memcpy(expected + at, full + first * row, (last - first) * row * sizeof(float));
+            at += c * row;
+        }
+        ck_assert_uint_eq(at, fp.sharded_numel);
+        ck_assert_uint_eq(fp.padded_unsharded_numel, world * at);
+        int ok = memcmp(expected, fp.local_shard, at * sizeof(float)) == 0;
+        ck_assert_int_eq(flat_param_unshard(&fp, "test"), 0);
+        for (int i = 0; i < list.count; i++) {
+            fill_values(list.names[i], 0, fp.params[i].numel, full, &seed);
+            ok &= memcmp(flat_param_param_view(&fp, list.names[i]), full, fp.params[i].numel * sizeof(float)) == 0;
+        }
+        flat_param_reshard(&fp, "test");
+        float *grad = flat_param_alloc_full_grad(&fp);
+        for (size_t k = 0; k < fp.unpadded_numel; k++) grad[k] = (float)(k % 5 + rank);
+        ck_assert_int_eq(flat_param_reduce_scatter_grad(&fp, COMM_AVG), 0);
+        memset(expected, 0, sizeof expected);
+        float factor = 1.0f / (float)world;
+        for (int i = 0; i < list.count; i++) {
+            size_t begin, end, offset = flat_param_param_shard_offset(&fp, i, ctx.rank);
+            if (!flat_param_param_shard_overlap(&fp, i, ctx.rank, &begin, &end)) continue;
+            for (size_t k = begin; k < end; k++) {
+                float sum = 0.0f;
+                for (size_t r = 0; r < world; r++) sum += (float)((fp.params[i].offset + k) % 5 + r);
+                expected[offset + k - begin] = sum * factor;
+            }
+        }
+        ok &= memcmp(expected, fp.grad_shard, fp.sharded_numel * sizeof(float)) == 0;
+        CK_ASSERT_ALL(&ctx, ok, "shape list %llu (%d tensors): rows, views or the gradient mean are wrong",
+                      (unsigned long long)seed, list.count);
         flat_param_free(&fp);
     }
 }
@@ -310,6 +367,7 @@ int main(int argc, char **argv) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_shards_reassemble_to_the_original);
     tcase_add_test(tc, test_views_alias_the_right_offsets);
+    tcase_add_test(tc, test_per_parameter_rows);
     tcase_add_test(tc, test_reduce_scattered_gradient_is_the_mean_and_accumulates);
     tcase_add_test(tc, test_bad_specs_are_refused_with_names);
     tcase_add_test(tc, test_mixed_precision_unshard_and_reduce);
