@@ -13,6 +13,10 @@
  * the gathered units (with, on CPU, the float32 copy the layers read), the low-precision shard
  * (param_shard_low_precision) and reduce_dtype gradients and outputs; the .c counts them buffer by buffer.
  *
+ * FSDP2 (options->fsdp_version 2, per-parameter rows): shards of sum_p ceil(d0/N) row_p floats a unit, and beside a
+ * unit's unpadded parameters (and gradient) its rank-major all_gather_output (reduce_scatter_input) of N such shards
+ * for the moment of the copy-out (copy-in); the .c's predict_per_parameter says when they overlap.
+ *
  * Reserved memory (the caching allocator's segments, core/memory/allocator.h) is bounded, not predicted: see
  * memory_model_predict for what the bound assumes.
  */
