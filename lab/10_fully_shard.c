@@ -39,7 +39,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/base/error.h"
 #include "core/comm/comm.h"
 #include "core/runtime/env.h"
 #include "core/runtime/context.h"
