@@ -202,14 +202,14 @@ def fully_shard_prefetch(model, args, rank):
         print("(--limit-all-gathers 0: FSDP1's; fully_shard has no such setting)", file=sys.stderr, flush=True)
 
 
-def save_gradients_fully_shard(model, directory, rank, gradients=True):
-    """--fsdp-version 2's save_gradients: each parameter's gradient (or, gradients=False, the parameter) is a Shard(0)
-    DTensor, gathered whole (full_tensor) and written by rank 0 under HF's name (the tied lm_head.weight is
+def save_gradients_fully_shard(model, directory, rank, of_gradients=True):
+    """--fsdp-version 2's save_gradients: each parameter's gradient (or, of_gradients=False, the parameter) is a
+    Shard(0) DTensor, gathered whole (full_tensor) and written by rank 0 under HF's name (the tied lm_head.weight is
     embed_tokens.weight, once)."""
     from safetensors.torch import save_file
     tensors = {}
     for name, param in model.named_parameters():
-        tensor = param.grad if gradients else param
+        tensor = param.grad if of_gradients else param
         if tensor is not None:
             tensors[name] = tensor.full_tensor().detach().float().contiguous()
     if rank == 0:
@@ -240,7 +240,7 @@ def main():
         fully_shard_prefetch(model, args, rank)
         clip = functools.partial(torch.nn.utils.clip_grad_norm_, list(model.parameters()), args.clip)  # DTensor norms
         dump_gradients = functools.partial(save_gradients_fully_shard, model, args.grads, rank)
-        dump_parameters = functools.partial(save_gradients_fully_shard, model, args.params, rank, gradients=False)
+        dump_parameters = functools.partial(save_gradients_fully_shard, model, args.params, rank, of_gradients=False)
     else:
         model = FullyShardedDataParallel(
             model, sharding_strategy=STRATEGIES[args.strategy], device_id=device,  # CPU + gloo or GPU + nccl, named

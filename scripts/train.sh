@@ -87,6 +87,17 @@ dtype_re='(bf16|bfloat16|fp32|float32)'
   fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or" \
     "<param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, e.g." \
     "bf16,reduce=fp32"
+# FSDP2 on the torch side: fully_shard has FULL_SHARD and SHARD_GRAD_OP (reshard_after_forward True, False) and no
+# keep_low_precision_grads; torch_fsdp_train.py refuses the rest, said here before anything is built or launched.
+if [ "$FSDP_VERSION" = 2 ] && { [ "$FSDP" = torch ] || [ "$FSDP" = both ]; }; then
+  case "$STRATEGY" in
+    FULL_SHARD | SHARD_GRAD_OP) ;;
+    *) fail "STRATEGY='$STRATEGY' with FSDP_VERSION=2: torch's fully_shard has FULL_SHARD and SHARD_GRAD_OP;" \
+      "$STRATEGY is FSDP1's (FSDP_VERSION=1)" ;;
+  esac
+  [[ "$MP" != *keep_low_precision_grads=1* ]] ||
+    fail "MP='$MP' with FSDP_VERSION=2: fully_shard has no keep_low_precision_grads; use FSDP_VERSION=1"
+fi
 # The same names core/models/qwen2.c accepts (qwen2, the name in the PyTorch FSDP training script whose command line
 # this script keeps, is Qwen2-0.5B); checked here so a typo fails before make.
 case "$MODEL" in

@@ -6,8 +6,12 @@ check "train.sh FSDP=both MP=bf16: fsdplab's mixed precision vs torch's MixedPre
   tests/check_train_parity.sh bf16
 check "train.sh FSDP=torch FSDP_VERSION=2 (fully_shard) = FSDP_VERSION=1 on 2 ranks: losses, parameters bit for bit" \
   tests/check_torch_fsdp2.sh
+check "torch_fully_shard_layout.py: FSDP2's row ranges [r c, min(d0, (r + 1) c)), empty shards, the shards' bytes" \
+  tests/check_torch_fsdp2.sh layout
 check_fails "train.sh FSDP_VERSION=3 is refused, naming the value" "FSDP_VERSION='3' is not allowed" \
   env FSDP_VERSION=3 scripts/train.sh
+check_fails "train.sh FSDP=torch FSDP_VERSION=2 STRATEGY=NO_SHARD is refused, naming the value" \
+  "STRATEGY='NO_SHARD' with FSDP_VERSION=2" env FSDP=torch FSDP_VERSION=2 STRATEGY=NO_SHARD scripts/train.sh
 check_fails "train.sh MP=fp16 is refused, naming the value" "MP='fp16' is not allowed" env MP=fp16 scripts/train.sh
 check "train.sh FSDP=edufsdp runs lab 05" \
   bash -c 'TRAIN_DIR=runs/check/train_edu FSDP=edufsdp STEPS=1 scripts/train.sh | grep -q "^1/1: Loss = "'
