@@ -377,9 +377,12 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
           *v = random_floats(n_kv, 42, 1.0f);
     buffer d_q = to_device(q, n_q * 4), d_k = to_device(k, n_kv * 4), d_v = to_device(v, n_kv * 4);
     buffer d_out = device_alloc(n_q * 4), d_probs = device_alloc(n_p * 4);
+    buffer d_forward_scratch = device_alloc(device_attention_forward_scratch_floats(B, T, past, H, KVH, D, 0) * 4);
     float *out = host_alloc(n_q * 4), *probs = host_alloc(n_p * 4);
     attention_forward_at(out, probs, q, k, v, B, T, past, H, KVH, D);
-    gpu.attention_forward_at(&gpu, d_out.ptr, d_probs.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past, H, KVH, D);
+    gpu.attention_forward_at(&gpu, d_out.ptr, d_probs.ptr, d_forward_scratch.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past,
+                             H, KVH, D);
+    device_free(d_forward_scratch);
     float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
 
     /* Scores s_j = scale q.k_j: a dot of D, then the scale (alpha): each device within gamma(D + 1) scale
@@ -436,7 +439,8 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
         float *dq0 = copy_floats(dq, n_q), *dk0 = copy_floats(dk, n_kv), *dv0 = copy_floats(dv, n_kv);
         float *scratch = host_alloc((size_t)T * T * 4);
         buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(dq, n_q * 4), d_dk = to_device(dk, n_kv * 4);
-        buffer d_dv = to_device(dv, n_kv * 4), d_scratch = device_alloc((size_t)T * T * 4);
+        buffer d_dv = to_device(dv, n_kv * 4);
+        buffer d_scratch = device_alloc(device_attention_backward_scratch_floats(B, T, H, KVH, D) * 4);
         attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, B, T, H, KVH, D);
         gpu.attention_backward(&gpu, d_dq.ptr, d_dk.ptr, d_dv.ptr, d_scratch.ptr, d_dout.ptr, d_probs.ptr, d_q.ptr,
                                d_k.ptr, d_v.ptr, B, T, H, KVH, D);
@@ -1186,7 +1190,9 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
     float *q = random_bf16(n_q, 140, scale_qk), *k = random_bf16(n_kv, 141, scale_qk), *v = random_bf16(n_kv, 142, 1);
     buffer d_q = to_device(q, n_q * 4), d_k = to_device(k, n_kv * 4), d_v = to_device(v, n_kv * 4);
     buffer d_out = device_alloc(n_q * 4), d_probs = device_alloc(n_p * 4);
-    buffer d_scratch = device_alloc((size_t)(2 * T * T + T * D > T * keys ? 2 * T * T + T * D : T * keys) * 4);
+    size_t forward_scratch = device_attention_forward_scratch_floats(B, T, past, H, KVH, D, 1);
+    size_t backward_scratch = device_attention_backward_scratch_floats(B, T, H, KVH, D);
+    buffer d_scratch = device_alloc((forward_scratch > backward_scratch ? forward_scratch : backward_scratch) * 4);
     float *out = host_alloc(n_q * 4), *probs = host_alloc(n_p * 4), *scratch = host_alloc((size_t)T * keys * 4);
     host.attention_forward_bf16(&host, out, probs, scratch, q, k, v, B, T, past, H, KVH, D);
     gpu.attention_forward_bf16(&gpu, d_out.ptr, d_probs.ptr, d_scratch.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past, H,

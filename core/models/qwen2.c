@@ -799,13 +799,14 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     }
     a->probs = output_buffer(model, (size_t)B * H * T * (past + T), "self_attn.probs", l, MEM_ACTIVATION);
     a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
-    if (bf16_compute(model)) { /* the bfloat16 probabilities multiply v from a scratch copy */
-        float *scratch = output_buffer(model, (size_t)T * (past + T), "self_attn.probs_bf16", l, MEM_WORKSPACE);
+    /* The scratch: the heads transposed for the GPU's batched GEMMs (and the bfloat16 probabilities multiplying v). */
+    size_t scratch_floats = device_attention_forward_scratch_floats(B, T, past, H, KVH, D, bf16_compute(model));
+    float *scratch = output_buffer(model, scratch_floats, "self_attn.scratch", l, MEM_WORKSPACE);
+    if (bf16_compute(model))
         d->attention_forward_bf16(d, a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
-        release(model, &scratch);
-    } else {
-        d->attention_forward_at(d, a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
-    }
+    else
+        d->attention_forward_at(d, a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
+    release(model, &scratch);
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
     model_linear_forward(model, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
     add_activation(model, a->mid, x, (size_t)N * C);
@@ -1010,14 +1011,14 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *dq = sum_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
     float *dk = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
     float *dv = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
+    float *scratch = output_buffer(model, device_attention_backward_scratch_floats(B, T, H, KVH, D),
+                                   "self_attn.dscores", l, MEM_WORKSPACE);
     if (bf16_compute(model)) {
-        float *scratch = output_buffer(model, (size_t)2 * T * T + (size_t)T * D, "self_attn.dscores", l, MEM_WORKSPACE);
         d->attention_backward_bf16(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
         release(model, &scratch);
         d->rope_backward_bf16(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
         d->rope_backward_bf16(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     } else {
-        float *scratch = output_buffer(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
         d->attention_backward(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
         release(model, &scratch);
         d->rope_backward(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
