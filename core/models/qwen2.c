@@ -1103,7 +1103,8 @@ float qwen2_forward_backward(qwen2_model *model, const int *tokens, const int *t
     qwen2_activations acts;
     /* the gradients first: under LOSS_CHUNK the head's forward writes the tied embedding's */
     for (int unit = 0; unit < model->unit_count; unit++) flat_param_alloc_full_grad(&model->units[unit]);
-    if (forward_all(model, &acts, tokens, targets, B, T, NULL, 1) != 0) world_fatal(model->ctx, "%s", model->ctx->error);
+    if (forward_all(model, &acts, tokens, targets, B, T, NULL, 1) != 0)
+        world_fatal(model->ctx, "%s", model->ctx->error);
     qwen2_head_backward(model, &acts);
     for (int l = model->config.num_hidden_layers - 1; l >= 0; l--) qwen2_layer_backward(model, &acts, l);
     qwen2_embed_backward(model, &acts);
