@@ -59,8 +59,9 @@ peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf
 echo "gpu_bench: ${gpu_name:-no GPU (nvidia-smi lists none)}; model $model, BACKEND=$backend, $steps steps;" \
   "$(date -u)" | tee -a "$summary"
 
-# the CPU build: qwen2_tool's FLOP count needs no device (train.sh builds the CUDA build itself for BACKEND=nccl)
-if ! make -j"$(nproc)" >"$out/build.log" 2>&1; then
+# the CPU build: qwen2_tool's FLOP count needs no device (train.sh builds the CUDA build itself for BACKEND=nccl); a
+# make of its own, not a caller's jobserver (make check runs the dry run)
+if ! env -u MAKEFLAGS -u MAKELEVEL make -j"$(nproc)" >"$out/build.log" 2>&1; then
   echo "gpu_bench: make failed: see $out/build.log" | tee -a "$summary"
   exit 1
 fi
