@@ -369,6 +369,28 @@ static void check_rope(int B, int T, int H, int D) {
 
 /* ---- attention ---- */
 
+/* What one attention call queues: kernel launches and cuBLAS calls, counted by the emulator (its
+ * emulator_work_count; a GPU has no such count, and there the check is left out). The batched attention
+ * (core/cuda/cuda_ops.cu) queues a fixed number whatever B and H: a per-head loop coming back fails here. */
+static unsigned long long work_count(void) {
+#ifdef FSDPLAB_CUDA_EMULATOR
+    return emulator_work_count();
+#else
+    return 0;
+#endif
+}
+
+static void check_work(const char *what, unsigned long long before, unsigned long long expected) {
+#ifdef FSDPLAB_CUDA_EMULATOR
+    unsigned long long used = emulator_work_count() - before;
+    checks++;
+    failures += used != expected;
+    printf("%-58s %11llu %11llu %9s  %s\n", what, used, expected, "-", used == expected ? "PASS" : "FAIL");
+#else
+    (void)what, (void)before, (void)expected;
+#endif
+}
+
 static void check_attention(int B, int T, int past, int H, int KVH, int D, float scale_qk) {
     char name[128];
     int keys = past + T, group = H / KVH;
@@ -377,9 +399,15 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
           *v = random_floats(n_kv, 42, 1.0f);
     buffer d_q = to_device(q, n_q * 4), d_k = to_device(k, n_kv * 4), d_v = to_device(v, n_kv * 4);
     buffer d_out = device_alloc(n_q * 4), d_probs = device_alloc(n_p * 4);
+    buffer d_forward_scratch = device_alloc(device_attention_forward_scratch_floats(B, T, past, H, KVH, D, 0) * 4);
     float *out = host_alloc(n_q * 4), *probs = host_alloc(n_p * 4);
     attention_forward_at(out, probs, q, k, v, B, T, past, H, KVH, D);
-    gpu.attention_forward_at(&gpu, d_out.ptr, d_probs.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past, H, KVH, D);
+    unsigned long long work = work_count();
+    gpu.attention_forward_at(&gpu, d_out.ptr, d_probs.ptr, d_forward_scratch.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past,
+                             H, KVH, D);
+    snprintf(name, sizeof name, "attention_forward_at launches B=%d T=%d past=%d H=%d KVH=%d", B, T, past, H, KVH);
+    check_work(name, work, 7);
+    device_free(d_forward_scratch);
     float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
 
     /* Scores s_j = scale q.k_j: a dot of D, then the scale (alpha): each device within gamma(D + 1) scale
@@ -436,10 +464,14 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
         float *dq0 = copy_floats(dq, n_q), *dk0 = copy_floats(dk, n_kv), *dv0 = copy_floats(dv, n_kv);
         float *scratch = host_alloc((size_t)T * T * 4);
         buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(dq, n_q * 4), d_dk = to_device(dk, n_kv * 4);
-        buffer d_dv = to_device(dv, n_kv * 4), d_scratch = device_alloc((size_t)T * T * 4);
+        buffer d_dv = to_device(dv, n_kv * 4);
+        buffer d_scratch = device_alloc(device_attention_backward_scratch_floats(B, T, H, KVH, D) * 4);
         attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, B, T, H, KVH, D);
+        work = work_count();
         gpu.attention_backward(&gpu, d_dq.ptr, d_dk.ptr, d_dv.ptr, d_scratch.ptr, d_dout.ptr, d_probs.ptr, d_q.ptr,
                                d_k.ptr, d_v.ptr, B, T, H, KVH, D);
+        snprintf(name, sizeof name, "attention_backward launches B=%d T=%d H=%d KVH=%d", B, T, H, KVH);
+        check_work(name, work, 12);
         float *g_dq = from_device(d_dq, n_q * 4), *g_dk = from_device(d_dk, n_kv * 4),
               *g_dv = from_device(d_dv, n_kv * 4);
         /* dv = dv0 + sum over the group's heads and t of p dout: G (T + 1) additions deep at most on either side:
@@ -1186,11 +1218,16 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
     float *q = random_bf16(n_q, 140, scale_qk), *k = random_bf16(n_kv, 141, scale_qk), *v = random_bf16(n_kv, 142, 1);
     buffer d_q = to_device(q, n_q * 4), d_k = to_device(k, n_kv * 4), d_v = to_device(v, n_kv * 4);
     buffer d_out = device_alloc(n_q * 4), d_probs = device_alloc(n_p * 4);
-    buffer d_scratch = device_alloc((size_t)(2 * T * T + T * D > T * keys ? 2 * T * T + T * D : T * keys) * 4);
+    size_t forward_scratch = device_attention_forward_scratch_floats(B, T, past, H, KVH, D, 1);
+    size_t backward_scratch = device_attention_backward_scratch_floats(B, T, H, KVH, D);
+    buffer d_scratch = device_alloc((forward_scratch > backward_scratch ? forward_scratch : backward_scratch) * 4);
     float *out = host_alloc(n_q * 4), *probs = host_alloc(n_p * 4), *scratch = host_alloc((size_t)T * keys * 4);
     host.attention_forward_bf16(&host, out, probs, scratch, q, k, v, B, T, past, H, KVH, D);
+    unsigned long long work = work_count();
     gpu.attention_forward_bf16(&gpu, d_out.ptr, d_probs.ptr, d_scratch.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past, H,
                                KVH, D);
+    snprintf(name, sizeof name, "attention_forward_bf16 launches B=%d T=%d past=%d H=%d KVH=%d", B, T, past, H, KVH);
+    check_work(name, work, 10);
     float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
     /* Per row of a head: s_j = bf16(bf16(q.k_j) scale) (a D-term GEMM, two roundings); the float32 softmax:
      * max (exact of the s's), e_j = expf(fl(s_j - max)), S = their double sum (keys additions), p_j =
@@ -1242,8 +1279,11 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
         buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(dq, n_q * 4), d_dk = to_device(dk, n_kv * 4);
         buffer d_dv = to_device(dv, n_kv * 4);
         host.attention_backward_bf16(&host, dq, dk, dv, bscratch, dout, probs, q, k, v, B, T, H, KVH, D);
+        work = work_count();
         gpu.attention_backward_bf16(&gpu, d_dq.ptr, d_dk.ptr, d_dv.ptr, d_scratch.ptr, d_dout.ptr, d_probs.ptr,
                                     d_q.ptr, d_k.ptr, d_v.ptr, B, T, H, KVH, D);
+        snprintf(name, sizeof name, "attention_backward_bf16 launches B=%d T=%d H=%d KVH=%d", B, T, H, KVH);
+        check_work(name, work, 16);
         float *g_dq = from_device(d_dq, n_q * 4), *g_dk = from_device(d_dk, n_kv * 4),
               *g_dv = from_device(d_dv, n_kv * 4);
         /* Per head: dp_tj = bf16(dout_t . v_j) (D terms); dot_t = sum_j p_tj dp_tj (double, t + 1 additions);

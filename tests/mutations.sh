@@ -36,7 +36,7 @@ mutations=(
   "post-forward-keeps-layer-0|core/fsdp/fsdp.c|s.replace('int free_unsharded = unit != 0 &&', "\
 "'int free_unsharded = unit > 1 &&')"
   # gradient accumulation without its 1/ACC: every ACC=2 gradient doubled (caught against ACC=1 with one micro-batch)
-  "acc-missing-scale|core/fsdp/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps)', '1.0f)')"
+  "acc-missing-scale|core/fsdp/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps;', '1.0f;')"
   # HYBRID_SHARD (lab 08)
   "hybrid-skips-replicate-all-reduce|core/fsdp/flat_param.c|s.replace('if (status == 0 && fp->replicate_group != "\
 "NULL)\n        status = comm_all_reduce', 'if (0)\n        status = comm_all_reduce')|check-08"

@@ -195,6 +195,7 @@ static int command_run(context *ctx, const char *directory, const char *batch_pa
 
     qwen2_activations acts;
     if (qwen2_activations_begin(&model, &acts, tokens, targets, B, T) != 0) world_exit_all(ctx, 1, "%s", ctx->error);
+    acts.backward_follows = 1; /* the head's forward keeps dlogits */
     qwen2_embed_forward(&model, &acts);
     for (int l = 0; l < L; l++) qwen2_layer_forward(&model, &acts, l);
     float loss = qwen2_head_forward(&model, &acts);

@@ -291,6 +291,7 @@ START_TEST(test_bf16_compute_keeps_bfloat16_tensors) {
     size_t kv_width = (size_t)config.num_key_value_heads * config.head_dim;
     qwen2_activations acts;
     ck_assert_int_eq(qwen2_activations_begin(&model, &acts, tokens, targets, B, T), 0);
+    acts.backward_follows = 1; /* the head's forward keeps dlogits */
     qwen2_embed_forward(&model, &acts);
     for (int l = 0; l < L; l++) qwen2_layer_forward(&model, &acts, l);
     float loss = qwen2_head_forward(&model, &acts);

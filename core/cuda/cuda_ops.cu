@@ -128,81 +128,124 @@ static void cuda_rope_backward(device *d, float *dx, const float *cos_table, con
     LAUNCH(s, rope_launch(dx, cos_table, sin_table, B, T, H, D, -1.0f, s->compute));
 }
 
-/* Grouped-query attention, q (B, T, H, D), k and v (B, past + T, KVH, D), probs (B, H, T, keys).
- * Per (batch b, key/value head kv) one strided-batched GEMM covers the G = H / KVH query heads h = kv G + g of the
- * group: their Q blocks are D apart in each row (batch stride D, row stride H D), they share K and V (batch stride
- * 0), and their probs are consecutive (T, keys) blocks. Then one causal softmax over every row, then P V the same
- * way.
- *   scores_h (T, keys) = scale q_h (T, D) @ k^T:   cuBLAS scores^T (keys, T) = op_T(k as (D, keys)) @ q_h^T (D, T),
- *                                                   m = keys, n = T, k = D.
- *   out_h (T, D) = probs_h (T, keys) @ v (keys, D): cuBLAS out^T (D, T) = v^T (D, keys) @ probs^T (keys, T),
- *                                                   m = D, n = T, k = keys. */
-static void cuda_attention_forward_at(device *d, float *out, float *probs, const float *q, const float *k,
-                                      const float *v, int B, int T, int past, int H, int KVH, int D) {
-    cuda_device_state *s = state_of(d);
-    if (B <= 0 || T <= 0 || H <= 0) return;
-    if (KVH <= 0 || H % KVH != 0) ops_fatal(s, "attention_forward_at: query heads not a multiple of key/value heads");
-    int group = H / KVH, keys = past + T;
-    long long q_stride = (long long)H * D, kv_stride = (long long)KVH * D;
-    float scale = 1.0f / sqrtf((float)D);
-    const float one = 1.0f, zero = 0.0f;
-    for (int b = 0; b < B; b++) {
-        for (int kv = 0; kv < KVH; kv++) {
-            const float *q_group = q + (size_t)b * T * q_stride + (size_t)kv * group * D;
-            const float *k_head = k + (size_t)b * keys * kv_stride + (size_t)kv * D;
-            float *p_group = probs + ((size_t)b * H + (size_t)kv * group) * T * keys;
-            CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, keys, T, D, &scale,
-                                                            k_head, (int)kv_stride, 0, q_group, (int)q_stride, D, &zero,
-                                                            p_group, keys, (long long)T * keys, group));
-        }
-    }
-    LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
-    for (int b = 0; b < B; b++) {
-        for (int kv = 0; kv < KVH; kv++) {
-            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)kv * D;
-            const float *p_group = probs + ((size_t)b * H + (size_t)kv * group) * T * keys;
-            float *o_group = out + (size_t)b * T * q_stride + (size_t)kv * group * D;
-            CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(
-                                      s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, keys, &one, v_head, (int)kv_stride, 0,
-                                      p_group, keys, (long long)T * keys, &zero, o_group, (int)q_stride, D, group));
-        }
-    }
+/* The attention's batched GEMMs need every head's block at a fixed stride from the last one's, which the projections'
+ * (B, T, heads, D) layout does not give (a head's rows are H D apart, and the next batch's block does not follow the
+ * last head's). So the attention transposes q, k, v (and in backward dout) to (B, heads, T, D) in its scratch
+ * (core/device/device.h's sizes), runs each product as ONE strided-batched GEMM over every (batch, head) pair, and
+ * transposes the results back. Grouped-query attention then falls out of the layout: the G = H / KVH query heads of
+ * key/value head kv are consecutive (T, D) blocks, one (G T, D) matrix against that head's keys, so the products with
+ * k or v batch over the B KVH pairs (b, kv) with G T rows each, and the products that make dk or dv terms batch over
+ * the B H heads into a (B, H, T, D) block that one kernel (group_sum) adds into each key/value head in head order:
+ * no two GEMM outputs point at one gradient. Launches per call: forward 7 (float32) or 10 (bfloat16), backward 12
+ * or 16, whatever B and H (before: per (b, kv) or (b, h) loops, 2 B KVH + 1 forward, 5 B H backward in float32).
+ *
+ * Every output element is still one dot of D or of T (past + T) products, as the CPU's per-head GEMMs compute it; the
+ * group's heads are added into dk / dv one at a time, dk0 + t_0 + t_1 + ..., as the CPU's beta = 1 GEMMs add them.
+ *
+ * With QB (B, heads, T, D) blocks and the row-major/column-major rule at the top, for batch index i:
+ *   scores_i (G T, keys) = Q_i (G T, D) @ K_i^T:  scores^T = op_T(K_i as (D, keys)) @ Q_i^T (D, G T),
+ *                                                  m = keys, n = G T, k = D; i over B KVH.
+ *   out_i (G T, D) = P_i (G T, keys) @ V_i:        out^T (D, G T) = V_i^T (D, keys) @ P_i^T (keys, G T),
+ *                                                  m = D, n = G T, k = keys; i over B KVH. */
+static void check_heads(cuda_device_state *s, const char *what, int H, int KVH) {
+    if (KVH > 0 && H % KVH == 0) return;
+    char message[160];
+    snprintf(message, sizeof message, "%s: %d query heads are not a multiple of %d key/value heads", what, H, KVH);
+    ops_fatal(s, message);
 }
 
-/* The backward, per (b, h) as the CPU does, because the workspace `scratch` holds one head's (T, T) dp:
- *   dv += p^T dout:      cuBLAS dv^T (D, T) += dout^T (D, T) @ p (p stored as p^T: T), m = D, n = T, k = T; (N, T)
- *   dp = dout v^T:       cuBLAS dp^T (T, T) = op_T(v^T as (D, T)) @ dout^T (D, T), m = T, n = T, k = D; (T, N)
- *   ds = p (dp - rowsum(p dp)) (a kernel, in place on scratch)
- *   dq += scale ds k:    cuBLAS dq^T (D, T) += k^T (D, T) @ ds^T (T, T), m = D, n = T, k = T; (N, N)
- *   dk += scale ds^T q:  cuBLAS dk^T (D, T) += q^T (D, T) @ op_T(ds^T), m = D, n = T, k = T; (N, T)
- * A (G, T, T) scratch would let the G heads of a group share each call, as the forward does. */
+/* q, k, v into the scratch's (B, heads, T, D) blocks: q at the start (later the output's), k and v after it. */
+static void attention_forward_layouts(cuda_device_state *s, float *scratch, const float *q, const float *k,
+                                      const float *v, int B, int T, int keys, int H, int KVH, int D, float **qt,
+                                      float **kt, float **vt) {
+    *qt = scratch;
+    *kt = *qt + (size_t)B * T * H * D;
+    *vt = *kt + (size_t)B * keys * KVH * D;
+    LAUNCH(s, heads_layout_launch(*qt, q, B, T, H, D, HEADS_TO_MAJOR, s->compute));
+    LAUNCH(s, heads_layout_launch(*kt, k, B, keys, KVH, D, HEADS_TO_MAJOR, s->compute));
+    LAUNCH(s, heads_layout_launch(*vt, v, B, keys, KVH, D, HEADS_TO_MAJOR, s->compute));
+}
+
+static void cuda_attention_forward_at(device *d, float *out, float *probs, float *scratch, const float *q,
+                                      const float *k, const float *v, int B, int T, int past, int H, int KVH, int D) {
+    cuda_device_state *s = state_of(d);
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    check_heads(s, "attention_forward_at", H, KVH);
+    int group = H / KVH, keys = past + T, rows = group * T;
+    float scale = 1.0f / sqrtf((float)D);
+    const float one = 1.0f, zero = 0.0f;
+    float *qt, *kt, *vt;
+    attention_forward_layouts(s, scratch, q, k, v, B, T, keys, H, KVH, D, &qt, &kt, &vt);
+    long long kv_block = (long long)keys * D, q_block = (long long)rows * D, p_block = (long long)rows * keys;
+    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &scale, kt, D,
+                                                    kv_block, qt, D, q_block, &zero, probs, keys, p_block, B * KVH));
+    LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
+    float *out_t = qt; /* q's block is read: it holds the output now */
+    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, keys, &one, vt, D,
+                                                    kv_block, probs, keys, p_block, &zero, out_t, D, q_block,
+                                                    B * KVH));
+    LAUNCH(s, heads_layout_launch(out, out_t, B, T, H, D, HEADS_FROM_MAJOR, s->compute));
+}
+
+/* The backward's scratch: q, k, v, dout in (B, heads, T, D) (dout's block holds dq's after its last read), one
+ * (B, H, T, D) block of dk or dv terms, dp (B, H, T, T). */
+typedef struct attention_backward_scratch {
+    float *qt, *kt, *vt, *dout_t, *terms, *dp;
+} attention_backward_scratch;
+
+static attention_backward_scratch attention_backward_layouts(cuda_device_state *s, float *scratch, const float *dout,
+                                                             const float *q, const float *k, const float *v, int B,
+                                                             int T, int H, int KVH, int D) {
+    size_t queries = (size_t)B * T * H * D, key_values = (size_t)B * T * KVH * D;
+    attention_backward_scratch w;
+    w.qt = scratch;
+    w.kt = w.qt + queries;
+    w.vt = w.kt + key_values;
+    w.dout_t = w.vt + key_values;
+    w.terms = w.dout_t + queries;
+    w.dp = w.terms + queries;
+    LAUNCH(s, heads_layout_launch(w.qt, q, B, T, H, D, HEADS_TO_MAJOR, s->compute));
+    LAUNCH(s, heads_layout_launch(w.kt, k, B, T, KVH, D, HEADS_TO_MAJOR, s->compute));
+    LAUNCH(s, heads_layout_launch(w.vt, v, B, T, KVH, D, HEADS_TO_MAJOR, s->compute));
+    LAUNCH(s, heads_layout_launch(w.dout_t, dout, B, T, H, D, HEADS_TO_MAJOR, s->compute));
+    return w;
+}
+
+/* The backward (past = 0), in the (B, heads, T, D) blocks; i over the B H heads or the B KVH groups as marked:
+ *   dv terms_h (T, D) = p_h^T dout_h:    terms^T (D, T) = dout_h^T (D, T) @ op_T(p_h stored as p_h^T),
+ *                                         m = D, n = T, k = T; over B H; then dv += the group's terms (group_sum);
+ *   dp_i (G T, T) = dout_i v_i^T:         dp^T (T, G T) = op_T(v_i as (D, T)) @ dout_i^T (D, G T),
+ *                                         m = T, n = G T, k = D; over B KVH;
+ *   ds = p (dp - rowsum(p dp)) (a kernel over all B H T rows, in place);
+ *   dq_i (G T, D) = scale ds_i k_i:       dq^T (D, G T) = k_i^T (D, T) @ ds_i^T (T, G T), m = D, n = G T, k = T;
+ *                                         over B KVH, into dout's block; then dq += it, transposed back;
+ *   dk terms_h (T, D) = scale ds_h^T q_h: terms^T (D, T) = q_h^T (D, T) @ op_T(ds_h stored as ds_h^T),
+ *                                         m = D, n = T, k = T; over B H; then dk += the group's terms. */
 static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                     const float *probs, const float *q, const float *k, const float *v, int B, int T,
                                     int H, int KVH, int D) {
     cuda_device_state *s = state_of(d);
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (KVH <= 0 || H % KVH != 0) ops_fatal(s, "attention_backward: query heads not a multiple of key/value heads");
-    int group = H / KVH;
-    int q_stride = H * D, kv_stride = KVH * D;
+    check_heads(s, "attention_backward", H, KVH);
+    int group = H / KVH, rows = group * T;
     float scale = 1.0f / sqrtf((float)D);
     const float one = 1.0f, zero = 0.0f;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            size_t q_offset = (size_t)b * T * q_stride + (size_t)h * D;
-            size_t kv_offset = (size_t)b * T * kv_stride + (size_t)(h / group) * D;
-            const float *p = probs + ((size_t)b * H + h) * T * T;
-            float *dp = scratch;
-            CUBLAS_CHECK(s->rank, cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dout + q_offset,
-                                              q_stride, p, T, &one, dv + kv_offset, kv_stride));
-            CUBLAS_CHECK(s->rank, cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v + kv_offset,
-                                              kv_stride, dout + q_offset, q_stride, &zero, dp, T));
-            LAUNCH(s, softmax_backward_launch(dp, p, T, s->compute));
-            CUBLAS_CHECK(s->rank, cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &scale, k + kv_offset,
-                                              kv_stride, dp, T, &one, dq + q_offset, q_stride));
-            CUBLAS_CHECK(s->rank, cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &scale, q + q_offset,
-                                              q_stride, dp, T, &one, dk + kv_offset, kv_stride));
-        }
-    }
+    attention_backward_scratch w = attention_backward_layouts(s, scratch, dout, q, k, v, B, T, H, KVH, D);
+    long long head = (long long)T * D, square = (long long)T * T, kv_block = head;
+    long long q_block = (long long)rows * D, p_block = (long long)rows * T;
+    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, w.dout_t, D,
+                                                    head, probs, T, square, &zero, w.terms, D, head, B * H));
+    LAUNCH(s, group_sum_launch(dv, w.terms, B, T, KVH, group, D, 0, s->compute));
+    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, rows, D, &one, w.vt, D,
+                                                    kv_block, w.dout_t, D, q_block, &zero, w.dp, T, p_block, B * KVH));
+    LAUNCH(s, softmax_backward_launch(w.dp, probs, B * H, T, s->compute));
+    float *dq_t = w.dout_t; /* dout's block is read: it holds dq's terms now */
+    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, T, &scale, w.kt, D,
+                                                    kv_block, w.dp, T, p_block, &zero, dq_t, D, q_block, B * KVH));
+    LAUNCH(s, heads_layout_launch(dq, dq_t, B, T, H, D, HEADS_ADD_FROM_MAJOR, s->compute));
+    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &scale, w.qt, D,
+                                                    head, w.dp, T, square, &zero, w.terms, D, head, B * H));
+    LAUNCH(s, group_sum_launch(dk, w.terms, B, T, KVH, group, D, 0, s->compute));
 }
 
 /* ---- the layers in bfloat16 (core/kernels/layers_bf16.h; the CPU's are core/kernels/layers_bf16.c) ---- */
@@ -291,90 +334,72 @@ static void cuda_rope_backward_bf16(device *d, float *dx, const float *cos_table
     LAUNCH(s, rope_bf16_launch(dx, cos_table, sin_table, B, T, H, D, 1, s->compute));
 }
 
-/* HF's eager attention in bfloat16 (layers_bf16.h), q (B, T, H, D), k and v (B, keys, KVH, D), probs (B, H, T, keys):
- *   scores: per (b, kv group) one strided-batched GEMM as cuda_attention_forward_at's, alpha 1 (the scaling is its
- *           own rounded op): scores^T (keys, T) = op_T(k as (D, keys)) @ q_h^T (D, T), m = keys, n = T, k = D;
- *   then on all of probs bf16(bf16(s) * scale) (a kernel) and the float32 causal softmax (cuda's kernel), saved;
- *   per head (the scratch holds one head's (T, keys)): scratch = bf16(probs_h), and
- *           out_h (T, D) = scratch (T, keys) @ v (keys, D): out^T (D, T) = v^T (D, keys) @ scratch^T (keys, T),
- *           m = D, n = T, k = keys;
- *   then out rounded once, all heads (each head's block is written once, so rounding at the end is the CPU's
+/* HF's eager attention in bfloat16 (layers_bf16.h), the float32 attention's batched GEMMs and layouts (above):
+ *   scores: alpha 1 (the scaling is its own rounded op); then on all of probs bf16(bf16(s) * scale) (a kernel) and
+ *           the float32 causal softmax, saved;
+ *   rounded = bf16(probs) into the scratch (after k and v), and out = rounded @ v as above;
+ *   then out transposed back and rounded once (each element is written once, so rounding at the end is the CPU's
  *   per-head rounding). */
 static void cuda_attention_forward_bf16(device *d, float *out, float *probs, float *scratch, const float *q,
                                         const float *k, const float *v, int B, int T, int past, int H, int KVH,
                                         int D) {
     cuda_device_state *s = state_of(d);
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (KVH <= 0 || H % KVH != 0) ops_fatal(s, "attention_forward_bf16: query heads not a multiple of key/value heads");
-    int group = H / KVH, keys = past + T;
-    long long q_stride = (long long)H * D, kv_stride = (long long)KVH * D, block = (long long)T * keys;
+    check_heads(s, "attention_forward_bf16", H, KVH);
+    int group = H / KVH, keys = past + T, rows = group * T;
     const float one = 1.0f, zero = 0.0f;
-    for (int b = 0; b < B; b++) {
-        for (int kv = 0; kv < KVH; kv++) {
-            const float *q_group = q + (size_t)b * T * q_stride + (size_t)kv * group * D;
-            const float *k_head = k + (size_t)b * keys * kv_stride + (size_t)kv * D;
-            float *p_group = probs + ((size_t)b * H + (size_t)kv * group) * block;
-            GEMM_BF16_BATCHED(s, CUBLAS_OP_T, CUBLAS_OP_N, keys, T, D, &one, k_head, (int)kv_stride, 0, q_group,
-                              (int)q_stride, D, &zero, p_group, keys, block, group);
-        }
-    }
-    LAUNCH(s, attention_scores_bf16_launch(probs, (size_t)B * H * block, attention_scale_bf16(D), s->compute));
+    float *qt, *kt, *vt;
+    attention_forward_layouts(s, scratch, q, k, v, B, T, keys, H, KVH, D, &qt, &kt, &vt);
+    float *rounded = vt + (size_t)B * keys * KVH * D;
+    long long kv_block = (long long)keys * D, q_block = (long long)rows * D, p_block = (long long)rows * keys;
+    size_t p_count = (size_t)B * H * T * keys;
+    GEMM_BF16_BATCHED(s, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &one, kt, D, kv_block, qt, D, q_block, &zero, probs,
+                      keys, p_block, B * KVH);
+    LAUNCH(s, attention_scores_bf16_launch(probs, p_count, attention_scale_bf16(D), s->compute));
     LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
-            float *o_head = out + (size_t)b * T * q_stride + (size_t)h * D;
-            LAUNCH(s, round_copy_bf16_launch(scratch, probs + ((size_t)b * H + h) * block, (size_t)block, s->compute));
-            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, D, T, keys, &one, v_head, (int)kv_stride, scratch, keys, &zero,
-                      o_head, (int)q_stride);
-        }
-    }
-    LAUNCH(s, round_to_bf16_launch(out, (size_t)B * T * q_stride, s->compute));
+    LAUNCH(s, round_copy_bf16_launch(rounded, probs, p_count, s->compute));
+    float *out_t = qt;
+    GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, keys, &one, vt, D, kv_block, rounded, keys, p_block,
+                      &zero, out_t, D, q_block, B * KVH);
+    LAUNCH(s, heads_layout_launch(out, out_t, B, T, H, D, HEADS_FROM_MAJOR, s->compute));
+    LAUNCH(s, round_to_bf16_launch(out, (size_t)B * T * H * D, s->compute));
 }
 
-/* Its backward (past = 0), per (b, h) as layers_bf16.c: the scratch (2 T T + T D) holds one head's rounded probs,
- * its dp and a (T, D) term:
- *   rounded = bf16(probs_h) (a kernel);
- *   term = rounded^T dout_h: term^T (D, T) = dout_h^T (D, T) @ rounded (stored as rounded^T: T),
- *          m = D, n = T, k = T; then dv_kv += bf16(term) (a kernel: the group's heads summed in float32, in order);
- *   dp = dout_h v^T:        dp^T (T, T) = op_T(v^T as (D, T)) @ dout_h^T (D, T), m = T, n = T, k = D;
- *   ds = bf16(bf16(p (bf16(dp) - rowsum(p bf16(dp)))) * scale) (a kernel, in place on dp);
- *   dq_h = bf16(dq_h + ds k): dq^T (D, T) += k^T (D, T) @ ds^T (T, T), m = D, n = T, k = T, beta 1 (dq is zero:
- *          each head writes its own columns once, so all of dq is rounded once at the end);
- *   term = ds^T q_h:         term^T (D, T) = q_h^T (D, T) @ op_T(ds^T), m = D, n = T, k = T; dk_kv += bf16(term);
- * and finally dk, dv rounded once (repeat_kv's backward: the float32 sum over the group, rounded). */
+/* Its backward (past = 0), layers_bf16.c's steps on the float32 backward's batched GEMMs (alpha 1 throughout):
+ *   rounded = bf16(probs) into dp's block (dp is not made yet);
+ *   dv terms = rounded^T dout per head; dv += bf16(term) per head, in head order (group_sum, rounding);
+ *   dp = dout v^T per group, over the rounded probs' block;
+ *   ds = bf16(bf16(p (bf16(dp) - rowsum(p bf16(dp)))) * scale) (a kernel over all rows, in place);
+ *   dq = ds k per group into dout's block, then dq += it (dq is zero: each element written once);
+ *   dk terms = ds^T q per head; dk += bf16(term) per head, in head order;
+ * and finally dq, dk, dv rounded once (repeat_kv's backward: the float32 sum over the group, rounded). */
 static void cuda_attention_backward_bf16(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                          const float *probs, const float *q, const float *k, const float *v, int B,
                                          int T, int H, int KVH, int D) {
     cuda_device_state *s = state_of(d);
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (KVH <= 0 || H % KVH != 0)
-        ops_fatal(s, "attention_backward_bf16: query heads not a multiple of key/value heads");
-    int group = H / KVH;
-    int q_stride = H * D, kv_stride = KVH * D;
-    size_t block = (size_t)T * T;
-    float scale = attention_scale_bf16(D);
-    float *rounded = scratch, *dp = scratch + block, *term = scratch + 2 * block;
+    check_heads(s, "attention_backward_bf16", H, KVH);
+    int group = H / KVH, rows = group * T;
     const float one = 1.0f, zero = 0.0f;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            size_t q_offset = (size_t)b * T * q_stride + (size_t)h * D;
-            size_t kv_offset = (size_t)b * T * kv_stride + (size_t)(h / group) * D;
-            const float *p = probs + ((size_t)b * H + h) * block;
-            LAUNCH(s, round_copy_bf16_launch(rounded, p, block, s->compute));
-            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dout + q_offset, q_stride, rounded, T, &zero, term,
-                      D);
-            LAUNCH(s, add_rounded_rows_launch(dv + kv_offset, (size_t)kv_stride, term, T, D, s->compute));
-            GEMM_BF16(s, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v + kv_offset, kv_stride, dout + q_offset, q_stride,
-                      &zero, dp, T);
-            LAUNCH(s, softmax_backward_bf16_launch(dp, p, T, scale, s->compute));
-            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k + kv_offset, kv_stride, dp, T, &one, dq + q_offset,
-                      q_stride);
-            GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q + q_offset, q_stride, dp, T, &zero, term, D);
-            LAUNCH(s, add_rounded_rows_launch(dk + kv_offset, (size_t)kv_stride, term, T, D, s->compute));
-        }
-    }
-    size_t q_count = (size_t)B * T * q_stride, kv_count = (size_t)B * T * kv_stride;
+    attention_backward_scratch w = attention_backward_layouts(s, scratch, dout, q, k, v, B, T, H, KVH, D);
+    long long head = (long long)T * D, square = (long long)T * T, kv_block = head;
+    long long q_block = (long long)rows * D, p_block = (long long)rows * T;
+    float *rounded = w.dp;
+    LAUNCH(s, round_copy_bf16_launch(rounded, probs, (size_t)B * H * square, s->compute));
+    GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, w.dout_t, D, head, rounded, T, square, &zero,
+                      w.terms, D, head, B * H);
+    LAUNCH(s, group_sum_launch(dv, w.terms, B, T, KVH, group, D, 1, s->compute));
+    GEMM_BF16_BATCHED(s, CUBLAS_OP_T, CUBLAS_OP_N, T, rows, D, &one, w.vt, D, kv_block, w.dout_t, D, q_block, &zero,
+                      w.dp, T, p_block, B * KVH);
+    LAUNCH(s, softmax_backward_bf16_launch(w.dp, probs, B * H, T, attention_scale_bf16(D), s->compute));
+    float *dq_t = w.dout_t;
+    GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, T, &one, w.kt, D, kv_block, w.dp, T, p_block, &zero, dq_t,
+                      D, q_block, B * KVH);
+    LAUNCH(s, heads_layout_launch(dq, dq_t, B, T, H, D, HEADS_ADD_FROM_MAJOR, s->compute));
+    GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, w.qt, D, head, w.dp, T, square, &zero, w.terms, D,
+                      head, B * H);
+    LAUNCH(s, group_sum_launch(dk, w.terms, B, T, KVH, group, D, 1, s->compute));
+    size_t q_count = (size_t)B * T * H * D, kv_count = (size_t)B * T * KVH * D;
     LAUNCH(s, round_to_bf16_launch(dq, q_count, s->compute));
     LAUNCH(s, round_to_bf16_launch(dk, kv_count, s->compute));
     LAUNCH(s, round_to_bf16_launch(dv, kv_count, s->compute));

@@ -379,11 +379,13 @@ cudaError_t causal_softmax_launch(float *scores, int blocks, int T, int past, cu
     return cudaGetLastError();
 }
 
-/* One block per row t of dp (T, T): ds_j = p_j (dp_j - sum_k p_k dp_k) for j <= t, 0 after. */
+/* One block per row of dp (blocks, T, T), row t of its block: ds_j = p_j (dp_j - sum_k p_k dp_k) for j <= t, 0
+ * after. */
 __global__ void softmax_backward_kernel(float *dp, const float *probs, int T) {
-    int t = blockIdx.x;
-    float *row = dp + (size_t)t * T;
-    const float *p_row = probs + (size_t)t * T;
+    size_t row_index = blockIdx.x;
+    int t = (int)(row_index % T);
+    float *row = dp + row_index * T;
+    const float *p_row = probs + row_index * T;
     double dot = 0.0;
     for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += km_softmax_dot_term(p_row[j], row[j]);
     dot = block_sum(dot);
@@ -391,9 +393,56 @@ __global__ void softmax_backward_kernel(float *dp, const float *probs, int T) {
         row[j] = j <= t ? km_softmax_backward(p_row[j], row[j], dot) : 0.0f;
 }
 
-cudaError_t softmax_backward_launch(float *dp, const float *probs, int T, cudaStream_t stream) {
-    if (T <= 0) return cudaSuccess;
-    softmax_backward_kernel<<<T, THREADS, 0, stream>>>(dp, probs, T);
+cudaError_t softmax_backward_launch(float *dp, const float *probs, int blocks, int T, cudaStream_t stream) {
+    size_t rows = (size_t)blocks * T;
+    if (rows == 0) return cudaSuccess;
+    softmax_backward_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(dp, probs, T);
+    return cudaGetLastError();
+}
+
+/* One thread per element, indexed in the (B, T, heads, D) layout. */
+__global__ void heads_layout_kernel(float *dst, const float *src, size_t count, int T, int heads, int D,
+                                    heads_layout_op op) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        size_t d = i % D, h = i / D % heads, t = i / ((size_t)D * heads) % T, b = i / ((size_t)D * heads * T);
+        size_t major = ((b * heads + h) * T + t) * D + d;
+        if (op == HEADS_TO_MAJOR)
+            dst[major] = src[i];
+        else if (op == HEADS_FROM_MAJOR)
+            dst[i] = src[major];
+        else
+            dst[i] = dst[i] + src[major];
+    }
+}
+
+cudaError_t heads_layout_launch(float *dst, const float *src, int B, int T, int heads, int D, heads_layout_op op,
+                                cudaStream_t stream) {
+    size_t count = (size_t)B * T * heads * D;
+    if (count == 0) return cudaSuccess;
+    heads_layout_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, src, count, T, heads, D, op);
+    return cudaGetLastError();
+}
+
+/* One thread per element of dst, its group's terms added in head order. */
+__global__ void group_sum_kernel(float *dst, const float *terms, size_t count, int T, int KVH, int group, int D,
+                                 int round) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        size_t d = i % D, kv = i / D % KVH, t = i / ((size_t)D * KVH) % T, b = i / ((size_t)D * KVH * T);
+        size_t H = (size_t)KVH * group;
+        float sum = dst[i];
+        for (int g = 0; g < group; g++) {
+            float term = terms[((b * H + kv * group + g) * T + t) * D + d];
+            sum = sum + (round ? km_bf16_round(term) : term);
+        }
+        dst[i] = sum;
+    }
+}
+
+cudaError_t group_sum_launch(float *dst, const float *terms, int B, int T, int KVH, int group, int D, int round,
+                             cudaStream_t stream) {
+    size_t count = (size_t)B * T * KVH * D;
+    if (count == 0) return cudaSuccess;
+    group_sum_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, terms, count, T, KVH, group, D, round);
     return cudaGetLastError();
 }
 
@@ -410,12 +459,13 @@ cudaError_t attention_scores_bf16_launch(float *scores, size_t count, float scal
     return cudaGetLastError();
 }
 
-/* One block per row t of dp (T, T): dot = sum_{j <= t} p_j bf16(dp_j) in double, then
+/* One block per row of dp (blocks, T, T), row t of its block: dot = sum_{j <= t} p_j bf16(dp_j) in double, then
  * ds_j = bf16(bf16(p_j (bf16(dp_j) - dot)) * scale) for j <= t, 0 after. */
 __global__ void softmax_backward_bf16_kernel(float *dp, const float *probs, int T, float scale) {
-    int t = blockIdx.x;
-    float *row = dp + (size_t)t * T;
-    const float *p_row = probs + (size_t)t * T;
+    size_t row_index = blockIdx.x;
+    int t = (int)(row_index % T);
+    float *row = dp + row_index * T;
+    const float *p_row = probs + row_index * T;
     double dot = 0.0;
     for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += km_softmax_dot_term(p_row[j], km_bf16_round(row[j]));
     dot = block_sum(dot);
@@ -423,24 +473,11 @@ __global__ void softmax_backward_bf16_kernel(float *dp, const float *probs, int 
         row[j] = j <= t ? km_bf16_softmax_backward(p_row[j], row[j], dot, scale) : 0.0f;
 }
 
-cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int T, float scale, cudaStream_t stream) {
-    if (T <= 0) return cudaSuccess;
-    softmax_backward_bf16_kernel<<<T, THREADS, 0, stream>>>(dp, probs, T, scale);
-    return cudaGetLastError();
-}
-
-/* block (rows, columns) with row stride ld += bf16(term), term (rows, columns) contiguous: one head's gradient
- * into a key/value head's float32 sum. */
-__global__ void add_rounded_rows_kernel(float *block, size_t ld, const float *term, size_t count, int columns) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
-        block[i / columns * ld + i % columns] += km_bf16_round(term[i]);
-}
-
-cudaError_t add_rounded_rows_launch(float *block, size_t ld, const float *term, int rows, int columns,
-                                    cudaStream_t stream) {
-    size_t count = (size_t)rows * columns;
-    if (count == 0) return cudaSuccess;
-    add_rounded_rows_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(block, ld, term, count, columns);
+cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int blocks, int T, float scale,
+                                         cudaStream_t stream) {
+    size_t rows = (size_t)blocks * T;
+    if (rows == 0) return cudaSuccess;
+    softmax_backward_bf16_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(dp, probs, T, scale);
     return cudaGetLastError();
 }
 

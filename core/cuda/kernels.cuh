@@ -55,8 +55,20 @@ cudaError_t rope_launch(floatX *x, const float *cos_table, const float *sin_tabl
                         float direction, cudaStream_t stream);
 /* In place on scores (rows, T, past + T) laid as `rows` blocks of T rows: row t keeps columns 0 .. past + t. */
 cudaError_t causal_softmax_launch(float *scores, int blocks, int T, int past, cudaStream_t stream);
-/* In place on dp (T, T): dp = p * (dp - rowsum(p * dp)), causal (columns past the diagonal 0). */
-cudaError_t softmax_backward_launch(float *dp, const float *probs, int T, cudaStream_t stream);
+/* In place on dp (blocks, T, T): dp = p * (dp - rowsum(p * dp)), causal (columns past the diagonal 0). */
+cudaError_t softmax_backward_launch(float *dp, const float *probs, int blocks, int T, cudaStream_t stream);
+/* The attention's head layouts for its batched GEMMs: (B, T, heads, D) as the projections write it, and
+ * (B, heads, T, D), each head's (T, D) block contiguous. HEADS_TO_MAJOR: dst (B, heads, T, D) = src (B, T, heads, D);
+ * HEADS_FROM_MAJOR: dst (B, T, heads, D) = src (B, heads, T, D); HEADS_ADD_FROM_MAJOR: dst += the same. */
+typedef enum heads_layout_op { HEADS_TO_MAJOR, HEADS_FROM_MAJOR, HEADS_ADD_FROM_MAJOR } heads_layout_op;
+cudaError_t heads_layout_launch(float *dst, const float *src, int B, int T, int heads, int D, heads_layout_op op,
+                                cudaStream_t stream);
+/* repeat_kv's backward: dst (B, T, KVH, D) += the G = H / KVH query heads' terms of each key/value head, terms
+ * (B, H, T, D), added one head after another in head order (dst + t_0 + t_1 + ...: one float32 add each, the CPU's
+ * order of adding the heads); round 1 rounds each term to bfloat16 first (layers_bf16.h). One thread per element of
+ * dst: no two threads write one element, so the sum is the same every run. */
+cudaError_t group_sum_launch(float *dst, const float *terms, int B, int T, int KVH, int group, int D, int round,
+                             cudaStream_t stream);
 cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream);
 cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                    cudaStream_t stream);
@@ -74,11 +86,9 @@ cudaError_t rope_bf16_launch(floatX *x, const float *cos_table, const float *sin
                              int backward, cudaStream_t stream);
 /* In place on count raw scores: bf16(bf16(s) * scale). */
 cudaError_t attention_scores_bf16_launch(float *scores, size_t count, float scale, cudaStream_t stream);
-/* In place on dp (T, T) from the float32 probs: the softmax's backward and the scaling's, rounded as torch. */
-cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int T, float scale, cudaStream_t stream);
-/* block (rows, columns; row stride ld) += bf16(term (rows, columns), contiguous). */
-cudaError_t add_rounded_rows_launch(float *block, size_t ld, const float *term, int rows, int columns,
-                                    cudaStream_t stream);
+/* In place on dp (blocks, T, T) from the float32 probs: the softmax's backward and the scaling's, rounded as torch. */
+cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int blocks, int T, float scale,
+                                         cudaStream_t stream);
 cudaError_t swiglu_forward_bf16_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream);
 cudaError_t swiglu_backward_bf16_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                         cudaStream_t stream);

@@ -71,8 +71,10 @@ struct device {
                          int D);
     void (*rope_backward)(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T, int H,
                           int D);
-    void (*attention_forward_at)(device *d, float *out, float *probs, const float *q, const float *k, const float *v,
-                                 int B, int T, int past, int H, int KVH, int D);
+    /* scratch: device_attention_forward_scratch_floats(B, T, past, H, KVH, D, 0) floats (the CPU reads none). */
+    void (*attention_forward_at)(device *d, float *out, float *probs, float *scratch, const float *q, const float *k,
+                                 const float *v, int B, int T, int past, int H, int KVH, int D);
+    /* scratch: device_attention_backward_scratch_floats(B, T, H, KVH, D) floats (the CPU reads T T of them). */
     void (*attention_backward)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *probs, const float *q, const float *k, const float *v, int B, int T,
                                int H, int KVH, int D);
@@ -104,10 +106,12 @@ struct device {
                               int H, int D);
     void (*rope_backward_bf16)(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,
                                int H, int D);
-    /* scratch: T * (past + T) floats (layers_bf16.h). */
+    /* scratch: device_attention_forward_scratch_floats(B, T, past, H, KVH, D, 1) floats (the CPU reads T (past + T)
+     * of them, layers_bf16.h). */
     void (*attention_forward_bf16)(device *d, float *out, float *probs, float *scratch, const float *q,
                                    const float *k, const float *v, int B, int T, int past, int H, int KVH, int D);
-    /* dq, dk, dv zero on entry; scratch: 2 T T + T D floats (layers_bf16.h). */
+    /* dq, dk, dv zero on entry; scratch: device_attention_backward_scratch_floats(B, T, H, KVH, D) floats (the CPU
+     * reads 2 T T + T D of them, layers_bf16.h). */
     void (*attention_backward_bf16)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                     const float *probs, const float *q, const float *k, const float *v, int B, int T,
                                     int H, int KVH, int D);
@@ -140,6 +144,15 @@ struct device {
 static inline device_copy_kind device_from_host(const device *d) {
     return d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D;
 }
+
+/* The attention's scratch, one size for both devices (so the memory model need not know which runs). The CPU loops
+ * over heads and reads one head's share; the CUDA device batches every (batch, head) pair into one strided-batched
+ * GEMM per product, which needs the heads laid out (B, heads, T, D): in forward q (its block then holds the output),
+ * k and v transposed, plus, in bfloat16, the rounded probs (B, H, T, past + T); in backward q, k, v and dout
+ * transposed (dout's block then holds dq's), one (B, H, T, D) block of per-query-head dk or dv terms (summed into
+ * each key/value head in order by one kernel) and dp (B, H, T, T). Counts in floats. */
+size_t device_attention_forward_scratch_floats(int B, int T, int past, int H, int KVH, int D, int bf16);
+size_t device_attention_backward_scratch_floats(int B, int T, int H, int KVH, int D);
 
 /* The CPU device (core/device/device_cpu.c). */
 void device_cpu_init(device *d);

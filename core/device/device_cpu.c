@@ -77,9 +77,9 @@ static void cpu_rope_backward(device *d, float *dx, const float *cos_table, cons
     rope_backward(dx, cos_table, sin_table, B, T, H, D);
 }
 
-static void cpu_attention_forward_at(device *d, float *out, float *probs, const float *q, const float *k,
-                                     const float *v, int B, int T, int past, int H, int KVH, int D) {
-    (void)d;
+static void cpu_attention_forward_at(device *d, float *out, float *probs, float *scratch, const float *q,
+                                     const float *k, const float *v, int B, int T, int past, int H, int KVH, int D) {
+    (void)d, (void)scratch;
     attention_forward_at(out, probs, q, k, v, B, T, past, H, KVH, D);
 }
 

@@ -586,11 +586,23 @@ float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int 
     void *batch = NULL;
     check(runtime, model->ops->batch_begin(model->self, &batch, tokens, targets, B, T, runtime->checkpointed));
     begin_pass(runtime, micro_batch);
+    /* (loss / accumulation_steps).backward()'s factor, handed before the forward to a model that starts its backward
+     * there (module.h's begin_backward_in_forward), else applied between forward and backward (below) */
+    float loss_factor = 1.0f / (float)runtime->options.accumulation_steps;
+    int grads_in_forward = -1, early = model->ops->begin_backward_in_forward != NULL;
+    if (early) grads_in_forward = model->ops->begin_backward_in_forward(model->self, batch, loss_factor);
 
     /* forward: pre-hooks, the piece, post-hooks */
     for (int piece = 0; piece < model->piece_count; piece++) {
         for (int i = 0, n = units_at(runtime, piece, SPAN_START, OUTER_FIRST, hooked); i < n; i++)
             fsdp_pre_forward(runtime, hooked[i]);
+        /* A piece that adds into gradients in forward: the full gradients of the units around it, allocated now
+         * instead of in their _pre_backward_hook (which then finds them), reduced as always in their
+         * _post_backward_hook after their last backward piece. */
+        if (piece == grads_in_forward)
+            for (int unit = 0; unit < model->unit_count; unit++)
+                if (runtime->units[unit].first_piece <= piece && piece <= runtime->units[unit].last_piece)
+                    flat_param_alloc_full_grad(unit_param(runtime, unit));
         run_piece(runtime, batch, piece, PHASE_FORWARD);
         for (int i = 0, n = units_at(runtime, piece, SPAN_END, INNER_FIRST, hooked); i < n; i++)
             fsdp_post_forward(runtime, hooked[i]);
@@ -598,8 +610,8 @@ float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int 
     runtime->pre_forward_recorded = 1;
     /* Each micro-batch contributes 1/ACC of the step's gradient, as `(loss / accumulation_steps).backward()`. With
      * ACC = 1 the factor is 1.0f, and x * 1.0f is x: the pass over the loss's gradient would change nothing. */
-    if (runtime->options.accumulation_steps > 1)
-        model->ops->scale_loss_gradient(model->self, batch, 1.0f / (float)runtime->options.accumulation_steps);
+    if (!early && runtime->options.accumulation_steps > 1)
+        model->ops->scale_loss_gradient(model->self, batch, loss_factor);
 
     /* backward, in reverse: pre-backward hooks where a unit's span ends, post-backward hooks where it starts */
     for (int piece = model->piece_count - 1; piece >= 0; piece--) {

@@ -86,6 +86,13 @@ typedef struct module_ops {
     float (*loss)(const void *self, const void *batch);
     /* Multiplies the loss's gradient by factor (1 / accumulation steps), between forward and backward. */
     void (*scale_loss_gradient)(void *self, void *batch, float factor);
+    /* Optional (NULL: the model does all its backward in backward). Called after batch_begin, before the forward of a
+     * micro-batch that backward will follow, with scale_loss_gradient's factor (1 / accumulation steps, 1 without
+     * accumulation), which is then not called: a model that starts its loss's backward in forward (Qwen2 under
+     * LOSS_CHUNK: each chunk's gradient while its logits exist) takes the factor here. Returns the piece whose forward
+     * adds into its units' full gradients (the runtime allocates them before that piece runs; the units'
+     * _post_backward_hook still reduces them after their last backward piece), or -1 for none. */
+    int (*begin_backward_in_forward)(void *self, void *batch, float factor);
 } module_ops;
 
 typedef struct module {

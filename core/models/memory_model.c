@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/device/device.h"
 #include "core/runtime/env.h"
 #include "core/runtime/world.h"
 #include "core/base/error.h"
@@ -32,24 +33,26 @@ static count layer_activation_floats(const qwen2_config *c, count N, count B, co
            + N * C;                         /* the layer's output */
 }
 
-/* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward).
+/* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward), or of a
+ * layer's forward temporaries (the attention's scratch: a layer recomputed in backward runs its forward before any of
+ * its backward temporaries exist). The attention's scratch is core/device/device.h's size, the same on both devices.
  * bf16_compute (MixedPrecision with param_dtype bfloat16, core/kernels/layers_bf16.h) adds its scratch buffers:
- * up_proj's share of the MLP's input gradient beside gate_proj's, the attention backward's bfloat16 probabilities and
- * per-head key/value gradient, one Linear's share of ln1's gradient at a time, and in forward the attention's bfloat16
- * probabilities (a layer recomputed in backward runs its forward before any of its backward temporaries exist). */
-static count layer_workspace_floats(const qwen2_config *c, count N, count T, int bf16_compute) {
+ * up_proj's share of the MLP's input gradient beside gate_proj's, one Linear's share of ln1's gradient at a time, and
+ * in forward the attention's bfloat16 probabilities (inside its forward scratch). */
+static count layer_workspace_floats(const qwen2_config *c, count N, count B, count T, int bf16_compute) {
     count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
     count KVH = c->num_key_value_heads, D = c->head_dim;
+    count attention_scratch = (count)device_attention_backward_scratch_floats((int)B, (int)T, (int)H, (int)KVH, (int)D);
+    count forward_scratch =
+        (count)device_attention_forward_scratch_floats((int)B, (int)T, 0, (int)H, (int)KVH, (int)D, bf16_compute);
     count mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
-    count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + T * T; /* dmid, dout, dq, dk, dv, dscores */
+    count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + attention_scratch; /* dmid, dout, dq, dk, dv */
     count norm = N * C + N * C;                                              /* dmid, dln1 */
     if (bf16_compute) {
         mlp = max_of(mlp, N * C + 2 * N * I + N * C + N * C);              /* dmid, dgate_up, dln2, up's share */
-        attention += T * T + T * D;                                         /* bfloat16 probs, a head's dk or dv */
         norm = max_of(norm, N * C + N * H * D + 2 * N * KVH * D + 2 * N * C); /* dmid, dq, dk, dv, dln1, a share */
-        norm = max_of(norm, T * T);                                          /* forward: the bfloat16 probs */
     }
-    return max_of(max_of(mlp, attention), norm);
+    return max_of(max_of(max_of(mlp, attention), norm), forward_scratch);
 }
 
 /* The reserved bound for allocations whose category peaks sum to `sum` (the reasoning is at its use in predict). */
@@ -248,7 +251,7 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     count rope = 2 * (count)T * c->head_dim;
     count head_workspace = N * C + (chunked ? 2 * (count)options->loss_chunk * V : 0); /* dnorm + the chunks */
     int bf16_compute = options->mixed_precision.param_dtype == DTYPE_BFLOAT16;
-    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, T, bf16_compute), head_workspace)) * f;
+    peak[MEM_WORKSPACE] = (rope + max_of(layer_workspace_floats(c, N, B, T, bf16_compute), head_workspace)) * f;
     /* The lab's batch and the loader's stream, then the model's copy. On the CUDA device the first two are in the host
      * pool (core/runtime/offload.h offload_data_pool: the host writes them), so the device pool holds the copy
      * alone. */

@@ -693,6 +693,7 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
                      i / T, i % T, c->vocab_size - 1);
             return -1;
         }
+        acts->counted_targets += targets != NULL && targets[i] != QWEN2_IGNORE_INDEX;
     }
     acts->B = B;
     acts->T = T;
@@ -732,6 +733,7 @@ void qwen2_activations_end(qwen2_model *model, qwen2_activations *acts) {
     release(model, &acts->final_rstd);
     release(model, &acts->logits);
     release(model, &acts->dlogits);
+    release(model, &acts->dnorm);
     mem_free(&model->ctx->mem, acts->tokens);
     mem_free(&model->ctx->mem, acts->targets);
     free(acts->residuals);
@@ -799,13 +801,14 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     }
     a->probs = output_buffer(model, (size_t)B * H * T * (past + T), "self_attn.probs", l, MEM_ACTIVATION);
     a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
-    if (bf16_compute(model)) { /* the bfloat16 probabilities multiply v from a scratch copy */
-        float *scratch = output_buffer(model, (size_t)T * (past + T), "self_attn.probs_bf16", l, MEM_WORKSPACE);
+    /* The scratch: the heads transposed for the GPU's batched GEMMs (and the bfloat16 probabilities multiplying v). */
+    size_t scratch_floats = device_attention_forward_scratch_floats(B, T, past, H, KVH, D, bf16_compute(model));
+    float *scratch = output_buffer(model, scratch_floats, "self_attn.scratch", l, MEM_WORKSPACE);
+    if (bf16_compute(model))
         d->attention_forward_bf16(d, a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
-        release(model, &scratch);
-    } else {
-        d->attention_forward_at(d, a->attention, a->probs, a->q, keys, values, B, T, past, H, KVH, D);
-    }
+    else
+        d->attention_forward_at(d, a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
+    release(model, &scratch);
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
     model_linear_forward(model, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
     add_activation(model, a->mid, x, (size_t)N * C);
@@ -829,15 +832,19 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     add_activation(model, out, a->mid, (size_t)N * C);
 }
 
-/* The loss in chunks (model->loss_chunk rows at a time; LOSS_CHUNK): N x V logits never exist at once. The forward
- * computes each chunk's logits and loss and keeps neither; the backward recomputes them (one more lm_head GEMM per
- * chunk) and adds the chunk's gradient into dnorm and the tied embedding's gradient. Each chunk's cross-entropy is a
- * mean over its own counted tokens; weighted by count_c / count it becomes its share of the batch's mean. */
+/* The loss in chunks (model->loss_chunk rows at a time; LOSS_CHUNK): N x V logits never exist at once. Each chunk's
+ * logits, its loss and, when backward follows, its gradient and the lm_head's two backward GEMMs (into dnorm's rows
+ * and the tied embedding's gradient) all happen in the head's forward, while the chunk's logits exist: no chunk is
+ * computed twice (llm.c's fused classifier). The gradient's scale must be known then: the chunk's mean becomes its
+ * share of the batch's mean (count_c / count, the batch's count counted on the host before), times the accumulation
+ * factor the runtime hands qwen2_begin_backward_in_forward before the forward. The numbers are the ones the
+ * backward computed before (the same logits, the same factor, the same GEMMs in the same chunk order into the same
+ * zeroed dnorm and the same gradient buffer, before the embedding's backward adds its share): bit for bit. */
 static int chunked_loss(const qwen2_model *model, const qwen2_activations *acts) {
     return acts->targets != NULL && model->loss_chunk > 0 && model->loss_chunk < acts->B * acts->T;
 }
 
-/* One chunk's logits (rows first .. first + rows - 1) and d(chunk mean)/d(logits) into the two chunk buffers;
+/* One chunk's logits (rows first .. first + rows - 1) and, when dlogits is not NULL, d(chunk mean)/d(logits) there;
  * returns the chunk's mean loss, its counted tokens in *count. */
 static float head_chunk(qwen2_model *model, qwen2_activations *acts, float *logits, float *dlogits, int first, int rows,
                         int *count) {
@@ -850,43 +857,43 @@ static float head_chunk(qwen2_model *model, qwen2_activations *acts, float *logi
                                              count);
 }
 
+/* The chunk's gradient into dnorm's rows and the tied embedding's gradient: the chunk's mean -> its share of the
+ * batch's mean, times the accumulation factor; rounded to the compute dtype (logits.float()'s backward). */
+static void head_chunk_backward(qwen2_model *model, qwen2_activations *acts, float *dlogits, int first, int rows,
+                                int chunk_count) {
+    device *d = &model->ctx->device;
+    int C = model->config.hidden_size, V = model->config.vocab_size;
+    d->scale(d, dlogits, (float)((double)chunk_count / acts->target_count) * acts->loss_gradient_scale,
+             (size_t)rows * V);
+    round_activation(model, dlogits, (size_t)rows * V);
+    model_linear_backward(model, acts->dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
+                          acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), rows, C, V);
+}
+
 static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
-    int N = acts->B * acts->T, V = model->config.vocab_size, rows = model->loss_chunk;
+    int N = acts->B * acts->T, C = model->config.hidden_size, V = model->config.vocab_size, rows = model->loss_chunk;
     float *logits = output_buffer(model, (size_t)rows * V, "lm_head.logits_chunk", -1, MEM_WORKSPACE);
-    float *dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
+    float *dlogits = NULL;
+    if (acts->backward_follows) {
+        dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
+        acts->dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
+        acts->target_count = acts->counted_targets; /* the scale needs the batch's count before the first chunk */
+    }
     double loss_sum = 0.0;
     int count = 0;
     for (int first = 0; first < N; first += rows) {
         int chunk_count = 0, n = N - first < rows ? N - first : rows;
         loss_sum += (double)head_chunk(model, acts, logits, dlogits, first, n, &chunk_count) * chunk_count;
         count += chunk_count;
+        if (dlogits != NULL && chunk_count > 0) head_chunk_backward(model, acts, dlogits, first, n, chunk_count);
     }
     release(model, &logits);
     release(model, &dlogits);
+    if (acts->backward_follows && count != acts->counted_targets)
+        world_fatal(model->ctx, "lm_head: the loss counted %d targets, the host %d", count, acts->counted_targets);
     acts->target_count = count;
     acts->loss = count > 0 ? (float)(loss_sum / count) : 0.0f;
     return acts->loss;
-}
-
-static void head_backward_chunked(qwen2_model *model, qwen2_activations *acts, float *dnorm) {
-    device *d = &model->ctx->device;
-    int N = acts->B * acts->T, C = model->config.hidden_size, V = model->config.vocab_size, rows = model->loss_chunk;
-    float *logits = output_buffer(model, (size_t)rows * V, "lm_head.logits_chunk", -1, MEM_WORKSPACE);
-    float *dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
-    for (int first = 0; first < N; first += rows) {
-        int chunk_count = 0, n = N - first < rows ? N - first : rows;
-        head_chunk(model, acts, logits, dlogits, first, n, &chunk_count);
-        if (chunk_count == 0) continue; /* every target ignored: no gradient */
-        /* the chunk's mean -> its share of the batch's mean, times the accumulation factor (scale_loss_gradient) */
-        d->scale(d, dlogits, (float)((double)chunk_count / acts->target_count) * acts->loss_gradient_scale,
-                 (size_t)n * V);
-        round_activation(model, dlogits, (size_t)n * V);
-        model_linear_backward(model, dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL,
-                              dlogits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()),
-                              n, C, V);
-    }
-    release(model, &logits);
-    release(model, &dlogits);
 }
 
 float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
@@ -908,9 +915,13 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     model_linear_forward(model, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C,
                          V);
     if (acts->targets == NULL) return 0.0f;
-    acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
+    if (acts->backward_follows)
+        acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
     acts->loss = d->cross_entropy_forward_backward(d, acts->dlogits, acts->logits, acts->targets, N, V,
                                                    QWEN2_IGNORE_INDEX, &acts->target_count);
+    /* (loss / accumulation_steps).backward()'s factor; x * 1.0f is x, so without accumulation nothing to do) */
+    if (acts->dlogits != NULL && acts->loss_gradient_scale != 1.0f)
+        d->scale(d, acts->dlogits, acts->loss_gradient_scale, (size_t)N * V);
     return acts->loss;
 }
 
@@ -926,12 +937,12 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     const qwen2_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
     int chunked = chunked_loss(model, acts);
-    if (acts->dlogits == NULL && !chunked)
-        world_fatal(model->ctx, "head backward without targets (forward-only batch)");
-    float *dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
-    if (chunked) {
-        head_backward_chunked(model, acts, dnorm);
-    } else {
+    if (chunked ? acts->dnorm == NULL : acts->dlogits == NULL)
+        world_fatal(model->ctx, "head backward after a forward-only head (no targets, or backward_follows unset)");
+    float *dnorm = acts->dnorm;
+    acts->dnorm = NULL;
+    if (!chunked) { /* (chunked: the head's forward did the lm_head's backward, into dnorm) */
+        dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
         /* logits.float()'s backward: the loss's float32 gradient (already scaled for accumulation) in the compute
          * dtype */
         round_activation(model, acts->dlogits, (size_t)N * V);
@@ -1010,14 +1021,14 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *dq = sum_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
     float *dk = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
     float *dv = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
+    float *scratch = output_buffer(model, device_attention_backward_scratch_floats(B, T, H, KVH, D),
+                                   "self_attn.dscores", l, MEM_WORKSPACE);
     if (bf16_compute(model)) {
-        float *scratch = output_buffer(model, (size_t)2 * T * T + (size_t)T * D, "self_attn.dscores", l, MEM_WORKSPACE);
         d->attention_backward_bf16(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
         release(model, &scratch);
         d->rope_backward_bf16(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
         d->rope_backward_bf16(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     } else {
-        float *scratch = output_buffer(model, (size_t)T * T, "self_attn.dscores", l, MEM_WORKSPACE);
         d->attention_backward(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
         release(model, &scratch);
         d->rope_backward(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
@@ -1071,8 +1082,9 @@ void qwen2_embed_backward(qwen2_model *model, qwen2_activations *acts) {
 
 /* The whole forward; with a cache (B = 1) the tokens continue the cached positions, and the cache grows by T. */
 static int forward_all(qwen2_model *model, qwen2_activations *acts, const int *tokens, const int *targets, int B,
-                       int T, qwen2_kv_cache *cache) {
+                       int T, qwen2_kv_cache *cache, int backward_follows) {
     if (qwen2_activations_begin(model, acts, tokens, targets, B, T) != 0) return -1;
+    acts->backward_follows = backward_follows;
     if (cache != NULL) {
         if (B != 1 || T > cache->capacity - cache->length)
             world_fatal(model->ctx, "KV cache of %d positions holding %d: no room for a batch of %d x %d",
@@ -1089,8 +1101,10 @@ static int forward_all(qwen2_model *model, qwen2_activations *acts, const int *t
 
 float qwen2_forward_backward(qwen2_model *model, const int *tokens, const int *targets, int B, int T) {
     qwen2_activations acts;
-    if (forward_all(model, &acts, tokens, targets, B, T, NULL) != 0) world_fatal(model->ctx, "%s", model->ctx->error);
+    /* the gradients first: under LOSS_CHUNK the head's forward writes the tied embedding's */
     for (int unit = 0; unit < model->unit_count; unit++) flat_param_alloc_full_grad(&model->units[unit]);
+    if (forward_all(model, &acts, tokens, targets, B, T, NULL, 1) != 0)
+        world_fatal(model->ctx, "%s", model->ctx->error);
     qwen2_head_backward(model, &acts);
     for (int l = model->config.num_hidden_layers - 1; l >= 0; l--) qwen2_layer_backward(model, &acts, l);
     qwen2_embed_backward(model, &acts);
@@ -1165,7 +1179,7 @@ static int generate(qwen2_model *model, const int *prompt, int prompt_length, in
     while (length < capacity) {
         qwen2_activations acts;
         int first = cache.length; /* 0 without a cache */
-        if (forward_all(model, &acts, sequence + first, NULL, 1, length - first, cached ? &cache : NULL) != 0)
+        if (forward_all(model, &acts, sequence + first, NULL, 1, length - first, cached ? &cache : NULL, 0) != 0)
             world_fatal(model->ctx, "%s", model->ctx->error);
         const float *row = acts.logits + (size_t)(length - first - 1) * V;
         if (last_logits != NULL) { /* the last position's logits, to the host */
@@ -1270,6 +1284,16 @@ static float qwen2_batch_loss(const void *self, const void *batch_pointer) {
     return ((const qwen2_batch *)batch_pointer)->acts.loss;
 }
 
+/* Before a training micro-batch's forward: backward follows, with the accumulation factor; under LOSS_CHUNK the head's
+ * forward (the last piece) writes the root's gradient. */
+static int qwen2_begin_backward_in_forward(void *self, void *batch_pointer, float factor) {
+    qwen2_model *model = self;
+    qwen2_activations *acts = &((qwen2_batch *)batch_pointer)->acts;
+    acts->backward_follows = 1;
+    acts->loss_gradient_scale = factor;
+    return chunked_loss(model, acts) ? model->config.num_hidden_layers + 1 : -1;
+}
+
 static void qwen2_scale_loss_gradient(void *self, void *batch_pointer, float factor) {
     qwen2_model *model = self;
     qwen2_activations *acts = &((qwen2_batch *)batch_pointer)->acts;
@@ -1292,6 +1316,7 @@ static const module_ops qwen2_module_ops = {
     .backward = qwen2_piece_backward,
     .loss = qwen2_batch_loss,
     .scale_loss_gradient = qwen2_scale_loss_gradient,
+    .begin_backward_in_forward = qwen2_begin_backward_in_forward,
 };
 
 void qwen2_as_module(qwen2_model *model, module *out) {

@@ -166,11 +166,20 @@ typedef struct qwen2_activations {
     qwen2_layer_activations *layers;
     float *final_norm, *final_rstd;
     float *logits;                /* (N, V) */
-    float *dlogits;               /* (N, V), written by the head's forward (the loss's gradient) */
+    float *dlogits;               /* (N, V), written by the head's forward (the loss's gradient), when backward
+                                     follows and the loss is not chunked */
     float **dresiduals;           /* gradient flowing back; [l] exists between layer l's and l-1's backward */
     float loss;
     int target_count;
-    float loss_gradient_scale;    /* chunked loss: the factor the runtime asked dlogits to be scaled by (1 at first) */
+    float loss_gradient_scale;    /* the factor the runtime asked dlogits to be scaled by (1 at first) */
+    /* Set (before the head's forward) when backward follows: the head's forward then writes the loss's gradient.
+     * Without it the forward computes the loss alone and allocates no gradient buffer. Under LOSS_CHUNK the head's
+     * forward then also does its backward chunk by chunk while each chunk's logits exist (the root unit's full
+     * gradient must be allocated first): dnorm below is that backward's result, the head's backward finishes it. */
+    int backward_follows;
+    int counted_targets;          /* targets other than QWEN2_IGNORE_INDEX, counted on the host */
+    float *dnorm;                 /* (N, C), LOSS_CHUNK with backward_follows: d loss / d final_norm, category
+                                     workspace, from the head's forward to its backward */
     const int *checkpointed;      /* per layer, or NULL: layer l's input is kept as checkpoint_input memory (the
                                      only thing activation checkpointing keeps of a layer) */
     struct qwen2_kv_cache *cache; /* generation only (B = 1), or NULL: the tokens are positions cache->length ..
@@ -187,7 +196,9 @@ void qwen2_activations_end(qwen2_model *model, qwen2_activations *acts);
 /* The pieces, in the order a step runs them. Each needs the named unit(s) UNSHARDED. */
 void qwen2_embed_forward(qwen2_model *model, qwen2_activations *acts);                 /* root */
 void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int layer);      /* layer's unit */
-/* final norm, logits, loss and dlogits (when targets were given). root. Returns the loss. */
+/* final norm, logits, loss (when targets were given) and, when acts->backward_follows, dlogits, or under LOSS_CHUNK
+ * the lm_head's backward (dnorm, and the tied embedding's gradient: the root's full gradient must exist). root.
+ * Returns the loss. */
 float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts);
 /* Backward pieces add into the units' full gradients (flat_param_alloc_full_grad first). */
 void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts);                 /* root */

@@ -61,6 +61,10 @@ typedef enum cudaMemcpyKind cudaMemcpyKind;
 #define cudaStreamDefault 0x0u
 #define cudaStreamNonBlocking 0x1u
 
+/* The emulator's own: the kernel launches and cuBLAS calls (one per API call, a batched GEMM one) so far in the
+ * process, for tests that count what a device function queues (a GPU's per-call overhead is per launch). */
+unsigned long long emulator_work_count(void);
+
 const char *cudaGetErrorString(cudaError_t error);
 const char *cudaGetErrorName(cudaError_t error);
 cudaError_t cudaGetLastError(void);

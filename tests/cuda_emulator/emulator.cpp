@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -154,7 +155,10 @@ void emulator_warp_barrier() {
     wait_at(warp_barriers[warp], std::min(32, threads - warp * 32));
 }
 
+extern std::atomic<unsigned long long> emulator_works; /* runtime.cpp's: emulator_work_count */
+
 void emulator_launch(dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> body) {
+    emulator_works++;
     if (!emulator_stream_ok(stream)) {
         emulator_fail(cudaErrorInvalidResourceHandle, "a kernel launch's stream");
         return;

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -393,6 +394,10 @@ static size_t operand_bytes(int rows, int cols, int ld) {
     return ((size_t)ld * (size_t)(cols - 1) + (size_t)rows) * sizeof(float);
 }
 
+std::atomic<unsigned long long> emulator_works{0};
+
+unsigned long long emulator_work_count(void) { return emulator_works.load(); }
+
 /* One column-major GEMM as cuBLAS means it, through cblas_sgemm; `call` names the cuBLAS function for messages. */
 static cublasStatus_t gemm(const char *call, cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float *alpha, const float *A, int lda,
@@ -420,6 +425,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t handle, cublasOperat
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc) {
+    emulator_works++;
     return gemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -427,6 +433,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float *alpha, const float *A, int lda,
                                          long long strideA, const float *B, int ldb, long long strideB,
                                          const float *beta, float *C, int ldc, long long strideC, int batch) {
+    emulator_works++;
     if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
     for (int i = 0; i < batch; i++) {
         cublasStatus_t status = gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha,
@@ -509,6 +516,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    emulator_works++;
     return gemm_ex("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta,
                    C, Ctype, ldc, 0, 1, computeType, algo);
 }
@@ -519,6 +527,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long strideB, const void *beta, void *C, cudaDataType Ctype, int ldc,
                                           long long strideC, int batchCount, cublasComputeType_t computeType,
                                           cublasGemmAlgo_t algo) {
+    emulator_works++;
     return gemm_ex("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B,
                    Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo);
 }

@@ -56,7 +56,9 @@ lab05() {
 }
 emulated05 FULL_SHARD STRATEGY=FULL_SHARD
 emulated05 COMM_STREAMS_BACKWARD_PRE STRATEGY=FULL_SHARD COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE
-emulated05 LOSS_CHUNK STRATEGY=FULL_SHARD LOSS_CHUNK=100
+# LOSS_CHUNK=20 of a micro-batch's 2 x 32 = 64 rows: chunks of 20, 20, 20 and 4, each one's lm_head backward in the
+# head's forward (100, more than the rows, would not chunk at all)
+emulated05 LOSS_CHUNK STRATEGY=FULL_SHARD LOSS_CHUNK=20
 emulated05 CKPT STRATEGY=FULL_SHARD CKPT=1
 # MP=fp32,reduce=bf16: float32 parameters gathered as without mixed precision, the gradient reduced in bfloat16
 emulated05 MP_reduce_bf16 STRATEGY=FULL_SHARD MP=fp32,reduce=bf16
@@ -67,7 +69,7 @@ emulated05 OFFLOAD MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1
 # aborts on if any input is not a bfloat16 value) against the CPU's core/kernels/layers_bf16.c; with LOSS_CHUNK and CKPT
 # too
 emulated05 MP_bf16 BF16=1 STRATEGY=FULL_SHARD MP=bf16
-emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK=100 CKPT=1
+emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK=20 CKPT=1
 # What users open, from the CUDA device's runs, in the clients they use (the device mark, the cudaMalloc segments'
 # backend names, the comm streams' threads): the timeline in Perfetto UI and Catapult, the memory page in headless
 # Chromium, the snapshot in PyTorch's memory viewer's format

@@ -60,8 +60,9 @@ check_fails "05_full_step MAX_SPLIT_SIZE_MB=4 is refused, naming the value" "MAX
   env OUT=runs/check/05_bad MAX_SPLIT_SIZE_MB=4 $MPIRUN -np 2 lab/05_full_step
 lab05 "05_full_step -np 2 FULL_SHARD THREADS=2" 2 runs/check/05_threads2 STRATEGY=FULL_SHARD THREADS=2
 equal05 "05_full_step -np 2 FULL_SHARD THREADS=2" runs/check/05_threads2
-# LOSS_CHUNK: the loss 100 rows at a time (the GPU's default is 1024), its logits recomputed in backward; the same
-# losses, gradients and parameters as the reference within the same bounds (only sums' order changes).
+# LOSS_CHUNK: the loss 100 rows at a time (the GPU's default is 1024), each chunk's lm_head backward done in forward
+# while its logits exist; the same losses, gradients and parameters as the reference within the same bounds (only
+# sums' order changes).
 lab05 "05_full_step -np 2 FULL_SHARD LOSS_CHUNK=100" 2 runs/check/05_loss_chunk STRATEGY=FULL_SHARD LOSS_CHUNK=100
 equal05 "05_full_step -np 2 FULL_SHARD LOSS_CHUNK=100" runs/check/05_loss_chunk
 # Padding: the tiny model's units are multiples of 64 floats, so only an odd world size pads (a decoder layer is

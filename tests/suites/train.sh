@@ -30,3 +30,8 @@ check "train.sh MODEL=qwen2 runs lab 05 on qwen2-0.5b" \
   grep -q "^(model qwen2-0.5b + CONFIG, "'
 check_fails "train.sh MODEL=gpt2 is refused, listing the models" "MODEL='gpt2' is not a model; choose one of: .*qwen2" \
   env MODEL=gpt2 scripts/train.sh
+# scripts/gpu_bench.sh's dry run: the whole script on the CPU (tiny, both sides), every setting's table in the format
+# the GPU run will print (tests/check_gpu_bench.py).
+check "gpu_bench.sh GPU_BENCH_DRY_RUN=1: fsdplab beside torch, every setting's rows and time table" \
+  bash -c 'rm -rf runs/check/gpu_bench_dry && GPU_BENCH_DRY_RUN=1 scripts/gpu_bench.sh runs/check/gpu_bench_dry \
+    > runs/check/gpu_bench_dry.log 2>&1 && python3 tests/check_gpu_bench.py runs/check/gpu_bench_dry/gpu_bench.txt'

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# fsdplab beside PyTorch FSDP on one GPU, in one run: the numbers issue 30 asks for, per setting.
+#
+#   scripts/gpu_bench.sh OUT_DIR        (from the repository root or anywhere; OUT_DIR gets every log and trace)
+#
+# Settings (each one scripts/train.sh FSDP=both run on 1 rank, BACKEND=nccl, Qwen2-0.5B, the same init and batches on
+# both sides; name MBS SEQ ACC MP):
+#   seed_fp32        8  256 2 fp32   the seed's command (train.sh's defaults for Qwen2 in scripts/gpu_check.sh step 4)
+#   seed_bf16        8  256 2 bf16   the same under MixedPrecision(param_dtype=reduce_dtype=bfloat16), both sides
+#   throughput_bf16 16 1024 1 bf16   a throughput setting: longer sequences, the GEMMs large enough to fill the GPU
+# GPU_BENCH_SETTINGS="name MBS SEQ ACC MP; ..." replaces the list; GPU_BENCH_STEPS (default 5) the steps per run.
+# Per setting it prints (scripts/gpu_bench_report.py; all in OUT_DIR/gpu_bench.txt): the median step time of steps
+# 2.. of each side and fsdplab / torch, TFLOP/s achieved (qwen2_tool flops: the matmul FLOP of a micro-batch, forward
+# and backward, attention included, times ACC) and % of the GPU's dense peak, each side's peak memory and the ratio,
+# and a table of where fsdplab's time goes: rank 0's trace (compute spans per piece kind and phase, waits per stream,
+# blocking collectives, the untraced rest), per step.
+#
+# The peaks (dense, no sparsity) by the name nvidia-smi reports, from NVIDIA's datasheets (H100: "NVIDIA H100 Tensor
+# Core GPU" datasheet, SXM and PCIe columns; H200: "NVIDIA H200 Tensor Core GPU" datasheet, SXM; A100: "NVIDIA A100
+# Tensor Core GPU" datasheet, SXM), the sparsity figures they print halved:
+#   H100 SXM, H200 SXM: BF16 989, TF32 494, FP32 67 TFLOP/s     H100 PCIe: BF16 756, TF32 378, FP32 51
+#   A100 SXM: BF16 312, TF32 156, FP32 19.5
+# A float32 run is compared with FP32's peak (fsdplab's GEMMs are exact float32 unless ALLOW_TF32=1, and torch's
+# default is the same); with ALLOW_TF32=1 in the environment, with TF32's. PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 set
+# them for any other GPU (unknown: the % column says so).
+#
+# GPU_BENCH_DRY_RUN=1 runs the whole script here, without a GPU, to find the script's own mistakes before GPU time is
+# spent on them: the tiny model, small batches (GPU_BENCH_SETTINGS's dry default below), 3 steps, train.sh on
+# BACKEND=gloo (fsdplab's CPU build, torch on gloo), the peak unknown; the report's format is the same, and the run
+# fails when a table is missing a row. Its numbers say nothing about a GPU.
+# Exit status 0 only when every setting ran on both sides and printed its table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu_bench.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+dry=${GPU_BENCH_DRY_RUN:-0}
+if [ "$dry" = 1 ]; then
+  backend=gloo model=tiny steps=${GPU_BENCH_STEPS:-3}
+  settings=${GPU_BENCH_SETTINGS:-"seed_fp32 2 32 2 fp32; seed_bf16 2 32 2 bf16; throughput_bf16 4 64 1 bf16"}
+else
+  backend=nccl model=qwen2 steps=${GPU_BENCH_STEPS:-5}
+  settings=${GPU_BENCH_SETTINGS:-"seed_fp32 8 256 2 fp32; seed_bf16 8 256 2 bf16; throughput_bf16 16 1024 1 bf16"}
+fi
+summary=$out/gpu_bench.txt
+: >"$summary"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+limit=(timeout --kill-after=10 "${GPU_BENCH_RUN_TIMEOUT:-600}")
+
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+case "$gpu_name" in
+  *H100*PCIe*) peak_fp32=51 peak_tf32=378 peak_bf16=756 ;;
+  *H100* | *H200*) peak_fp32=67 peak_tf32=494 peak_bf16=989 ;;
+  *A100*) peak_fp32=19.5 peak_tf32=156 peak_bf16=312 ;;
+  *) peak_fp32=0 peak_tf32=0 peak_bf16=0 ;;
+esac
+if [ "${ALLOW_TF32:-0}" = 1 ]; then peak_fp32=$peak_tf32 fp32_name=TF32; else fp32_name=FP32; fi
+peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf16}
+echo "gpu_bench: ${gpu_name:-no GPU (nvidia-smi lists none)}; model $model, BACKEND=$backend, $steps steps;" \
+  "$(date -u)" | tee -a "$summary"
+
+# the CPU build: qwen2_tool's FLOP count needs no device (train.sh builds the CUDA build itself for BACKEND=nccl); a
+# make of its own, not a caller's jobserver (make check runs the dry run)
+if ! env -u MAKEFLAGS -u MAKELEVEL make -j"$(nproc)" >"$out/build.log" 2>&1; then
+  echo "gpu_bench: make failed: see $out/build.log" | tee -a "$summary"
+  exit 1
+fi
+failures=0
+IFS=';' read -r -a setting_list <<<"$settings"
+for setting in "${setting_list[@]}"; do
+  read -r name mbs seq acc mp <<<"$setting"
+  [ -n "${name:-}" ] || continue
+  dir=$out/$name
+  label="$name: MODEL=$model MBS=$mbs SEQ=$seq ACC=$acc MP=$mp"
+  env PROCESSES=1 FSDP=both BACKEND=$backend MODEL=$model MBS=$mbs SEQ=$seq ACC=$acc MP=$mp STEPS=$steps EVAL=0 \
+    TRAIN_DIR="$dir" "${limit[@]}" scripts/train.sh >"$out/$name.log" 2>&1
+  status=$?
+  micro_flop=$(OUT="$out/flops" tests/bin/qwen2_tool flops $model $mbs $seq | awk '/^step_flops/ {print $2}')
+  if [ "$mp" = fp32 ]; then peak=$peak_fp32 peak_name="$fp32_name $peak_fp32 TFLOP/s"
+  else peak=$peak_bf16 peak_name="BF16 $peak_bf16 TFLOP/s"; fi
+  [ "$peak" = 0 ] && peak_name="unknown (PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16)"
+  if [ $status != 0 ]; then
+    echo "$label: FAIL train.sh exited $status (see $out/$name.log)" | tee -a "$summary"
+    failures=$((failures + 1))
+  elif ! python3 scripts/gpu_bench_report.py "$dir" "$label" "$(awk -v f="${micro_flop:-0}" -v a="$acc" \
+    'BEGIN {printf "%.0f", f * a}')" "$peak" "$peak_name" | tee -a "$summary"; then
+    failures=$((failures + 1))
+  fi
+done
+echo "gpu_bench: $failures failed; logs and traces in $out" | tee -a "$summary"
+[ "$failures" = 0 ]
