@@ -197,6 +197,9 @@ void trainer_open(trainer *t, context *ctx, const trainer_settings *settings) {
     wrap_policy(ctx, s->wrap, &wrap, &wrap_user, &min_params);
     t->options = options_from_settings(ctx, s);
     build_model(t, &config, wrap, wrap_user, data_bytes_bound(s->data, config.vocab_size));
+    /* GRADS with mixed precision also writes local_grad_l1.json (save_local_grad_l1): its sums only when asked */
+    if (is_set(s->grads) && flat_param_mixed_precision_enabled(&t->options.mixed_precision))
+        for (int unit = 0; unit < t->model.unit_count; unit++) flat_param_track_grad_l1(&t->model.units[unit]);
     t->tokenizer = data_tokenizer_from_env(ctx, t->model.config.vocab_size, t->tokenizer_note,
                                            sizeof t->tokenizer_note);
     if (data_loader_open_tokenized(&t->loader, ctx, s->data, t->tokenizer, t->model.config.vocab_size,
@@ -467,6 +470,7 @@ void trainer_optimizer_step(trainer *t) {
         adamw_step(&t->states[unit], &model->units[unit], &t->optimizer);
         flat_param_zero_grad(&model->units[unit]);
     }
+    fsdp_trace_compute_spans(&t->runtime); /* the step's compute spans (on CUDA its timers are read here, once) */
 }
 
 void trainer_log_step(trainer *t, int step, double loss_sum) {

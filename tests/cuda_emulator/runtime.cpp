@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -92,6 +93,23 @@ int devices() {
     int n = text != NULL ? atoi(text) : 1;
     return n > 0 ? n : 1;
 }
+/* Host waits, counted (CUDA_EMULATOR_SYNC_LOG=path: at exit each process appends one line to the file): every call
+ * that makes the host wait for a GPU (a stream's, an event's or the device's synchronize) is one, whether or not
+ * the emulator had anything to wait for, so a run counts the waits a GPU would have. */
+enum { SYNC_STREAM, SYNC_EVENT, SYNC_DEVICE, SYNC_KINDS };
+std::atomic<long> sync_counts[SYNC_KINDS];
+struct sync_report {
+    ~sync_report() {
+        const char *path = getenv("CUDA_EMULATOR_SYNC_LOG");
+        if (path == NULL || path[0] == '\0') return;
+        FILE *file = fopen(path, "a");
+        if (file == NULL) return;
+        fprintf(file, "pid %d: cudaStreamSynchronize %ld cudaEventSynchronize %ld cudaDeviceSynchronize %ld\n",
+                (int)getpid(), sync_counts[SYNC_STREAM].load(), sync_counts[SYNC_EVENT].load(),
+                sync_counts[SYNC_DEVICE].load());
+        fclose(file);
+    }
+} sync_reporter;
 } // namespace
 
 struct CUstream_st {
@@ -182,7 +200,10 @@ cudaError_t cudaSetDevice(int device) {
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    sync_counts[SYNC_DEVICE]++;
+    return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     *ptr = NULL;
@@ -287,6 +308,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    sync_counts[SYNC_STREAM]++;
     return emulator_stream_ok(stream) ? cudaSuccess
                                       : emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
 }
@@ -324,6 +346,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    sync_counts[SYNC_EVENT]++;
     return event_ok(event) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
 }
 
