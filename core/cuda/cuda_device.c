@@ -270,9 +270,12 @@ int cuda_device_init(device *d, int local_rank, int local_size, char *error, siz
     d->kind = DEVICE_CUDA;
     d->ordinal = ordinal;
     d->impl = device;
+    /* No events yet: the runtime records no other stream's use of a block (allocator_record_stream), so every free
+     * completes at once, ordered by the compute stream, as before (docs/gpu.md: what a GPU run must add). */
     d->segments = (allocator_backend){"cuda", device_segment_alloc, device_segment_free, device,
-                                      device_segment_zero};
-    d->host_segments = (allocator_backend){"pinned", pinned_segment_alloc, pinned_segment_free, device, NULL};
+                                      device_segment_zero, NULL, NULL, NULL};
+    d->host_segments = (allocator_backend){"pinned", pinned_segment_alloc, pinned_segment_free, device, NULL, NULL,
+                                           NULL, NULL};
     d->zero = cuda_zero;
     d->copy = cuda_copy;
     d->synchronize = cuda_synchronize;
