@@ -387,6 +387,8 @@ void trainer_begin_step(trainer *t) {
 
 float trainer_forward_backward(trainer *t, int micro) {
     const trainer_settings *s = &t->settings;
+    /* the last batch's copies to the device (queued, from the pinned batch buffers) must have read them first */
+    t->ctx->device.pinned_copies_wait(&t->ctx->device);
     data_next_batch(&t->loader, t->tokens, t->targets);
     return fsdp_forward_backward(&t->runtime, t->tokens, t->targets, s->micro_batch, s->seq_len,
                                  micro == s->accumulation - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE);
@@ -605,6 +607,7 @@ uint64_t trainer_shards_checksum(const flat_param *units, int unit_count) {
 
 void trainer_close(trainer *t) {
     context *ctx = t->ctx;
+    ctx->device.pinned_copies_wait(&ctx->device); /* no copy may still read the batch buffers */
     mem_free(offload_data_pool(ctx), t->tokens);
     mem_free(offload_data_pool(ctx), t->targets);
     data_loader_close(&t->loader);

@@ -159,6 +159,27 @@ static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, devic
     abort_run();
 }
 
+/* Tokens and targets: queued, not waited for (a pageable source is safe too: CUDA stages it before returning). */
+static void cuda_copy_from_pinned(device *d, void *dst, const void *src, size_t bytes) {
+    cuda_device_state *device = d->impl;
+    if (bytes == 0) return;
+    CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute));
+    CUDA_CHECK(device->rank, cudaEventRecord(device->pinned_copy_event, device->compute));
+    device->pinned_copy_pending = 1;
+}
+
+static void cuda_pinned_copies_wait(device *d) {
+    cuda_device_state *device = d->impl;
+    if (!device->pinned_copy_pending) return;
+    cudaError_t status = cudaEventQuery(device->pinned_copy_event);
+    if (status == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: the copies are still queued */
+        status = cudaEventSynchronize(device->pinned_copy_event);
+    }
+    CUDA_CHECK(device->rank, status);
+    device->pinned_copy_pending = 0;
+}
+
 static void cuda_synchronize(device *d) {
     cuda_device_state *device = d->impl;
     CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
@@ -264,6 +285,7 @@ int cuda_device_init(device *d, int local_rank, int local_size, char *error, siz
     CUDA_CHECK(rank, cudaStreamCreateWithFlags(&device->clock, cudaStreamNonBlocking));
     CUDA_CHECK(rank, cudaEventCreate(&device->clock_event));
     CUDA_CHECK(rank, cudaEventCreate(&device->timer_reference));
+    CUDA_CHECK(rank, cudaEventCreateWithFlags(&device->pinned_copy_event, cudaEventDisableTiming));
     device->compute_events = cuda_event_pool_create(rank);
 
     d->name = "cuda";
@@ -279,6 +301,8 @@ int cuda_device_init(device *d, int local_rank, int local_size, char *error, siz
     d->zero = cuda_zero;
     d->copy = cuda_copy;
     d->synchronize = cuda_synchronize;
+    d->copy_from_pinned = cuda_copy_from_pinned;
+    d->pinned_copies_wait = cuda_pinned_copies_wait;
     d->timers_deferred = 1;
     d->timer_start = cuda_timer_start;
     d->timer_stop = cuda_timer_stop;
@@ -299,6 +323,7 @@ void cuda_device_destroy(device *d) {
     cuda_event_pool_destroy(device->compute_events);
     CUDA_CHECK(rank, cudaEventDestroy(device->clock_event));
     CUDA_CHECK(rank, cudaEventDestroy(device->timer_reference));
+    CUDA_CHECK(rank, cudaEventDestroy(device->pinned_copy_event));
     for (int timer = 0; timer < DEVICE_TIMERS_MAX; timer++)
         for (int mark = 0; mark < 2; mark++)
             if (device->timer_events[timer][mark] != NULL)

@@ -42,6 +42,9 @@ typedef struct cuda_device_state {
      * time is reference_seconds plus cudaEventElapsedTime from the reference. */
     cudaEvent_t timer_events[DEVICE_TIMERS_MAX][2];
     cudaEvent_t timer_reference;
+    /* copy_from_pinned's: recorded after the last such copy; pending until pinned_copies_wait saw it complete */
+    cudaEvent_t pinned_copy_event;
+    int pinned_copy_pending;
     double reference_seconds;
 } cuda_device_state;
 

@@ -52,6 +52,12 @@ struct device {
     /* ---- memory ---- */
     void (*zero)(device *d, void *ptr, size_t bytes);
     void (*copy)(device *d, void *dst, const void *src, size_t bytes, device_copy_kind kind);
+    /* A copy from host memory (pinned: the host pool's, on CUDA) into device memory that the host does not wait
+     * for: queued on the compute stream. The host must not write `src` again before pinned_copies_wait, which
+     * returns once every such copy queued so far has read its source (the CPU: a memcpy, done when it returns;
+     * CUDA: an event after the copies, queried first, so the host waits only when the stream is behind). */
+    void (*copy_from_pinned)(device *d, void *dst, const void *src, size_t bytes);
+    void (*pinned_copies_wait)(device *d);
     /* The host waits for every queued operation of the device (cudaStreamSynchronize of the compute stream). */
     void (*synchronize)(device *d);
     /* device_destroy's work for this device: NULL on the CPU (nothing beyond the table). */

@@ -28,6 +28,12 @@ static void cpu_copy(device *d, void *dst, const void *src, size_t bytes, device
 
 static void cpu_synchronize(device *d) { (void)d; }
 
+static void cpu_copy_from_pinned(device *d, void *dst, const void *src, size_t bytes) {
+    cpu_copy(d, dst, src, bytes, DEVICE_H2H);
+}
+
+static void cpu_pinned_copies_wait(device *d) { (void)d; }
+
 static double monotonic_seconds(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
@@ -276,6 +282,8 @@ void device_cpu_init(device *d) {
     d->zero = cpu_zero;
     d->copy = cpu_copy;
     d->synchronize = cpu_synchronize;
+    d->copy_from_pinned = cpu_copy_from_pinned;
+    d->pinned_copies_wait = cpu_pinned_copies_wait;
     d->timers_deferred = 0;
     d->timer_start = cpu_timer_start;
     d->timer_stop = cpu_timer_stop;

@@ -118,6 +118,7 @@ struct CUstream_st {
 struct CUevent_st {
     uint32_t magic;
     int recorded;
+    int no_timing;
     double time_ms;
 };
 struct cublasContext {
@@ -327,6 +328,15 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
     return cudaSuccess;
 }
 
+/* cudaEventDisableTiming: such an event cannot be given to cudaEventElapsedTime (CUDA refuses it; so does this). */
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
+    if (flags & ~(unsigned)cudaEventDisableTiming)
+        return emulator_fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags");
+    cudaError_t status = cudaEventCreate(event);
+    if (status == cudaSuccess) (*event)->no_timing = (flags & cudaEventDisableTiming) != 0;
+    return status;
+}
+
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     if (!event_ok(event)) return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy");
     event->magic = DEAD;
@@ -352,7 +362,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 /* Both must have been recorded (CUDA: cudaErrorInvalidResourceHandle otherwise). */
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!event_ok(start) || !event_ok(end) || !start->recorded || !end->recorded)
+    if (!event_ok(start) || !event_ok(end) || !start->recorded || !end->recorded || start->no_timing ||
+        end->no_timing)
         return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
     *ms = (float)(end->time_ms - start->time_ms);
     return cudaSuccess;
