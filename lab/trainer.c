@@ -220,6 +220,9 @@ void trainer_open(trainer *t, context *ctx, const trainer_settings *settings) {
                        fsdp_mixed_precision_label(&t->options.mixed_precision, mp_label, sizeof mp_label));
     ctx->per_parameter_sharding = s->fsdp_version == 2; /* the units below: FSDP2's rows or FSDP1's chunks */
     build_model(t, &config, wrap, wrap_user, data_bytes_bound(s->data, config.vocab_size));
+    /* GRADS with mixed precision also writes local_grad_l1.json (save_local_grad_l1): its sums only when asked */
+    if (is_set(s->grads) && flat_param_mixed_precision_enabled(&t->options.mixed_precision))
+        for (int unit = 0; unit < t->model.unit_count; unit++) flat_param_track_grad_l1(&t->model.units[unit]);
     t->tokenizer = data_tokenizer_from_env(ctx, t->model.config.vocab_size, t->tokenizer_note,
                                            sizeof t->tokenizer_note);
     if (data_loader_open_tokenized(&t->loader, ctx, s->data, t->tokenizer, t->model.config.vocab_size,
@@ -408,6 +411,8 @@ void trainer_begin_step(trainer *t) {
 
 float trainer_forward_backward(trainer *t, int micro) {
     const trainer_settings *s = &t->settings;
+    /* the last batch's copies to the device (queued, from the pinned batch buffers) must have read them first */
+    t->ctx->device.pinned_copies_wait(&t->ctx->device);
     data_next_batch(&t->loader, t->tokens, t->targets);
     return fsdp_forward_backward(&t->runtime, t->tokens, t->targets, s->micro_batch, s->seq_len,
                                  micro == s->accumulation - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE);
@@ -491,6 +496,7 @@ void trainer_optimizer_step(trainer *t) {
         adamw_step(&t->states[unit], &model->units[unit], &t->optimizer);
         flat_param_zero_grad(&model->units[unit]);
     }
+    fsdp_trace_compute_spans(&t->runtime); /* the step's compute spans (on CUDA its timers are read here, once) */
 }
 
 void trainer_log_step(trainer *t, int step, double loss_sum) {
@@ -625,6 +631,7 @@ uint64_t trainer_shards_checksum(const flat_param *units, int unit_count) {
 
 void trainer_close(trainer *t) {
     context *ctx = t->ctx;
+    ctx->device.pinned_copies_wait(&ctx->device); /* no copy may still read the batch buffers */
     mem_free(offload_data_pool(ctx), t->tokens);
     mem_free(offload_data_pool(ctx), t->targets);
     data_loader_close(&t->loader);

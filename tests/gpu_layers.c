@@ -743,6 +743,16 @@ static void check_vectors(size_t count) {
                               : "inf, NaN before");
         printf("%-58s %11s %11s %9s  %s (want %zu, got %zu)\n", name, got == want ? "0" : "differ", "0", "-",
                got == want ? "PASS" : "FAIL", want, got);
+        /* first_nonfinite_of: three arrays, the first two finite ones (a prefix and an empty one), then x: the
+         * index of x's array when x holds a planted value, else 3 */
+        size_t clean = places[2] > 0 ? places[2] : 0;
+        const float *arrays[3] = {d_x.ptr, d_x.ptr, d_x.ptr};
+        size_t counts[3] = {clean, 0, count};
+        int want_of = want < count ? 2 : 3, got_of = gpu.first_nonfinite_of(&gpu, arrays, counts, 3);
+        checks++;
+        failures += got_of != want_of;
+        printf("%-58s %11s %11s %9s  %s (want %d, got %d)\n", "first_nonfinite_of: the same, third of three arrays",
+               got_of == want_of ? "0" : "differ", "0", "-", got_of == want_of ? "PASS" : "FAIL", want_of, got_of);
     }
 
     /* Casts and rounding, the shared RNE (kernel_math.h): bits. Inputs with ties and NaN/inf included. */

@@ -66,7 +66,7 @@ typedef struct fixture {
 static void setup(fixture *f, int caching, size_t max_split_size, size_t capacity) {
     memset(f, 0, sizeof *f);
     f->counts.capacity = capacity;
-    f->backend = (allocator_backend){"counting", counting_alloc, counting_free, &f->counts, NULL};
+    f->backend = (allocator_backend){"counting", counting_alloc, counting_free, &f->counts, NULL, NULL, NULL, NULL};
     allocator_settings settings = {.caching = caching, .max_split_size = max_split_size};
     allocator_init(&f->a, &f->backend, &settings, log_segment, &f->log);
 }
@@ -227,6 +227,108 @@ START_TEST(test_blocks_serve_their_own_stream_only) {
     assert_consistent(&f.a);
     allocator_free(&f.a, on_zero);
     allocator_free(&f.a, on_one);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- stream-ordered reuse: a backend whose events complete when the test says (a GPU's stream runs behind) ---- */
+
+typedef struct planted_events {
+    counting_backend counts;
+    int complete[16];           /* per event: has its stream passed it */
+    int stream_of[16];
+    int recorded, released;
+} planted_events;
+
+static void *planted_alloc(void *state, size_t bytes) {
+    return counting_alloc(&((planted_events *)state)->counts, bytes);
+}
+static void planted_free(void *state, void *ptr, size_t bytes) {
+    counting_free(&((planted_events *)state)->counts, ptr, bytes);
+}
+/* Events are 1-based indices cast to pointers; a new one is not complete. */
+static void *planted_record(void *state, int stream) {
+    planted_events *events = state;
+    ck_assert_int_lt(events->recorded, 16);
+    events->stream_of[events->recorded] = stream;
+    events->complete[events->recorded] = 0;
+    return (void *)(uintptr_t)++events->recorded;
+}
+static int planted_done(void *state, void *event) {
+    return ((planted_events *)state)->complete[(uintptr_t)event - 1];
+}
+static void planted_release(void *state, void *event) {
+    planted_events *events = state;
+    ck_assert_msg(events->complete[(uintptr_t)event - 1], "event %zu released before it completed",
+                  (size_t)(uintptr_t)event);
+    events->released++;
+}
+
+/* A block stream 0 allocated and stream 1 also used (record_stream) is freed by the host while stream 1's work may
+ * still touch it: no request, of stream 0 or of stream 1, gets its memory until the event recorded on stream 1 at
+ * the free has completed; then the next request of its size gets it back, merged as usual. */
+START_TEST(test_freed_block_waits_for_the_event_of_the_stream_that_used_it) {
+    planted_events events;
+    memset(&events, 0, sizeof events);
+    events.counts.capacity = SIZE_MAX;
+    allocator_backend backend = {"planted", planted_alloc, planted_free, &events, NULL,
+                                 planted_record, planted_done, planted_release};
+    segment_log log;
+    memset(&log, 0, sizeof log);
+    allocator a;
+    allocator_settings settings = {.caching = 1, .max_split_size = 0};
+    allocator_init(&a, &backend, &settings, log_segment, &log);
+
+    allocator_block *used = allocator_malloc(&a, 4096, 0);
+    char *address = used->ptr;
+    allocator_record_stream(&a, used, 1);
+    allocator_free(&a, used);
+    ck_assert_int_eq(events.recorded, 1);
+    ck_assert_int_eq(events.stream_of[0], 1);
+    ck_assert_uint_eq(a.pending_count, 1);
+    ck_assert_uint_eq(a.allocated_bytes, 0);
+    assert_consistent(&a);
+
+    /* the event is pending: requests of either stream, of the same size and smaller, get other memory */
+    allocator_block *taken[4];
+    taken[0] = allocator_malloc(&a, 4096, 0);
+    taken[1] = allocator_malloc(&a, 512, 0);
+    taken[2] = allocator_malloc(&a, 4096, 1);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(taken[i]->ptr + taken[i]->size <= address || taken[i]->ptr >= address + 4096,
+                      "request %d got [%p, +%zu), inside the block whose free waits for stream 1's event", i,
+                      (void *)taken[i]->ptr, taken[i]->size);
+    ck_assert_uint_eq(a.pending_count, 1);
+    assert_consistent(&a);
+    ck_assert_uint_eq(allocator_empty_cache(&a), 0); /* nor does its segment go back */
+
+    /* stream 1 passes the event: the free completes at the next request, which gets the block back (best fit) */
+    events.complete[0] = 1;
+    taken[3] = allocator_malloc(&a, 4096, 0);
+    ck_assert_ptr_eq(taken[3]->ptr, address);
+    ck_assert_uint_eq(a.pending_count, 0);
+    ck_assert_int_eq(events.released, 1);
+    assert_consistent(&a);
+    for (int i = 0; i < 4; i++) allocator_free(&a, taken[i]);
+    ck_assert_int_eq(events.recorded, 1); /* no other stream used them: their frees completed at once */
+    assert_consistent(&a);
+    allocator_destroy(&a);
+}
+END_TEST
+
+/* Without events (the CPU's backend) record_stream changes nothing: the free completes at once. */
+START_TEST(test_without_events_a_free_completes_at_once) {
+    fixture f;
+    setup(&f, 1, 0, SIZE_MAX);
+    allocator_block *used = allocator_malloc(&f.a, 4096, 0);
+    char *address = used->ptr;
+    allocator_record_stream(&f.a, used, 1);
+    allocator_free(&f.a, used);
+    ck_assert_uint_eq(f.a.pending_count, 0);
+    allocator_block *again = allocator_malloc(&f.a, 4096, 0);
+    ck_assert_ptr_eq(again->ptr, address);
+    allocator_free(&f.a, again);
+    assert_consistent(&f.a);
     teardown(&f);
 }
 END_TEST
@@ -428,6 +530,8 @@ int main(void) {
     tcase_add_test(tc, test_best_fit_takes_the_smallest_block_that_fits);
     tcase_add_test(tc, test_max_split_size_keeps_big_blocks_whole);
     tcase_add_test(tc, test_blocks_serve_their_own_stream_only);
+    tcase_add_test(tc, test_freed_block_waits_for_the_event_of_the_stream_that_used_it);
+    tcase_add_test(tc, test_without_events_a_free_completes_at_once);
     tcase_add_test(tc, test_failed_segment_alloc_empties_the_cache_and_retries);
     tcase_add_test(tc, test_caching_off_is_one_segment_per_request);
     tcase_add_test(tc, test_random_sequences_match_the_reference_model);

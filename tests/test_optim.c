@@ -101,8 +101,10 @@ static double relative_error(const float *ours, const double *reference, size_t 
     return scale > 0.0 ? worst / scale : worst;
 }
 
-/* Does this rank's event file hold a compute event named `name` in phase `phase`? (Lines are flushed as written.) */
+/* Does this rank's event file hold a compute event named `name` in phase `phase`? (The sink buffers events until a
+ * step's end: flushed first.) */
 static int trace_has_compute(const char *name, const char *phase) {
+    trace_flush(&ctx.trace);
     FILE *file = fopen(ctx.trace.path, "r");
     if (file == NULL) return 0;
     char line[4096], want_name[160], want_phase[64];

@@ -13,10 +13,12 @@
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/wait.h>
 
 enum { WORLD = 2, CATEGORY_COUNT = 12 };
 static const char *const categories[CATEGORY_COUNT] = {
@@ -837,6 +839,117 @@ START_TEST(test_explicit_output_path) {
 }
 END_TEST
 
+/* ---- the writer: cJSON's bytes without cJSON, buffered until a step's end, written out on a fatal signal ---- */
+
+static long file_size(const char *path) {
+    FILE *file = fopen(path, "r");
+    ck_assert_ptr_nonnull(file);
+    fseek(file, 0, SEEK_END);
+    long size = ftell(file);
+    fclose(file);
+    return size;
+}
+
+/* Every line the writer prints is what cJSON_PrintUnformatted prints for the same object (the writer used to build
+ * each event as a cJSON tree): parsed and printed again by cJSON, a line comes back byte for byte. The values are the
+ * ones where number forms differ: ints at and past INT_MAX, 15 vs 17 digits, -0, NaN, tiny and huge, escapes. */
+START_TEST(test_lines_print_as_cjson) {
+    char *dir = run_dir_make(), path[4096];
+    trace_sink sink;
+    ck_assert_int_eq(trace_open_run(&sink, dir, 0, 4, "run \"quoted\"\t\x01"), 0);
+    static const double values[] = {0.0,     -0.0,         0.1,       1.0 / 3.0,  2147483647.0, 2147483648.0,
+                                    -2147483648.0, -2147483649.0, 1e20, 1e300, 5e-324, 123456.789012345678,
+                                    0.30000000000000004, 1e15 + 0.5, 4294967296.0, 1234.567, -0.5, 0.001, 0.0005,
+                                    -17.25, 999999999999.999, 1e12 + 0.5, 1e15 - 1, 1e15, -1e15 + 1, 3e-3 + 1e-12,
+                                    140004275781632.0};
+    int count = (int)(sizeof values / sizeof values[0]);
+    for (int index = 0; index < count; index++)
+        trace_step(&sink, index, -1, values[index], (uint64_t)index << 40, 7, values[(index + 1) % count]);
+    trace_step(&sink, 99, -1, 0.0 / 0.0, 0, 0, 1.0 / 0.0);
+    trace_mark(&sink, "\\ \" \b \f \n \r \t \x1f \x7f caf\xc3\xa9");
+    trace_collective_info info = {"all_gather", "layers.0", NULL, 1024, 4096, 2048, 2048, 3, "all_gather", 1.5, 2.25,
+                                  1e-4, "shard", 2, "0,2", "bfloat16"};
+    trace_collective(&sink, &info);
+    trace_fsdp_info fsdp = {"Qwen2ForCausalLM", "FULL_SHARD", NULL, 1, 0, 1, 0, 2, 3, 0, "bfloat16", "float32",
+                            "bfloat16", 1};
+    trace_fsdp(&sink, &fsdp);
+    fsdp.param_dtype = NULL;
+    trace_fsdp(&sink, &fsdp);
+    trace_end(&sink);
+    trace_close(&sink);
+    path_join(path, sizeof path, dir, "rank0.jsonl");
+    FILE *file = fopen(path, "r");
+    ck_assert_ptr_nonnull(file);
+    char line[4096];
+    int lines = 0;
+    while (fgets(line, sizeof line, file) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        cJSON *event = cJSON_Parse(line);
+        ck_assert_msg(event != NULL, "line %d is not JSON: %s", lines + 1, line);
+        char *again = cJSON_PrintUnformatted(event);
+        ck_assert_msg(strcmp(again, line) == 0, "line %d:\n  written %s\n  cJSON   %s", lines + 1, line, again);
+        cJSON_free(again);
+        cJSON_Delete(event);
+        lines++;
+    }
+    fclose(file);
+    ck_assert_int_eq(lines, 1 + count + 1 + 1 + 1 + 2 + 1);
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* Events wait in the buffer until the step's end: no write per event. */
+START_TEST(test_buffered_until_step_end) {
+    char *dir = run_dir_make(), path[4096];
+    trace_sink sink;
+    ck_assert_int_eq(trace_open(&sink, dir, 0, 1), 0);
+    path_join(path, sizeof path, dir, "rank0.jsonl");
+    trace_reset_t0(&sink);
+    for (int index = 0; index < 100; index++) trace_mark(&sink, "inside the step");
+    ck_assert_int_eq(file_size(path), 0);
+    trace_step(&sink, 1, -1, 2.5, 0, 0, 0.001);
+    long after_step = file_size(path);
+    ck_assert_int_gt(after_step, 100 * (long)strlen("inside the step"));
+    trace_mark(&sink, "after the step");
+    ck_assert_int_eq(file_size(path), after_step);
+    trace_close(&sink);
+    ck_assert_int_gt(file_size(path), after_step);
+    run_dir_remove(dir);
+}
+END_TEST
+
+/* A rank killed by a signal (MPI_Abort's SIGTERM, abort()'s SIGABRT) still leaves the events it had buffered, and
+ * dies of that signal as before. */
+START_TEST(test_fatal_signal_writes_the_buffer) {
+    static const int signals[] = {SIGTERM, SIGABRT};
+    for (int index = 0; index < 2; index++) {
+        char *dir = run_dir_make(), path[4096];
+        path_join(path, sizeof path, dir, "rank0.jsonl");
+        pid_t child = fork();
+        ck_assert_int_ge(child, 0);
+        if (child == 0) {
+            signal(signals[index], SIG_DFL); /* Check's own handlers aside: the disposition a rank starts with */
+            trace_sink sink;
+            if (trace_open(&sink, dir, 0, 1) != 0) _exit(3);
+            trace_mark(&sink, "before the signal");
+            raise(signals[index]);
+            _exit(4);
+        }
+        int status = 0;
+        ck_assert_int_eq(waitpid(child, &status, 0), child);
+        ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == signals[index], "child status %d", status);
+        FILE *file = fopen(path, "r");
+        ck_assert_ptr_nonnull(file);
+        char text[4096] = "";
+        size_t read = fread(text, 1, sizeof text - 1, file);
+        fclose(file);
+        text[read] = '\0';
+        ck_assert_msg(strstr(text, "\"text\":\"before the signal\"}\n") != NULL, "file holds: %s", text);
+        run_dir_remove(dir);
+    }
+}
+END_TEST
+
 /* KEEP=1: one exported run left on disk for tests/validate_trace.py (a test, so ck_assert works in it). */
 START_TEST(test_keep_run) {
     char *dir = run_dir_make(), error[1024] = "";
@@ -869,6 +982,11 @@ static Suite *trace_suite(void) {
     tcase_add_test(errors, test_truncated_last_line_skipped);
     tcase_add_test(errors, test_explicit_output_path);
     suite_add_tcase(suite, errors);
+    TCase *writer = tcase_create("writer");
+    tcase_add_test(writer, test_lines_print_as_cjson);
+    tcase_add_test(writer, test_buffered_until_step_end);
+    tcase_add_test(writer, test_fatal_signal_writes_the_buffer);
+    suite_add_tcase(suite, writer);
     TCase *timed = tcase_create("flows");
     tcase_add_test(timed, test_flows_start_at_the_first_rank);
     suite_add_tcase(suite, timed);

@@ -589,10 +589,13 @@ def check_streams_jsonl(ranks, report):
     stream runs its work in order, so one stream's collectives never overlap; the host (stream compute) runs its
     compute spans, its waits and the blocking collectives one at a time; each wait for a collective (seq >= 0) names
     a collective of its rank by seq, op and unit, starts no earlier than it was issued, and ends no earlier than it
-    completed."""
+    completed. On a GPU (the device pool's allocator backend is not the host's) the pieces' compute spans are the GPU's
+    time (CUDA events, EVENTS.md), not the host's: they are left out of the host's one-at-a-time check."""
     problems = []
     for rank, lines in ranks.items():
         by_seq, host, per_stream = {}, [], defaultdict(list)
+        on_gpu = any(line.get("kind") == "allocator" and line.get("device", "device") == "device" and
+                     line.get("backend") not in (None, "host") for _, line in lines)
         for number, line in lines:
             kind, where = line.get("kind"), f"rank {rank} line {number}"
             if kind not in ("collective", "compute", "wait"):
@@ -612,7 +615,7 @@ def check_streams_jsonl(ranks, report):
                     host.append((span, number, f"blocking {line.get('op')} seq {line.get('seq')}"))
             elif stream != "compute":
                 problems.append(f"{where}: {kind} on stream {stream!r}; only the host (compute) runs compute and waits")
-            else:
+            elif not (on_gpu and kind == "compute" and line.get("phase") in ("forward", "backward", "recompute")):
                 host.append((span, number, f"{kind} {line.get('name') or line.get('on')}"))
         for stream, spans in list(per_stream.items()) + [("host (compute, waits, blocking collectives)", host)]:
             spans.sort()

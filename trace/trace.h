@@ -2,8 +2,11 @@
  *
  * The sink only writes; nothing in the runtime ever reads events back (docs/architecture.md §1). Every event carries
  * `kind`, `ts` (microseconds since this rank's t0, taken right after a start barrier) and `rank`. The exact schema, and
- * the version written in the first line of each file, is trace/EVENTS.md. Each line is flushed as it is written, so a
- * crash loses at most the event being written.
+ * the version written in the first line of each file, is trace/EVENTS.md. Events are printed into a per-sink buffer
+ * and written to the file at each step's end (trace_step), when the buffer holds 1 MiB, and on trace_flush,
+ * trace_end and trace_close: no flush per event. A fatal signal (SIGTERM from MPI_Abort, SIGABRT, SIGSEGV...) writes
+ * the buffered lines before the process dies, and the runtime's fatal paths call trace_flush; only SIGKILL loses the
+ * lines since the last flush.
  *
  * This module knows nothing of MPI or of the core: the caller passes the rank and chooses the moment of t0.
  */
@@ -23,6 +26,14 @@ typedef struct trace_sink {
     int world_size;
     double t0_seconds;   /* CLOCK_MONOTONIC at t0 */
     char path[1024];
+    /* The buffer of printed lines not yet in the file (trace.c's writer): bytes [0, committed) are whole lines,
+     * [committed, length) the event being printed. */
+    char *buffer;
+    size_t length, committed, capacity, event_start;
+    int first_field;     /* the next field opens its object (no comma before it) */
+    int event_failed;    /* out of memory while printing this event: it is dropped */
+    int dropped;         /* an event was dropped (reported once) */
+    volatile int flushing;
 } trace_sink;
 
 /* Opens <outdir>/rank<R>.jsonl for writing (truncating) and writes the `meta` line. t0 is "now"; call
@@ -37,6 +48,9 @@ void trace_end(trace_sink *sink);
 void trace_reset_t0(trace_sink *sink);
 /* Microseconds since t0 (monotonic clock). */
 double trace_now_us(const trace_sink *sink);
+/* Writes the buffered events to the file now (a fatal path calls it before it aborts). */
+void trace_flush(trace_sink *sink);
+/* Flushes, closes the file and frees the buffer. */
 void trace_close(trace_sink *sink);
 
 /* A state transition of an FSDP unit. `machine` names the enum: "TrainingState", "HandleTrainingState" or

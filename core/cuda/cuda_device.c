@@ -1,10 +1,12 @@
 /* cuda_device.c — the CUDA device of core/device/device.h: the rank's GPU, its compute stream and cuBLAS handle, and
  * where the caching allocators' segments come from (cudaMalloc for the device pool, pinned host memory for the host
  * pool). The layer, vector and AdamW functions are core/cuda/kernels.cu's (cuda_ops_install). See cuda_device.h. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "core/cuda/cuda_device.h"
 
 #include <mpi.h>
 #include <string.h>
+#include <time.h>
 
 
 /* The reductions' partial results (cuda_device.h `scratch`): 1 MiB holds 65,536 blocks' 16-byte partials. */
@@ -157,10 +159,79 @@ static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, devic
     abort_run();
 }
 
+/* Tokens and targets: queued, not waited for (a pageable source is safe too: CUDA stages it before returning). */
+static void cuda_copy_from_pinned(device *d, void *dst, const void *src, size_t bytes) {
+    cuda_device_state *device = d->impl;
+    if (bytes == 0) return;
+    CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute));
+    CUDA_CHECK(device->rank, cudaEventRecord(device->pinned_copy_event, device->compute));
+    device->pinned_copy_pending = 1;
+}
+
+static void cuda_pinned_copies_wait(device *d) {
+    cuda_device_state *device = d->impl;
+    if (!device->pinned_copy_pending) return;
+    cudaError_t status = cudaEventQuery(device->pinned_copy_event);
+    if (status == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: the copies are still queued */
+        status = cudaEventSynchronize(device->pinned_copy_event);
+    }
+    CUDA_CHECK(device->rank, status);
+    device->pinned_copy_pending = 0;
+}
+
 static void cuda_synchronize(device *d) {
     cuda_device_state *device = d->impl;
     CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
 }
+
+/* ---- timers (device.h: compute spans read once a step) ---- */
+
+static double monotonic_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+/* The first timer of a batch records the reference on the idle clock stream: it completes as it is recorded, so its
+ * GPU time is the host's time then (within a launch latency). */
+static int cuda_timer_start(device *d) {
+    cuda_device_state *device = d->impl;
+    if (d->timer_count == DEVICE_TIMERS_MAX) return -1;
+    if (d->timer_count == 0) {
+        CUDA_CHECK(device->rank, cudaEventRecord(device->timer_reference, device->clock));
+        device->reference_seconds = monotonic_seconds();
+    }
+    int timer = d->timer_count++;
+    for (int mark = 0; mark < 2; mark++)
+        if (device->timer_events[timer][mark] == NULL)
+            CUDA_CHECK(device->rank, cudaEventCreate(&device->timer_events[timer][mark]));
+    CUDA_CHECK(device->rank, cudaEventRecord(device->timer_events[timer][0], device->compute));
+    return timer;
+}
+
+static void cuda_timer_stop(device *d, int timer) {
+    cuda_device_state *device = d->impl;
+    CUDA_CHECK(device->rank, cudaEventRecord(device->timer_events[timer][1], device->compute));
+}
+
+/* The compute stream runs in order: once the last stop has passed, every mark before it has. */
+static void cuda_timers_wait(device *d) {
+    cuda_device_state *device = d->impl;
+    if (d->timer_count == 0) return;
+    CUDA_CHECK(device->rank, cudaEventSynchronize(device->timer_events[d->timer_count - 1][1]));
+}
+
+static void cuda_timer_read(device *d, int timer, double *start_seconds, double *end_seconds) {
+    cuda_device_state *device = d->impl;
+    float start_ms = 0.0f, end_ms = 0.0f;
+    CUDA_CHECK(device->rank, cudaEventElapsedTime(&start_ms, device->timer_reference, device->timer_events[timer][0]));
+    CUDA_CHECK(device->rank, cudaEventElapsedTime(&end_ms, device->timer_reference, device->timer_events[timer][1]));
+    *start_seconds = device->reference_seconds + 1e-3 * (double)start_ms;
+    *end_seconds = device->reference_seconds + 1e-3 * (double)end_ms;
+}
+
+static void cuda_timers_reset(device *d) { d->timer_count = 0; }
 
 /* ---- making and ending the device ---- */
 
@@ -213,18 +284,31 @@ int cuda_device_init(device *d, int local_rank, int local_size, char *error, siz
     CUDA_CHECK(rank, cudaMallocHost(&device->host_scratch, device->scratch_bytes));
     CUDA_CHECK(rank, cudaStreamCreateWithFlags(&device->clock, cudaStreamNonBlocking));
     CUDA_CHECK(rank, cudaEventCreate(&device->clock_event));
+    CUDA_CHECK(rank, cudaEventCreate(&device->timer_reference));
+    CUDA_CHECK(rank, cudaEventCreateWithFlags(&device->pinned_copy_event, cudaEventDisableTiming));
     device->compute_events = cuda_event_pool_create(rank);
 
     d->name = "cuda";
     d->kind = DEVICE_CUDA;
     d->ordinal = ordinal;
     d->impl = device;
+    /* No events yet: the runtime records no other stream's use of a block (allocator_record_stream), so every free
+     * completes at once, ordered by the compute stream, as before (docs/gpu.md: what a GPU run must add). */
     d->segments = (allocator_backend){"cuda", device_segment_alloc, device_segment_free, device,
-                                      device_segment_zero};
-    d->host_segments = (allocator_backend){"pinned", pinned_segment_alloc, pinned_segment_free, device, NULL};
+                                      device_segment_zero, NULL, NULL, NULL};
+    d->host_segments = (allocator_backend){"pinned", pinned_segment_alloc, pinned_segment_free, device, NULL, NULL,
+                                           NULL, NULL};
     d->zero = cuda_zero;
     d->copy = cuda_copy;
     d->synchronize = cuda_synchronize;
+    d->copy_from_pinned = cuda_copy_from_pinned;
+    d->pinned_copies_wait = cuda_pinned_copies_wait;
+    d->timers_deferred = 1;
+    d->timer_start = cuda_timer_start;
+    d->timer_stop = cuda_timer_stop;
+    d->timers_wait = cuda_timers_wait;
+    d->timer_read = cuda_timer_read;
+    d->timers_reset = cuda_timers_reset;
     d->destroy = cuda_device_destroy;
     cuda_device_allow_tf32(d, 0);
     cuda_ops_install(d);
@@ -238,6 +322,12 @@ void cuda_device_destroy(device *d) {
     CUDA_CHECK(rank, cudaDeviceSynchronize());
     cuda_event_pool_destroy(device->compute_events);
     CUDA_CHECK(rank, cudaEventDestroy(device->clock_event));
+    CUDA_CHECK(rank, cudaEventDestroy(device->timer_reference));
+    CUDA_CHECK(rank, cudaEventDestroy(device->pinned_copy_event));
+    for (int timer = 0; timer < DEVICE_TIMERS_MAX; timer++)
+        for (int mark = 0; mark < 2; mark++)
+            if (device->timer_events[timer][mark] != NULL)
+                CUDA_CHECK(rank, cudaEventDestroy(device->timer_events[timer][mark]));
     CUDA_CHECK(rank, cudaStreamDestroy(device->clock));
     CUDA_CHECK(rank, cudaFreeHost(device->host_scratch));
     CUDA_CHECK(rank, cudaFree(device->scratch));

@@ -37,6 +37,15 @@ typedef struct cuda_device_state {
     struct cuda_event_pool *compute_events; /* the compute stream's events */
     cudaStream_t clock;           /* an idle stream: an event recorded on it completes at once (the trace clock) */
     cudaEvent_t clock_event;
+    /* device.timer_*: a start and a stop event per timer (made on first use, kept), and the reference event recorded
+     * on `clock` when the first timer of a batch starts, at host time reference_seconds (CLOCK_MONOTONIC): a mark's
+     * time is reference_seconds plus cudaEventElapsedTime from the reference. */
+    cudaEvent_t timer_events[DEVICE_TIMERS_MAX][2];
+    cudaEvent_t timer_reference;
+    /* copy_from_pinned's: recorded after the last such copy; pending until pinned_copies_wait saw it complete */
+    cudaEvent_t pinned_copy_event;
+    int pinned_copy_pending;
+    double reference_seconds;
 } cuda_device_state;
 
 /* A pool of CUDA_EVENT_POOL events for one cudaStream, recorded in turn and created on first use (the compute

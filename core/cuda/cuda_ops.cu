@@ -17,6 +17,7 @@
  * CUDA emulator aborts on one that is not); outputs are rounded after, by a kernel, where layers_bf16.h says.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -484,6 +485,32 @@ static size_t cuda_first_nonfinite(device *d, const float *x, size_t count) {
     return (size_t)read_result(s).index;
 }
 
+/* Each array's reduction in a scratch region of its own (KERNELS_SCRATCH_BYTES apart), each result's index copied
+ * into the pinned host scratch behind it, then one wait for the batch: as many arrays as the scratch has regions
+ * (about 250) cost one host wait. */
+static int cuda_first_nonfinite_of(device *d, const float *const *xs, const size_t *counts, int n) {
+    cuda_device_state *s = state_of(d);
+    const size_t region = (KERNELS_SCRATCH_BYTES + 255) / 256 * 256;
+    const int per_batch = (int)(s->scratch_bytes / region);
+    uint64_t *indices = (uint64_t *)s->host_scratch;
+    if ((size_t)per_batch * sizeof(uint64_t) > s->scratch_bytes) ops_fatal(s, "first_nonfinite_of: scratch too small");
+    for (int first = 0; first < n; first += per_batch) {
+        int batch = n - first < per_batch ? n - first : per_batch;
+        for (int i = 0; i < batch; i++) {
+            void *scratch = (char *)s->scratch + (size_t)i * region;
+            indices[i] = counts[first + i];
+            if (counts[first + i] == 0) continue;
+            LAUNCH(s, first_nonfinite_launch(xs[first + i], counts[first + i], scratch, s->compute));
+            CUDA_CHECK(s->rank, cudaMemcpyAsync(&indices[i], (char *)scratch + offsetof(kernels_result, index),
+                                                sizeof(uint64_t), cudaMemcpyDeviceToHost, s->compute));
+        }
+        CUDA_CHECK(s->rank, cudaStreamSynchronize(s->compute));
+        for (int i = 0; i < batch; i++)
+            if (indices[i] < counts[first + i]) return first + i;
+    }
+    return n;
+}
+
 /* dtype_convert on device memory: the same type is a device-to-device copy; float32 <-> bfloat16 the shared
  * rounding; any other pair is the caller's bug. */
 static void cuda_convert(device *d, void *dst, dtype to, const void *src, dtype from, size_t count) {
@@ -548,6 +575,7 @@ void cuda_ops_install(device *d) {
     d->sum_squares = cuda_sum_squares;
     d->sum_abs = cuda_sum_abs;
     d->first_nonfinite = cuda_first_nonfinite;
+    d->first_nonfinite_of = cuda_first_nonfinite_of;
     d->convert = cuda_convert;
     d->round_to = cuda_round_to;
     d->adamw_update = cuda_adamw_update;

@@ -37,6 +37,9 @@ typedef enum device_kind { DEVICE_CPU, DEVICE_CUDA } device_kind;
 typedef enum device_copy_kind { DEVICE_H2D, DEVICE_D2H, DEVICE_D2D, DEVICE_H2H } device_copy_kind;
 
 
+/* Timers one device holds at once (device.timer_start): a step's compute spans, read at its end. */
+#define DEVICE_TIMERS_MAX 1024
+
 typedef struct device device;
 struct device {
     const char *name;             /* "cpu" or "cuda" (the meta event's `device`) */
@@ -49,10 +52,33 @@ struct device {
     /* ---- memory ---- */
     void (*zero)(device *d, void *ptr, size_t bytes);
     void (*copy)(device *d, void *dst, const void *src, size_t bytes, device_copy_kind kind);
+    /* A copy from host memory (pinned: the host pool's, on CUDA) into device memory that the host does not wait
+     * for: queued on the compute stream. The host must not write `src` again before pinned_copies_wait, which
+     * returns once every such copy queued so far has read its source (the CPU: a memcpy, done when it returns;
+     * CUDA: an event after the copies, queried first, so the host waits only when the stream is behind). */
+    void (*copy_from_pinned)(device *d, void *dst, const void *src, size_t bytes);
+    void (*pinned_copies_wait)(device *d);
     /* The host waits for every queued operation of the device (cudaStreamSynchronize of the compute stream). */
     void (*synchronize)(device *d);
     /* device_destroy's work for this device: NULL on the CPU (nothing beyond the table). */
     void (*destroy)(device *d);
+
+    /* ---- timing: how long work took on the compute stream, without a host wait per span ----
+     * timer_start marks the compute stream now and returns a timer (-1: all DEVICE_TIMERS_MAX are in use; read them
+     * and reset first); timer_stop marks its end. timers_wait waits until every mark so far has passed, then
+     * timer_read gives a timer's marks as CLOCK_MONOTONIC seconds; timers_reset frees every timer. On the CPU a mark
+     * is the host's clock at the call (the work is done when a call returns) and timers_deferred is 0: a span is read
+     * at once, as the host measured it. On CUDA a mark is a cudaEvent, and the caller reads them later, once a step
+     * (timers_deferred 1): one host wait per step where a span read at once would need two. */
+    int timers_deferred;
+    int (*timer_start)(device *d);
+    void (*timer_stop)(device *d, int timer);
+    void (*timers_wait)(device *d);
+    void (*timer_read)(device *d, int timer, double *start_seconds, double *end_seconds);
+    void (*timers_reset)(device *d);
+    /* The CPU's marks (the CUDA device keeps events in `impl` and maps their times here when read). */
+    double timer_marks[DEVICE_TIMERS_MAX][2];
+    int timer_count;
 
     /* ---- the layers (core/kernels/layers.h, on device memory) ---- */
     void (*embedding_forward)(device *d, float *out, const int *tokens, const float *weight, int N, int C);
@@ -132,6 +158,10 @@ struct device {
     double (*sum_abs)(device *d, const float *x, size_t count);      /* sum of |x| in double, to the host */
     /* Index of the first element that is not finite, or count when all are. */
     size_t (*first_nonfinite)(device *d, const float *x, size_t count);
+    /* The first of n arrays (xs[i], counts[i] elements) holding an element that is not finite, or n when none does:
+     * first_nonfinite of each, with one host wait for them all (CUDA: the reductions queued, their results copied
+     * back together) where n calls of first_nonfinite wait n times. */
+    int (*first_nonfinite_of)(device *d, const float *const *xs, const size_t *counts, int n);
     /* dtype.h's dtype_convert and dtype_round_to on device memory (the same rounding: kernel_math.h). */
     void (*convert)(device *d, void *dst, dtype to, const void *src, dtype from, size_t count);
     void (*round_to)(device *d, float *x, size_t count, dtype type);

@@ -5,8 +5,10 @@
  * are the ones the runtime ran inline before the device table existed, unchanged, so the CPU's results are bit for bit
  * what they were: sums in double in index order, AdamW in core/kernels/adamw_kernel.c's loop.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/device/device.h"
 #include "core/kernels/layers.h"
@@ -25,6 +27,37 @@ static void cpu_copy(device *d, void *dst, const void *src, size_t bytes, device
 }
 
 static void cpu_synchronize(device *d) { (void)d; }
+
+static void cpu_copy_from_pinned(device *d, void *dst, const void *src, size_t bytes) {
+    cpu_copy(d, dst, src, bytes, DEVICE_H2H);
+}
+
+static void cpu_pinned_copies_wait(device *d) { (void)d; }
+
+static double monotonic_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+/* The host's clock at the calls: the work between them is done when they return. */
+static int cpu_timer_start(device *d) {
+    if (d->timer_count == DEVICE_TIMERS_MAX) return -1;
+    int timer = d->timer_count++;
+    d->timer_marks[timer][0] = monotonic_seconds();
+    return timer;
+}
+
+static void cpu_timer_stop(device *d, int timer) { d->timer_marks[timer][1] = monotonic_seconds(); }
+
+static void cpu_timers_wait(device *d) { (void)d; }
+
+static void cpu_timer_read(device *d, int timer, double *start_seconds, double *end_seconds) {
+    *start_seconds = d->timer_marks[timer][0];
+    *end_seconds = d->timer_marks[timer][1];
+}
+
+static void cpu_timers_reset(device *d) { d->timer_count = 0; }
 
 static void cpu_embedding_forward(device *d, float *out, const int *tokens, const float *weight, int N, int C) {
     (void)d;
@@ -148,6 +181,12 @@ static size_t cpu_first_nonfinite(device *d, const float *x, size_t count) {
     return count;
 }
 
+static int cpu_first_nonfinite_of(device *d, const float *const *xs, const size_t *counts, int n) {
+    for (int i = 0; i < n; i++)
+        if (cpu_first_nonfinite(d, xs[i], counts[i]) < counts[i]) return i;
+    return n;
+}
+
 static void cpu_convert(device *d, void *dst, dtype to, const void *src, dtype from, size_t count) {
     (void)d;
     dtype_convert(dst, to, src, from, count);
@@ -243,6 +282,14 @@ void device_cpu_init(device *d) {
     d->zero = cpu_zero;
     d->copy = cpu_copy;
     d->synchronize = cpu_synchronize;
+    d->copy_from_pinned = cpu_copy_from_pinned;
+    d->pinned_copies_wait = cpu_pinned_copies_wait;
+    d->timers_deferred = 0;
+    d->timer_start = cpu_timer_start;
+    d->timer_stop = cpu_timer_stop;
+    d->timers_wait = cpu_timers_wait;
+    d->timer_read = cpu_timer_read;
+    d->timers_reset = cpu_timers_reset;
     d->embedding_forward = cpu_embedding_forward;
     d->embedding_backward = cpu_embedding_backward;
     d->rmsnorm_forward = cpu_rmsnorm_forward;
@@ -274,6 +321,7 @@ void device_cpu_init(device *d) {
     d->sum_squares = cpu_sum_squares;
     d->sum_abs = cpu_sum_abs;
     d->first_nonfinite = cpu_first_nonfinite;
+    d->first_nonfinite_of = cpu_first_nonfinite_of;
     d->convert = cpu_convert;
     d->round_to = cpu_round_to;
     d->adamw_update = cpu_adamw_update;

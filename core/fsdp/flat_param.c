@@ -458,7 +458,8 @@ int flat_param_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, str
         /* The gradient torch's autograd leaves: param_dtype values (backward ran in float32 here, see the header). */
         device *d = &ctx->device;
         d->round_to(d, fp->full_grad_padded, fp->padded_unsharded_numel, fp->mixed_precision.param_dtype);
-        for (int i = 0; i < fp->param_count; i++)
+        /* A diagnostic, asked for (flat_param_track_grad_l1): on a GPU each sum is a host wait. */
+        for (int i = 0; fp->local_grad_l1 != NULL && i < fp->param_count; i++)
             fp->local_grad_l1[i] += d->sum_abs(d, fp->full_grad_padded + fp->params[i].offset, fp->params[i].numel);
         if (fp->mixed_precision.reduce_dtype != DTYPE_FLOAT32) return reduce_low_precision_start(fp, reduce, on);
     }
@@ -631,12 +632,14 @@ int flat_param_set_mixed_precision(flat_param *fp, const flat_param_mixed_precis
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision set while the unit is "
                          "unsharded or holds a full gradient; set it before the first step", ctx->rank, fp->unit);
     fp->mixed_precision = *mp;
-    if (flat_param_mixed_precision_enabled(mp) && fp->local_grad_l1 == NULL) {
-        fp->local_grad_l1 = calloc((size_t)fp->param_count, sizeof *fp->local_grad_l1);
-        if (fp->local_grad_l1 == NULL)
-            world_fatal(ctx, "unit '%s': out of memory for %d sums", fp->unit, fp->param_count);
-    }
     return 0;
+}
+
+void flat_param_track_grad_l1(flat_param *fp) {
+    if (fp->local_grad_l1 != NULL) return;
+    fp->local_grad_l1 = calloc((size_t)fp->param_count, sizeof *fp->local_grad_l1);
+    if (fp->local_grad_l1 == NULL)
+        world_fatal(fp->ctx, "unit '%s': out of memory for %d sums", fp->unit, fp->param_count);
 }
 
 /* pre_unshard (torch's _use_low_precision_shard): the float32 master shard cast into the param_dtype _mp_shard, then

@@ -140,8 +140,9 @@ typedef struct flat_param {
     int reducing_low_precision;      /* the reduce in flight is the reduce_dtype one (its wait casts and adds) */
     double *local_grad_l1;           /* per parameter: sum |g| of this rank's param_dtype gradient as it went into the
                                         reduce, summed over the reduces since flat_param_zero_grad (what the bound of a
-                                        bfloat16 sum over ranks needs, tests/tolerances.py); NULL without mixed
-                                        precision. Host statistics, param_count doubles, like params */
+                                        bfloat16 sum over ranks needs, tests/tolerances.py); NULL unless asked
+                                        for (flat_param_track_grad_l1) and with mixed precision: each sum is a host
+                                        wait on a GPU. Host statistics, param_count doubles, like params */
 } flat_param;
 
 /* Writes elements [first, first + count) of parameter `name` to out: how a rank fills its shard without seeing the
@@ -245,6 +246,9 @@ device *flat_param_shard_device(const flat_param *fp);
  * the float32 shard h2d and casts it on the device (torch's order). -1 with ctx->error for a dtype other than float32
  * or bfloat16, a buffer_dtype other than float32, or a unit already unsharded or holding a gradient. */
 int flat_param_set_mixed_precision(flat_param *fp, const flat_param_mixed_precision *mixed_precision);
+/* Asks for local_grad_l1 (a diagnostic: GRADS with mixed precision). Off by default: on a GPU each parameter's sum
+ * is a read back to the host, per micro-batch. */
+void flat_param_track_grad_l1(flat_param *fp);
 /* Whether mixed precision changes anything (some dtype is not float32). */
 int flat_param_mixed_precision_enabled(const flat_param_mixed_precision *mixed_precision);
 

@@ -439,8 +439,9 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
     runtime->pre_forward_order = calloc((size_t)units, sizeof(int));
     runtime->post_forward_order = calloc((size_t)units, sizeof(int));
     runtime->gathers_in_flight = calloc((size_t)units, sizeof(int));
+    runtime->timed_pieces = calloc(DEVICE_TIMERS_MAX, sizeof *runtime->timed_pieces);
     if (runtime->units == NULL || runtime->checkpointed == NULL || runtime->pre_forward_order == NULL ||
-        runtime->post_forward_order == NULL || runtime->gathers_in_flight == NULL)
+        runtime->post_forward_order == NULL || runtime->gathers_in_flight == NULL || runtime->timed_pieces == NULL)
         world_fatal(ctx, "out of memory");
     for (int unit = 0; unit < units; unit++)
         runtime->units[unit].first_piece = pieces, runtime->units[unit].last_piece = -1;
@@ -496,6 +497,8 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
 }
 
 void fsdp_runtime_free(fsdp_runtime *runtime) {
+    fsdp_trace_compute_spans(runtime);
+    free(runtime->timed_pieces);
     stream_destroy(&runtime->all_gather_stream);
     stream_destroy(&runtime->reduce_scatter_stream);
     stream_destroy(&runtime->compute_stream);
@@ -548,24 +551,45 @@ static const char *piece_unit(const fsdp_runtime *runtime, int piece) {
 typedef enum piece_phase { PHASE_FORWARD, PHASE_RECOMPUTE, PHASE_BACKWARD } piece_phase;
 static const char *const phase_names[] = {"forward", "recompute", "backward"};
 
-/* Runs one piece's forward, recompute or backward on the compute stream, as a `compute` span. */
+void fsdp_trace_compute_spans(fsdp_runtime *runtime) {
+    if (runtime->timed_piece_count == 0) return;
+    module *model = runtime->model;
+    trace_sink *trace = &runtime->ctx->trace;
+    device *d = &runtime->ctx->device;
+    d->timers_wait(d);
+    for (int i = 0; i < runtime->timed_piece_count; i++) {
+        const struct fsdp_timed_piece *timed = &runtime->timed_pieces[i];
+        double start_seconds = 0.0, end_seconds = 0.0;
+        d->timer_read(d, timed->timer, &start_seconds, &end_seconds);
+        char name[96], piece_label[64];
+        model->ops->piece_name(model->self, timed->piece, piece_label, sizeof piece_label);
+        snprintf(name, sizeof name, "%s.%s", piece_label, phase_names[timed->phase]);
+        /* trace_now_us's clock: microseconds since the sink's t0 */
+        trace_compute(trace, name, piece_unit(runtime, timed->piece), phase_names[timed->phase],
+                      (start_seconds - trace->t0_seconds) * 1e6, (end_seconds - start_seconds) * 1e6);
+    }
+    d->timers_reset(d);
+    runtime->timed_piece_count = 0;
+}
+
+/* Runs one piece's forward, recompute or backward on the compute stream, as a `compute` span. On a GPU the layers
+ * only queue kernels: the span is the piece's time on the device, marked by the device's timer (CUDA events around
+ * the piece, read at the step's end), so the host never waits here and the queue stays full. On the CPU the marks
+ * are the host's clock and the span is written at once. */
 static void run_piece(fsdp_runtime *runtime, void *batch, int piece, piece_phase phase) {
     module *model = runtime->model;
-    char name[96], piece_label[64];
-    /* On a GPU the layers only queue kernels: the span is the piece's time on the device, so the host waits for the
-     * compute stream at both ends (a no-op on the CPU, where the work is done when the call returns). The comm
-     * streams keep running meanwhile; the cost is one launch latency per piece. */
     device *d = &runtime->ctx->device;
-    d->synchronize(d);
-    double start = trace_now_us(&runtime->ctx->trace);
+    int timer = d->timer_start(d);
+    if (timer < 0) { /* every timer in use: read them now (a host wait, once per DEVICE_TIMERS_MAX pieces) */
+        fsdp_trace_compute_spans(runtime);
+        timer = d->timer_start(d);
+    }
     if (phase == PHASE_FORWARD) model->ops->forward(model->self, batch, piece, runtime->checkpointed[piece]);
     else if (phase == PHASE_RECOMPUTE) model->ops->recompute(model->self, batch, piece);
     else model->ops->backward(model->self, batch, piece);
-    d->synchronize(d);
-    model->ops->piece_name(model->self, piece, piece_label, sizeof piece_label);
-    snprintf(name, sizeof name, "%s.%s", piece_label, phase_names[phase]);
-    trace_compute(&runtime->ctx->trace, name, piece_unit(runtime, piece), phase_names[phase], start,
-                  trace_now_us(&runtime->ctx->trace) - start);
+    d->timer_stop(d, timer);
+    runtime->timed_pieces[runtime->timed_piece_count++] = (struct fsdp_timed_piece){timer, piece, (int)phase};
+    if (!d->timers_deferred) fsdp_trace_compute_spans(runtime);
 }
 
 /* _root_pre_forward's reset: every unit needs its unshards again; this forward's _post_forward order starts anew. */

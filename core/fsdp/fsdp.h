@@ -159,12 +159,23 @@ typedef struct fsdp_runtime {
     int *gathers_in_flight;       /* units whose all-gather was issued and not waited for, in issue order */
     int gathers_in_flight_count;
     int reduce_in_flight;         /* the unit whose reduce-scatter was issued and not waited for, or -1 */
+    /* Pieces run and timed (device.timer_start) whose compute spans are not yet in the trace: on a device whose
+     * timers are read later (CUDA), fsdp_trace_compute_spans writes them once a step. */
+    struct fsdp_timed_piece {
+        int timer, piece, phase;
+    } *timed_pieces;
+    int timed_piece_count;
 } fsdp_runtime;
 
 /* Wraps a model (its units from fsdp_auto_wrap) and starts the comm streams. Collective: every rank calls it.
  * Returns -1 with ctx->error on bad options. */
 int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const fsdp_options *options);
 void fsdp_runtime_free(fsdp_runtime *runtime);
+/* Writes the `compute` spans of the pieces run since the last call. On the CPU each span is written as its piece
+ * ends and this does nothing; on CUDA the pieces' timers are read here, after one wait for the last one: the trainer
+ * calls it at the step's end, so no host wait falls between the step's first all-gather and its optimizer. It also
+ * runs when the timers run out and when the runtime is freed. */
+void fsdp_trace_compute_spans(fsdp_runtime *runtime);
 
 /* Whether unit's HandleTrainingState may go from `expected` (its state now must be that) to `to` in `hook`:
  * 0, or -1 with ctx->error naming rank, unit, the actual and expected states, the target and the hook. */

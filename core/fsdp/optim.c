@@ -19,6 +19,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/base/kernel_math.h"
@@ -52,12 +53,35 @@ void adamw_init(adamw_state *state) {
 
 int adamw_first_nonfinite_gradient(context *ctx, const flat_param *units, int unit_count) {
     int first = unit_count; /* none */
-    for (int unit = 0; unit < unit_count && first == unit_count; unit++) {
-        const float *grad = units[unit].grad_shard;
+    /* Every unit's gradient at once where they share a device (first_nonfinite_of: on a GPU one host wait a step,
+     * not one per unit); unit by unit where CPU offload keeps some on the host. */
+    const float **grads = calloc((size_t)unit_count + 1, sizeof *grads);
+    size_t *counts = calloc((size_t)unit_count + 1, sizeof *counts);
+    int *unit_of = calloc((size_t)unit_count + 1, sizeof *unit_of);
+    if (grads == NULL || counts == NULL || unit_of == NULL) world_fatal(ctx, "out of memory checking %d gradients",
+                                                                         unit_count);
+    device *shared = NULL;
+    int n = 0, one_device = 1;
+    for (int unit = 0; unit < unit_count; unit++) {
+        if (units[unit].grad_shard == NULL) continue;
         device *d = flat_param_shard_device(&units[unit]);
-        if (grad != NULL && d->first_nonfinite(d, grad, units[unit].sharded_numel) < units[unit].sharded_numel)
-            first = unit;
+        if (shared != NULL && d != shared) one_device = 0;
+        shared = d;
+        grads[n] = units[unit].grad_shard, counts[n] = units[unit].sharded_numel, unit_of[n] = unit;
+        n++;
     }
+    if (n > 0 && one_device) {
+        int bad = shared->first_nonfinite_of(shared, grads, counts, n);
+        if (bad < n) first = unit_of[bad];
+    } else {
+        for (int i = 0; i < n && first == unit_count; i++) {
+            device *d = flat_param_shard_device(&units[unit_of[i]]);
+            if (d->first_nonfinite(d, grads[i], counts[i]) < counts[i]) first = unit_of[i];
+        }
+    }
+    free(grads);
+    free(counts);
+    free(unit_of);
     world_allreduce(ctx, &first, 1, MPI_INT, MPI_MIN, "first non-finite gradient");
     return first < unit_count ? first : -1;
 }

@@ -30,7 +30,8 @@ static void host_segment_free(void *state, void *ptr, size_t bytes) {
     free(ptr);
 }
 
-const allocator_backend allocator_host_backend = {"host", host_segment_alloc, host_segment_free, NULL, NULL};
+const allocator_backend allocator_host_backend = {"host", host_segment_alloc, host_segment_free, NULL, NULL, NULL, NULL,
+                                                  NULL};
 
 /* ---- 1. sizes and pools ---- */
 
@@ -221,6 +222,7 @@ static void split(allocator *a, allocator_block *block, size_t size) {
 
 allocator_block *allocator_malloc(allocator *a, size_t bytes, int stream) {
     size_t size = allocator_round_size(bytes);
+    if (a->pending_count > 0) allocator_process_events(a);
     allocator_block *block = a->settings.caching ? best_fit(a, size, stream) : NULL;
     if (block == NULL) {
         allocator_segment *segment = segment_create(a, size, stream);
@@ -255,6 +257,30 @@ static void absorb(allocator *a, allocator_block *block, allocator_block *other)
     free(other);
 }
 
+void allocator_record_stream(allocator *a, allocator_block *block, int stream) {
+    (void)a;
+    if (stream < 0 || stream >= ALLOCATOR_STREAMS_MAX) {
+        fprintf(stderr, "allocator: record_stream of block %p on stream %d: streams are 0 .. %d\n",
+                (void *)block->ptr, stream, ALLOCATOR_STREAMS_MAX - 1);
+        abort();
+    }
+    if (stream != block->stream) block->stream_uses |= 1u << stream;
+}
+
+/* A free block merges with its free neighbours (not with pending ones: their memory may still be in use) and goes
+ * to its pool's free list. */
+static int reusable(const allocator_block *block) { return !block->allocated && !block->free_pending; }
+
+static void free_completed(allocator *a, allocator_block *block) {
+    if (!a->settings.caching) {
+        segment_release(a, block->segment);
+        return;
+    }
+    if (block->prev && reusable(block->prev)) absorb(a, block, block->prev);
+    if (block->next && reusable(block->next)) absorb(a, block, block->next);
+    insert_or_abort(a, block);
+}
+
 void allocator_free(allocator *a, allocator_block *block) {
     if (block == NULL) return;
     if (!block->allocated) {
@@ -266,13 +292,58 @@ void allocator_free(allocator *a, allocator_block *block) {
     a->allocated_bytes -= block->size;
     a->requested_bytes -= block->requested;
     block->requested = 0;
-    if (!a->settings.caching) {
-        segment_release(a, block->segment);
+    unsigned uses = block->stream_uses;
+    block->stream_uses = 0;
+    if (uses == 0 || a->backend.event_record == NULL) {
+        free_completed(a, block);
         return;
     }
-    if (block->prev && !block->prev->allocated) absorb(a, block, block->prev);
-    if (block->next && !block->next->allocated) absorb(a, block, block->next);
-    insert_or_abort(a, block);
+    /* free requested: an event on every other stream that used it; the block waits in `pending` */
+    if (a->pending_count == a->pending_capacity) {
+        size_t capacity = a->pending_capacity ? 2 * a->pending_capacity : 16;
+        allocator_block **grown = realloc(a->pending, capacity * sizeof *grown);
+        if (grown == NULL) {
+            fprintf(stderr, "allocator: out of memory for the pending frees\n");
+            abort();
+        }
+        a->pending = grown;
+        a->pending_capacity = capacity;
+    }
+    block->event_count = 0;
+    for (int stream = 0; stream < ALLOCATOR_STREAMS_MAX; stream++)
+        if (uses & (1u << stream))
+            block->events[block->event_count++] = a->backend.event_record(a->backend.state, stream);
+    block->free_pending = 1;
+    a->pending[a->pending_count++] = block;
+    a->pending_bytes += block->size;
+}
+
+/* Whether every event of a pending block has completed; the completed ones are released as they are seen. */
+static int events_done(allocator *a, allocator_block *block) {
+    while (block->event_count > 0) {
+        void *event = block->events[block->event_count - 1];
+        if (!a->backend.event_done(a->backend.state, event)) return 0;
+        a->backend.event_release(a->backend.state, event);
+        block->event_count--;
+    }
+    return 1;
+}
+
+size_t allocator_process_events(allocator *a) {
+    size_t completed = 0, kept = 0;
+    for (size_t i = 0; i < a->pending_count; i++) {
+        allocator_block *block = a->pending[i];
+        if (!events_done(a, block)) {
+            a->pending[kept++] = block;
+            continue;
+        }
+        block->free_pending = 0;
+        a->pending_bytes -= block->size;
+        free_completed(a, block);
+        completed++;
+    }
+    a->pending_count = kept;
+    return completed;
 }
 
 /* ---- 5. empty_cache ---- */
@@ -281,7 +352,7 @@ size_t allocator_empty_cache(allocator *a) {
     size_t released = 0;
     for (size_t i = a->segment_count; i-- > 0;) {
         allocator_segment *segment = a->segments[i];
-        if (segment->first->allocated || segment->first->next != NULL) continue; /* merged into one free block? */
+        if (!reusable(segment->first) || segment->first->next != NULL) continue; /* merged into one free block? */
         released += segment->size;
         segment_release(a, segment);
     }
@@ -289,6 +360,19 @@ size_t allocator_empty_cache(allocator *a) {
 }
 
 void allocator_destroy(allocator *a) {
+    /* shutdown: the device has finished its work (mem_shutdown's caller), so every pending free completes */
+    for (size_t i = 0; i < a->pending_count; i++) {
+        allocator_block *block = a->pending[i];
+        for (int event = 0; event < block->event_count; event++)
+            a->backend.event_release(a->backend.state, block->events[event]);
+        block->event_count = 0;
+        block->free_pending = 0;
+        free_completed(a, block);
+    }
+    free(a->pending);
+    a->pending = NULL;
+    a->pending_count = a->pending_capacity = 0;
+    a->pending_bytes = 0;
     while (a->segment_count > 0) {
         allocator_segment *segment = a->segments[a->segment_count - 1];
         for (allocator_block *block = segment->first; block != NULL; block = block->next)
@@ -312,7 +396,7 @@ void allocator_destroy(allocator *a) {
 #define FAIL(...) do { snprintf(error, error_size, __VA_ARGS__); return -1; } while (0)
 
 int allocator_check(const allocator *a, char *error, size_t error_size) {
-    size_t reserved = 0, allocated = 0, requested = 0, free_count[2] = {0, 0};
+    size_t reserved = 0, allocated = 0, requested = 0, pending = 0, free_count[2] = {0, 0};
     for (size_t s = 0; s < a->segment_count; s++) {
         const allocator_segment *segment = a->segments[s];
         reserved += segment->size;
@@ -332,8 +416,10 @@ int allocator_check(const allocator *a, char *error, size_t error_size) {
                 requested += block->requested;
                 if (block->requested > block->size)
                     FAIL("block of %zu bytes serves %zu", block->size, block->requested);
+            } else if (block->free_pending) {
+                pending += block->size;
             } else {
-                if (prev && !prev->allocated && a->settings.caching)
+                if (prev && reusable(prev) && a->settings.caching)
                     FAIL("segment %llu: two free neighbours at offset %td", (unsigned long long)segment->id,
                          block->ptr - segment->ptr);
                 free_count[segment->pool]++;
@@ -363,5 +449,6 @@ int allocator_check(const allocator *a, char *error, size_t error_size) {
     if (reserved != a->reserved_bytes) FAIL("reserved %zu, segments sum to %zu", a->reserved_bytes, reserved);
     if (allocated != a->allocated_bytes) FAIL("allocated %zu, blocks sum to %zu", a->allocated_bytes, allocated);
     if (requested != a->requested_bytes) FAIL("requested %zu, blocks sum to %zu", a->requested_bytes, requested);
+    if (pending != a->pending_bytes) FAIL("pending %zu, blocks sum to %zu", a->pending_bytes, pending);
     return 0;
 }

@@ -21,6 +21,13 @@
  * Per-stream ownership: every block and segment belongs to a stream (today always 0, the CPU has one); a free block
  * only serves requests of its own stream, as in PyTorch, so the streams of the overlap work can slot in.
  *
+ * Stream-ordered reuse (PyTorch's record_stream): a block another stream also used (allocator_record_stream) may still
+ * be read or written by that stream's queued work when the host frees it. On a backend with events (a GPU's) the
+ * free records an event on each such stream and the block waits, neither allocated nor free ("free requested"),
+ * until every event has completed ("free completed": allocator_malloc looks first); only then can a request, of any
+ * stream, get it. The host never waits for it. The CPU's backend has no events: its streams' work is done or
+ * ordered by the host, and a free is completed at once.
+ *
  * With caching off (ALLOC=malloc, like PYTORCH_NO_CUDA_MEMORY_CACHING=1) every request is a segment of its own,
  * released the moment the block is freed: reserved == allocated, and every reuse is a fresh page-faulted mmap.
  *
@@ -53,7 +60,16 @@ typedef struct allocator_backend {
     /* Sets bytes to zero (mem_alloc's zeroed blocks); NULL: memset, the memory is the host's. The CUDA device's
      * segments are GPU memory: cudaMemsetAsync on its compute stream. */
     void (*zero)(void *state, void *ptr, size_t bytes);
+    /* Events for stream-ordered reuse; NULL (the host's memory): a free completes at once. event_record marks
+     * `stream` now and returns the marker; event_done says whether the stream has passed it (without waiting);
+     * event_release gives it back. */
+    void *(*event_record)(void *state, int stream);
+    int (*event_done)(void *state, void *event);
+    void (*event_release)(void *state, void *event);
 } allocator_backend;
+
+/* The streams a block can be used by besides its own (allocator_record_stream): stream numbers 0 .. this - 1. */
+#define ALLOCATOR_STREAMS_MAX 8
 
 /* Page-aligned host memory (posix_memalign / free). */
 extern const allocator_backend allocator_host_backend;
@@ -67,6 +83,10 @@ typedef struct allocator_block {
     size_t requested;                   /* what the caller asked for (0 when free) */
     int allocated;
     int stream;
+    unsigned stream_uses;               /* bit s: stream s used it too (allocator_record_stream) */
+    int free_pending;                   /* freed, waiting for `events`: neither allocated nor in a free list */
+    int event_count;
+    void *events[ALLOCATOR_STREAMS_MAX]; /* recorded at the free, one per stream that used it */
     allocator_segment *segment;
     struct allocator_block *prev, *next;
 } allocator_block;
@@ -106,6 +126,9 @@ typedef struct allocator {
     size_t allocated_bytes;             /* sum of allocated block sizes (rounded) */
     size_t requested_bytes;             /* sum of what callers asked for */
     size_t segment_allocs, segment_frees; /* backend calls made (the costly part) */
+    allocator_block **pending;          /* freed blocks waiting for their events, in free order */
+    size_t pending_count, pending_capacity;
+    size_t pending_bytes;               /* their sizes: reserved, neither allocated nor reusable yet */
     allocator_observer observer;
     void *observer_state;
 } allocator;
@@ -123,8 +146,13 @@ void allocator_init(allocator *a, const allocator_backend *backend, const alloca
 /* A block of at least `bytes` for `stream`, or NULL when the backend has no memory even after emptying the cache.
  * The contents are undefined. */
 allocator_block *allocator_malloc(allocator *a, size_t bytes, int stream);
-/* Returns the block to its pool (merging free neighbours); with caching off, releases its segment. */
+/* Stream `stream` uses the block too (torch's Tensor.record_stream): its free waits for that stream's work. */
+void allocator_record_stream(allocator *a, allocator_block *block, int stream);
+/* Returns the block to its pool (merging free neighbours); with caching off, releases its segment. A block other
+ * streams used goes to the pending list instead, with an event per stream, until they complete. */
 void allocator_free(allocator *a, allocator_block *block);
+/* Completes the frees whose events have all completed (allocator_malloc calls it first). Returns how many. */
+size_t allocator_process_events(allocator *a);
 /* Releases every segment that holds no allocated block. Returns the bytes released. */
 size_t allocator_empty_cache(allocator *a);
 /* Releases every segment (all blocks must be free or are dropped); for shutdown. */

@@ -57,6 +57,21 @@ static void budget_segment_free(void *state, void *ptr, size_t bytes) {
     tracker->segments.segment_free(tracker->segments.state, ptr, bytes);
 }
 
+static void *budget_event_record(void *state, int stream) {
+    mem_tracker *tracker = state;
+    return tracker->segments.event_record(tracker->segments.state, stream);
+}
+
+static int budget_event_done(void *state, void *event) {
+    mem_tracker *tracker = state;
+    return tracker->segments.event_done(tracker->segments.state, event);
+}
+
+static void budget_event_release(void *state, void *event) {
+    mem_tracker *tracker = state;
+    tracker->segments.event_release(tracker->segments.state, event);
+}
+
 void mem_init(mem_tracker *tracker, int rank, trace_sink *trace, const allocator_settings *settings) {
     mem_init_pool(tracker, rank, trace, settings, MEM_DEVICE, 0);
 }
@@ -75,8 +90,14 @@ void mem_init_pool_on(mem_tracker *tracker, int rank, trace_sink *trace, const a
     tracker->next_id = 1;
     tracker->device = device;
     tracker->budget = budget;
+    /* the budget wraps the segments; the events are the segments' own (their state, not the tracker) */
     tracker->budget_backend = (allocator_backend){segments->name, budget_segment_alloc, budget_segment_free, tracker,
-                                                  NULL};
+                                                  NULL, NULL, NULL, NULL};
+    if (segments->event_record != NULL) {
+        tracker->budget_backend.event_record = budget_event_record;
+        tracker->budget_backend.event_done = budget_event_done;
+        tracker->budget_backend.event_release = budget_event_release;
+    }
     allocator_settings defaults = {.caching = 1, .max_split_size = SIZE_MAX};
     allocator_init(&tracker->allocator, budget > 0 ? &tracker->budget_backend : &tracker->segments,
                    settings ? settings : &defaults, on_segment, tracker);

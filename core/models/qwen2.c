@@ -701,10 +701,11 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
     size_t N = (size_t)B * T;
     acts->tokens = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.tokens");
     device *d = &ctx->device;
-    d->copy(d, acts->tokens, tokens, N * sizeof(int), device_from_host(d));
+    /* queued, not waited for: the caller waits (pinned_copies_wait) before it writes the next batch there */
+    d->copy_from_pinned(d, acts->tokens, tokens, N * sizeof(int));
     if (targets != NULL) {
         acts->targets = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.targets");
-        d->copy(d, acts->targets, targets, N * sizeof(int), device_from_host(d));
+        d->copy_from_pinned(d, acts->targets, targets, N * sizeof(int));
     }
     int L = c->num_hidden_layers;
     acts->residuals = calloc((size_t)L + 1, sizeof *acts->residuals); /* pointer tables: metadata, not tensors */

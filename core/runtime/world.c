@@ -18,6 +18,7 @@ void world_check_mpi(context *ctx, int rc, const char *call, const char *file, i
     int length = 0;
     MPI_Error_string(rc, reason, &length);
     fprintf(stderr, "rank %d: %s:%d: %s failed: %s\n", ctx->rank, file, line, call, reason);
+    trace_flush(&ctx->trace); /* the buffered events say what led here */
     MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1); /* not reached */
 }
@@ -38,6 +39,7 @@ void world_fatal(context *ctx, const char *format, ...) {
     va_end(args);
     fprintf(stderr, "rank %d: %s: %s\n", ctx->rank, ctx->program, message);
     fflush(stderr);
+    trace_flush(&ctx->trace);
     MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1); /* not reached */
 }

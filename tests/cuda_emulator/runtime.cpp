@@ -93,6 +93,23 @@ int devices() {
     int n = text != NULL ? atoi(text) : 1;
     return n > 0 ? n : 1;
 }
+/* Host waits, counted (CUDA_EMULATOR_SYNC_LOG=path: at exit each process appends one line to the file): every call
+ * that makes the host wait for a GPU (a stream's, an event's or the device's synchronize) is one, whether or not
+ * the emulator had anything to wait for, so a run counts the waits a GPU would have. */
+enum { SYNC_STREAM, SYNC_EVENT, SYNC_DEVICE, SYNC_KINDS };
+std::atomic<long> sync_counts[SYNC_KINDS];
+struct sync_report {
+    ~sync_report() {
+        const char *path = getenv("CUDA_EMULATOR_SYNC_LOG");
+        if (path == NULL || path[0] == '\0') return;
+        FILE *file = fopen(path, "a");
+        if (file == NULL) return;
+        fprintf(file, "pid %d: cudaStreamSynchronize %ld cudaEventSynchronize %ld cudaDeviceSynchronize %ld\n",
+                (int)getpid(), sync_counts[SYNC_STREAM].load(), sync_counts[SYNC_EVENT].load(),
+                sync_counts[SYNC_DEVICE].load());
+        fclose(file);
+    }
+} sync_reporter;
 } // namespace
 
 struct CUstream_st {
@@ -101,6 +118,7 @@ struct CUstream_st {
 struct CUevent_st {
     uint32_t magic;
     int recorded;
+    int no_timing;
     double time_ms;
 };
 struct cublasContext {
@@ -183,7 +201,10 @@ cudaError_t cudaSetDevice(int device) {
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    sync_counts[SYNC_DEVICE]++;
+    return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     *ptr = NULL;
@@ -288,6 +309,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    sync_counts[SYNC_STREAM]++;
     return emulator_stream_ok(stream) ? cudaSuccess
                                       : emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
 }
@@ -304,6 +326,15 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
     if (*event == NULL) return emulator_fail(cudaErrorMemoryAllocation, "cudaEventCreate");
     (*event)->magic = LIVE;
     return cudaSuccess;
+}
+
+/* cudaEventDisableTiming: such an event cannot be given to cudaEventElapsedTime (CUDA refuses it; so does this). */
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
+    if (flags & ~(unsigned)cudaEventDisableTiming)
+        return emulator_fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags");
+    cudaError_t status = cudaEventCreate(event);
+    if (status == cudaSuccess) (*event)->no_timing = (flags & cudaEventDisableTiming) != 0;
+    return status;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -325,12 +356,14 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    sync_counts[SYNC_EVENT]++;
     return event_ok(event) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
 }
 
 /* Both must have been recorded (CUDA: cudaErrorInvalidResourceHandle otherwise). */
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!event_ok(start) || !event_ok(end) || !start->recorded || !end->recorded)
+    if (!event_ok(start) || !event_ok(end) || !start->recorded || !end->recorded || start->no_timing ||
+        end->no_timing)
         return emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
     *ms = (float)(end->time_ms - start->time_ms);
     return cudaSuccess;
