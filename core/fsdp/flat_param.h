@@ -104,8 +104,9 @@ typedef struct flat_param {
     float *local_shard;              /* _local_shard: sharded_numel floats, always present */
     float *full_param_padded;        /* _full_param_padded: padded_unsharded_numel floats while UNSHARDED, else NULL */
     float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
-    float *all_gather_output;        /* FLAT_PARAM_ROWS: the rank-major all-gather buffer (padded_unsharded_numel)
-                                        from the all-gather's issue to the copy-out, else NULL */
+    void *all_gather_output;         /* FLAT_PARAM_ROWS: the rank-major all-gather buffer (padded_unsharded_numel
+                                        elements of all_gather_dtype) from the all-gather's issue to the copy-out */
+    dtype all_gather_dtype;          /* its elements: param_dtype (float32 without mixed precision, or forced) */
     float *reduce_scatter_input;     /* FLAT_PARAM_ROWS: the rank-major padded gradient the reduce-scatter reads */
     int copy_out_pending;            /* FLAT_PARAM_ROWS: the all-gather is in flight; its wait copies out */
     float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */
