@@ -213,6 +213,11 @@ void trainer_open(trainer *t, context *ctx, const trainer_settings *settings) {
     wrap_policy(ctx, s->wrap, &wrap, &wrap_user, &min_params);
     t->options = options_from_settings(ctx, s);
     t->options.fsdp_version = s->fsdp_version;
+    char mp_label[64];
+    if (s->fsdp_version == 2 && t->options.mixed_precision.keep_low_precision_grads)
+        world_exit_all(ctx, 2, "FSDP_VERSION=2 with MP='%s' is not supported: fully_shard's MixedPrecisionPolicy has "
+                       "param_dtype and reduce_dtype, no keep_low_precision_grads",
+                       fsdp_mixed_precision_label(&t->options.mixed_precision, mp_label, sizeof mp_label));
     ctx->per_parameter_sharding = s->fsdp_version == 2; /* the units below: FSDP2's rows or FSDP1's chunks */
     build_model(t, &config, wrap, wrap_user, data_bytes_bound(s->data, config.vocab_size));
     /* GRADS with mixed precision also writes local_grad_l1.json (save_local_grad_l1): its sums only when asked */

@@ -66,7 +66,8 @@ GLOBAL05=8 REFERENCE05=runs/check/05_reference
 for refused in "FSDP_VERSION=3|FSDP_VERSION='3' is not allowed" \
   "STRATEGY=NO_SHARD|FSDP_VERSION=2 with STRATEGY='NO_SHARD' is not supported" \
   "STRATEGY=HYBRID_SHARD|FSDP_VERSION=2 with STRATEGY='HYBRID_SHARD' is not supported" \
-  "STRATEGY=_HYBRID_SHARD_ZERO2|FSDP_VERSION=2 with STRATEGY='_HYBRID_SHARD_ZERO2' is not supported"; do
+  "STRATEGY=_HYBRID_SHARD_ZERO2|FSDP_VERSION=2 with STRATEGY='_HYBRID_SHARD_ZERO2' is not supported" \
+  "MP=bf16,keep_low_precision_grads=1|FSDP_VERSION=2 with MP='bf16,keep_low_precision_grads=1' is not supported"; do
   setting=${refused%%|*}
   check_fails "05_full_step FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
     env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 2 lab/05_full_step
