@@ -47,16 +47,15 @@ static void check_save_directories(context *ctx, const trainer_settings *s) {
             world_exit_all(ctx, 2, "%s='%s': %s", names[i], values[i], ctx->error);
 }
 
-/* FSDP_VERSION=2 (fully_shard) runs FULL_SHARD and SHARD_GRAD_OP (torch's reshard_after_forward True and False)
- * in float32 on the device; what it does not take is refused here, naming the setting and its value. */
+/* FSDP_VERSION=2 (fully_shard) runs FULL_SHARD and SHARD_GRAD_OP (torch's reshard_after_forward True and False),
+ * with MP (MixedPrecisionPolicy) and OFFLOAD (CPUOffloadPolicy) as FSDP1; the other strategies are refused here,
+ * naming the setting and its value. */
 static void check_fsdp2(context *ctx, const trainer_settings *s) {
     if (s->fsdp_version != 2) return;
     fsdp_strategy strategy = strategy_of(s);
     if (strategy != FSDP_FULL_SHARD && strategy != FSDP_SHARD_GRAD_OP)
         world_exit_all(ctx, 2, "FSDP_VERSION=2 with STRATEGY='%s' is not supported: fully_shard takes FULL_SHARD "
                        "(reshard_after_forward=True) or SHARD_GRAD_OP (reshard_after_forward=False)", s->strategy);
-    if (s->offload)
-        world_exit_all(ctx, 2, "FSDP_VERSION=2 with OFFLOAD='%d' is not supported: use OFFLOAD=0", s->offload);
 }
 
 trainer_settings trainer_read_settings(context *ctx) {
@@ -215,8 +214,9 @@ void trainer_open(trainer *t, context *ctx, const trainer_settings *settings) {
     t->options = options_from_settings(ctx, s);
     t->options.fsdp_version = s->fsdp_version;
     char mp_label[64];
-    if (s->fsdp_version == 2 && flat_param_mixed_precision_enabled(&t->options.mixed_precision))
-        world_exit_all(ctx, 2, "FSDP_VERSION=2 with MP='%s' is not supported: use MP=fp32",
+    if (s->fsdp_version == 2 && t->options.mixed_precision.keep_low_precision_grads)
+        world_exit_all(ctx, 2, "FSDP_VERSION=2 with MP='%s' is not supported: fully_shard's MixedPrecisionPolicy has "
+                       "param_dtype and reduce_dtype, no keep_low_precision_grads",
                        fsdp_mixed_precision_label(&t->options.mixed_precision, mp_label, sizeof mp_label));
     ctx->per_parameter_sharding = s->fsdp_version == 2; /* the units below: FSDP2's rows or FSDP1's chunks */
     build_model(t, &config, wrap, wrap_user, data_bytes_bound(s->data, config.vocab_size));

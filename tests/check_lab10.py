@@ -11,6 +11,14 @@
                                                  all_gather_output is freed only after the unsharded parameters were
                                                  allocated (alive until the copy-out), its reduce_scatter_input
                                                  allocated before the gradient is freed (the copy-in)
+    python3 tests/check_lab10.py collectives RUNDIR CONFIG_JSON PARAM_DTYPE REDUCE_DTYPE
+                                                 lab 05 with FSDP_VERSION=2 (and MP): every all_gather and
+                                                 reduce_scatter of every unit moves count = W x sum_p c_p row_p
+                                                 elements, recomputed from the model's shapes (CONFIG_JSON, HF's
+                                                 config.json) in Qwen2's registration order; the all_gathers in
+                                                 PARAM_DTYPE, the reduce_scatters in REDUCE_DTYPE, bytes = count x
+                                                 that dtype's size (2 for bfloat16). For a run without SAVE and
+                                                 GRADS (which gather the float32 master and gradient)
     python3 tests/check_lab10.py save RUNDIR RANKS  lab 05's sharded checkpoints (dcp.save spans) issue no collective:
                                                  no collective event of any rank starts inside a save's span
 """
@@ -83,6 +91,53 @@ def check_bytes(rundir):
     print(f"OK: {world} ranks: all_gather and reduce_scatter move {fsdp2} B = {world} x sum_p c_p row_p x 4 (FSDP2), "
           f"{fsdp1} B = the unit padded to a multiple of {world} (FSDP1)")
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def qwen2_unit_shapes(config):
+    """Each unit's parameter shapes as core/models/qwen2.c registers them (the root: the embedding, tied to the head,
+    and the final norm; then one unit per decoder layer)."""
+    C, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim", C // heads)
+    q, kv = heads * head_dim, kv_heads * head_dim
+    root = [[V, C], [C]] + ([] if config.get("tie_word_embeddings", True) else [[V, C]])
+    layer = [[C], [q, C], [q], [kv, C], [kv], [kv, C], [kv], [C, q], [C], [I, C], [I, C], [C, I]]
+    units = {"root": root}
+    for i in range(config["num_hidden_layers"]):
+        units[f"layers.{i}"] = layer
+    return units
+
+
+def check_collectives(rundir, config_path, param_dtype, reduce_dtype):
+    config = json.load(open(config_path))
+    ranks = json.loads(open(f"{rundir}/rank0.jsonl").readline())["world"]
+    expected = {unit: ranks * sum(-(-shape[0] // ranks) * (math.prod(shape) // shape[0]) for shape in shapes)
+                for unit, shapes in qwen2_unit_shapes(config).items()}
+    dtypes = {"all_gather": param_dtype, "reduce_scatter": reduce_dtype}
+    seen, problems = {}, []
+    for rank in range(ranks):
+        for e in map(json.loads, open(f"{rundir}/rank{rank}.jsonl")):
+            if e["kind"] != "collective" or e["op"] not in dtypes:
+                continue
+            count, dtype = expected.get(e["unit"]), dtypes[e["op"]]
+            if count is None:
+                problems.append(f"rank {rank}: {e['op']} of unit {e['unit']}, which the model has not (WRAP?)")
+                continue
+            if e["count"] != count or e["dtype"] != dtype or e["bytes"] != count * DTYPE_BYTES[dtype]:
+                problems.append(f"rank {rank}: {e['op']} of {e['unit']} (seq {e['seq']}): {e['count']} {e['dtype']} "
+                                f"elements, {e['bytes']} B; expected {count} {dtype}, {count * DTYPE_BYTES[dtype]} B")
+            seen[(e["unit"], e["op"])] = seen.get((e["unit"], e["op"]), 0) + 1
+    missing = [(unit, op) for unit in expected for op in dtypes if (unit, op) not in seen]
+    if missing:
+        problems.append(f"no collective for {missing}")
+    for problem in problems[:10]:
+        print("FAIL:", problem)
+    if problems:
+        sys.exit(f"FAIL: {len(problems)} collectives differ from W x sum_p c_p row_p elements of the dtype")
+    print(f"OK: {sum(seen.values())} collectives on {ranks} ranks: all_gather {param_dtype}, reduce_scatter "
+          f"{reduce_dtype}, count W x sum_p c_p row_p per unit ({', '.join(f'{u} {c}' for u, c in expected.items())})")
+
 
 def check_save(rundir, ranks):
     saves = 0
@@ -102,9 +157,11 @@ def check_save(rundir, ranks):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("layout", "bytes", "save"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("layout", "bytes", "save", "collectives"):
         sys.exit(__doc__)
-    if sys.argv[1] == "save":
+    if sys.argv[1] == "collectives":
+        check_collectives(*sys.argv[2:6])
+    elif sys.argv[1] == "save":
         check_save(sys.argv[2], int(sys.argv[3]))
     else:
         (check_layout if sys.argv[1] == "layout" else check_bytes)(sys.argv[2])

@@ -38,6 +38,13 @@ esac
 if [ "${1:-}" = bf16 ]; then
   dir=runs/check/train_both_bf16 mp=bf16 steps=5
 fi
+# `bf16_fsdp2`: the same with FSDP2 on both sides (lab 05 FSDP_VERSION=2 MP=bf16; torch's fully_shard with
+# MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=bfloat16)), within the same bounds: the arithmetic they bound
+# (bfloat16 outputs rounded at the same places, summation order) is the same, only where each element is kept moves.
+if [ "${1:-}" = bf16_fsdp2 ]; then
+  dir=runs/check/train_both_bf16_fsdp2 mp=bf16 steps=5
+  export FSDP_VERSION=2
+fi
 rm -rf "$dir"
 tokens=$((ranks * mbs * acc * seq))
 GRADS="$dir/grads" TORCH_GRADS=$([ "$mp" = bf16 ] && echo "$dir/torch_grads" || true) TRAIN_DIR=$dir PROCESSES=$ranks \

@@ -67,11 +67,16 @@ mutations=(
   # layout skipped), the memory model forgetting the all-gather buffer beside the parameters, a save that gathers
   "fsdp2-rows-per-rank-rounded-down|core/fsdp/flat_param.c|s.replace('info->shard_rows = (rows + world - 1) / "\
 "world;', 'info->shard_rows = rows / world;')|check-10"
-  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('float *slice = rank_major + (size_t)rank * "\
-"fp->sharded_numel + info->shard_offset;', 'float *slice = rank_major + (to_full ? info->offset + first * "\
-"info->row_numel : (size_t)rank * fp->sharded_numel + info->shard_offset);')|check-10"
+  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('char *slice = (char *)rank_major + ((size_t)rank "\
+"* fp->sharded_numel + info->shard_offset) * element;', 'char *slice = (char *)rank_major + (to_full ? info->offset "\
+"+ first * info->row_numel : (size_t)rank * fp->sharded_numel + info->shard_offset) * element;')|check-10"
   "fsdp2-memory-model-without-all-gather-output|core/models/memory_model.c|s.replace('single = max_of(single, "\
 "gathered + full);', 'single = max_of(single, full);')|check-10"
+  # FSDP2 with MixedPrecisionPolicy: the copy-in copying the float32 rows' bytes into the bfloat16 all-gather buffer
+  # instead of casting them (the gathered parameters are halves of float32 words)
+  "fsdp2-bf16-gather-copies-uncast-rows|core/fsdp/flat_param.c|s.replace('ctx->device.convert(&ctx->device, slice, "\
+"type, rows, DTYPE_FLOAT32, fp->sharded_numel);', 'ctx->device.copy(&ctx->device, slice, rows, fp->sharded_numel "\
+"* element, DEVICE_D2D);')|check-10"
   "fsdp2-save-issues-a-collective|core/io/dcp.c|s.replace('    uint64_t info[3] = {0, 0, 0}; /* wrote, bytes, "\
 "checksum */', '    uint64_t info[3] = {0, 0, 0}; /* wrote, bytes, checksum */\n"\
 "    comm_barrier(ctx, \"dcp\");')|check-10"

@@ -270,19 +270,29 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
 /* FSDP2's two copies between the rank-major padded layout (rank r's slice at r * sharded_numel, its rows of parameter
  * p at p's shard offset) and the unpadded full buffer (p at its offset). to_full: the copy-out of an all-gather
  * (torch's split_with_sizes_copy; the padding rows stay behind); else the copy-in of foreach_reduce, each rank's rows
- * padded with zero rows to c, so the reduce-scatter hands rank r exactly its local shard's layout. */
-static void rows_copy(const flat_param *fp, float *rank_major, float *full, int to_full) {
+ * padded with zero rows to c, so the reduce-scatter hands rank r exactly its local shard's layout. The rank-major
+ * buffer holds elements of `type` (mixed precision: param_dtype gathered, reduce_dtype reduced), the full buffer
+ * float32 (what the layers read and write): a bfloat16 copy-out widens (exact), a bfloat16 copy-in rounds (the
+ * gradient is already rounded to param_dtype's values, so nothing changes when both are bfloat16). */
+static void rows_copy(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full) {
     device *d = &fp->ctx->device;
+    size_t element = dtype_size(type);
     for (int rank = 0; rank < fp->ctx->world_size; rank++)
         for (int i = 0; i < fp->param_count; i++) {
             const flat_param_param_info *info = &fp->params[i];
             size_t first, last;
             held_rows(info, rank, &first, &last);
-            float *slice = rank_major + (size_t)rank * fp->sharded_numel + info->shard_offset;
+            char *slice = (char *)rank_major + ((size_t)rank * fp->sharded_numel + info->shard_offset) * element;
             float *rows = full + info->offset + first * info->row_numel;
             size_t held = (last - first) * info->row_numel, padded = info->shard_rows * info->row_numel;
-            if (held > 0) d->copy(d, to_full ? rows : slice, to_full ? slice : rows, held * sizeof(float), DEVICE_D2D);
-            if (!to_full && held < padded) d->zero(d, slice + held, (padded - held) * sizeof(float));
+            if (held > 0 && type == DTYPE_FLOAT32)
+                d->copy(d, to_full ? (void *)rows : slice, to_full ? (void *)slice : rows, held * sizeof(float),
+                        DEVICE_D2D);
+            else if (held > 0 && to_full)
+                d->convert(d, rows, DTYPE_FLOAT32, slice, type, held);
+            else if (held > 0)
+                d->convert(d, slice, type, rows, DTYPE_FLOAT32, held);
+            if (!to_full && held < padded) d->zero(d, slice + held * element, (padded - held) * element);
         }
 }
 
@@ -297,7 +307,7 @@ static void all_gather_copy_out(flat_param *fp) {
     /* Unzeroed: the rows of all ranks cover every element of every parameter. */
     fp->full_param_padded =
         mem_alloc_uninitialized(&ctx->mem, fp->full_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
-    rows_copy(fp, fp->all_gather_output, fp->full_param_padded, 1);
+    rows_copy(fp, fp->all_gather_output, fp->all_gather_dtype, fp->full_param_padded, 1);
     mem_free(&ctx->mem, fp->all_gather_output);
     fp->all_gather_output = NULL;
     snprintf(owner, sizeof owner, "%s.all_gather_copy_out", fp->unit);
@@ -305,15 +315,45 @@ static void all_gather_copy_out(flat_param *fp) {
 }
 
 /* FSDP2's unshard (foreach_all_gather): every rank's local shard, already its padded rows of each parameter back to
- * back, all-gathered into the rank-major all_gather_output; the copy-out follows at once (blocking) or at the wait. */
+ * back, all-gathered into the rank-major all_gather_output; the copy-out follows at once (blocking) or at the wait.
+ * With mixed precision (torch's MixedPrecisionPolicy) the buffer holds param_dtype elements: the copy-in casts the
+ * float32 rows into this rank's slice of it (torch's all_gather_input, a view of all_gather_output) and the
+ * all-gather runs in place, moving param_dtype's bytes; there is no _mp_shard (FSDP1's). CPU offload: the float32
+ * rows come from the host first (h2d; straight into the slice in float32, into a transient device shard to cast
+ * from with a low-precision param_dtype, as FSDP1's pre_unshard). Float32 without offload: the local shard is sent
+ * as it is. state_dict's force_full_precision gathers the float32 master. */
 static int unshard_rows_start(flat_param *fp, stream *on, const char *hook) {
     context *ctx = fp->ctx;
+    dtype type = fp->force_full_precision ? DTYPE_FLOAT32 : fp->mixed_precision.param_dtype;
+    size_t element = dtype_size(type), shard_bytes = fp->sharded_numel * sizeof(float);
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s.all_gather_output", fp->unit);
-    fp->all_gather_output = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
-                                                    MEM_PARAM_UNSHARDED, owner);
-    if (comm_all_gather_typed(ctx, NULL, on, fp->local_shard, fp->all_gather_output, fp->padded_unsharded_numel,
-                              DTYPE_FLOAT32, fp->unit, &fp->unshard_handle) != 0) {
+    fp->all_gather_output = mem_alloc_uninitialized_typed(&ctx->mem, fp->padded_unsharded_numel * element,
+                                                          MEM_PARAM_UNSHARDED, type, owner);
+    fp->all_gather_dtype = type;
+    const void *input = fp->local_shard;
+    if (type != DTYPE_FLOAT32 || fp->offload_params) { /* the copy-in: into this rank's slice, gathered in place */
+        double start_us = trace_now_us(&ctx->trace);
+        char *slice = (char *)fp->all_gather_output + (size_t)ctx->rank * fp->sharded_numel * element;
+        const float *rows = fp->local_shard;
+        float *on_device = NULL;
+        snprintf(owner, sizeof owner, "%s._local_shard", fp->unit);
+        if (fp->offload_params && type == DTYPE_FLOAT32) {
+            offload_copy(ctx, slice, fp->local_shard, shard_bytes, OFFLOAD_H2D, fp->unit, owner, NULL);
+        } else if (fp->offload_params) {
+            on_device = mem_alloc_uninitialized(&ctx->mem, shard_bytes, MEM_PARAM_SHARD, owner);
+            offload_copy(ctx, on_device, fp->local_shard, shard_bytes, OFFLOAD_H2D, fp->unit, owner, NULL);
+            rows = on_device;
+        }
+        if (type != DTYPE_FLOAT32)
+            ctx->device.convert(&ctx->device, slice, type, rows, DTYPE_FLOAT32, fp->sharded_numel);
+        mem_free(&ctx->mem, on_device);
+        input = slice;
+        snprintf(owner, sizeof owner, "%s.all_gather_copy_in", fp->unit);
+        trace_compute(&ctx->trace, owner, fp->unit, "copy_in", start_us, trace_now_us(&ctx->trace) - start_us);
+    }
+    if (comm_all_gather_typed(ctx, NULL, on, input, fp->all_gather_output, fp->padded_unsharded_numel, type,
+                              fp->unit, &fp->unshard_handle) != 0) {
         mem_free(&ctx->mem, fp->all_gather_output);
         fp->all_gather_output = NULL;
         return -1;
@@ -325,24 +365,25 @@ static int unshard_rows_start(flat_param *fp, stream *on, const char *hook) {
     return 0;
 }
 
-/* foreach_reduce's copy-in: the full gradient into the rank-major reduce_scatter_input, then the full gradient is
- * freed (torch drops the unsharded gradients once copied in). */
-static const float *reduce_scatter_copy_in(flat_param *fp) {
+/* foreach_reduce's copy-in: the full gradient into a rank-major reduce_scatter_input of `type` elements (reduce_dtype),
+ * then the full gradient is freed (torch drops the unsharded gradients once copied in). Returns the buffer. */
+static void *reduce_scatter_copy_in(flat_param *fp, dtype type) {
     context *ctx = fp->ctx;
     double start_us = trace_now_us(&ctx->trace);
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s.reduce_scatter_input", fp->unit);
-    fp->reduce_scatter_input = mem_alloc_uninitialized(&ctx->mem, fp->padded_unsharded_numel * sizeof(float),
-                                                       MEM_GRAD_UNSHARDED, owner);
-    rows_copy(fp, fp->reduce_scatter_input, fp->full_grad_padded, 0);
+    void *input = mem_alloc_uninitialized_typed(&ctx->mem, fp->padded_unsharded_numel * dtype_size(type),
+                                                MEM_GRAD_UNSHARDED, type, owner);
+    rows_copy(fp, input, type, fp->full_grad_padded, 0);
     flat_param_free_full_grad(fp);
     snprintf(owner, sizeof owner, "%s.reduce_scatter_copy_in", fp->unit);
     trace_compute(&ctx->trace, owner, fp->unit, "copy_in", start_us, trace_now_us(&ctx->trace) - start_us);
-    return fp->reduce_scatter_input;
+    return input;
 }
 
 int flat_param_unshard_start(flat_param *fp, stream *on, const char *hook) {
     if (fp->shard_state == FLAT_PARAM_UNSHARDED) return 0;
+    if (fp->layout == FLAT_PARAM_ROWS) return unshard_rows_start(fp, on, hook); /* FSDP2, any param_dtype */
     if (fp->mixed_precision.param_dtype != DTYPE_FLOAT32 && !fp->force_full_precision)
         return unshard_low_precision_start(fp, on, hook);
     if (fp->replicated) { /* NO_SHARD: the local buffer already is the whole unit */
@@ -351,7 +392,6 @@ int flat_param_unshard_start(flat_param *fp, stream *on, const char *hook) {
         shard_state_event(fp, FLAT_PARAM_SHARDED, FLAT_PARAM_UNSHARDED, hook);
         return 0;
     }
-    if (fp->layout == FLAT_PARAM_ROWS) return unshard_rows_start(fp, on, hook);
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s._full_param_padded", fp->unit);
     /* Unzeroed: the all-gather writes every element (every rank's shard, padding included) before any read. */
@@ -457,7 +497,7 @@ int flat_param_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, str
     if (flat_param_mixed_precision_enabled(&fp->mixed_precision)) {
         /* The gradient torch's autograd leaves: param_dtype values (backward ran in float32 here, see the header). */
         device *d = &ctx->device;
-        d->round_to(d, fp->full_grad_padded, fp->padded_unsharded_numel, fp->mixed_precision.param_dtype);
+        d->round_to(d, fp->full_grad_padded, fp->full_numel, fp->mixed_precision.param_dtype); /* FSDP2: unpadded */
         /* A diagnostic, asked for (flat_param_track_grad_l1): on a GPU each sum is a host wait. */
         for (int i = 0; fp->local_grad_l1 != NULL && i < fp->param_count; i++)
             fp->local_grad_l1[i] += d->sum_abs(d, fp->full_grad_padded + fp->params[i].offset, fp->params[i].numel);
@@ -482,7 +522,8 @@ int flat_param_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, str
         fp->reduce_target = fp->grad_shard = mem_alloc_uninitialized(&ctx->mem, bytes, MEM_GRAD_SHARD, owner);
     }
     int status;
-    const float *input = fp->layout == FLAT_PARAM_ROWS ? reduce_scatter_copy_in(fp) : fp->full_grad_padded;
+    if (fp->layout == FLAT_PARAM_ROWS) fp->reduce_scatter_input = reduce_scatter_copy_in(fp, DTYPE_FLOAT32);
+    const float *input = fp->layout == FLAT_PARAM_ROWS ? fp->reduce_scatter_input : fp->full_grad_padded;
     if (fp->replicated) /* NO_SHARD: the whole gradient all-reduced, copied into grad_shard at the wait */
         status = on ? comm_all_reduce_start(ctx, on, fp->full_grad_padded, fp->padded_unsharded_numel, reduce,
                                             fp->unit, &fp->reduce_handle)
@@ -570,9 +611,16 @@ int flat_param_gather_grad(flat_param *fp) {
         snprintf(owner, sizeof owner, "%s.grad_all_gather_output", fp->unit);
         float *rank_major = mem_alloc_uninitialized(&fp->ctx->mem, fp->padded_unsharded_numel * sizeof(float),
                                                     MEM_GRAD_UNSHARDED, owner);
-        int status = comm_all_gather_typed(fp->ctx, NULL, NULL, fp->grad_shard, rank_major,
+        const float *shard = fp->grad_shard;
+        if (fp->offload_params) { /* the host's shard h2d into this rank's slice, then gathered in place */
+            float *slice = rank_major + (size_t)fp->ctx->rank * fp->sharded_numel;
+            offload_copy(fp->ctx, slice, fp->grad_shard, fp->sharded_numel * sizeof(float), OFFLOAD_H2D, fp->unit,
+                         owner, NULL);
+            shard = slice;
+        }
+        int status = comm_all_gather_typed(fp->ctx, NULL, NULL, shard, rank_major,
                                            fp->padded_unsharded_numel, DTYPE_FLOAT32, fp->unit, NULL);
-        if (status == 0) rows_copy(fp, rank_major, full, 1);
+        if (status == 0) rows_copy(fp, rank_major, DTYPE_FLOAT32, full, 1);
         mem_free(&fp->ctx->mem, rank_major);
         return status;
     }
@@ -624,10 +672,6 @@ int flat_param_set_mixed_precision(flat_param *fp, const flat_param_mixed_precis
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': buffer_dtype %s is not supported: the "
                          "model's one buffer (RoPE's inv_freq) is computed in float32, as HF does; use float32",
                          ctx->rank, fp->unit, dtype_name(mp->buffer_dtype));
-    if (fp->layout == FLAT_PARAM_ROWS && flat_param_mixed_precision_enabled(mp))
-        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision (param_dtype %s, "
-                         "reduce_dtype %s) with per-parameter sharding (FSDP_VERSION=2) is not supported here; use "
-                         "MP=fp32", ctx->rank, fp->unit, dtype_name(mp->param_dtype), dtype_name(mp->reduce_dtype));
     if (fp->shard_state != FLAT_PARAM_SHARDED || fp->full_grad_padded != NULL)
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision set while the unit is "
                          "unsharded or holds a full gradient; set it before the first step", ctx->rank, fp->unit);
@@ -725,12 +769,16 @@ static int reduce_low_precision_start(flat_param *fp, comm_reduce reduce, stream
         snprintf(owner, sizeof owner, "%s.grad_shard", fp->unit);
         fp->grad_shard = mem_alloc(&ctx->mem, fp->sharded_numel * sizeof(float), MEM_GRAD_SHARD, owner);
     }
-    snprintf(owner, sizeof owner, "%s.full_grad_padded.%s", fp->unit, dtype_name(type));
-    fp->low_precision_grad = mem_alloc_uninitialized_typed(&ctx->mem, fp->padded_unsharded_numel * dtype_size(type),
-                                                           MEM_GRAD_UNSHARDED, type, owner);
-    ctx->device.convert(&ctx->device, fp->low_precision_grad, type, fp->full_grad_padded, DTYPE_FLOAT32,
-                        fp->padded_unsharded_numel);
-    flat_param_free_full_grad(fp);
+    if (fp->layout == FLAT_PARAM_ROWS) { /* FSDP2: copied (and cast) into the rank-major reduce_scatter_input */
+        fp->low_precision_grad = reduce_scatter_copy_in(fp, type);
+    } else {
+        snprintf(owner, sizeof owner, "%s.full_grad_padded.%s", fp->unit, dtype_name(type));
+        fp->low_precision_grad = mem_alloc_uninitialized_typed(
+            &ctx->mem, fp->padded_unsharded_numel * dtype_size(type), MEM_GRAD_UNSHARDED, type, owner);
+        ctx->device.convert(&ctx->device, fp->low_precision_grad, type, fp->full_grad_padded, DTYPE_FLOAT32,
+                            fp->padded_unsharded_numel);
+        flat_param_free_full_grad(fp);
+    }
     fp->reducing_low_precision = 1;
     int status;
     if (fp->replicated) {
@@ -800,9 +848,6 @@ int flat_param_offload_params(flat_param *fp) {
     if (fp->replicated)
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': CPU offload of a replicated (NO_SHARD) "
                          "unit is not supported; use FULL_SHARD or SHARD_GRAD_OP", ctx->rank, fp->unit);
-    if (fp->layout == FLAT_PARAM_ROWS)
-        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': CPU offload with per-parameter sharding "
-                         "(FSDP_VERSION=2) is not supported here; use OFFLOAD=0", ctx->rank, fp->unit);
     if (fp->shard_state != FLAT_PARAM_SHARDED || fp->reduce_started)
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': offloaded while %s; offload before the "
                          "first step", ctx->rank, fp->unit, fp->reduce_started ? "reducing" : "UNSHARDED");

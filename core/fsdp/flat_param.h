@@ -41,6 +41,13 @@
  * FSDP1's, so the model does not change. The gradient is the mirror image: the unpadded full gradient is copied into
  * a rank-major padded reduce_scatter_input (grad_unsharded, zeros in the padding rows; torch's foreach_reduce's
  * copy-in) and reduce-scattered (mean) into grad_shard.
+ * Mixed precision under FLAT_PARAM_ROWS (torch's MixedPrecisionPolicy): no _mp_shard and no low_precision_full_param.
+ * all_gather_output holds param_dtype elements; the copy-in casts the float32 rows into this rank's slice of it and
+ * the all-gather runs in place; the copy-out widens every rank's rows into the float32 full_param_padded (the
+ * layers' float32 buffers holding bfloat16 values, as above). The gradient, rounded to param_dtype's values, is cast
+ * into a reduce_dtype reduce_scatter_input (held in low_precision_grad when reduce_dtype is not float32) and
+ * reduce-scattered; the rest is the flat layout's path. CPU offload: the float32 rows come h2d into the slice (or into
+ * a transient device shard cast from, with a low-precision param_dtype), the gradient shard goes d2h as above.
  */
 #ifndef FSDPLAB_FLAT_PARAM_H
 #define FSDPLAB_FLAT_PARAM_H
@@ -104,8 +111,9 @@ typedef struct flat_param {
     float *local_shard;              /* _local_shard: sharded_numel floats, always present */
     float *full_param_padded;        /* _full_param_padded: padded_unsharded_numel floats while UNSHARDED, else NULL */
     float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
-    float *all_gather_output;        /* FLAT_PARAM_ROWS: the rank-major all-gather buffer (padded_unsharded_numel)
-                                        from the all-gather's issue to the copy-out, else NULL */
+    void *all_gather_output;         /* FLAT_PARAM_ROWS: the rank-major all-gather buffer (padded_unsharded_numel
+                                        elements of all_gather_dtype) from the all-gather's issue to the copy-out */
+    dtype all_gather_dtype;          /* its elements: param_dtype (float32 without mixed precision, or forced) */
     float *reduce_scatter_input;     /* FLAT_PARAM_ROWS: the rank-major padded gradient the reduce-scatter reads */
     int copy_out_pending;            /* FLAT_PARAM_ROWS: the all-gather is in flight; its wait copies out */
     float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */

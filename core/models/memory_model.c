@@ -78,31 +78,40 @@ typedef struct unit_sizes {
  *   grad_unsharded   the root's F_0 for the whole backward; unit i's reduce F_0 + F_i + G_i; on comm streams unit
  *                    i+1's G is freed only at unit i's _post_backward_hook, after i's backward filled F_i: F_0 + F_i +
  *                    G_{i+1}. no_sync (ACC > 1) keeps every F until the last micro-batch reduces units L .. 0:
- *                    max_i (F_0 + .. + F_i + G_i). */
+ *                    max_i (F_0 + .. + F_i + G_i).
+ * F is float32 (what the layers read and write, 4 bytes); G holds param_dtype elements (p bytes) in the all-gather and
+ * reduce_dtype ones (r bytes) in the reduce-scatter: the same terms with G weighted by p or r. Mixed precision has no
+ * _mp_shard here (the copy-in casts straight into the all-gather buffer): param_shard_low_precision stays 0. */
 static void predict_per_parameter(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options) {
-    count f = sizeof(float), prefix = 0, prefix_peak = 0;
-    count root = units[0].full_numel, root_peak = root + units[0].padded_unsharded_numel, single = 0, pair = 0;
-    count grad_single = 0;
+    count f = sizeof(float), p = (count)dtype_size(options->mixed_precision.param_dtype);
+    count r = (count)dtype_size(options->mixed_precision.reduce_dtype);
+    count prefix = 0, prefix_peak = 0, grad_prefix_peak = 0; /* bytes from here on */
+    count root = f * units[0].full_numel, single = 0, pair = 0, grad_single = 0;
+    count root_peak = root + p * units[0].padded_unsharded_numel;
+    count grad_root_peak = root + r * units[0].padded_unsharded_numel;
     for (int unit = 0; unit < unit_count; unit++) {
-        count full = units[unit].full_numel, gathered = units[unit].padded_unsharded_numel;
+        count full = f * units[unit].full_numel, gathered = p * units[unit].padded_unsharded_numel;
+        count reduced = r * units[unit].padded_unsharded_numel;
         prefix += full;
         prefix_peak = max_of(prefix_peak, prefix + gathered);
+        grad_prefix_peak = max_of(grad_prefix_peak, prefix + reduced);
         if (unit == 0) continue;
         single = max_of(single, gathered + full);
-        grad_single = max_of(grad_single, full + gathered);
+        grad_single = max_of(grad_single, full + reduced);
         if (unit > 1) {
-            count before = units[unit - 1].padded_unsharded_numel;
+            count before = p * units[unit - 1].padded_unsharded_numel;
             pair = max_of(pair, options->comm_streams ? gathered + full + before
-                                                      : full + before + units[unit - 1].full_numel);
+                                                      : full + before + f * units[unit - 1].full_numel);
         }
         if (options->comm_streams && unit + 1 < unit_count)
-            grad_single = max_of(grad_single, full + units[unit + 1].padded_unsharded_numel);
+            grad_single = max_of(grad_single, full + r * units[unit + 1].padded_unsharded_numel);
     }
-    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = prefix_peak * f;
+    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = prefix_peak;
     else peak[MEM_PARAM_UNSHARDED] =
-             max_of(root_peak, root + max_of(single, options->backward_prefetch == BACKWARD_PRE ? pair : 0)) * f;
+             max_of(root_peak, root + max_of(single, options->backward_prefetch == BACKWARD_PRE ? pair : 0));
     int keeps_all = options->no_sync && options->accumulation_steps > 1;
-    peak[MEM_GRAD_UNSHARDED] = (keeps_all ? prefix_peak : max_of(root_peak, root + grad_single)) * f;
+    peak[MEM_GRAD_UNSHARDED] = keeps_all ? grad_prefix_peak : max_of(grad_root_peak, root + grad_single);
+    peak[MEM_PARAM_SHARD_LOW_PRECISION] = 0;
 }
 
 /* Mixed precision (core/fsdp/flat_param.h) changes four categories; the float32 shard, its gradient and AdamW's states
