@@ -278,11 +278,12 @@ def mpirun_default():
 
 
 def build(directory, quick, lab):
-    """make in the copy: the labs and the comparison tool (quick), or everything; (ok, output)."""
+    """make in the copy: lab LAB's program, lab 05's (labs 05 and 08 train with it) and the comparison tool (quick),
+    or everything; (ok, output)."""
     if quick:
-        labs = sorted(os.path.splitext(name)[0] for name in os.listdir(os.path.join(directory, "lab"))
-                      if re.match(r"^[0-9]{2}_.*\.c$", name))
-        targets = [f"lab/{name}" for name in labs] + ["build/tests/bin/qwen2_tool", "trace/fsdptrace"]
+        programs = sorted(os.path.splitext(name)[0] for name in os.listdir(os.path.join(directory, "lab"))
+                          if re.match(r"^[0-9]{2}_.*\.c$", name) and name[:2] in (lab, "05"))
+        targets = [f"lab/{name}" for name in programs] + ["build/tests/bin/qwen2_tool"]
     else:
         targets = ["all"]
     result = subprocess.run(["make", "-s", "--no-print-directory", "-j2"] + targets, cwd=directory,
@@ -290,25 +291,26 @@ def build(directory, quick, lab):
     return result.returncode == 0, result.stdout
 
 
-TELLING = re.compile(r"rank \d|expected|got |FAIL|[Ee]rror|assert|differ|mismatch|!=| not |wrong|nan|bound|"
-                     r"check:|refused|Abort|Segmentation|signal")
+# What a failed check's log says that a learner needs: its verdicts first (mismatches, expected vs got, errors), then
+# lines naming a rank; never mpirun's boilerplate.
+VERDICT = re.compile(r"MISMATCH|FAIL|[Ee]xpected|got |[Ee]rror|[Aa]ssert|differ|mismatch|!=|wrong|\bnan\b|Abort|"
+                     r"Segmentation|signal|refused|out of|exceed|not ")
+NAMING = re.compile(r"rank \d|unit '|check:")
 NOISE = re.compile(r"^-{5,}|^Primary job|^mpirun (noticed|detected)|^\s*$|process rank .* exited|^  Process name|"
-                   r"^  Exit code|^expected a non-zero exit")
+                   r"^  Exit code|^expected a non-zero exit|^\s*rank \d+ +bytes sent")
 
 
 def telling_lines(log_path, limit=6):
     try:
         with open(log_path, encoding="utf-8", errors="replace") as f:
-            lines = [line.rstrip() for line in f]
+            lines = [line.rstrip()[:300] for line in f if not NOISE.search(line.rstrip())]
     except OSError:
         return []
-    picked = [line for line in lines if TELLING.search(line) and not NOISE.search(line)]
-    seen, unique = set(), []
-    for line in picked:
-        if line not in seen:
-            seen.add(line)
-            unique.append(line[:300])
-    return unique[:limit] if unique else [line[:300] for line in lines if not NOISE.search(line)][-limit:]
+    for pattern in (VERDICT, NAMING):
+        picked = list(dict.fromkeys(line for line in lines if pattern.search(line)))
+        if picked:
+            return picked[:limit]
+    return lines[-limit:]
 
 
 def changed_regions(directory, lab):
@@ -423,15 +425,12 @@ def command_verify(args):
     chosen = regions_of(manifest, ids=args.ids)
     directory = os.path.abspath(args.dir or os.path.join("runs", "exercise", "verify"))
     failures = 0
-    labs_done = []
     for region in chosen:
         rid, lab = region["id"], region["lab"]
         status, output = run_self("make", lab, "--dir", directory, "--only", rid)
         if status == 0:
             status, output = run_self("grade", lab, "--dir", directory, "--quick")
-            named = f"likely at fault: exercise {rid} " in output
-            built = "does not build" not in output
-            good = status != 0 and named and built
+            good = status != 0 and f"likely at fault: exercise {rid} " in output and "does not build" not in output
             score = re.findall(r"score: .*", output)
             verdict = (f"stub builds, quick grade fails ({score[-1] if score else 'no score'}) naming it" if good else
                        f"expected a build and a failing quick grade naming {rid}")
@@ -440,19 +439,19 @@ def command_verify(args):
         restore(directory, [rid])
         same = not differing_files(directory)
         print(f"{'PASS' if good and same else 'FAIL'}  {rid}: {verdict}; restored "
-              f"{'equals' if same else 'DIFFERS from'} the original")
+              f"{'equals' if same else 'DIFFERS from'} the original", flush=True)
         if not (good and same):
             failures += 1
-            print(textwrap.indent(output[-3000:], "      | "))
-        if lab not in labs_done and all(r["lab"] != lab for r in chosen[chosen.index(region) + 1:]):
-            labs_done.append(lab)
-            status, output = run_self("grade", lab, "--dir", directory, "--quick")
-            full = status == 0 and re.search(r"^score: (\d+)/\1$", output, re.M)
-            print(f"{'PASS' if full else 'FAIL'}  lab {lab} restored: quick grade "
-                  f"{re.findall(r'score: .*', output)[-1] if 'score:' in output else 'no score'}")
-            if not full:
-                failures += 1
-                print(textwrap.indent(output[-3000:], "      | "))
+            print(textwrap.indent(output[-3000:], "      | "), flush=True)
+    # the solutions back everywhere: each lab's quick grade has full marks (one build, at the first)
+    for lab in dict.fromkeys(region["lab"] for region in chosen):
+        status, output = run_self("grade", lab, "--dir", directory, "--quick")
+        full = status == 0 and re.search(r"^score: (\d+)/\1$", output, re.M)
+        print(f"{'PASS' if full else 'FAIL'}  lab {lab} restored: quick grade "
+              f"{re.findall(r'score: .*', output)[-1] if 'score:' in output else 'no score'}", flush=True)
+        if not full:
+            failures += 1
+            print(textwrap.indent(output[-3000:], "      | "), flush=True)
     print(f"verify: {len(chosen)} regions, {failures} failures")
     return 1 if failures else 0
 
