@@ -203,7 +203,8 @@ def regions_of(manifest, lab=None, ids=None):
 def lab_of(value):
     lab = f"{int(value):02d}" if str(value).isdigit() else str(value)
     if lab not in load_manifest()["labs"]:
-        sys.exit(f"exercise: LAB={value} is not a lab with exercises; choose one of {', '.join(load_manifest()['labs'])}")
+        labs = ", ".join(load_manifest()["labs"])
+        sys.exit(f"exercise: LAB={value} is not a lab with exercises; choose one of {labs}")
     return lab
 
 
