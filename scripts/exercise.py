@@ -183,8 +183,10 @@ def stub_lines(region, indent, lab_dir):
         comment += textwrap.wrap(f"Hint: {hint}", width, initial_indent=" * ", subsequent_indent=" *   ")
     comment += textwrap.wrap(f"Invariant: {region['invariant']}", width, initial_indent=" * ",
                              subsequent_indent=" *   ")
-    comment += textwrap.wrap(f"Grade: make grade LAB={region['lab']} DIR={lab_dir} (QUICK=1: its fast subset); "
-                             f"the solution back: make solution DIR={lab_dir}", width, initial_indent=" * ",
+    setting = dir_setting(lab_dir, region["lab"])
+    comment += textwrap.wrap(f"Grade: make grade LAB={region['lab']}{setting} (QUICK=1: its fast subset); "
+                             f"the solution back: make solution LAB={region['lab']}{setting}", width,
+                             initial_indent=" * ",
                              subsequent_indent=" *   ")
     comment[-1] += " */"
     comment = [line.replace("*/", "* /") if i < len(comment) - 1 else line for i, line in enumerate(comment)]
@@ -210,6 +212,19 @@ def lab_of(value):
 
 def default_dir(lab):
     return os.path.join("runs", "exercise", lab)
+
+
+def shown_path(directory):
+    """The copy's path as the learner types it: relative to where they stand, when it is below."""
+    here = os.path.abspath(os.getcwd())
+    return os.path.relpath(directory, here) if directory.startswith(here + os.sep) else directory
+
+
+def dir_setting(directory, lab):
+    """' DIR=...' for a make command about this copy; nothing for the default copy."""
+    if os.path.abspath(directory) == os.path.abspath(default_dir(lab)):
+        return ""
+    return f" DIR={shown_path(directory)}"
 
 
 def read_state(directory):
@@ -255,11 +270,11 @@ def command_make(args):
         copy_tree(directory)
     manifest = load_manifest()
     chosen = regions_of(manifest, lab, args.only)
-    shown = os.path.relpath(directory, ROOT) if directory.startswith(ROOT + os.sep) else directory
+    shown = shown_path(directory)
     for region in chosen:
         lines, begin, end, indent = find_region(directory, region["file"], region["id"])
         write_lines(os.path.join(directory, region["file"]),
-                    lines[:begin + 1] + stub_lines(region, indent, shown) + lines[end:])
+                    lines[:begin + 1] + stub_lines(region, indent, directory) + lines[end:])
     with open(os.path.join(directory, STATE), "w", encoding="utf-8") as f:
         json.dump({"lab": lab, "regions": [r["id"] for r in chosen], "origin": ROOT}, f, indent=1)
     print(f"exercise lab {lab}: a copy of the tree in {shown}, with {len(chosen)} region(s) to write:")
@@ -268,7 +283,8 @@ def command_make(args):
         print(f"  {region['id']:14} {shown}/{region['file']}:{begin + 1}  {region['title']} "
               f"(about {region['minutes']} min)")
     print(f"read first: {manifest['labs'][lab]['read']}")
-    print(f"then: make grade LAB={lab} DIR={shown} QUICK=1 (fast), make grade LAB={lab} DIR={shown} (every check)")
+    setting = dir_setting(directory, lab)
+    print(f"then: make grade LAB={lab}{setting} QUICK=1 (fast), make grade LAB={lab}{setting} (every check)")
     return 0
 
 
@@ -292,26 +308,49 @@ def build(directory, quick, lab):
     return result.returncode == 0, result.stdout
 
 
-# What a failed check's log says that a learner needs: its verdicts first (mismatches, expected vs got, errors), then
-# lines naming a rank; never mpirun's boilerplate.
+# What a failed check's log says that a learner needs: its verdicts first (mismatches, expected vs got, errors: a
+# verdict ending in ':' brings the indented lines under it), then lines naming a rank; never mpirun's boilerplate.
+# A crashed rank: the signal, and the functions of its backtrace (the stub may leave a buffer unset).
 VERDICT = re.compile(r"MISMATCH|FAIL|[Ee]xpected|got |[Ee]rror|[Aa]ssert|differ|mismatch|!=|wrong|\bnan\b|Abort|"
-                     r"Segmentation|signal|refused|out of|exceed|not ")
+                     r"Signal:|refused|out of|exceed|not ")
 NAMING = re.compile(r"rank \d|unit '|check:")
 NOISE = re.compile(r"^-{5,}|^Primary job|^mpirun (noticed|detected)|^\s*$|process rank .* exited|^  Process name|"
-                   r"^  Exit code|^expected a non-zero exit|^\s*rank \d+ +bytes sent")
+                   r"^  Exit code|^expected a non-zero exit|^\s*rank \d+ +bytes sent|with errorcode|"
+                   r"You may or may not see output|MCA parameter|MPI_ABORT was invoked|NOTE: invoking MPI_ABORT|"
+                   r"Signal code|Failing at address|^\[[^]]*\] \[ *\d+\]|End of error message|exited on signal")
+FRAME = re.compile(r"\[ *\d+\] ([^(\s]*)\((\w+)\+0x")  # a backtrace's frame: the binary, the function
 
 
 def telling_lines(log_path, limit=6):
     try:
         with open(log_path, encoding="utf-8", errors="replace") as f:
-            lines = [line.rstrip()[:300] for line in f if not NOISE.search(line.rstrip())]
+            raw = [line.rstrip()[:300] for line in f]
     except OSError:
         return []
+    lines = [line for line in raw if not NOISE.search(line)]
+    said = []
+    frames = list(dict.fromkeys(m.group(2) for m in map(FRAME.search, raw)
+                                if m and ".so" not in m.group(1) and m.group(2) not in ("main", "_start")))
     for pattern in (VERDICT, NAMING):
-        picked = list(dict.fromkeys(line for line in lines if pattern.search(line)))
+        picked = []
+        for index, line in enumerate(lines):
+            if pattern.search(line):
+                picked.append(line)
+                follow = index + 1
+                while line.endswith(":") and follow < len(lines) and lines[follow][:1] in (" ", "\t"):
+                    picked.append(lines[follow])
+                    follow += 1
+        picked = list(dict.fromkeys(picked))
         if picked:
-            return picked[:limit]
-    return lines[-limit:]
+            said = picked[:limit]
+            break
+    if not said:
+        said = lines[-limit:]
+    if frames:
+        said.append("a rank crashed in " + " <- ".join(frames[:6]) + " (a buffer the stub leaves unset?)")
+    elif any("Signal:" in line for line in raw):
+        said.append("a rank crashed (a buffer the stub leaves unset?); the log has its backtrace")
+    return said
 
 
 def changed_regions(directory, lab):
@@ -332,7 +371,7 @@ def command_grade(args):
     directory = os.path.abspath(args.dir or default_dir(lab))
     if not os.path.isdir(directory):
         sys.exit(f"exercise: no copy at {directory}; make one first: make exercise LAB={lab}")
-    shown = os.path.relpath(directory, ROOT) if directory.startswith(ROOT + os.sep) else directory
+    shown = shown_path(directory)
     subset = "the quick subset of " if args.quick else ""
     print(f"grading lab {lab} in {shown}: {subset}tests/suites/{info['suite']}.sh")
     ok, output = build(directory, args.quick, lab)
@@ -349,6 +388,7 @@ def command_grade(args):
     result = subprocess.run(["tests/run_checks.sh", info["suite"]], cwd=directory, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     passed = failed = skipped = 0
+    failed_runs = set()
     suspects = changed_regions(directory, lab)
     for line in result.stdout.splitlines():
         match = re.match(r"^(PASS|FAIL|SKIP)  (.*?)(   \(log: (.*)\))?$", line)
@@ -365,6 +405,10 @@ def command_grade(args):
             continue
         failed += 1
         print(f"FAIL  {name}")
+        if name.endswith(": trace valid") and name[:-len(": trace valid")] in failed_runs:
+            print("      (the run above failed: its trace is missing or cut short)")
+            continue
+        failed_runs.add(name)
         for said in telling_lines(os.path.join(directory, log)) if log else []:
             print(f"      the check says: {said}")
         candidates = suspects or regions_of(manifest, lab)
