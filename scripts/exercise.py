@@ -6,8 +6,9 @@ The solution regions are marked in the sources, one line each side, and change n
     ... the solution ...
     /* EXERCISE 03-mean END */
 exercises/exercises.json describes each region (lab, file, title, task, hints, invariant, the trace to read, the stub
-that replaces the solution, minutes) and each lab (its check suite, the quick subset of its checks as a regex of
-check names, what to read first).
+that replaces the solution, minutes; optionally `checks`, a regex of the check names it can fail, where a lab has
+several regions) and each lab (its check suite, the quick subset of its checks as a regex of check names, what to
+read first).
 
   scripts/exercise.py list                          every region, in order, with its lab, file:line and minutes
   scripts/exercise.py lint [--root DIR]             markers balanced, every manifest region in the tree exactly once
@@ -378,7 +379,7 @@ def command_grade(args):
     if not ok:
         print("FAIL  the copy does not build (-Werror: every warning is an error); the compiler says:")
         for line in [line for line in output.splitlines() if re.search(r"error|warning", line)][:12]:
-            print("      | " + line)
+            print("      | " + re.sub(r"^(?=[\w./-]+\.(c|h|cu):\d+)", shown + "/", line))
         print("score: 0/1 (it must build before any check runs)")
         return 1
     env = dict(os.environ, MPIRUN=mpirun_default(), CHECK_TIMEOUT=os.environ.get("CHECK_TIMEOUT", "120"))

@@ -65,6 +65,15 @@ for entry in $regions; do
   check "exercises: $id restored: every region file equals this tree's" \
     bash -c "scripts/exercise.py solution --dir $S && scripts/exercise.py same --dir $S"
 done
+# a stub that warns does not build (-Werror), and the grade says so before running anything
+check_fails "exercises: a region written with a warning: the grade says the copy does not build, naming it" \
+  "error: unused variable .{1,3}unused_here" \
+  bash -c "scripts/exercise.py make 03 --dir $S --only 03-mean && python3 -c '
+import sys; path = sys.argv[1]; text = open(path).read()
+open(path, \"w\").write(text.replace(\"c->factor = 1.0f;\", \"int unused_here = 0; c->factor = 1.0f;\", 1))' \
+    $S/core/comm/comm.c && scripts/exercise.py grade 03 --dir $S --quick"
+check "exercises: its solution restored: every region file equals this tree's" \
+  bash -c "scripts/exercise.py solution --dir $S && scripts/exercise.py same --dir $S"
 # every solution back: each lab's quick grade has full marks (the first rebuilds the copy once)
 for lab in $(printf '%s\n' $regions | cut -d: -f1 | uniq); do
   check "exercises: lab $lab, the solutions restored: its quick grade has full marks" \
