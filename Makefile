@@ -16,6 +16,11 @@
 #                     (BACKEND=nccl); core/cuda/*.cu through nvcc for sm_80 and sm_90. CUDA_HOME (default
 #                     /usr/local/cuda), and NCCL_HOME, CUBLAS_HOME where NCCL and cuBLAS live elsewhere (pip's
 #                     nvidia-* wheels: site-packages/nvidia/nccl, .../nvidia/cu13)
+#   make exercise LAB=NN [DIR=...]   a copy of the tree (default runs/exercise/NN) with lab NN's solution regions
+#                     replaced by stubs to write (docs/exercises.md, scripts/exercise.py, exercises/exercises.json)
+#   make grade LAB=NN [QUICK=1] [DIR=...]   the lab's checks run in that copy, with a score; QUICK=1: a fast subset
+#   make solution [LAB=NN] [DIR=...]   the solutions back into the copy
+#   make check-exercises   the exercises' own check (tests/suites/exercises.sh)
 #   make check-cuda-build   `make CUDA=1` links here, GPU or not (tests/suites/cuda_build.sh; skipped without nvcc)
 #   make CUDA=emulated  the CUDA build on the CUDA emulator (tests/cuda_emulator/) into build/cuda_emulated/:
 #                     DEVICE=cuda runs on the CPU, no toolkit or GPU needed; `make check-cuda-emulated` runs lab 05 on
@@ -158,7 +163,7 @@ LIBS := $(O)core/libfsdplab.a $(O)trace/libfsdptrace.a
 
 .PHONY: all run check clean sanitize check-sanitize check-cuda-build check-cuda-emulated check-unit check-trace \
   check-model check-train check-badinput check-resume check-tokenizer check-layout check-docs bench-model \
-  bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09 10)
+  bench-tokenizer notebooks $(addprefix check-,01 02 03 04 05 06 07 08 09 10) exercise grade solution check-exercises
 
 ifeq ($(O),build/)
 LAB_LINKS := $(patsubst build/%,%,$(LABS))
@@ -264,7 +269,7 @@ run: lab-05
 # suites that share a build tree (unit and cuda_emulated: build/cuda_emulated) stay in one lane.
 CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 docs layout
 CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 lab10 train badinput notebooks \
-  cuda_build
+  cuda_build exercises
 check: all
 	@tests/run_checks.sh --lanes "$(CHECK_LANE_1)" "$(CHECK_LANE_2)"
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
@@ -312,6 +317,18 @@ check-layout:
 	@tests/run_checks.sh layout
 check-docs: all
 	@tests/run_checks.sh docs
+check-exercises: all
+	@tests/run_checks.sh exercises
+
+# Exercises (docs/exercises.md): LAB=NN picks the lab, DIR the copy (default runs/exercise/NN).
+exercise: all
+	@test -n "$(LAB)" || { echo "make exercise: name the lab: make exercise LAB=03" >&2; exit 2; }
+	@scripts/exercise.py make $(LAB) $(if $(DIR),--dir $(DIR))
+grade:
+	@test -n "$(LAB)" || { echo "make grade: name the lab: make grade LAB=03 [QUICK=1] [DIR=...]" >&2; exit 2; }
+	@scripts/exercise.py grade $(LAB) $(if $(DIR),--dir $(DIR)) $(if $(QUICK),--quick)
+solution:
+	@scripts/exercise.py solution $(LAB) $(if $(DIR),--dir $(DIR))
 
 # The notebooks executed, as HTML with their outputs, for reading.
 notebooks: all

@@ -520,7 +520,9 @@ static int reduce_scatter_begin(context *ctx, call *c, const comm_group *group, 
                 .count = full_count, .send = full, .receive = shard, .dtype = type};
     in_group(ctx, c, group);
     c->chunk = full_count / (size_t)c->size;
+    /* EXERCISE 03-mean BEGIN: the factor the ring's last step multiplies by: a mean (COMM_AVG) over the group, or 1 */
     c->factor = reduce == COMM_AVG ? 1.0f / (float)c->size : 1.0f;
+    /* EXERCISE 03-mean END */
     c->bytes_sent = c->bytes_recv = ring_chunk_bytes(c->size, full_count, type);
     if (begin(ctx, c, c->chunk) != 0) return -1;
     if (full_count % (size_t)c->size != 0) return not_divisible(ctx, c);

@@ -37,7 +37,9 @@ static void rows_layout(flat_param *fp, size_t world) {
         flat_param_param_info *info = &fp->params[i];
         size_t rows = (size_t)info->shape[0];
         info->row_numel = info->numel / rows;
+        /* EXERCISE 10-rows BEGIN: FSDP2: c = ceil(d0 / W) rows of this parameter per rank, padding rows included */
         info->shard_rows = (rows + world - 1) / world;
+        /* EXERCISE 10-rows END */
         info->shard_offset = shard_offset;
         shard_offset += info->shard_rows * info->row_numel;
     }
@@ -109,7 +111,11 @@ static int init_layout(flat_param *fp, context *ctx, const char *unit, const fla
     return 0;
 }
 
-size_t flat_param_padded_numel(size_t numel, size_t world) { return (numel + world - 1) / world * world; }
+size_t flat_param_padded_numel(size_t numel, size_t world) {
+    /* EXERCISE 01-padding BEGIN: round numel up to the next multiple of world (the FlatParameter's padded length) */
+    return (numel + world - 1) / world * world;
+    /* EXERCISE 01-padding END */
+}
 
 int flat_param_init(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs, int count) {
     return init_layout(fp, ctx, unit, specs, count, 0);
@@ -143,8 +149,10 @@ void flat_param_shard_range(const flat_param *fp, int rank, size_t *begin, size_
         world_fatal(fp->ctx, "unit '%s': per-parameter (FSDP2) shards are no flat range of rank %d; use "
                     "flat_param_param_shard_overlap per parameter", fp->unit, rank);
     int shard_rank = fp->shard_group != NULL ? rank % fp->shard_group->size : rank;
+    /* EXERCISE 01-range BEGIN: rank shard_rank's chunk of the padded flat buffer, [begin, end) */
     *begin = fp->replicated ? 0 : (size_t)shard_rank * fp->sharded_numel;
     *end = *begin + fp->sharded_numel;
+    /* EXERCISE 01-range END */
 }
 
 /* FLAT_PARAM_ROWS: the rows of parameter `info` that `rank` holds, [first, last), clamped to the parameter. */
@@ -403,9 +411,11 @@ int flat_param_unshard_start(flat_param *fp, stream *on, const char *hook) {
         flat_param_shard_range(fp, fp->ctx->rank, &begin, &end);
         float *chunk = fp->full_param_padded + begin;
         snprintf(owner, sizeof owner, "%s._local_shard", fp->unit);
+        /* EXERCISE 09-h2d BEGIN: copy the host shard (h2d) into this rank's chunk; the all-gather sends it there */
         offload_copy(fp->ctx, chunk, fp->local_shard, fp->sharded_numel * sizeof(float), OFFLOAD_H2D, fp->unit,
                      owner, NULL);
         shard = chunk;
+        /* EXERCISE 09-h2d END */
     }
     /* In the world, or (hybrid) in the shard group; on NULL: blocking. */
     int status = comm_all_gather_typed(fp->ctx, fp->shard_group, on, shard, fp->full_param_padded,
@@ -464,7 +474,9 @@ float *flat_param_param_view(const flat_param *fp, const char *name) {
     if (flat_param_unshard_pending(fp))
         world_fatal(fp->ctx, "unit '%s': parameter '%s' used while its all-gather (seq %llu) is in flight; wait first",
                   fp->unit, name, (unsigned long long)fp->unshard_handle.seq);
+    /* EXERCISE 02-unshard BEGIN: the parameter's view into the unsharded (all-gathered) flat buffer */
     return fp->full_param_padded + info->offset;
+    /* EXERCISE 02-unshard END */
 }
 
 float *flat_param_alloc_full_grad(flat_param *fp) {
@@ -537,9 +549,11 @@ int flat_param_reduce_scatter_grad_start(flat_param *fp, comm_reduce reduce, str
      * once the shard is complete; on the host, one after the other). Each is a mean in its group, S and R ranks:
      * 1/S * 1/R = the mean over all W = S R ranks, as torch's pre- and post-divide factors multiply to W. With W a
      * power of two every factor is a power of two, exact in float, so where the division happens changes no bit. */
+    /* EXERCISE 08-replicate BEGIN: HYBRID_SHARD: all-reduce the shard's mean across the replicate group */
     if (status == 0 && fp->replicate_group != NULL)
         status = comm_all_reduce_group_start(ctx, fp->replicate_group, on, fp->reduce_target, fp->sharded_numel,
                                              reduce, fp->unit, &fp->replicate_handle);
+    /* EXERCISE 08-replicate END */
     fp->reduce_started = 1;
     fp->reduce_status = status;
     return status;
@@ -707,7 +721,9 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
         ctx->device.convert(&ctx->device, fp->mp_shard, type, on_device, DTYPE_FLOAT32, fp->sharded_numel);
         mem_free(&ctx->mem, on_device);
     } else {
+        /* EXERCISE 07-cast BEGIN: cast the float32 master shard into the param_dtype _mp_shard the all-gather sends */
         ctx->device.convert(&ctx->device, fp->mp_shard, type, fp->local_shard, DTYPE_FLOAT32, fp->sharded_numel);
+        /* EXERCISE 07-cast END */
     }
     fp->unsharded_low_precision = 1;
     if (fp->replicated) {

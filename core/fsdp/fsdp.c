@@ -303,12 +303,14 @@ static int unit_to_prefetch(const fsdp_runtime *runtime, int unit, prefetch_mode
     int wanted = (u->handle_state == HANDLE_BACKWARD_PRE && runtime->options.backward_prefetch == BACKWARD_PRE) ||
                  (u->handle_state == HANDLE_BACKWARD_POST && runtime->options.backward_prefetch == BACKWARD_POST);
     if (!wanted) return -1;
+    /* EXERCISE 06-prefetch BEGIN: backward: the unit before this one in _post_forward order, if it still needs one */
     for (int i = 1; i < runtime->post_forward_count; i++)
         if (runtime->post_forward_order[i] == unit) {
             int target = runtime->post_forward_order[i - 1];
             const fsdp_unit *t = &runtime->units[target];
             return t->needs_pre_backward_unshard && !t->prefetched ? target : -1;
         }
+    /* EXERCISE 06-prefetch END */
     return -1;
 }
 
@@ -338,7 +340,9 @@ void fsdp_pre_forward(fsdp_runtime *runtime, int unit) {
 void fsdp_post_forward(fsdp_runtime *runtime, int unit) {
     runtime->post_forward_order[runtime->post_forward_count++] = unit;
     /* The root keeps its parameters for backward, which starts with it; SHARD_GRAD_OP keeps every unit's. */
+    /* EXERCISE 05-hooks BEGIN: _post_forward: free the unsharded parameters unless root or SHARD_GRAD_OP keeps them */
     int free_unsharded = unit != 0 && fsdp_strategy_reshards_after_forward(runtime->options.strategy);
+    /* EXERCISE 05-hooks END */
     reshard(runtime, unit, free_unsharded, "_post_forward");
     set_handle_state(runtime, unit, HANDLE_FORWARD, HANDLE_IDLE, "_post_forward");
 }
@@ -612,7 +616,9 @@ float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int 
     begin_pass(runtime, micro_batch);
     /* (loss / accumulation_steps).backward()'s factor, handed before the forward to a model that starts its backward
      * there (module.h's begin_backward_in_forward), else applied between forward and backward (below) */
+    /* EXERCISE 05-accumulate BEGIN: each micro-batch's share of the step's gradient, (loss / ACC).backward() */
     float loss_factor = 1.0f / (float)runtime->options.accumulation_steps;
+    /* EXERCISE 05-accumulate END */
     int grads_in_forward = -1, early = model->ops->begin_backward_in_forward != NULL;
     if (early) grads_in_forward = model->ops->begin_backward_in_forward(model->self, batch, loss_factor);
 

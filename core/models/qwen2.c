@@ -927,8 +927,10 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
 }
 
 void qwen2_layer_recompute(qwen2_model *model, qwen2_activations *acts, int l) {
+    /* EXERCISE 04-recompute BEGIN: rebuild layer l's saved activations for its backward (its output is not needed) */
     qwen2_layer_forward(model, acts, l);
     release(model, &acts->residuals[l + 1]);
+    /* EXERCISE 04-recompute END */
 }
 
 /* ---------------------------------------------------------------- backward */
