@@ -62,15 +62,14 @@ int main(int argc, char **argv) {
 
     for (int step = first_step; step <= s.steps; step++) {
         trainer_begin_step(&t); /* Peak and Time are the step's own */
-        double loss_sum = 0.0;
         for (int micro = 0; micro < s.accumulation; micro++) {
             /* Forward and backward through the hooks (core/fsdp/fsdp.c): per unit _pre_forward all-gathers its
              * parameters, _post_forward frees them; _pre_backward_hook gathers them again, _post_backward_hook
-             * reduce-scatters the gradient into this rank's shard. Only the last micro-batch syncs under no_sync. */
-            float loss = trainer_forward_backward(&t, micro);
-            trainer_log_micro_batch(&t, step, micro, loss);
-            loss_sum += loss;
+             * reduce-scatters the gradient into this rank's shard. Only the last micro-batch syncs under no_sync.
+             * The loss stays on the device (a GPU's host never waits for it inside the step's micro-batches)... */
+            trainer_forward_backward_queued(&t, step, micro);
         }
+        double loss_sum = trainer_read_losses(&t, step); /* ...until here: every micro-batch's, one host wait */
         trainer_save_gradients(&t, step);                /* GRADS: step 1's, as the optimizer will see them */
         if (trainer_diverged(&t, step, loss_sum)) break; /* a non-finite loss or gradient: stop before AdamW */
         /* The optimizer step on the shards: AdamW reads and writes only this rank's 1/N of each unit. */

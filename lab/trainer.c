@@ -424,6 +424,52 @@ void trainer_log_micro_batch(trainer *t, int step, int micro, float loss) {
                MPI_Wtime() - t->step_start);
 }
 
+/* The queued micro-batches' losses (micro_read .. micro_queued - 1, whose slots are consecutive: the slots are read
+ * whenever the last one fills), each one's step event with the time and peaks of its end. */
+static void read_queued_losses(trainer *t, int step) {
+    int first = t->micro_read, count = t->micro_queued - t->micro_read;
+    if (count <= 0) return;
+    float losses[MODULE_LOSS_SLOTS];
+    fsdp_losses_read(&t->runtime, losses, first % MODULE_LOSS_SLOTS, count);
+    for (int i = 0; i < count; i++) {
+        const struct trainer_micro *m = &t->micro[first + i];
+        trace_step(&t->ctx->trace, step, first + i, losses[i], m->peak_bytes, m->peak_reserved_bytes, m->seconds);
+        t->loss_sum += losses[i];
+    }
+    t->micro_read = t->micro_queued;
+}
+
+void trainer_forward_backward_queued(trainer *t, int step, int micro) {
+    context *ctx = t->ctx;
+    const trainer_settings *s = &t->settings;
+    if (t->micro == NULL && (t->micro = calloc((size_t)s->accumulation, sizeof *t->micro)) == NULL)
+        world_fatal(ctx, "out of memory for %d micro-batches' records", s->accumulation);
+    if (micro == 0) t->micro_queued = t->micro_read = 0, t->loss_sum = 0.0;
+    if (micro != t->micro_queued || micro >= s->accumulation)
+        world_fatal(ctx, "step %d: micro-batch %d queued after %d of ACC=%d", step, micro, t->micro_queued,
+                    s->accumulation);
+    /* the last batch's copies to the device (queued, from the pinned batch buffers) must have read them first */
+    ctx->device.pinned_copies_wait(&ctx->device);
+    data_next_batch(&t->loader, t->tokens, t->targets);
+    int slot = micro % MODULE_LOSS_SLOTS;
+    fsdp_forward_backward_queued(&t->runtime, t->tokens, t->targets, s->micro_batch, s->seq_len,
+                                 micro == s->accumulation - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE,
+                                 slot);
+    t->micro[micro] = (struct trainer_micro){MPI_Wtime() - t->step_start, ctx->mem.peak_bytes,
+                                             ctx->mem.peak_reserved_bytes};
+    t->micro_queued = micro + 1;
+    /* the CPU's loss is on the host already: read now, its event where the micro-batch ends; elsewhere when the slots
+     * are full, or at the step's end */
+    if (ctx->device.kind == DEVICE_CPU || slot == MODULE_LOSS_SLOTS - 1) read_queued_losses(t, step);
+}
+
+double trainer_read_losses(trainer *t, int step) {
+    read_queued_losses(t, step);
+    double loss_sum = t->loss_sum;
+    t->micro_queued = t->micro_read = 0, t->loss_sum = 0.0;
+    return loss_sum;
+}
+
 /* Mixed precision: every parameter's sum over ranks of |local gradient| as it went into the reduce (sum_r ||t_r||_1,
  * flat_param's local_grad_l1), beside GRADS' gradients in local_grad_l1.json: what the bound of a bfloat16 sum over
  * ranks needs (tests/check_mixed_grads.py). Collective. */
@@ -639,6 +685,7 @@ void trainer_close(trainer *t) {
     free(t->tokenizer);
     for (int unit = 0; unit < t->model.unit_count; unit++) adamw_free(&t->states[unit]);
     free(t->states);
+    free(t->micro);
     fsdp_runtime_free(&t->runtime);
     qwen2_model_free(&t->model);
     ctx->per_parameter_sharding = 0;

@@ -115,6 +115,14 @@ typedef struct trainer {
     double step_start;
     size_t measured_peak[MEM_CATEGORY_COUNT], measured_total_peak, measured_reserved_peak;
     char diverged[1500];          /* why the run stopped early; empty while it is healthy */
+    /* lab 05's micro-batches of the step, queued (trainer_forward_backward_queued) and not yet read: each one's loss
+     * waits in a device loss slot; its time and peaks are kept from when it was queued, for its step event */
+    struct trainer_micro {
+        double seconds;
+        size_t peak_bytes, peak_reserved_bytes;
+    } *micro;
+    int micro_queued, micro_read;
+    double loss_sum;              /* this step's losses read so far, summed in micro-batch order */
 } trainer;
 
 /* ---- Lab 05: a training run as its settings ask ---- */
@@ -138,6 +146,14 @@ void trainer_begin_step(trainer *t);
 float trainer_forward_backward(trainer *t, int micro);
 /* The micro-batch's step event in the trace: its loss, the peaks and the time since the step began. */
 void trainer_log_micro_batch(trainer *t, int step, int micro, float loss);
+/* Lab 05's micro-batch: trainer_forward_backward without reading the loss, which stays on the device in the
+ * micro-batch's loss slot (core/fsdp/fsdp.h's fsdp_forward_backward_queued): on a GPU nothing in the micro-batch
+ * waits for it. On the CPU device the loss is on the host anyway: it is read and its step event written at once. */
+void trainer_forward_backward_queued(trainer *t, int step, int micro);
+/* After the step's micro-batches: every loss still on the device, read with one copy and one host wait (and one more
+ * per MODULE_LOSS_SLOTS micro-batches, when ACC is larger), each micro-batch's step event written with the time and
+ * peaks it had when it ended. Returns this rank's losses summed over the micro-batches, in their order. */
+double trainer_read_losses(trainer *t, int step);
 /* GRADS, after step 1's backward: the gradients the optimizer is about to use. A diagnostic outside FSDP (it gathers
  * every unit's gradient at once), so the step's peaks leave it out. Collective. */
 void trainer_save_gradients(trainer *t, int step);

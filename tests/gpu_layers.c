@@ -666,6 +666,79 @@ static void check_cross_entropy(int N, int V, int ignore_every, float scale) {
     free(logits), free(targets), free(dlogits), free(poison), free(g_dlogits), free(d_bound);
 }
 
+/* ---- the loss slots: the loss kept on the device, read once a step ---- */
+
+static unsigned long long host_wait_count(void) {
+#ifdef FSDPLAB_CUDA_EMULATOR
+    return emulator_host_wait_count();
+#else
+    return 0;
+#endif
+}
+
+/* A check of exact equality between two doubles (printed as their difference). */
+static void check_exact(const char *what, double got, double expected) {
+    checks++;
+    failures += got != expected;
+    printf("%-58s %11.3g %11s %9s  %s\n", what, got - expected, "0", "-", got == expected ? "PASS" : "FAIL");
+}
+
+/* cross_entropy_to_slot against the device's own cross_entropy_forward_backward (checked against the CPU above): the
+ * same loss added into the slot as (double)mean * count (twice into one slot: they add), the same count, the same
+ * dlogits times the scale with one float rounding (bits: the host's x * scale of the unscaled ones); 3 launches (the
+ * scale fused into the loss's pass, no `scale` kernel after it) and no host wait; loss_slots_read then reads two
+ * slots with one host wait and zeroes them (a second read gives zeros), leaving its neighbour untouched. */
+static void check_loss_slots(int N, int V, int ignore_every, float dlogits_scale) {
+    char name[128];
+    const int ignore_index = -100, slot = 5;
+    size_t count_all = (size_t)N * V;
+    float *logits = random_floats(count_all, 63, 3.0f);
+    int *targets = host_alloc((size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++)
+        targets[n] = ignore_every > 0 && n % ignore_every == 0 ? ignore_index : (int)(rng_bits(7, 64, n) % (uint64_t)V);
+    buffer d_logits = to_device(logits, count_all * 4), d_targets = to_device(targets, (size_t)N * 4);
+    buffer d_dlogits = device_alloc(count_all * 4);
+    int count = -1;
+    float loss = gpu.cross_entropy_forward_backward(&gpu, d_dlogits.ptr, d_logits.ptr, d_targets.ptr, N, V,
+                                                    ignore_index, &count);
+    float *unscaled = from_device(d_dlogits, count_all * 4);
+    for (size_t i = 0; i < count_all; i++) unscaled[i] *= dlogits_scale;
+    unsigned long long work = work_count(), waits = host_wait_count();
+    gpu.cross_entropy_to_slot(&gpu, d_dlogits.ptr, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale,
+                              slot);
+    snprintf(name, sizeof name, "cross_entropy_to_slot launches N=%d V=%d (scale fused)", N, V);
+    check_work(name, work, 3);
+#ifdef FSDPLAB_CUDA_EMULATOR
+    snprintf(name, sizeof name, "cross_entropy_to_slot host waits N=%d V=%d", N, V);
+    check_exact(name, (double)(host_wait_count() - waits), 0.0);
+#endif
+    float *g_dlogits = from_device(d_dlogits, count_all * 4);
+    snprintf(name, sizeof name, "cross_entropy_to_slot dlogits x %g N=%d V=%d (bits)", dlogits_scale, N, V);
+    compare(name, unscaled, g_dlogits, NULL, count_all);
+    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale, slot);
+    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale, slot + 1);
+    double sums[3] = {-1.0, -1.0, -1.0}, counts[3] = {-1.0, -1.0, -1.0};
+    waits = host_wait_count();
+    gpu.loss_slots_read(&gpu, sums, counts, slot, 2);
+#ifdef FSDPLAB_CUDA_EMULATOR
+    check_exact("loss_slots_read of 2 slots: host waits - 1", (double)(host_wait_count() - waits), 1.0);
+#endif
+    double one = (double)loss * count;
+    snprintf(name, sizeof name, "loss slot N=%d V=%d: two losses added (sum)", N, V);
+    check_exact(name, sums[0], one + one);
+    snprintf(name, sizeof name, "loss slot N=%d V=%d: two losses added (count)", N, V);
+    check_exact(name, counts[0], 2.0 * count);
+    snprintf(name, sizeof name, "loss slot N=%d V=%d: its neighbour's one loss (sum)", N, V);
+    check_exact(name, sums[1], one);
+    snprintf(name, sizeof name, "loss slot N=%d V=%d: its neighbour's one loss (count)", N, V);
+    check_exact(name, counts[1], (double)count);
+    gpu.loss_slots_read(&gpu, sums, counts, slot - 1, 3);
+    snprintf(name, sizeof name, "loss slots %d .. %d after their read: zero", slot - 1, slot + 1);
+    check_exact(name, fabs(sums[0]) + fabs(sums[1]) + fabs(sums[2]) + counts[0] + counts[1] + counts[2], 0.0);
+    device_free(d_logits), device_free(d_targets), device_free(d_dlogits);
+    free(logits), free(targets), free(unscaled), free(g_dlogits);
+}
+
 /* ---- vectors ---- */
 
 static void check_vectors(size_t count) {
@@ -1518,6 +1591,8 @@ int main(void) {
     check_cross_entropy(300, 260, 7, 2.0f);   /* more rows than the reduction's blocks */
     check_cross_entropy(3, 5000, 0, 1000.0f); /* logits spread over thousands, one far above */
     check_cross_entropy(5, 17, 1, 1.0f);      /* every target ignored: loss 0, count 0, dlogits 0 */
+    check_loss_slots(29, 1000, 4, 0.125f);
+    check_loss_slots(300, 260, 0, 1.0f / 3.0f); /* more rows than the reduction's blocks; a scale that rounds */
     check_vectors(1);
     check_vectors(1001);
     check_vectors((size_t)3 << 20);

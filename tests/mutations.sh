@@ -86,6 +86,20 @@ mutations=(
   "cuda-dlogit-keeps-target|core/cuda/kernels.cu|s.replace('if (j == target) d -= inverse_count;', '')|check-unit"
   "lerp-from-the-wrong-end|core/base/kernel_math.h|s.replace('fmaf(weight, end - start, start)', "\
 "'fmaf(weight, start - end, start)')|check-unit"
+  # The loss slots (gpu_layers' check_loss_slots): a micro-batch's loss overwriting its slot instead of adding into
+  # it, the slots not zeroed after their read (the next step would add onto this one's), the accumulation scale
+  # dropped from the loss's kernel, and the scale back in a kernel of its own (one launch more per chunk)
+  "cuda-loss-slot-assigned|core/cuda/kernels.cu|s.replace('slot[0] += (double)result->mean_loss', "\
+"'slot[0] = (double)result->mean_loss')|check-unit"
+  "cuda-loss-slots-not-zeroed|core/cuda/cuda_ops.cu|s.replace('    CUDA_CHECK(s->rank, cudaMemsetAsync(s->loss_slots "\
+"+ 2 * (size_t)first, 0, bytes, s->compute));\n', '')|check-unit"
+  "cuda-loss-scale-dropped|core/cuda/kernels.cu|s.replace('drow[j] = (floatX)(d * dlogits_scale);', "\
+"'drow[j] = (floatX)d;')|check-unit"
+  "cuda-loss-scale-own-kernel|core/cuda/cuda_ops.cu|s.replace('ignore_index, dlogits_scale,\n', "\
+"'ignore_index, 1.0f,\n')"\
+".replace('s->scratch, s->compute));\n}\n\n/* The slots to the host', 's->scratch, s->compute));\n    if (dlogits != "\
+"NULL) LAUNCH(s, scale_launch(dlogits, dlogits_scale, (size_t)N * V, s->compute));\n}\n\n/* The slots to the host')"\
+"|check-unit"
 )
 
 if [ "${1:-}" = --applies ]; then

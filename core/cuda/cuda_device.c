@@ -282,6 +282,8 @@ int cuda_device_init(device *d, int local_rank, int local_size, char *error, siz
     device->scratch_bytes = CUDA_SCRATCH_BYTES;
     CUDA_CHECK(rank, cudaMalloc(&device->scratch, device->scratch_bytes));
     CUDA_CHECK(rank, cudaMallocHost(&device->host_scratch, device->scratch_bytes));
+    CUDA_CHECK(rank, cudaMalloc((void **)&device->loss_slots, sizeof(double) * 2 * DEVICE_LOSS_SLOTS));
+    CUDA_CHECK(rank, cudaMemsetAsync(device->loss_slots, 0, sizeof(double) * 2 * DEVICE_LOSS_SLOTS, device->compute));
     CUDA_CHECK(rank, cudaStreamCreateWithFlags(&device->clock, cudaStreamNonBlocking));
     CUDA_CHECK(rank, cudaEventCreate(&device->clock_event));
     CUDA_CHECK(rank, cudaEventCreate(&device->timer_reference));
@@ -331,6 +333,7 @@ void cuda_device_destroy(device *d) {
     CUDA_CHECK(rank, cudaStreamDestroy(device->clock));
     CUDA_CHECK(rank, cudaFreeHost(device->host_scratch));
     CUDA_CHECK(rank, cudaFree(device->scratch));
+    CUDA_CHECK(rank, cudaFree(device->loss_slots));
     CUBLAS_CHECK(rank, cublasDestroy(device->cublas));
     CUDA_CHECK(rank, cudaStreamDestroy(device->compute));
     free(device);

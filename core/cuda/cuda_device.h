@@ -32,6 +32,9 @@ typedef struct cuda_device_state {
     void *scratch;
     size_t scratch_bytes;
     void *host_scratch;
+    /* device.h's loss slots: DEVICE_LOSS_SLOTS (sum, count) pairs of doubles, made and zeroed at init, likewise
+     * outside the caching allocator; read through host_scratch. */
+    double *loss_slots;
     /* The runtime's (cuda_device.c, cuda_stream.c): */
     int device_count;             /* GPUs this rank sees (BACKEND=nccl needs one per rank of a node) */
     struct cuda_event_pool *compute_events; /* the compute stream's events */

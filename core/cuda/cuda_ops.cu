@@ -431,10 +431,42 @@ static void cuda_swiglu_backward(device *d, float *dgate_up, const float *dout, 
 static float cuda_cross_entropy_forward_backward(device *d, float *dlogits, const float *logits, const int *targets,
                                                  int N, int V, int ignore_index, int *count_out) {
     cuda_device_state *s = state_of(d);
-    LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, s->scratch, s->compute));
+    LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, 1.0f, NULL, s->scratch, s->compute));
     kernels_result result = read_result(s);
     if (count_out != NULL) *count_out = result.count;
     return result.mean_loss;
+}
+
+/* A slot outside the table: the caller's mistake, named with the rank and the values. */
+static void check_slots(const cuda_device_state *s, const char *what, int first, int count) {
+    if (first >= 0 && count >= 0 && first + count <= DEVICE_LOSS_SLOTS) return;
+    char message[160];
+    snprintf(message, sizeof message, "%s: loss slots %d .. %d outside the table's 0 .. %d", what, first,
+             first + count - 1, DEVICE_LOSS_SLOTS - 1);
+    ops_fatal(s, message);
+}
+
+/* The loss and its scaled gradient queued, the mean added into the slot on the device: no copy, no wait. */
+static void cuda_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, const int *targets, int N,
+                                       int V, int ignore_index, float dlogits_scale, int slot) {
+    cuda_device_state *s = state_of(d);
+    check_slots(s, "cross_entropy_to_slot", slot, 1);
+    LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, dlogits_scale,
+                                   s->loss_slots + 2 * (size_t)slot, s->scratch, s->compute));
+}
+
+/* The slots to the host: one copy, one wait; then zeroed, queued, for the next step's micro-batches. */
+static void cuda_loss_slots_read(device *d, double *sums, double *counts, int first, int count) {
+    cuda_device_state *s = state_of(d);
+    check_slots(s, "loss_slots_read", first, count);
+    if (count == 0) return;
+    size_t bytes = sizeof(double) * 2 * (size_t)count;
+    CUDA_CHECK(s->rank, cudaMemcpyAsync(s->host_scratch, s->loss_slots + 2 * (size_t)first, bytes,
+                                        cudaMemcpyDeviceToHost, s->compute));
+    CUDA_CHECK(s->rank, cudaStreamSynchronize(s->compute));
+    const double *host = (const double *)s->host_scratch;
+    for (int i = 0; i < count; i++) sums[i] = host[2 * i], counts[i] = host[2 * i + 1];
+    CUDA_CHECK(s->rank, cudaMemsetAsync(s->loss_slots + 2 * (size_t)first, 0, bytes, s->compute));
 }
 
 /* ---- vectors ---- */
@@ -569,6 +601,8 @@ void cuda_ops_install(device *d) {
     d->swiglu_forward = cuda_swiglu_forward;
     d->swiglu_backward = cuda_swiglu_backward;
     d->cross_entropy_forward_backward = cuda_cross_entropy_forward_backward;
+    d->cross_entropy_to_slot = cuda_cross_entropy_to_slot;
+    d->loss_slots_read = cuda_loss_slots_read;
     d->add_inplace = cuda_add_inplace;
     d->accumulate = cuda_accumulate;
     d->scale = cuda_scale;

@@ -571,11 +571,12 @@ __global__ void __launch_bounds__(1024)
 }
 
 /* Block b takes rows b, b + gridDim.x, ... in order: per row the max, the double sum of exps, log_sum, the row's
- * loss (log_sum - x_target) added to the block's partial, and the row's dlogits (the CPU's formulas). An ignored
+ * loss (log_sum - x_target) added to the block's partial, and the row's dlogits (the CPU's formulas) times
+ * dlogits_scale (one float multiply: what a `scale` kernel after it would do, without a second pass). An ignored
  * row's dlogits are 0. */
 __global__ void __launch_bounds__(1024)
     cross_entropy_rows_kernel(floatX *dlogits, const floatX *logits, const int *targets, int N, int V, int ignore_index,
-                              void *scratch) {
+                              float dlogits_scale, void *scratch) {
     int count = scratch_result(scratch)->count;
     double block_loss = 0.0;
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
@@ -599,15 +600,16 @@ __global__ void __launch_bounds__(1024)
             for (int j = threadIdx.x; j < V; j += blockDim.x) {
                 float d = km_cross_entropy_dlogit((float)row[j], log_sum, inverse_count);
                 if (j == target) d -= inverse_count;
-                drow[j] = (floatX)d;
+                drow[j] = (floatX)(d * dlogits_scale);
             }
         }
     }
     if (threadIdx.x == 0) scratch_partials(scratch)[blockIdx.x] = block_loss;
 }
 
-/* One block: the partial losses summed in block order, the mean. */
-__global__ void cross_entropy_mean_kernel(int blocks, void *scratch) {
+/* One block: the partial losses summed in block order, the mean; with a loss slot (sum, count), the mean added into
+ * it as (double)mean * count and the count beside it (device.h's cross_entropy_to_slot). */
+__global__ void cross_entropy_mean_kernel(int blocks, void *scratch, double *slot) {
     double loss = 0.0;
     for (int b = threadIdx.x; b < blocks; b += blockDim.x) loss += scratch_partials(scratch)[b];
     loss = block_sum(loss);
@@ -615,19 +617,25 @@ __global__ void cross_entropy_mean_kernel(int blocks, void *scratch) {
         kernels_result *result = scratch_result(scratch);
         result->value = loss;
         result->mean_loss = result->count > 0 ? (float)(loss / result->count) : 0.0f;
+        if (slot != NULL) {
+            slot[0] += (double)result->mean_loss * result->count;
+            slot[1] += result->count;
+        }
     }
 }
 
 cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
-                                 int ignore_index, void *scratch, cudaStream_t stream) {
+                                 int ignore_index, float dlogits_scale, double *slot, void *scratch,
+                                 cudaStream_t stream) {
     int blocks = N < KERNELS_REDUCE_BLOCKS ? (N > 0 ? N : 1) : KERNELS_REDUCE_BLOCKS;
     cross_entropy_count_kernel<<<1, 1024, 0, stream>>>(targets, N, ignore_index, scratch);
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
-    cross_entropy_rows_kernel<<<blocks, 1024, 0, stream>>>(dlogits, logits, targets, N, V, ignore_index, scratch);
+    cross_entropy_rows_kernel<<<blocks, 1024, 0, stream>>>(dlogits, logits, targets, N, V, ignore_index,
+                                                           dlogits_scale, scratch);
     status = cudaGetLastError();
     if (status != cudaSuccess) return status;
-    cross_entropy_mean_kernel<<<1, THREADS, 0, stream>>>(blocks, scratch);
+    cross_entropy_mean_kernel<<<1, THREADS, 0, stream>>>(blocks, scratch, slot);
     return cudaGetLastError();
 }
 

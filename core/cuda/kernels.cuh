@@ -72,9 +72,11 @@ cudaError_t group_sum_launch(float *dst, const float *terms, int B, int T, int K
 cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream);
 cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                    cudaStream_t stream);
-/* Leaves the mean loss and the count in the scratch's kernels_result; dlogits may be NULL. */
+/* Leaves the mean loss and the count in the scratch's kernels_result; dlogits (may be NULL) times dlogits_scale in
+ * the same kernel; slot (NULL: none) a device (sum, count) pair the mean and count are added into. 3 launches. */
 cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
-                                 int ignore_index, void *scratch, cudaStream_t stream);
+                                 int ignore_index, float dlogits_scale, double *slot, void *scratch,
+                                 cudaStream_t stream);
 
 /* ---- the layers in bfloat16 (core/kernels/layers_bf16.h's rules; every input a bfloat16 value in a float) ---- */
 cudaError_t rmsnorm_forward_bf16_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N,

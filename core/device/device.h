@@ -14,9 +14,9 @@
  *
  * Every function takes the device first (its backend state: on CUDA the stream and the cuBLAS handle). Work is
  * ordered on the device's compute stream: on CPU it is done when the call returns; on CUDA it is queued, and a
- * function that returns a value to the host (sum_squares, first_nonfinite, cross_entropy's loss) or copies to the
- * host waits for it. The layer functions have the signatures and meaning of core/kernels/layers.h (read it), on device
- * pointers: backward functions ADD into gradients.
+ * function that returns a value to the host (sum_squares, first_nonfinite, cross_entropy_forward_backward's loss,
+ * loss_slots_read) or copies to the host waits for it. The layer functions have the signatures and meaning of
+ * core/kernels/layers.h (read it), on device pointers: backward functions ADD into gradients.
  *
  * Host pointers: `tokens` and `targets` live in device memory too (category data, int32), copied there by
  * device_copy from the batch; nothing here takes a host pointer except the copies' host side.
@@ -39,6 +39,8 @@ typedef enum device_copy_kind { DEVICE_H2D, DEVICE_D2H, DEVICE_D2D, DEVICE_H2H }
 
 /* Timers one device holds at once (device.timer_start): a step's compute spans, read at its end. */
 #define DEVICE_TIMERS_MAX 1024
+/* Loss slots one device holds (device.cross_entropy_to_slot): a step's micro-batches' losses, read at its end. */
+#define DEVICE_LOSS_SLOTS 64
 
 typedef struct device device;
 struct device {
@@ -109,6 +111,19 @@ struct device {
     /* The mean loss, returned to the host (so it waits); dlogits overwritten. */
     float (*cross_entropy_forward_backward)(device *d, float *dlogits, const float *logits, const int *targets, int N,
                                             int V, int ignore_index, int *count_out);
+    /* The same loss kept on the device, nothing returned and nothing waited for: loss slot `slot` (below) gets the
+     * mean loss m (float, as returned above) added as (double)m * count, and count added to its count; dlogits (NULL:
+     * none) = cross_entropy_forward_backward's, each element then times dlogits_scale in float (one rounding, as a
+     * `scale` after it: the scale is fused into the loss's pass, not a second pass over N x V). */
+    void (*cross_entropy_to_slot)(device *d, float *dlogits, const float *logits, const int *targets, int N, int V,
+                                  int ignore_index, float dlogits_scale, int slot);
+    /* ---- the loss slots: a micro-batch's loss stays on the device until the step's end ----
+     * DEVICE_LOSS_SLOTS pairs (sum, count) of doubles, in the device's own memory made at init (outside the caching
+     * allocator, like the reductions' scratch), zero at init. loss_slots_read copies slots first .. first + count - 1
+     * to the host with one wait (sums[i], counts[i]), then zeroes them (queued) for the next step; the mean is
+     * (float)(sum / count), 0 when count is 0. */
+    void (*loss_slots_read)(device *d, double *sums, double *counts, int first, int count);
+    double loss_slots[DEVICE_LOSS_SLOTS][2]; /* the CPU's slots (the CUDA device keeps its own in `impl`) */
 
     /* ---- the layers in bfloat16 (mixed precision, param_dtype = bfloat16: core/kernels/layers_bf16.h, read it) ----
      * What torch computes on bfloat16 tensors, on float32 buffers that hold bfloat16 values: every input is a

@@ -7,6 +7,8 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -138,6 +140,35 @@ static float cpu_cross_entropy_forward_backward(device *d, float *dlogits, const
                                                 int N, int V, int ignore_index, int *count_out) {
     (void)d;
     return cross_entropy_forward_backward(dlogits, logits, targets, N, V, ignore_index, count_out);
+}
+
+/* A slot outside the table is the caller's mistake (the model checks its slots first, naming its rank). */
+static void check_slots(const char *what, int first, int count) {
+    if (first >= 0 && count >= 0 && first + count <= DEVICE_LOSS_SLOTS) return;
+    fprintf(stderr, "cpu device: %s: loss slots %d .. %d outside the table's 0 .. %d\n", what, first, first + count - 1,
+            DEVICE_LOSS_SLOTS - 1);
+    abort();
+}
+
+/* The loss as cross_entropy_forward_backward computes it, its dlogits then scaled as `scale` would (x *= factor),
+ * the mean added into the slot as the CUDA device's kernel adds it. */
+static void cpu_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, const int *targets, int N, int V,
+                                      int ignore_index, float dlogits_scale, int slot) {
+    check_slots("cross_entropy_to_slot", slot, 1);
+    int count = 0;
+    float mean = cross_entropy_forward_backward(dlogits, logits, targets, N, V, ignore_index, &count);
+    if (dlogits != NULL)
+        for (size_t i = 0; i < (size_t)N * V; i++) dlogits[i] *= dlogits_scale;
+    d->loss_slots[slot][0] += (double)mean * count;
+    d->loss_slots[slot][1] += count;
+}
+
+static void cpu_loss_slots_read(device *d, double *sums, double *counts, int first, int count) {
+    check_slots("loss_slots_read", first, count);
+    for (int i = 0; i < count; i++) {
+        sums[i] = d->loss_slots[first + i][0], counts[i] = d->loss_slots[first + i][1];
+        d->loss_slots[first + i][0] = d->loss_slots[first + i][1] = 0.0;
+    }
 }
 
 static void cpu_add_inplace(device *d, float *out, const float *inp, size_t count) {
@@ -304,6 +335,8 @@ void device_cpu_init(device *d) {
     d->swiglu_forward = cpu_swiglu_forward;
     d->swiglu_backward = cpu_swiglu_backward;
     d->cross_entropy_forward_backward = cpu_cross_entropy_forward_backward;
+    d->cross_entropy_to_slot = cpu_cross_entropy_to_slot;
+    d->loss_slots_read = cpu_loss_slots_read;
     d->linear_forward_bf16 = cpu_linear_forward_bf16;
     d->linear_backward_bf16 = cpu_linear_backward_bf16;
     d->rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16;

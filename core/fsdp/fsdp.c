@@ -606,13 +606,17 @@ static void begin_pass(fsdp_runtime *runtime, fsdp_micro_batch micro_batch) {
     }
 }
 
-float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int *targets, int B, int T,
-                            fsdp_micro_batch micro_batch) {
+void fsdp_forward_backward_queued(fsdp_runtime *runtime, const int *tokens, const int *targets, int B, int T,
+                                  fsdp_micro_batch micro_batch, int loss_slot) {
     module *model = runtime->model;
+    if (loss_slot < 0 || loss_slot >= MODULE_LOSS_SLOTS)
+        world_fatal(runtime->ctx, "loss slot %d outside 0 .. %d", loss_slot, MODULE_LOSS_SLOTS - 1);
     int *hooked = calloc((size_t)model->unit_count, sizeof *hooked);
     if (hooked == NULL) world_fatal(runtime->ctx, "out of memory");
     void *batch = NULL;
     check(runtime, model->ops->batch_begin(model->self, &batch, tokens, targets, B, T, runtime->checkpointed));
+    /* the loss stays on the device, in its slot, until fsdp_losses_read (a model without slots: read below) */
+    if (model->ops->loss_to_slot != NULL) model->ops->loss_to_slot(model->self, batch, loss_slot);
     begin_pass(runtime, micro_batch);
     /* (loss / accumulation_steps).backward()'s factor, handed before the forward to a model that starts its backward
      * there (module.h's begin_backward_in_forward), else applied between forward and backward (below) */
@@ -653,8 +657,24 @@ float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int 
             fsdp_post_backward_hook(runtime, hooked[i]);
     }
     fsdp_post_backward_final_callback(runtime);
-    float loss = model->ops->loss(model->self, batch);
+    if (model->ops->loss_to_slot == NULL) runtime->host_losses[loss_slot] = model->ops->loss(model->self, batch);
     model->ops->batch_end(model->self, batch);
     free(hooked);
+}
+
+void fsdp_losses_read(fsdp_runtime *runtime, float *losses, int first, int count) {
+    module *model = runtime->model;
+    if (first < 0 || count < 0 || first + count > MODULE_LOSS_SLOTS)
+        world_fatal(runtime->ctx, "loss slots %d .. %d outside 0 .. %d", first, first + count - 1,
+                    MODULE_LOSS_SLOTS - 1);
+    if (model->ops->losses_read != NULL) model->ops->losses_read(model->self, losses, first, count);
+    else memcpy(losses, runtime->host_losses + first, (size_t)count * sizeof *losses);
+}
+
+float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int *targets, int B, int T,
+                            fsdp_micro_batch micro_batch) {
+    float loss = 0.0f;
+    fsdp_forward_backward_queued(runtime, tokens, targets, B, T, micro_batch, 0);
+    fsdp_losses_read(runtime, &loss, 0, 1);
     return loss;
 }

@@ -165,6 +165,7 @@ typedef struct fsdp_runtime {
         int timer, piece, phase;
     } *timed_pieces;
     int timed_piece_count;
+    float host_losses[MODULE_LOSS_SLOTS]; /* fsdp_losses_read's, for a model without loss slots (module_ops.loss) */
 } fsdp_runtime;
 
 /* Wraps a model (its units from fsdp_auto_wrap) and starts the comm streams. Collective: every rank calls it.
@@ -197,5 +198,14 @@ typedef enum fsdp_micro_batch { FSDP_MICRO_BATCH_ACCUMULATE, FSDP_MICRO_BATCH_LA
  * unsharded under no_sync). Returns this rank's loss. */
 float fsdp_forward_backward(fsdp_runtime *runtime, const int *tokens, const int *targets, int B, int T,
                             fsdp_micro_batch micro_batch);
+/* fsdp_forward_backward without reading the loss: it stays on the device, in loss slot `loss_slot` (0 ..
+ * MODULE_LOSS_SLOTS - 1, one per micro-batch of a step), so nothing in the micro-batch waits for it. A step queues its
+ * micro-batches, then reads every loss at once with fsdp_losses_read: one copy and one host wait a step instead of one
+ * a micro-batch. fsdp_forward_backward is this into slot 0, then its read. */
+void fsdp_forward_backward_queued(fsdp_runtime *runtime, const int *tokens, const int *targets, int B, int T,
+                                  fsdp_micro_batch micro_batch, int loss_slot);
+/* The losses of slots first .. first + count - 1 (this rank's micro-batch means), the slots zeroed for the next step.
+ * On CUDA one copy and one host wait for them all. */
+void fsdp_losses_read(fsdp_runtime *runtime, float *losses, int first, int count);
 
 #endif

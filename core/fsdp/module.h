@@ -24,6 +24,9 @@
 #include "core/fsdp/flat_param.h"
 
 #define MODULE_NAME_MAX 128
+/* Loss slots a step may queue (module_ops.loss_to_slot): the device's but the last, which a model keeps for a loss it
+ * reads at once (a forward outside the runtime's step). */
+#define MODULE_LOSS_SLOTS (DEVICE_LOSS_SLOTS - 1)
 
 typedef struct module_node {
     char name[MODULE_NAME_MAX];   /* dotted path from the root ("" is the root itself) */
@@ -84,6 +87,14 @@ typedef struct module_ops {
     /* Backward of one piece, adding into its units' full gradients. */
     void (*backward)(void *self, void *batch, int piece);
     float (*loss)(const void *self, const void *batch);
+    /* Optional (NULL: the runtime reads `loss` after each micro-batch, as a model that computes it on the host). The
+     * batch's loss stays on the device, added into loss slot `slot` (0 .. MODULE_LOSS_SLOTS - 1; device.h's loss
+     * slots), not read back: a micro-batch then has no host wait for its loss. Called after batch_begin; `loss` is
+     * then not called. */
+    void (*loss_to_slot)(void *self, void *batch, int slot);
+    /* The means of slots first .. first + count - 1 into losses (one copy and one host wait for them all), the slots
+     * zeroed for the next step. */
+    void (*losses_read)(void *self, float *losses, int first, int count);
     /* Multiplies the loss's gradient by factor (1 / accumulation steps), between forward and backward. */
     void (*scale_loss_gradient)(void *self, void *batch, float factor);
     /* Optional (NULL: the model does all its backward in backward). Called after batch_begin, before the forward of a

@@ -698,6 +698,14 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
     acts->B = B;
     acts->T = T;
     acts->loss_gradient_scale = 1.0f;
+    acts->loss_slot = -1;
+    /* chunked_loss's condition: each chunk's count, for its share of the gradient's scale */
+    if (targets != NULL && model->loss_chunk > 0 && model->loss_chunk < B * T) {
+        int rows = model->loss_chunk, chunks = (B * T + rows - 1) / rows;
+        acts->chunk_counts = calloc((size_t)chunks, sizeof *acts->chunk_counts); /* metadata, not a tensor */
+        if (acts->chunk_counts == NULL) world_fatal(ctx, "out of memory for the counts of %d loss chunks", chunks);
+        for (int i = 0; i < B * T; i++) acts->chunk_counts[i / rows] += targets[i] != QWEN2_IGNORE_INDEX;
+    }
     size_t N = (size_t)B * T;
     acts->tokens = mem_alloc(&ctx->mem, N * sizeof(int), MEM_DATA, "batch.tokens");
     device *d = &ctx->device;
@@ -740,6 +748,7 @@ void qwen2_activations_end(qwen2_model *model, qwen2_activations *acts) {
     free(acts->residuals);
     free(acts->dresiduals);
     free(acts->layers);
+    free(acts->chunk_counts);
     memset(acts, 0, sizeof *acts);
 }
 
@@ -845,56 +854,76 @@ static int chunked_loss(const qwen2_model *model, const qwen2_activations *acts)
     return acts->targets != NULL && model->loss_chunk > 0 && model->loss_chunk < acts->B * acts->T;
 }
 
-/* One chunk's logits (rows first .. first + rows - 1) and, when dlogits is not NULL, d(chunk mean)/d(logits) there;
- * returns the chunk's mean loss, its counted tokens in *count. */
-static float head_chunk(qwen2_model *model, qwen2_activations *acts, float *logits, float *dlogits, int first, int rows,
-                        int *count) {
-    device *d = &model->ctx->device;
-    int C = model->config.hidden_size, V = model->config.vocab_size;
-    /* (rounded in bfloat16 as the whole batch's logits are, under mixed precision) */
-    model_linear_forward(model, logits, acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()),
-                         NULL, rows, C, V);
-    return d->cross_entropy_forward_backward(d, dlogits, logits, acts->targets + first, rows, V, QWEN2_IGNORE_INDEX,
-                                             count);
+/* The loss slot the head's loss goes to: the runtime's (module_ops.loss_to_slot), or the last one, the model's own,
+ * read when the head's forward ends. */
+static int head_slot(const qwen2_activations *acts) {
+    return acts->loss_slot >= 0 ? acts->loss_slot : DEVICE_LOSS_SLOTS - 1;
 }
 
-/* The chunk's gradient into dnorm's rows and the tied embedding's gradient: the chunk's mean -> its share of the
- * batch's mean, times the accumulation factor; rounded to the compute dtype (logits.float()'s backward). */
-static void head_chunk_backward(qwen2_model *model, qwen2_activations *acts, float *dlogits, int first, int rows,
-                                int chunk_count) {
+/* Slots first .. first + count - 1 read (one copy, one host wait) into their means, each slot's count checked against
+ * the targets the host counted for it; the slots and their host counts start again from zero. */
+static void read_losses(qwen2_model *model, float *losses, int first, int count) {
     device *d = &model->ctx->device;
+    double sums[DEVICE_LOSS_SLOTS], counts[DEVICE_LOSS_SLOTS];
+    if (first < 0 || count < 0 || first + count > DEVICE_LOSS_SLOTS)
+        world_fatal(model->ctx, "lm_head: loss slots %d .. %d outside the device's 0 .. %d", first, first + count - 1,
+                    DEVICE_LOSS_SLOTS - 1);
+    d->loss_slots_read(d, sums, counts, first, count);
+    for (int i = 0; i < count; i++) {
+        int expected = model->loss_slot_targets[first + i];
+        model->loss_slot_targets[first + i] = 0;
+        if (counts[i] != (double)expected)
+            world_fatal(model->ctx, "lm_head: loss slot %d counted %.0f targets on the device, the host %d", first + i,
+                        counts[i], expected);
+        losses[i] = counts[i] > 0.0 ? (float)(sums[i] / counts[i]) : 0.0f;
+    }
+}
+
+/* The head's loss queued into `slot`: returned now (one host wait) when no runtime slot was given, else 0 and read with
+ * the step's other micro-batches. */
+static float finish_loss(qwen2_model *model, qwen2_activations *acts, int slot) {
+    model->loss_slot_targets[slot] += acts->counted_targets;
+    acts->target_count = acts->counted_targets;
+    acts->loss = 0.0f;
+    if (acts->loss_slot < 0) read_losses(model, &acts->loss, slot, 1);
+    return acts->loss;
+}
+
+/* The chunk's gradient into dnorm's rows and the tied embedding's gradient: dlogits (scaled by the loss's kernel)
+ * rounded to the compute dtype (logits.float()'s backward), then the lm_head's two backward GEMMs. */
+static void head_chunk_backward(qwen2_model *model, qwen2_activations *acts, float *dlogits, int first, int rows) {
     int C = model->config.hidden_size, V = model->config.vocab_size;
-    d->scale(d, dlogits, (float)((double)chunk_count / acts->target_count) * acts->loss_gradient_scale,
-             (size_t)rows * V);
     round_activation(model, dlogits, (size_t)rows * V);
     model_linear_backward(model, acts->dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
                           acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), rows, C, V);
 }
 
 static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
+    device *d = &model->ctx->device;
     int N = acts->B * acts->T, C = model->config.hidden_size, V = model->config.vocab_size, rows = model->loss_chunk;
     float *logits = output_buffer(model, (size_t)rows * V, "lm_head.logits_chunk", -1, MEM_WORKSPACE);
     float *dlogits = NULL;
     if (acts->backward_follows) {
         dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
         acts->dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
-        acts->target_count = acts->counted_targets; /* the scale needs the batch's count before the first chunk */
     }
-    double loss_sum = 0.0;
-    int count = 0;
-    for (int first = 0; first < N; first += rows) {
-        int chunk_count = 0, n = N - first < rows ? N - first : rows;
-        loss_sum += (double)head_chunk(model, acts, logits, dlogits, first, n, &chunk_count) * chunk_count;
-        count += chunk_count;
-        if (dlogits != NULL && chunk_count > 0) head_chunk_backward(model, acts, dlogits, first, n, chunk_count);
+    int slot = head_slot(acts);
+    for (int first = 0, chunk = 0; first < N; first += rows, chunk++) {
+        int n = N - first < rows ? N - first : rows, chunk_count = acts->chunk_counts[chunk];
+        /* (rounded in bfloat16 as the whole batch's logits are, under mixed precision) */
+        model_linear_forward(model, logits, acts->final_norm + (size_t)first * C,
+                             qwen2_param_data(model, embed_param()), NULL, n, C, V);
+        /* the chunk's mean -> its share of the batch's mean (count_c / count, both counted on the host), times the
+         * accumulation factor: applied by the loss's own kernel as it writes dlogits */
+        float factor = dlogits != NULL && chunk_count > 0
+                           ? (float)((double)chunk_count / acts->counted_targets) * acts->loss_gradient_scale
+                           : 1.0f;
+        d->cross_entropy_to_slot(d, dlogits, logits, acts->targets + first, n, V, QWEN2_IGNORE_INDEX, factor, slot);
+        if (dlogits != NULL && chunk_count > 0) head_chunk_backward(model, acts, dlogits, first, n);
     }
     release(model, &logits);
     release(model, &dlogits);
-    if (acts->backward_follows && count != acts->counted_targets)
-        world_fatal(model->ctx, "lm_head: the loss counted %d targets, the host %d", count, acts->counted_targets);
-    acts->target_count = count;
-    acts->loss = count > 0 ? (float)(loss_sum / count) : 0.0f;
-    return acts->loss;
+    return finish_loss(model, acts, slot);
 }
 
 float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
@@ -918,12 +947,12 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     if (acts->targets == NULL) return 0.0f;
     if (acts->backward_follows)
         acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
-    acts->loss = d->cross_entropy_forward_backward(d, acts->dlogits, acts->logits, acts->targets, N, V,
-                                                   QWEN2_IGNORE_INDEX, &acts->target_count);
-    /* (loss / accumulation_steps).backward()'s factor; x * 1.0f is x, so without accumulation nothing to do) */
-    if (acts->dlogits != NULL && acts->loss_gradient_scale != 1.0f)
-        d->scale(d, acts->dlogits, acts->loss_gradient_scale, (size_t)N * V);
-    return acts->loss;
+    /* (loss / accumulation_steps).backward()'s factor, applied by the loss's kernel as it writes dlogits (x * 1.0f is
+     * x without accumulation) */
+    int slot = head_slot(acts);
+    d->cross_entropy_to_slot(d, acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
+                             acts->loss_gradient_scale, slot);
+    return finish_loss(model, acts, slot);
 }
 
 void qwen2_layer_recompute(qwen2_model *model, qwen2_activations *acts, int l) {
@@ -1287,6 +1316,17 @@ static float qwen2_batch_loss(const void *self, const void *batch_pointer) {
     return ((const qwen2_batch *)batch_pointer)->acts.loss;
 }
 
+static void qwen2_loss_to_slot(void *self, void *batch_pointer, int slot) {
+    qwen2_model *model = self;
+    if (slot < 0 || slot >= MODULE_LOSS_SLOTS)
+        world_fatal(model->ctx, "loss slot %d outside the runtime's 0 .. %d", slot, MODULE_LOSS_SLOTS - 1);
+    ((qwen2_batch *)batch_pointer)->acts.loss_slot = slot;
+}
+
+static void qwen2_losses_read(void *self, float *losses, int first, int count) {
+    read_losses(self, losses, first, count);
+}
+
 /* Before a training micro-batch's forward: backward follows, with the accumulation factor; under LOSS_CHUNK the head's
  * forward (the last piece) writes the root's gradient. */
 static int qwen2_begin_backward_in_forward(void *self, void *batch_pointer, float factor) {
@@ -1318,6 +1358,8 @@ static const module_ops qwen2_module_ops = {
     .recompute = qwen2_piece_recompute,
     .backward = qwen2_piece_backward,
     .loss = qwen2_batch_loss,
+    .loss_to_slot = qwen2_loss_to_slot,
+    .losses_read = qwen2_losses_read,
     .scale_loss_gradient = qwen2_scale_loss_gradient,
     .begin_backward_in_forward = qwen2_begin_backward_in_forward,
 };

@@ -125,6 +125,9 @@ typedef struct qwen2_model {
                                      gradient saved, N x V floats each: activations); k > 0, k rows at a time, so N x V
                                      logits never exist: the forward keeps only the loss, the backward recomputes each
                                      chunk's logits (one more lm_head GEMM); two k x V workspace buffers */
+    /* Per device loss slot: the targets the host counted for the losses queued there, checked against the device's
+     * count when the slot is read (qwen2_as_module's losses_read). */
+    int loss_slot_targets[DEVICE_LOSS_SLOTS];
 } qwen2_model;
 
 /* Builds the tree and one FlatParameter per unit of the given assignment (unit_of_param[i]: the unit of tree
@@ -169,7 +172,11 @@ typedef struct qwen2_activations {
     float *dlogits;               /* (N, V), written by the head's forward (the loss's gradient), when backward
                                      follows and the loss is not chunked */
     float **dresiduals;           /* gradient flowing back; [l] exists between layer l's and l-1's backward */
-    float loss;
+    float loss;                   /* the mean loss, when read at once (loss_slot -1) */
+    int loss_slot;                /* the device's loss slot the loss goes to (module_ops.loss_to_slot), not read
+                                     back; -1 (the default): the head's forward reads it at once into `loss` */
+    int *chunk_counts;            /* LOSS_CHUNK with targets: each chunk's targets counted on the host (the chunk's
+                                     share of the gradient's scale, known without reading the device) */
     int target_count;
     float loss_gradient_scale;    /* the factor the runtime asked dlogits to be scaled by (1 at first) */
     /* Set (before the head's forward) when backward follows: the head's forward then writes the loss's gradient.

@@ -95,18 +95,22 @@ int devices() {
 }
 /* Host waits, counted (CUDA_EMULATOR_SYNC_LOG=path: at exit each process appends one line to the file): every call
  * that makes the host wait for a GPU (a stream's, an event's or the device's synchronize) is one, whether or not
- * the emulator had anything to wait for, so a run counts the waits a GPU would have. */
+ * the emulator had anything to wait for, so a run counts the waits a GPU would have. The line ends with the
+ * process's kernel launches and cuBLAS calls (emulator_work_count). */
 enum { SYNC_STREAM, SYNC_EVENT, SYNC_DEVICE, SYNC_KINDS };
 std::atomic<long> sync_counts[SYNC_KINDS];
+} // namespace
+extern "C" std::atomic<unsigned long long> emulator_works; /* below: emulator_work_count's */
+namespace {
 struct sync_report {
     ~sync_report() {
         const char *path = getenv("CUDA_EMULATOR_SYNC_LOG");
         if (path == NULL || path[0] == '\0') return;
         FILE *file = fopen(path, "a");
         if (file == NULL) return;
-        fprintf(file, "pid %d: cudaStreamSynchronize %ld cudaEventSynchronize %ld cudaDeviceSynchronize %ld\n",
-                (int)getpid(), sync_counts[SYNC_STREAM].load(), sync_counts[SYNC_EVENT].load(),
-                sync_counts[SYNC_DEVICE].load());
+        fprintf(file, "pid %d: cudaStreamSynchronize %ld cudaEventSynchronize %ld cudaDeviceSynchronize %ld "
+                "launches %llu\n", (int)getpid(), sync_counts[SYNC_STREAM].load(), sync_counts[SYNC_EVENT].load(),
+                sync_counts[SYNC_DEVICE].load(), emulator_works.load());
         fclose(file);
     }
 } sync_reporter;
@@ -430,6 +434,11 @@ static size_t operand_bytes(int rows, int cols, int ld) {
 std::atomic<unsigned long long> emulator_works{0};
 
 unsigned long long emulator_work_count(void) { return emulator_works.load(); }
+
+unsigned long long emulator_host_wait_count(void) {
+    return (unsigned long long)(sync_counts[SYNC_STREAM].load() + sync_counts[SYNC_EVENT].load() +
+                                sync_counts[SYNC_DEVICE].load());
+}
 
 /* One column-major GEMM as cuBLAS means it, through cblas_sgemm; `call` names the cuBLAS function for messages. */
 static cublasStatus_t gemm(const char *call, cublasHandle_t handle, cublasOperation_t transa,
