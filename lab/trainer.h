@@ -23,7 +23,8 @@
  *                     that scripts/train.sh mirrors; core/models/qwen2.h)
  *     CONFIG          model fields by their HF names: CONFIG=hidden_size=512,num_hidden_layers=8
  *     COMM_STREAMS, BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST), FORWARD_PREFETCH, LIMIT_ALL_GATHERS
- *                     lab 06's overlap, all off in lab 05 by default (scripts/train.sh turns on torch's defaults)
+ *                     lab 06's overlap, all off in lab 05 by default (scripts/train.sh turns on torch's defaults);
+ *                     with DEVICE=cuda FORWARD_PREFETCH follows COMM_STREAMS unless set (docs/gpu.md)
  *     MP              mixed precision, torch's MixedPrecision: fp32 (the default: off); bf16: bfloat16 parameters
  *                     and gradient reduction; bf16,reduce=fp32; bf16,keep_low_precision_grads=1 (lab 07)
  *     LOSS_CHUNK      rows of the loss at a time, so the B x T x vocabulary logits never exist at once; 0: all at

@@ -250,8 +250,10 @@ def restore(directory, ids):
 def copy_tree(directory):
     os.makedirs(directory, exist_ok=True)
     # the tree as it is, built objects included (make then recompiles only the stubbed files), minus runs and .git
-    tar = subprocess.Popen(["tar", "-C", ROOT, "--exclude=./runs", "--exclude=./.git", "-cf", "-", "."],
-                           stdout=subprocess.PIPE)
+    excluded = ["--exclude=./runs", "--exclude=./.git"]
+    if directory.startswith(ROOT + os.sep):  # a copy inside the tree (DIR=mycopy) is not copied into itself
+        excluded.append("--exclude=./" + os.path.relpath(directory, ROOT))
+    tar = subprocess.Popen(["tar", "-C", ROOT] + excluded + ["-cf", "-", "."], stdout=subprocess.PIPE)
     subprocess.run(["tar", "-C", directory, "-xf", "-"], stdin=tar.stdout, check=True)
     if tar.wait() != 0:
         sys.exit(f"exercise: copying {ROOT} into {directory} failed")

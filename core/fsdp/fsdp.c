@@ -52,9 +52,13 @@ void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options) {
     const char *backward = env_choice(ctx, "BACKWARD_PREFETCH", backward_prefetch_names[options->backward_prefetch],
                                           prefetches);
     options->backward_prefetch = (fsdp_backward_prefetch)fsdp_backward_prefetch_from_name(backward);
-    options->forward_prefetch = (int)env_int(ctx, "FORWARD_PREFETCH", options->forward_prefetch, 0, 1);
-    options->limit_all_gathers = (int)env_int(ctx, "LIMIT_ALL_GATHERS", options->limit_all_gathers, 0, 1);
     options->comm_streams = (int)env_int(ctx, "COMM_STREAMS", options->comm_streams, 0, 1);
+    /* On a GPU forward prefetch follows the comm streams unless set (torch's default is off; docs/gpu.md says why
+     * here it is on): the next unit's all-gather is issued before this unit's kernels are queued, so it no longer
+     * waits behind the host's own waits (BACKEND=mpi's staging copies, the rate limiter) to start. */
+    int forward_default = ctx->device.kind == DEVICE_CUDA ? options->comm_streams : options->forward_prefetch;
+    options->forward_prefetch = (int)env_int(ctx, "FORWARD_PREFETCH", forward_default, 0, 1);
+    options->limit_all_gathers = (int)env_int(ctx, "LIMIT_ALL_GATHERS", options->limit_all_gathers, 0, 1);
 }
 
 /* ---------------------------------------------------------------- mixed precision */

@@ -110,7 +110,8 @@ typedef struct fsdp_options {
 fsdp_options fsdp_default_options(void);
 #define FSDP_MAX_INFLIGHT_ALL_GATHERS 2
 /* The prefetch settings from the environment, over `defaults`: BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST),
- * FORWARD_PREFETCH, LIMIT_ALL_GATHERS and COMM_STREAMS (0/1 each). A bad value stops every rank naming it. */
+ * FORWARD_PREFETCH, LIMIT_ALL_GATHERS and COMM_STREAMS (0/1 each); on the CUDA device FORWARD_PREFETCH's default is
+ * COMM_STREAMS' value (docs/gpu.md). A bad value stops every rank naming it. */
 void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options);
 /* MixedPrecision from text: "fp32" (or "none": off), or "<param_dtype>[,reduce=<dtype>][,buffer=<dtype>]
  * [,keep_low_precision_grads=0|1]" with dtypes bf16/bfloat16 or fp32/float32; reduce_dtype defaults to param_dtype

@@ -83,3 +83,11 @@ check "emulated CUDA MP=bf16: player.html in headless Chromium equals the JSONL"
   runs/check/emu05_cuda_MP_bf16
 check_fails "emulated CUDA build refuses BACKEND=nccl: NCCL is not emulated" "NCCL is not emulated" \
   env OUT=runs/check/emu05_refused CUDA_EMULATOR_DEVICES=2 BACKEND=nccl STEPS=1 $MPIRUN -np 2 $EMU/lab/05_full_step
+# The loss read once a step (docs/gpu.md's host waits): each micro-batch's cross-entropy adds into a device loss slot
+# and lab 05 reads them all at the step's end, so LOSS_CHUNK=20's 4 chunks a micro-batch cost no host wait more than
+# the loss at once, and a step (ACC=2) makes at most 58 stream waits (65 with LOSS_CHUNK=20, 59 without, when each
+# call read its loss: tests/host_waits.sh against main at 4483155)
+check "emulated CUDA: the loss read once a step (host waits per step: LOSS_CHUNK=20 = whole loss, stream <= 58)" \
+  bash -c 'whole=$(tests/host_waits.sh) && chunked=$(tests/host_waits.sh LOSS_CHUNK=20) || exit 1
+    echo "whole loss:    $whole"; echo "LOSS_CHUNK=20: $chunked"
+    [ "${whole% launches*}" = "${chunked% launches*}" ] && echo "$chunked" | awk "{exit !(\$2 <= 58)}"'
