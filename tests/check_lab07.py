@@ -7,7 +7,8 @@
             done and before the next compute (pre_unshard ... post_unshard), one per all_gather; param_unsharded holds a
             bfloat16 block (the gathered unit, 2 x count bytes) per all_gather.
   masters   param_shard, grad_shard and optim_state peaks are equal in both runs (float32 master and AdamW unchanged).
-  losses    every step within tolerances.mixed_precision_loss_bound.
+  losses    every step within tolerances.mixed_precision_loss_bound, and the last step's bound below float32's loss
+            fall over the run (else the bound, which grows with the step-1 gradient difference, asserts nothing).
   options   the MP run's `fsdp` event carries mixed_precision with the dtypes the log names.
 
 The memory model (measured = predicted per category) is tests/check_memory_model.py on the same log.
@@ -137,6 +138,19 @@ def main(rundir, log):
                   f"{bound:.2e} {'' if ok else 'FAIL'}")
             if not ok:
                 problems.append(f"step {t}: loss {mixed} with MP vs {fp32} in float32, bound {bound:.2e}")
+        # The bound grows with the measured step-1 gradient difference D, so a broken cast (bfloat16 weights all zero,
+        # a loss that never moves) widens its own bound. A comparison that can tell a run that learned from one that
+        # did not needs the last step's bound below float32's own loss fall over the run. Correct code: 6 to 14 times
+        # below (check-07's four runs, 2026-12-06); the weights cast to zeros: bound 7.7 against a fall of 2.3.
+        first, last = losses[0], losses[-1]
+        fall = float(first[1]) - float(last[1])
+        bound = tolerances.mixed_precision_loss_bound(int(last[0]), float(last[3]), difference, lr, float(last[1]),
+                                                      config, tokens, seq)
+        print(f"float32's loss fell {fall:.3e} over steps {first[0]}..{last[0]}; the last step's bound {bound:.2e}")
+        if not bound < fall:
+            problems.append(f"step {last[0]}: the bound {bound:.2e} is not below float32's loss fall {fall:.3e}: the "
+                            f"step-1 gradients differ by sum |g_MP - g_float32| = {difference:.4g}, so MP computed "
+                            f"on other weights than float32 (look at the _mp_shard casts, flat_param.c)")
     for problem in problems:
         print("FAIL:", problem)
     print(f"{'FAIL' if problems else 'OK'}: {len(ranks)} ranks, MP={mp_label}: {len(problems)} problems")
