@@ -50,7 +50,26 @@ static void check_save_directories(context *ctx, const trainer_settings *s) {
 /* FSDP_VERSION=2 (fully_shard) runs FULL_SHARD and SHARD_GRAD_OP (torch's reshard_after_forward True and False),
  * with MP (MixedPrecisionPolicy) and OFFLOAD (CPUOffloadPolicy) as FSDP1; the other strategies are refused here,
  * naming the setting and its value. */
-static void check_fsdp2(context *ctx, const trainer_settings *s) {
+static void check_fsdp2(context *ctx, trainer_settings *s) {
+    /* RESHARD_AFTER_FORWARD=N: torch's reshard_after_forward as an int (fully_shard's rule: a factor of the shard
+     * world W; 1 is False, W is True; 1 < N < W reshards onto groups of N ranks, flat_param.h). */
+    int n = s->reshard_after_forward, world = ctx->world_size;
+    if (n != 0 && s->fsdp_version != 2)
+        world_exit_all(ctx, 2, "rank %d: RESHARD_AFTER_FORWARD=%d (W=%d) is FSDP2's reshard_after_forward: set "
+                       "FSDP_VERSION=2 (FSDP1's FlatParameter reshards fully or not at all)", ctx->rank, n, world);
+    if (n != 0 && world % n != 0)
+        world_exit_all(ctx, 2, "rank %d: RESHARD_AFTER_FORWARD=%d does not divide the world size W=%d: fully_shard "
+                       "takes a factor of W", ctx->rank, n, world);
+    if (n != 0 && strategy_of(s) != FSDP_FULL_SHARD)
+        world_exit_all(ctx, 2, "rank %d: RESHARD_AFTER_FORWARD=%d (W=%d) with STRATEGY='%s': the int replaces "
+                       "FULL_SHARD's True; use STRATEGY=FULL_SHARD", ctx->rank, n, world, s->strategy);
+    if (n == 1) { /* torch warns and takes False */
+        if (ctx->rank == 0)
+            printf("RESHARD_AFTER_FORWARD=1 means resharding to world size 1: reshard_after_forward=False "
+                   "(STRATEGY=SHARD_GRAD_OP)\n");
+        s->strategy = "SHARD_GRAD_OP";
+    }
+    if (n == 1 || n == world) s->reshard_after_forward = 0; /* W: True, FULL_SHARD as it is */
     if (s->fsdp_version != 2) return;
     fsdp_strategy strategy = strategy_of(s);
     if (strategy != FSDP_FULL_SHARD && strategy != FSDP_SHARD_GRAD_OP)
@@ -86,6 +105,7 @@ trainer_settings trainer_read_settings(context *ctx) {
         .kill_at_step = (int)env_int(ctx, "KILL_AT_STEP", 0, 0, 1000000),
         .kill_rank = (int)env_int(ctx, "KILL_RANK", 0, 0, ctx->world_size - 1),
         .fsdp_version = env_choice(ctx, "FSDP_VERSION", "1", (const char *const[]){"1", "2", NULL})[0] - '0',
+        .reshard_after_forward = (int)env_int(ctx, "RESHARD_AFTER_FORWARD", 0, 0, 1 << 20),
     };
     /* HYBRID_SHARD's shard group size (lab 08); unset: the ranks per node. Read whatever the strategy (settings are
      * collective), resolved and checked only for a hybrid one. */
@@ -109,6 +129,13 @@ static fsdp_options options_from_settings(context *ctx, const trainer_settings *
                             .offload_params = s->offload};
     fsdp_prefetch_options_from_env(ctx, &options);
     fsdp_mixed_precision_from_env(ctx, &options);
+    options.reshard_after_forward = s->reshard_after_forward;
+    /* Prefetches that hold two units at once are not in the memory model of reshard_after_forward=N yet. */
+    if (options.reshard_after_forward > 0 && (options.backward_prefetch == BACKWARD_PRE || options.forward_prefetch))
+        world_exit_all(ctx, 2, "rank %d: RESHARD_AFTER_FORWARD=%d (W=%d) with BACKWARD_PREFETCH=BACKWARD_PRE or "
+                       "FORWARD_PREFETCH=1 is not supported here: its memory model covers one unit unsharded at a "
+                       "time (BACKWARD_PREFETCH=NONE or BACKWARD_POST)", ctx->rank, options.reshard_after_forward,
+                       ctx->world_size);
     /* LOSS_CHUNK: the loss this many rows at a time (core/models/qwen2.h); on a GPU 1024 by default, so the B x T x
      * V logits of a 151,936-word vocabulary never exist at once; on the CPU 0, all at once. */
     options.loss_chunk = (int)env_int(ctx, "LOSS_CHUNK", ctx->device.kind == DEVICE_CPU ? 0 : 1024, 0, 1 << 30);

@@ -92,6 +92,8 @@ typedef struct trainer_settings {
     int fsdp_version;         /* FSDP_VERSION: 1 (the default: FSDP1's FlatParameter) or 2 (FSDP2's fully_shard:
                                  every parameter sharded on dim 0, lab 10); 2 takes STRATEGY FULL_SHARD
                                  (reshard_after_forward=True) or SHARD_GRAD_OP (False), MP=fp32 and OFFLOAD=0 */
+    int reshard_after_forward; /* RESHARD_AFTER_FORWARD=N (FSDP_VERSION=2, FULL_SHARD): reshard_after_forward as an
+                                  int, a factor of W; 1 becomes SHARD_GRAD_OP, W and 0 (unset) FULL_SHARD's True */
 } trainer_settings;
 
 /* Everything one training run holds. A trainer never moves once open: the runtime keeps a pointer to `view`, and

@@ -19,6 +19,18 @@
                                                  PARAM_DTYPE, the reduce_scatters in REDUCE_DTYPE, bytes = count x
                                                  that dtype's size (2 for bfloat16). For a run without SAVE and
                                                  GRADS (which gather the float32 master and gradient)
+    python3 tests/check_lab10.py post_forward RUNDIR CONFIG_JSON N PARAM_DTYPE
+                                                 lab 05 with FSDP_VERSION=2 RESHARD_AFTER_FORWARD=N (torch's
+                                                 reshard_after_forward=N): from the model's shapes, c'_p = (W/N) c_p
+                                                 rows of each parameter per member of a group of N (the post-forward
+                                                 shard: the rows of W/N ranks' shards, a narrow of the all-gather
+                                                 output). Every non-root unit: each _sharded_post_forward_param_data
+                                                 alloc is sum_p c'_p row_p elements of PARAM_DTYPE in param_unsharded,
+                                                 freed after exactly one all_gather of the unit in group post_forward,
+                                                 whose ranks are this rank's N consecutive ranks [g N, (g+1) N) and
+                                                 which moves count N x sum_p c'_p row_p (bytes that x the dtype's
+                                                 size, bytes_sent (N-1) x sum_p c'_p row_p x the size); every other
+                                                 all_gather on the world; the root never reshards onto the group
     python3 tests/check_lab10.py save RUNDIR RANKS  lab 05's sharded checkpoints (dcp.save spans) issue no collective:
                                                  no collective event of any rank starts inside a save's span
 """
@@ -139,6 +151,57 @@ def check_collectives(rundir, config_path, param_dtype, reduce_dtype):
           f"{reduce_dtype}, count W x sum_p c_p row_p per unit ({', '.join(f'{u} {c}' for u, c in expected.items())})")
 
 
+def check_post_forward(rundir, config_path, n, param_dtype):
+    config, n, size = json.load(open(config_path)), int(n), DTYPE_BYTES[param_dtype]
+    world = json.loads(open(f"{rundir}/rank0.jsonl").readline())["world"]
+    assert 1 < n < world and world % n == 0, f"N={n} is not a factor of W={world} between 1 and W"
+    # c'_p = (W / N) c_p: rows per group member (padding included), numel per member sum_p c'_p row_p
+    member = {unit: sum(world // n * -(-shape[0] // world) * (math.prod(shape) // shape[0]) for shape in shapes)
+              for unit, shapes in qwen2_unit_shapes(config).items()}
+    problems, gathers = [], 0
+    for rank in range(world):
+        group = list(range(rank // n * n, rank // n * n + n))
+        live = {}  # unit -> the post-forward shard's alloc, until its all-gather and free
+        for e in map(json.loads, open(f"{rundir}/rank{rank}.jsonl")):
+            owner = e.get("owner", "")
+            if e["kind"] in ("alloc", "free") and owner.endswith("._sharded_post_forward_param_data"):
+                unit = owner[:-len("._sharded_post_forward_param_data")]
+                if e["kind"] == "alloc":
+                    want = member.get(unit, -1) * size
+                    if unit == "root" or e["bytes"] != want or e["category"] != "param_unsharded":
+                        problems.append(f"rank {rank}: {owner} {e['bytes']} B {e['category']}; expected {want} B "
+                                        f"param_unsharded (and none for the root)")
+                    live[unit] = 0
+                elif live.pop(unit, None) != 1:
+                    problems.append(f"rank {rank}: {owner} freed without exactly one post_forward all_gather")
+            if e["kind"] != "collective" or e["op"] != "all_gather":
+                continue
+            if e["group"] != "post_forward":
+                if e["group"] != "world":
+                    problems.append(f"rank {rank}: all_gather of {e['unit']} (seq {e['seq']}) in group {e['group']}")
+                continue
+            gathers += 1
+            count = n * member.get(e["unit"], 0)
+            got = (e["group_ranks"], e["count"], e["bytes"], e["bytes_sent"], e["dtype"])
+            want = (group, count, count * size, (n - 1) * member.get(e["unit"], 0) * size, param_dtype)
+            if got != want or live.get(e["unit"]) != 0:
+                problems.append(f"rank {rank}: post_forward all_gather of {e['unit']} (seq {e['seq']}): ranks, count, "
+                                f"bytes, bytes_sent, dtype {got}; expected {want}, after its post-forward shard")
+            live[e["unit"]] = live.get(e["unit"], 0) + 1
+        if live:
+            problems.append(f"rank {rank}: post-forward shards never freed: {sorted(live)}")
+    layers = [unit for unit in member if unit != "root"]
+    if gathers < world * len(layers):
+        problems.append(f"only {gathers} post_forward all_gathers on {world} ranks for {len(layers)} units")
+    for problem in problems[:10]:
+        print("FAIL:", problem)
+    if problems:
+        sys.exit(f"FAIL: {len(problems)} post-forward shards or all-gathers differ from the shapes' c'_p = (W/N) c_p")
+    print(f"OK: {gathers} backward all_gathers on {world} ranks in groups of {n} consecutive ranks, each moving "
+          f"N x sum_p c'_p row_p {param_dtype} elements ({', '.join(f'{u} {n * member[u]}' for u in layers[:1])} "
+          f"per layer) from a post-forward shard of sum_p c'_p row_p, allocated before and freed after it")
+
+
 def check_save(rundir, ranks):
     saves = 0
     for rank in range(ranks):
@@ -157,9 +220,11 @@ def check_save(rundir, ranks):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("layout", "bytes", "save", "collectives"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("layout", "bytes", "save", "collectives", "post_forward"):
         sys.exit(__doc__)
-    if sys.argv[1] == "collectives":
+    if sys.argv[1] == "post_forward":
+        check_post_forward(*sys.argv[2:6])
+    elif sys.argv[1] == "collectives":
         check_collectives(*sys.argv[2:6])
     elif sys.argv[1] == "save":
         check_save(sys.argv[2], int(sys.argv[3]))

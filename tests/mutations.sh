@@ -67,9 +67,17 @@ mutations=(
   # layout skipped), the memory model forgetting the all-gather buffer beside the parameters, a save that gathers
   "fsdp2-rows-per-rank-rounded-down|core/fsdp/flat_param.c|s.replace('info->shard_rows = (rows + world - 1) / "\
 "world;', 'info->shard_rows = rows / world;')|check-10"
-  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('char *slice = (char *)rank_major + ((size_t)rank "\
-"* fp->sharded_numel + info->shard_offset) * element;', 'char *slice = (char *)rank_major + (to_full ? info->offset "\
-"+ first * info->row_numel : (size_t)rank * fp->sharded_numel + info->shard_offset) * element;')|check-10"
+  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('char *slice = (char *)rank_major + at * element;', "\
+"'char *slice = (char *)rank_major + (to_full ? info->offset + first * info->row_numel : at) * element;')|check-10"
+  # reshard_after_forward=N (RESHARD_AFTER_FORWARD): backward's all-gather of the post-forward shards run on the world
+  # instead of the group of N (each rank sends the first W-th of its slice), the post-forward slice taken at member
+  # s's world rank instead of s W/N (rows of the wrong ranks), the memory model without the post-forward shards
+  "fsdp2-post-forward-gather-on-world|core/fsdp/flat_param.c|s.replace('group = fp->post_forward_group;', "\
+"'group = NULL;')|check-10"
+  "fsdp2-post-forward-wrong-slice|core/fsdp/flat_param.c|s.replace('int first_rank = fp->post_forward_group->rank "\
+"* ranks;', 'int first_rank = fp->post_forward_group->rank;')|check-10"
+  "fsdp2-memory-model-without-post-forward-shards|core/models/memory_model.c|s.replace('max_of(post_forward_peak, "\
+"post_forward + gathered', 'max_of(post_forward_peak, gathered')|check-10"
   "fsdp2-memory-model-without-all-gather-output|core/models/memory_model.c|s.replace('single = max_of(single, "\
 "gathered + full);', 'single = max_of(single, full);')|check-10"
   # FSDP2 with MixedPrecisionPolicy: the copy-in copying the float32 rows' bytes into the bfloat16 all-gather buffer

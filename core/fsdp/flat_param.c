@@ -12,7 +12,9 @@
 #include <string.h>
 
 const char *flat_param_shard_state_name(flat_param_shard_state state) {
-    return state == FLAT_PARAM_UNSHARDED ? "UNSHARDED" : "SHARDED";
+    return state == FLAT_PARAM_UNSHARDED              ? "UNSHARDED"
+           : state == FLAT_PARAM_SHARDED_POST_FORWARD ? "SHARDED_POST_FORWARD"
+                                                      : "SHARDED";
 }
 
 void flat_param_fill_normal(const char *name, size_t first, size_t count, float *out, void *user) {
@@ -130,6 +132,7 @@ void flat_param_free(flat_param *fp) {
     mem_tracker *mem = &fp->ctx->mem;
     mem_free(mem, fp->full_grad_padded);
     mem_free(mem, fp->all_gather_output);
+    mem_free(mem, fp->sharded_post_forward);
     mem_free(mem, fp->reduce_scatter_input);
     mem_free(flat_param_shard_pool(fp), fp->grad_shard);
     if (fp->full_param_padded != fp->local_shard) mem_free(mem, fp->full_param_padded); /* NO_SHARD: a view */
@@ -282,15 +285,18 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
  * buffer holds elements of `type` (mixed precision: param_dtype gathered, reduce_dtype reduced), the full buffer
  * float32 (what the layers read and write): a bfloat16 copy-out widens (exact), a bfloat16 copy-in rounds (the
  * gradient is already rounded to param_dtype's values, so nothing changes when both are bfloat16). */
-static void rows_copy(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full) {
+/* The same for world ranks [first_rank, first_rank + ranks) only, rank_major starting at first_rank's slice. */
+static void rows_copy_ranks(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full,
+                            int first_rank, int ranks) {
     device *d = &fp->ctx->device;
     size_t element = dtype_size(type);
-    for (int rank = 0; rank < fp->ctx->world_size; rank++)
+    for (int rank = first_rank; rank < first_rank + ranks; rank++)
         for (int i = 0; i < fp->param_count; i++) {
             const flat_param_param_info *info = &fp->params[i];
             size_t first, last;
             held_rows(info, rank, &first, &last);
-            char *slice = (char *)rank_major + ((size_t)rank * fp->sharded_numel + info->shard_offset) * element;
+            size_t at = (size_t)(rank - first_rank) * fp->sharded_numel + info->shard_offset;
+            char *slice = (char *)rank_major + at * element;
             float *rows = full + info->offset + first * info->row_numel;
             size_t held = (last - first) * info->row_numel, padded = info->shard_rows * info->row_numel;
             if (held > 0 && type == DTYPE_FLOAT32)
@@ -302,6 +308,10 @@ static void rows_copy(const flat_param *fp, void *rank_major, dtype type, float 
                 d->convert(d, slice, type, rows, DTYPE_FLOAT32, held);
             if (!to_full && held < padded) d->zero(d, slice + held * element, (padded - held) * element);
         }
+}
+
+static void rows_copy(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full) {
+    rows_copy_ranks(fp, rank_major, type, full, to_full, 0, fp->ctx->world_size);
 }
 
 /* Once the all-gather is done: the unsharded parameters allocated (torch's alloc_storage in
@@ -318,6 +328,8 @@ static void all_gather_copy_out(flat_param *fp) {
     rows_copy(fp, fp->all_gather_output, fp->all_gather_dtype, fp->full_param_padded, 1);
     mem_free(&ctx->mem, fp->all_gather_output);
     fp->all_gather_output = NULL;
+    mem_free(&ctx->mem, fp->sharded_post_forward); /* backward's all-gather read it until now */
+    fp->sharded_post_forward = NULL;
     snprintf(owner, sizeof owner, "%s.all_gather_copy_out", fp->unit);
     trace_compute(&ctx->trace, owner, fp->unit, "copy_out", start_us, trace_now_us(&ctx->trace) - start_us);
 }
@@ -332,7 +344,12 @@ static void all_gather_copy_out(flat_param *fp) {
  * as it is. state_dict's force_full_precision gathers the float32 master. */
 static int unshard_rows_start(flat_param *fp, stream *on, const char *hook) {
     context *ctx = fp->ctx;
-    dtype type = fp->force_full_precision ? DTYPE_FLOAT32 : fp->mixed_precision.param_dtype;
+    flat_param_shard_state from = fp->shard_state;
+    if (from == FLAT_PARAM_SHARDED_POST_FORWARD && fp->force_full_precision) flat_param_reshard(fp, hook);
+    from = fp->shard_state;
+    int post_forward = from == FLAT_PARAM_SHARDED_POST_FORWARD;
+    dtype type = post_forward ? fp->all_gather_dtype
+                 : fp->force_full_precision ? DTYPE_FLOAT32 : fp->mixed_precision.param_dtype;
     size_t element = dtype_size(type), shard_bytes = fp->sharded_numel * sizeof(float);
     char owner[MEM_OWNER_MAX];
     snprintf(owner, sizeof owner, "%s.all_gather_output", fp->unit);
@@ -340,7 +357,11 @@ static int unshard_rows_start(flat_param *fp, stream *on, const char *hook) {
                                                           MEM_PARAM_UNSHARDED, type, owner);
     fp->all_gather_dtype = type;
     const void *input = fp->local_shard;
-    if (type != DTYPE_FLOAT32 || fp->offload_params) { /* the copy-in: into this rank's slice, gathered in place */
+    const comm_group *group = NULL;
+    if (post_forward) { /* reshard_after_forward=N: the N slices of the group make the whole rank-major buffer */
+        input = fp->sharded_post_forward;
+        group = fp->post_forward_group;
+    } else if (type != DTYPE_FLOAT32 || fp->offload_params) { /* the copy-in: into this rank's slice, in place */
         double start_us = trace_now_us(&ctx->trace);
         char *slice = (char *)fp->all_gather_output + (size_t)ctx->rank * fp->sharded_numel * element;
         const float *rows = fp->local_shard;
@@ -360,14 +381,14 @@ static int unshard_rows_start(flat_param *fp, stream *on, const char *hook) {
         snprintf(owner, sizeof owner, "%s.all_gather_copy_in", fp->unit);
         trace_compute(&ctx->trace, owner, fp->unit, "copy_in", start_us, trace_now_us(&ctx->trace) - start_us);
     }
-    if (comm_all_gather_typed(ctx, NULL, on, input, fp->all_gather_output, fp->padded_unsharded_numel, type,
+    if (comm_all_gather_typed(ctx, group, on, input, fp->all_gather_output, fp->padded_unsharded_numel, type,
                               fp->unit, &fp->unshard_handle) != 0) {
         mem_free(&ctx->mem, fp->all_gather_output);
         fp->all_gather_output = NULL;
         return -1;
     }
     fp->shard_state = FLAT_PARAM_UNSHARDED;
-    shard_state_event(fp, FLAT_PARAM_SHARDED, FLAT_PARAM_UNSHARDED, hook);
+    shard_state_event(fp, from, FLAT_PARAM_UNSHARDED, hook);
     if (on == NULL) all_gather_copy_out(fp);
     else fp->copy_out_pending = 1;
     return 0;
@@ -445,6 +466,13 @@ int flat_param_unshard(flat_param *fp, const char *hook) { return flat_param_uns
 
 void flat_param_reshard(flat_param *fp, const char *hook) {
     if (fp->shard_state == FLAT_PARAM_SHARDED) return;
+    if (fp->shard_state == FLAT_PARAM_SHARDED_POST_FORWARD) { /* never used in backward: the local shard suffices */
+        mem_free(&fp->ctx->mem, fp->sharded_post_forward);
+        fp->sharded_post_forward = NULL;
+        fp->shard_state = FLAT_PARAM_SHARDED;
+        shard_state_event(fp, FLAT_PARAM_SHARDED_POST_FORWARD, FLAT_PARAM_SHARDED, hook);
+        return;
+    }
     if (flat_param_unshard_pending(fp)) /* the all-gather still writes into the buffer */
         world_fatal(fp->ctx, "unit '%s': resharded in %s while its all-gather (seq %llu) is in flight; wait first",
                   fp->unit, hook, (unsigned long long)fp->unshard_handle.seq);
@@ -458,6 +486,42 @@ void flat_param_reshard(flat_param *fp, const char *hook) {
     }
     fp->shard_state = FLAT_PARAM_SHARDED;
     shard_state_event(fp, FLAT_PARAM_UNSHARDED, FLAT_PARAM_SHARDED, hook);
+}
+
+int flat_param_set_post_forward_group(flat_param *fp, const comm_group *group) {
+    context *ctx = fp->ctx;
+    if (group != NULL && (fp->layout != FLAT_PARAM_ROWS || ctx->world_size % group->size != 0))
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': reshard_after_forward=%d needs FSDP2's "
+                         "per-parameter rows (FSDP_VERSION=2) and a group size dividing the world size %d",
+                         ctx->rank, fp->unit, group->size, ctx->world_size);
+    fp->post_forward_group = group;
+    return 0;
+}
+
+/* torch's FSDPParam.to_sharded_post_forward: this rank keeps its group's slice s of the rank-major all-gather buffer
+ * (world ranks [s W/N, (s+1) W/N), their padded rows), made again from the unsharded parameters (exact: they hold
+ * all_gather_dtype's values), then the parameters are freed. */
+void flat_param_reshard_after_forward(flat_param *fp, const char *hook) {
+    if (fp->post_forward_group == NULL || fp->shard_state != FLAT_PARAM_UNSHARDED) {
+        flat_param_reshard(fp, hook);
+        return;
+    }
+    context *ctx = fp->ctx;
+    if (flat_param_unshard_pending(fp))
+        world_fatal(ctx, "unit '%s': resharded in %s while its all-gather (seq %llu) is in flight; wait first",
+                    fp->unit, hook, (unsigned long long)fp->unshard_handle.seq);
+    int ranks = ctx->world_size / fp->post_forward_group->size;
+    int first_rank = fp->post_forward_group->rank * ranks;
+    char owner[MEM_OWNER_MAX];
+    snprintf(owner, sizeof owner, "%s._sharded_post_forward_param_data", fp->unit);
+    size_t element = dtype_size(fp->all_gather_dtype);
+    fp->sharded_post_forward = mem_alloc_uninitialized_typed(&ctx->mem, (size_t)ranks * fp->sharded_numel * element,
+                                                             MEM_PARAM_UNSHARDED, fp->all_gather_dtype, owner);
+    rows_copy_ranks(fp, fp->sharded_post_forward, fp->all_gather_dtype, fp->full_param_padded, 0, first_rank, ranks);
+    mem_free(&ctx->mem, fp->full_param_padded);
+    fp->full_param_padded = NULL;
+    fp->shard_state = FLAT_PARAM_SHARDED_POST_FORWARD;
+    shard_state_event(fp, FLAT_PARAM_UNSHARDED, FLAT_PARAM_SHARDED_POST_FORWARD, hook);
 }
 
 static const flat_param_param_info *param_or_abort(const flat_param *fp, const char *name) {

@@ -82,7 +82,13 @@ typedef struct flat_param_param_info {
     size_t shard_offset; /* where its rows start in a rank's local shard: sum of c row_numel of those before it */
 } flat_param_param_info;
 
-typedef enum flat_param_shard_state { FLAT_PARAM_SHARDED, FLAT_PARAM_UNSHARDED } flat_param_shard_state;
+/* SHARDED_POST_FORWARD (FSDP2's reshard_after_forward=N, torch's ShardedState.SHARDED_POST_FORWARD): between
+ * _post_forward and backward's unshard the unit holds sharded_post_forward, its slice for a group of N ranks. */
+typedef enum flat_param_shard_state {
+    FLAT_PARAM_SHARDED,
+    FLAT_PARAM_UNSHARDED,
+    FLAT_PARAM_SHARDED_POST_FORWARD
+} flat_param_shard_state;
 
 /* FSDP1's FlatParameter (flat chunks) or FSDP2's per-parameter dim-0 shards (rows); see the header comment. */
 typedef enum flat_param_layout { FLAT_PARAM_FLAT, FLAT_PARAM_ROWS } flat_param_layout;
@@ -116,6 +122,13 @@ typedef struct flat_param {
     dtype all_gather_dtype;          /* its elements: param_dtype (float32 without mixed precision, or forced) */
     float *reduce_scatter_input;     /* FLAT_PARAM_ROWS: the rank-major padded gradient the reduce-scatter reads */
     int copy_out_pending;            /* FLAT_PARAM_ROWS: the all-gather is in flight; its wait copies out */
+    /* FSDP2's reshard_after_forward=N (torch's post_forward_mesh_info): the group of N consecutive ranks this rank
+     * is member s of (NULL: reshard_after_forward is a bool). _post_forward keeps sharded_post_forward, the rows of
+     * world ranks [s W/N, (s+1) W/N) in the rank-major layout (W/N x sharded_numel elements of all_gather_dtype,
+     * param_unsharded; torch's _sharded_post_forward_param_data, a narrow of all_gather_output), and backward's
+     * unshard all-gathers those N slices within the group into the same all_gather_output. */
+    const comm_group *post_forward_group;
+    void *sharded_post_forward;
     float *grad_shard;               /* sharded gradient, NULL until the first reduce-scatter (or after zero_grad) */
     flat_param_shard_state shard_state;
     comm_handle unshard_handle;      /* the all-gather in flight, between flat_param_unshard_start and
@@ -209,8 +222,15 @@ int flat_param_unshard(flat_param *fp, const char *hook);
 int flat_param_unshard_start(flat_param *fp, stream *on, const char *hook);
 int flat_param_unshard_wait(flat_param *fp, const char *hook);
 int flat_param_unshard_pending(const flat_param *fp);
-/* UNSHARDED -> SHARDED: free the padded full buffer. A no-op when already SHARDED. */
+/* UNSHARDED (or SHARDED_POST_FORWARD) -> SHARDED: free the padded full buffer (or the post-forward shard). A no-op
+ * when already SHARDED. */
 void flat_param_reshard(flat_param *fp, const char *hook);
+/* _post_forward's reshard: with a post_forward_group, UNSHARDED -> SHARDED_POST_FORWARD (the post-forward shard
+ * copied out of the unsharded parameters, which are freed); without one, flat_param_reshard. */
+void flat_param_reshard_after_forward(flat_param *fp, const char *hook);
+/* FSDP2 (FLAT_PARAM_ROWS) only: reshard after forward onto `group` (consecutive ranks, its size dividing W; NULL:
+ * fully). -1 with ctx->error for a FLAT_PARAM_FLAT unit or a group that does not divide the world. */
+int flat_param_set_post_forward_group(flat_param *fp, const comm_group *group);
 /* The parameter's values inside the unsharded buffer. Aborts (naming rank, unit, parameter) while SHARDED or for an
  * unknown name. */
 float *flat_param_param_view(const flat_param *fp, const char *name);

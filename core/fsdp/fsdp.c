@@ -274,7 +274,10 @@ static void wait_for_gathers(fsdp_runtime *runtime, int count, const char *hook)
  * compute stream. _prefetched goes back to 0 either way. */
 static void reshard(fsdp_runtime *runtime, int unit, int free_unsharded, const char *hook) {
     if (free_unsharded) {
-        flat_param_reshard(unit_param(runtime, unit), hook);
+        /* _post_forward with reshard_after_forward=N: onto the post-forward group (flat_param.c) */
+        if (runtime->units[unit].handle_state == HANDLE_FORWARD)
+            flat_param_reshard_after_forward(unit_param(runtime, unit), hook);
+        else flat_param_reshard(unit_param(runtime, unit), hook);
         fsdp_free_event_queue *queue = &runtime->free_event_queue;
         if (runtime->options.limit_all_gathers) {
             if (queue->count == FSDP_FREE_EVENTS_MAX) synchronize_oldest(runtime, hook); /* keep the newest */
@@ -395,7 +398,9 @@ void fsdp_post_backward_final_callback(fsdp_runtime *runtime) {
     if (runtime->gathers_in_flight_count > 0)
         world_fatal(runtime->ctx, "unit '%s': an all-gather is still in flight after backward (prefetched, never used)",
                   unit_name(runtime, runtime->gathers_in_flight[0]));
-    for (int unit = 0; unit < runtime->model->unit_count; unit++) {
+    for (int unit = 0; unit < runtime->model->unit_count; unit++) { /* a post-forward shard backward never used */
+        if (unit_param(runtime, unit)->shard_state == FLAT_PARAM_SHARDED_POST_FORWARD)
+            flat_param_reshard(unit_param(runtime, unit), "_post_backward_final_callback");
         set_training_state(runtime, unit, TRAINING_STATE_IDLE, "_post_backward_final_callback");
         set_handle_state(runtime, unit, HANDLE_BACKWARD_POST, HANDLE_IDLE, "_post_backward_final_callback");
     }
@@ -424,6 +429,27 @@ static int hybrid_streams(fsdp_runtime *runtime) {
             stream_add_group(streams[i], root->replicate_group) != 0)
             return -1;
     return 0;
+}
+
+/* reshard_after_forward=N (FSDP2, FULL_SHARD): torch's post_forward_mesh, the world viewed as (W/N, N): groups of N
+ * consecutive ranks; every unit but the root (which keeps its parameters for backward) reshards onto its group, and
+ * the all-gather stream gets the group's communicator. Collective. */
+static int post_forward_groups(fsdp_runtime *runtime) {
+    context *ctx = runtime->ctx;
+    int size = runtime->options.reshard_after_forward;
+    if (size == 0) return 0;
+    if (runtime->options.fsdp_version != 2 || runtime->options.strategy != FSDP_FULL_SHARD || size < 2 ||
+        size >= ctx->world_size || ctx->world_size % size != 0)
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: reshard_after_forward=%d needs FSDP_VERSION=2, "
+                         "STRATEGY=FULL_SHARD and 1 < N < W dividing the world size W=%d", ctx->rank, size,
+                         ctx->world_size);
+    if (group_mesh_init(&runtime->post_forward_mesh, ctx, size) != 0) return -1;
+    runtime->owns_post_forward_mesh = 1;
+    comm_group *group = &runtime->post_forward_mesh.shard;
+    snprintf(group->name, sizeof group->name, "post_forward");
+    for (int unit = 1; unit < runtime->model->unit_count; unit++)
+        if (flat_param_set_post_forward_group(unit_param(runtime, unit), group) != 0) return -1;
+    return stream_add_group(&runtime->all_gather_stream, group);
 }
 
 int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const fsdp_options *options) {
@@ -480,6 +506,7 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
                              "ctx->per_parameter_sharding before building the model for FSDP2, and leave it 0 for "
                              "FSDP1", ctx->rank, options->fsdp_version, model->units[unit].unit,
                              model->units[unit].layout == FLAT_PARAM_ROWS ? "sharded per parameter" : "flat");
+    if (post_forward_groups(runtime) != 0) return -1;
     trace_fsdp_info info = {
         .model = model->name,
         .sharding_strategy = strategy_names[options->strategy],
@@ -510,6 +537,7 @@ void fsdp_runtime_free(fsdp_runtime *runtime) {
     stream_destroy(&runtime->all_gather_stream);
     stream_destroy(&runtime->reduce_scatter_stream);
     stream_destroy(&runtime->compute_stream);
+    if (runtime->owns_post_forward_mesh) group_mesh_free(&runtime->post_forward_mesh);
     free(runtime->units);
     free(runtime->checkpointed);
     free(runtime->pre_forward_order);

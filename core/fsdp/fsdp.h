@@ -27,6 +27,7 @@
 #include "core/fsdp/flat_param.h"
 #include "core/fsdp/module.h"
 #include "core/comm/stream.h"
+#include "core/comm/group.h"
 
 /* TrainingState (per FSDP unit) */
 typedef enum fsdp_training_state { TRAINING_STATE_IDLE, TRAINING_STATE_FORWARD_BACKWARD } fsdp_training_state;
@@ -102,6 +103,10 @@ typedef struct fsdp_options {
                                                    off */
     int fsdp_version;             /* 2: the units are FSDP2's per-parameter shards (flat_param.h's FLAT_PARAM_ROWS,
                                      made under ctx->per_parameter_sharding); 0 or 1: FSDP1's FlatParameters */
+    int reshard_after_forward;    /* FSDP2 under FULL_SHARD: torch's reshard_after_forward as an int N, 1 < N < W
+                                     dividing W (RESHARD_AFTER_FORWARD): _post_forward keeps each non-root unit's
+                                     slice for the group of N consecutive ranks it is in (SHARDED_POST_FORWARD) and
+                                     backward all-gathers within that group. 0: the strategy's bool */
     int loss_chunk;               /* the model's loss this many rows at a time (LOSS_CHUNK; qwen2_model.loss_chunk):
                                      the runtime passes it on to the memory model; 0, all rows at once */
 } fsdp_options;
@@ -166,6 +171,8 @@ typedef struct fsdp_runtime {
         int timer, piece, phase;
     } *timed_pieces;
     int timed_piece_count;
+    group_mesh post_forward_mesh; /* reshard_after_forward=N: its shard groups of N ranks, named "post_forward" */
+    int owns_post_forward_mesh;
     float host_losses[MODULE_LOSS_SLOTS]; /* fsdp_losses_read's, for a model without loss slots (module_ops.loss) */
 } fsdp_runtime;
 

@@ -81,7 +81,11 @@ typedef struct unit_sizes {
  *                    max_i (F_0 + .. + F_i + G_i).
  * F is float32 (what the layers read and write, 4 bytes); G holds param_dtype elements (p bytes) in the all-gather and
  * reduce_dtype ones (r bytes) in the reduce-scatter: the same terms with G weighted by p or r. Mixed precision has no
- * _mp_shard here (the copy-in casts straight into the all-gather buffer): param_shard_low_precision stays 0. */
+ * _mp_shard here (the copy-in casts straight into the all-gather buffer): param_shard_low_precision stays 0.
+ * reshard_after_forward=N (FULL_SHARD, no pair prefetch: the trainer refuses it): _post_forward leaves unit i's
+ * post-forward shard P_i = G_i / N (param_dtype elements) in param_unsharded until backward's unshard of unit i, which
+ * holds P_i, G_i and F_i together during the copy-out, beside the root's F_0 and the shards of units 1 .. i-1 still
+ * waiting: F_0 + P_1 + .. + P_i + G_i + F_i (above forward's, where units 1 .. i-1 hold theirs and unit i has none). */
 static void predict_per_parameter(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options) {
     count f = sizeof(float), p = (count)dtype_size(options->mixed_precision.param_dtype);
     count r = (count)dtype_size(options->mixed_precision.reduce_dtype);
@@ -106,7 +110,15 @@ static void predict_per_parameter(count *peak, const unit_sizes *units, int unit
         if (options->comm_streams && unit + 1 < unit_count)
             grad_single = max_of(grad_single, full + r * units[unit + 1].padded_unsharded_numel);
     }
+    count post_forward = 0, post_forward_peak = 0;
+    for (int unit = 1; options->reshard_after_forward > 1 && unit < unit_count; unit++) {
+        count gathered = p * units[unit].padded_unsharded_numel;
+        post_forward += gathered / (count)options->reshard_after_forward;
+        post_forward_peak = max_of(post_forward_peak, post_forward + gathered + f * units[unit].full_numel);
+    }
     if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = prefix_peak;
+    else if (options->reshard_after_forward > 1)
+        peak[MEM_PARAM_UNSHARDED] = max_of(root_peak, root + post_forward_peak);
     else peak[MEM_PARAM_UNSHARDED] =
              max_of(root_peak, root + max_of(single, options->backward_prefetch == BACKWARD_PRE ? pair : 0));
     int keeps_all = options->no_sync && options->accumulation_steps > 1;

@@ -10,6 +10,9 @@
 #             integers: exact in any order) and the peaks per category, to the byte.
 #   bytes     from the trace events: an all-gather (and reduce-scatter) of FSDP2 moves W x sum_p c_p row_p floats,
 #             FSDP1's the unit padded to a multiple of W; the all-gather buffer is freed after the copy-out began.
+#   post_forward  RESHARD_AFTER_FORWARD=2 at 4 ranks (reshard_after_forward=2): bit-identical to True, backward's
+#             all-gathers in groups of 2 of N x sum_p c'_p row_p elements (tests/check_lab10.py post_forward), the
+#             memory model exact, refusals.
 for ranks in 2 3 4; do
   run_lab "10_fully_shard -np $ranks" $ranks runs/check/10_np$ranks 10_fully_shard
   check "10_fully_shard -np $ranks: every shard is the rows [r c, min(d0, (r+1) c)) of each parameter, padding zero" \
@@ -99,6 +102,51 @@ for variant in "MP=bf16|bfloat16 bfloat16" "MP=bf16 STRATEGY=SHARD_GRAD_OP NO_SY
     lab/05_full_step > runs/check/10_memory.log && python3 tests/check_memory_model.py runs/check/10_memory.log &&
     python3 tests/validate_trace.py runs/check/10_memory &&
     python3 tests/check_lab10.py collectives runs/check/10_memory $CONFIG10 ${variant#*|}"
+done
+# reshard_after_forward=N (RESHARD_AFTER_FORWARD=2 at 4 ranks, torch's post_forward_mesh of groups of 2): after
+# forward every unit but the root keeps its slice for its group of 2 (the rows of 2 ranks' shards, a narrow of the
+# all-gather output: c'_p = (W/N) c_p rows per parameter) and backward all-gathers within that group. Only where the
+# data lives changes, never a value: losses, gradients and parameters bit-identical to reshard_after_forward=True
+# (float32 and MP=bf16, whose post-forward slice is the bfloat16 all-gather output's); the backward all-gathers on
+# the groups {0,1} and {2,3} with N x sum_p c'_p row_p elements from the model's shapes, the post-forward shard's own
+# alloc and free around each (tests/check_lab10.py post_forward); the memory model exact per category; the trace valid.
+for variant in "FULL_SHARD" "FULL_SHARD MP=bf16"; do
+  set -- $variant
+  shift
+  tag="$(echo "$variant" | tr ' =,' '___')"
+  lab05 "05_full_step -np 4 FSDP_VERSION=2 $variant: reshard_after_forward=True, to compare" 4 \
+    runs/check/10_raf_true_$tag FSDP_VERSION=2 "$@"
+  lab05 "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2" 4 runs/check/10_raf_2_$tag \
+    FSDP_VERSION=2 RESHARD_AFTER_FORWARD=2 "$@"
+  check "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2: losses bit-identical to True's" \
+    python3 -c "$SAME_LOSSES10" runs/check/10_raf_true_$tag runs/check/10_raf_2_$tag 4
+  check "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2: gradients bit-identical to True's" \
+    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+    compare runs/check/10_raf_2_$tag/grads runs/check/10_raf_true_$tag/grads 0 absolute
+  check "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2: parameters bit-identical to True's" \
+    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+    compare runs/check/10_raf_2_$tag/checkpoint runs/check/10_raf_true_$tag/checkpoint 0 absolute
+done
+CONFIG10RAF=runs/check/10_raf_true_FULL_SHARD/grads/config.json
+for variant in "|float32" "MP=bf16|bfloat16" "OFFLOAD=1 NO_SYNC=1 CKPT=1|float32" \
+  "MP=bf16 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_POST|bfloat16"; do
+  settings=${variant%%|*}
+  name="05_full_step -np 4 FSDP_VERSION=2 RESHARD_AFTER_FORWARD=2 $settings: memory model exact, backward all-gathers \
+in groups of 2 moving N x sum_p c'_p row_p, trace valid"
+  check "$name" bash -c "env OUT=runs/check/10_raf_memory STEPS=2 FSDP_VERSION=2 RESHARD_AFTER_FORWARD=2 $settings \
+    $MPIRUN -np 4 lab/05_full_step > runs/check/10_raf_memory.log &&
+    python3 tests/check_memory_model.py runs/check/10_raf_memory.log &&
+    python3 tests/validate_trace.py runs/check/10_raf_memory &&
+    python3 tests/check_lab10.py post_forward runs/check/10_raf_memory $CONFIG10RAF 2 ${variant#*|}"
+done
+# What reshard_after_forward=N does not take is refused, naming the value, the rank and W.
+for refused in "RESHARD_AFTER_FORWARD=3|rank 0: RESHARD_AFTER_FORWARD=3 does not divide the world size W=4" \
+  "RESHARD_AFTER_FORWARD=2 FSDP_VERSION=1|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) is FSDP2's reshard_after_forward" \
+  "RESHARD_AFTER_FORWARD=2 STRATEGY=SHARD_GRAD_OP|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) with STRATEGY='SHARD" \
+  "RESHARD_AFTER_FORWARD=2 BACKWARD_PREFETCH=BACKWARD_PRE|RESHARD_AFTER_FORWARD=2 \(W=4\) with BACKWARD_PREFETCH"; do
+  setting=${refused%%|*}
+  check_fails "05_full_step -np 4 FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
+    env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 4 lab/05_full_step
 done
 # 3 ranks with MP=bf16: the bfloat16 reduce-scatter's sum order now depends on where an element sits in the buffer
 # (which the layouts fill differently), so FSDP2 is held to check-07's derived bound against 1 rank on the same
