@@ -380,15 +380,19 @@ static unsigned long long work_count(void) {
 #endif
 }
 
-static void check_work(const char *what, unsigned long long before, unsigned long long expected) {
+/* One count the emulator keeps (work queued, host waits) against the count expected; left out on a GPU. */
+static void check_count(const char *what, unsigned long long counted, unsigned long long expected) {
 #ifdef FSDPLAB_CUDA_EMULATOR
-    unsigned long long used = emulator_work_count() - before;
     checks++;
-    failures += used != expected;
-    printf("%-58s %11llu %11llu %9s  %s\n", what, used, expected, "-", used == expected ? "PASS" : "FAIL");
+    failures += counted != expected;
+    printf("%-58s %11llu %11llu %9s  %s\n", what, counted, expected, "-", counted == expected ? "PASS" : "FAIL");
 #else
-    (void)what, (void)before, (void)expected;
+    (void)what, (void)counted, (void)expected;
 #endif
+}
+
+static void check_work(const char *what, unsigned long long before, unsigned long long expected) {
+    check_count(what, work_count() - before, expected);
 }
 
 static void check_attention(int B, int T, int past, int H, int KVH, int D, float scale_qk) {
@@ -678,14 +682,7 @@ static unsigned long long host_wait_count(void) {
 
 /* The host waits since `before`, counted by the emulator (like check_work: left out on a GPU). */
 static void check_waits(const char *what, unsigned long long before, unsigned long long expected) {
-#ifdef FSDPLAB_CUDA_EMULATOR
-    unsigned long long waited = emulator_host_wait_count() - before;
-    checks++;
-    failures += waited != expected;
-    printf("%-58s %11llu %11llu %9s  %s\n", what, waited, expected, "-", waited == expected ? "PASS" : "FAIL");
-#else
-    (void)what, (void)before, (void)expected;
-#endif
+    check_count(what, host_wait_count() - before, expected);
 }
 
 /* A check of exact equality between two doubles (printed as their difference). */
