@@ -121,6 +121,15 @@ def qwen2_unit_shapes(config):
     return units
 
 
+def finish(problems, failure, success):
+    """Prints the first ten problems and exits with a count of them, or prints OK: success."""
+    for problem in problems[:10]:
+        print("FAIL:", problem)
+    if problems:
+        sys.exit(f"FAIL: {len(problems)} {failure}")
+    print(f"OK: {success}")
+
+
 def check_collectives(rundir, config_path, param_dtype, reduce_dtype):
     config = json.load(open(config_path))
     ranks = json.loads(open(f"{rundir}/rank0.jsonl").readline())["world"]
@@ -143,12 +152,9 @@ def check_collectives(rundir, config_path, param_dtype, reduce_dtype):
     missing = [(unit, op) for unit in expected for op in dtypes if (unit, op) not in seen]
     if missing:
         problems.append(f"no collective for {missing}")
-    for problem in problems[:10]:
-        print("FAIL:", problem)
-    if problems:
-        sys.exit(f"FAIL: {len(problems)} collectives differ from W x sum_p c_p row_p elements of the dtype")
-    print(f"OK: {sum(seen.values())} collectives on {ranks} ranks: all_gather {param_dtype}, reduce_scatter "
-          f"{reduce_dtype}, count W x sum_p c_p row_p per unit ({', '.join(f'{u} {c}' for u, c in expected.items())})")
+    finish(problems, "collectives differ from W x sum_p c_p row_p elements of the dtype",
+           f"{sum(seen.values())} collectives on {ranks} ranks: all_gather {param_dtype}, reduce_scatter "
+           f"{reduce_dtype}, count W x sum_p c_p row_p per unit ({', '.join(f'{u} {c}' for u, c in expected.items())})")
 
 
 def check_post_forward(rundir, config_path, n, param_dtype):
@@ -193,13 +199,10 @@ def check_post_forward(rundir, config_path, n, param_dtype):
     layers = [unit for unit in member if unit != "root"]
     if gathers < world * len(layers):
         problems.append(f"only {gathers} post_forward all_gathers on {world} ranks for {len(layers)} units")
-    for problem in problems[:10]:
-        print("FAIL:", problem)
-    if problems:
-        sys.exit(f"FAIL: {len(problems)} post-forward shards or all-gathers differ from the shapes' c'_p = (W/N) c_p")
-    print(f"OK: {gathers} backward all_gathers on {world} ranks in groups of {n} consecutive ranks, each moving "
-          f"N x sum_p c'_p row_p {param_dtype} elements ({', '.join(f'{u} {n * member[u]}' for u in layers[:1])} "
-          f"per layer) from a post-forward shard of sum_p c'_p row_p, allocated before and freed after it")
+    finish(problems, "post-forward shards or all-gathers differ from the shapes' c'_p = (W/N) c_p",
+           f"{gathers} backward all_gathers on {world} ranks in groups of {n} consecutive ranks, each moving "
+           f"N x sum_p c'_p row_p {param_dtype} elements ({', '.join(f'{u} {n * member[u]}' for u in layers[:1])} "
+           f"per layer) from a post-forward shard of sum_p c'_p row_p, allocated before and freed after it")
 
 
 def check_save(rundir, ranks):

@@ -32,6 +32,19 @@ def losses(d, ranks): return [(e["step"], e["micro"], e["loss"]) for r in range(
 a, b = losses(sys.argv[1], int(sys.argv[3])), losses(sys.argv[2], int(sys.argv[3]))
 print(f"{len(a)} step events; last {a[-1]} vs {b[-1]}")
 assert a == b and len(a) > 0, f"losses differ: {a} vs {b}"'
+# bit_identical FORMAT REFERENCE RUN RANKS: RUN's losses, step-1 gradients and final parameters equal REFERENCE's bit
+# for bit; FORMAT names the checks, its %s being "losses", "gradients", "parameters".
+bit_identical() {
+  local format=$1 reference=$2 run=$3 ranks=$4
+  # shellcheck disable=SC2059
+  check "$(printf "$format" losses)" python3 -c "$SAME_LOSSES10" "$reference" "$run" "$ranks"
+  # shellcheck disable=SC2059
+  check "$(printf "$format" gradients)" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+    compare "$run/grads" "$reference/grads" 0 absolute
+  # shellcheck disable=SC2059
+  check "$(printf "$format" parameters)" env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
+    compare "$run/checkpoint" "$reference/checkpoint" 0 absolute
+}
 # Mixed precision (MixedPrecisionPolicy) too: FSDP2 casts its float32 rows into its slice of a bfloat16 all-gather
 # buffer, FSDP1 its flat chunk into _mp_shard: the same elements rounded the same way (round to nearest even, per
 # element), gathered and widened exactly; the gradient rounded to bfloat16 per element in both, and at 2 ranks each
@@ -46,14 +59,8 @@ for variant in "FULL_SHARD" "SHARD_GRAD_OP" "FULL_SHARD NO_SYNC=1" "FULL_SHARD M
   lab05 "05_full_step -np 2 $variant FSDP_VERSION=1: FSDP1, to compare" 2 runs/check/10_fsdp1_$tag \
     STRATEGY=$strategy "$@"
   lab05 "05_full_step -np 2 $variant FSDP_VERSION=2" 2 runs/check/10_fsdp2_$tag STRATEGY=$strategy FSDP_VERSION=2 "$@"
-  check "05_full_step -np 2 $variant: FSDP2's losses bit-identical to FSDP1's" \
-    python3 -c "$SAME_LOSSES10" runs/check/10_fsdp1_$tag runs/check/10_fsdp2_$tag 2
-  check "05_full_step -np 2 $variant: FSDP2's gradients bit-identical to FSDP1's" \
-    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
-    compare runs/check/10_fsdp2_$tag/grads runs/check/10_fsdp1_$tag/grads 0 absolute
-  check "05_full_step -np 2 $variant: FSDP2's parameters bit-identical to FSDP1's" \
-    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
-    compare runs/check/10_fsdp2_$tag/checkpoint runs/check/10_fsdp1_$tag/checkpoint 0 absolute
+  bit_identical "05_full_step -np 2 $variant: FSDP2's %s bit-identical to FSDP1's" runs/check/10_fsdp1_$tag \
+    runs/check/10_fsdp2_$tag 2
 done
 # 3 ranks (a global batch of 6, against its own 1-rank reference) and 4 (8): padding rows in every unit at 3
 REFERENCE05=runs/check/10_reference
@@ -118,14 +125,8 @@ for variant in "FULL_SHARD" "FULL_SHARD MP=bf16"; do
     runs/check/10_raf_true_$tag FSDP_VERSION=2 "$@"
   lab05 "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2" 4 runs/check/10_raf_2_$tag \
     FSDP_VERSION=2 RESHARD_AFTER_FORWARD=2 "$@"
-  check "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2: losses bit-identical to True's" \
-    python3 -c "$SAME_LOSSES10" runs/check/10_raf_true_$tag runs/check/10_raf_2_$tag 4
-  check "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2: gradients bit-identical to True's" \
-    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
-    compare runs/check/10_raf_2_$tag/grads runs/check/10_raf_true_$tag/grads 0 absolute
-  check "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2: parameters bit-identical to True's" \
-    env OUT=runs/check/compare_$suite tests/bin/qwen2_tool \
-    compare runs/check/10_raf_2_$tag/checkpoint runs/check/10_raf_true_$tag/checkpoint 0 absolute
+  bit_identical "05_full_step -np 4 FSDP_VERSION=2 $variant RESHARD_AFTER_FORWARD=2: %s bit-identical to True's" \
+    runs/check/10_raf_true_$tag runs/check/10_raf_2_$tag 4
 done
 CONFIG10RAF=runs/check/10_raf_true_FULL_SHARD/grads/config.json
 for variant in "|float32" "MP=bf16|bfloat16" "OFFLOAD=1 NO_SYNC=1 CKPT=1|float32" \
@@ -174,12 +175,8 @@ for variant in "FULL_SHARD" "FULL_SHARD MP=bf16" \
     lab05 "05_full_step -np 3 FSDP_VERSION=2 $variant OFFLOAD=$offload" 3 runs/check/10_offload${offload}_$tag \
       STRATEGY=$strategy FSDP_VERSION=2 OFFLOAD=$offload "$@"
   done
-  check "05_full_step -np 3 FSDP_VERSION=2 $variant: OFFLOAD=1's losses bit-identical to OFFLOAD=0's" \
-    python3 -c "$SAME_LOSSES10" runs/check/10_offload0_$tag runs/check/10_offload1_$tag 3
-  check "05_full_step -np 3 FSDP_VERSION=2 $variant: OFFLOAD=1's gradients and parameters bit-identical" bash -c "
-    cmp runs/check/10_offload0_$tag/grads/model.safetensors runs/check/10_offload1_$tag/grads/model.safetensors &&
-    cmp runs/check/10_offload0_$tag/checkpoint/model.safetensors \
-      runs/check/10_offload1_$tag/checkpoint/model.safetensors"
+  bit_identical "05_full_step -np 3 FSDP_VERSION=2 $variant: OFFLOAD=1's %s bit-identical to OFFLOAD=0's" \
+    runs/check/10_offload0_$tag runs/check/10_offload1_$tag 3
   if [ $# -gt 0 ]; then
     check "05_full_step -np 3 FSDP_VERSION=2 $variant OFFLOAD=1: h2d copies of the float32 rows, d2h of the gradient" \
       python3 tests/check_mixed_strategies.py copies runs/check/10_offload1_$tag
