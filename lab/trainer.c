@@ -436,19 +436,18 @@ void trainer_begin_step(trainer *t) {
     t->step_start = MPI_Wtime();
 }
 
-float trainer_forward_backward(trainer *t, int micro) {
-    const trainer_settings *s = &t->settings;
+/* Micro-batch `micro`'s tokens into t->tokens / t->targets; whether it is the step's last (it syncs the gradients). */
+static fsdp_micro_batch next_micro_batch(trainer *t, int micro) {
     /* the last batch's copies to the device (queued, from the pinned batch buffers) must have read them first */
     t->ctx->device.pinned_copies_wait(&t->ctx->device);
     data_next_batch(&t->loader, t->tokens, t->targets);
-    return fsdp_forward_backward(&t->runtime, t->tokens, t->targets, s->micro_batch, s->seq_len,
-                                 micro == s->accumulation - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE);
+    return micro == t->settings.accumulation - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE;
 }
 
-void trainer_log_micro_batch(trainer *t, int step, int micro, float loss) {
-    context *ctx = t->ctx;
-    trace_step(&ctx->trace, step, micro, loss, ctx->mem.peak_bytes, ctx->mem.peak_reserved_bytes,
-               MPI_Wtime() - t->step_start);
+float trainer_forward_backward(trainer *t, int micro) {
+    fsdp_micro_batch kind = next_micro_batch(t, micro);
+    return fsdp_forward_backward(&t->runtime, t->tokens, t->targets, t->settings.micro_batch, t->settings.seq_len,
+                                 kind);
 }
 
 /* The queued micro-batches' losses (micro_read .. micro_queued - 1, whose slots are consecutive: the slots are read
@@ -475,13 +474,9 @@ void trainer_forward_backward_queued(trainer *t, int step, int micro) {
     if (micro != t->micro_queued || micro >= s->accumulation)
         world_fatal(ctx, "step %d: micro-batch %d queued after %d of ACC=%d", step, micro, t->micro_queued,
                     s->accumulation);
-    /* the last batch's copies to the device (queued, from the pinned batch buffers) must have read them first */
-    ctx->device.pinned_copies_wait(&ctx->device);
-    data_next_batch(&t->loader, t->tokens, t->targets);
+    fsdp_micro_batch kind = next_micro_batch(t, micro);
     int slot = micro % MODULE_LOSS_SLOTS;
-    fsdp_forward_backward_queued(&t->runtime, t->tokens, t->targets, s->micro_batch, s->seq_len,
-                                 micro == s->accumulation - 1 ? FSDP_MICRO_BATCH_LAST : FSDP_MICRO_BATCH_ACCUMULATE,
-                                 slot);
+    fsdp_forward_backward_queued(&t->runtime, t->tokens, t->targets, s->micro_batch, s->seq_len, kind, slot);
     t->micro[micro] = (struct trainer_micro){MPI_Wtime() - t->step_start, ctx->mem.peak_bytes,
                                              ctx->mem.peak_reserved_bytes};
     t->micro_queued = micro + 1;

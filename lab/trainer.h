@@ -1,10 +1,11 @@
 /* trainer.h — the machinery around the FSDP training step, shared by the labs so that each lab's main shows its lesson.
  *
  * The step itself is two calls: trainer_forward_backward (the next batch, forward and backward through every unit's
- * FSDP hooks: core/fsdp/fsdp.h's fsdp_forward_backward) and trainer_optimizer_step (AdamW on each unit's local shard:
- * core/fsdp/optim.h). Everything else a real run needs lives here, behind a name: settings, building the model and its
- * runtime, sharded checkpoints and resume, the divergence stop, GRADS, EVAL, SAVE, fault injection, the log line
- * and the memory report.
+ * FSDP hooks: core/fsdp/fsdp.h's fsdp_forward_backward; lab 05 queues its micro-batches with
+ * trainer_forward_backward_queued and reads their losses once, trainer_read_losses) and trainer_optimizer_step
+ * (AdamW on each unit's local shard: core/fsdp/optim.h). Everything else a real run needs lives here, behind a name:
+ * settings, building the model and its runtime, sharded checkpoints and resume, the divergence stop, GRADS, EVAL,
+ * SAVE, fault injection, the log line and the memory report.
  *
  *   lab 05        trainer_read_settings, trainer_open, trainer_resume; per step trainer_begin_step, the micro-batches,
  *                 trainer_diverged, trainer_optimizer_step, trainer_log_step and the trainer_maybe_* calls; at the end
@@ -147,8 +148,6 @@ void trainer_begin_step(trainer *t);
  * unit; the last micro-batch of the step synchronises the gradients (under no_sync only it reduce-scatters). Returns
  * this rank's loss. Collective. */
 float trainer_forward_backward(trainer *t, int micro);
-/* The micro-batch's step event in the trace: its loss, the peaks and the time since the step began. */
-void trainer_log_micro_batch(trainer *t, int step, int micro, float loss);
 /* Lab 05's micro-batch: trainer_forward_backward without reading the loss, which stays on the device in the
  * micro-batch's loss slot (core/fsdp/fsdp.h's fsdp_forward_backward_queued): on a GPU nothing in the micro-batch
  * waits for it. On the CPU device the loss is on the host anyway: it is read and its step event written at once. */
