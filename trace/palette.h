@@ -34,11 +34,13 @@ static const palette_color palette_categories[RUN_CATEGORY_COUNT] = {
     {"param_shard_low_precision", "#d4a6c8"},
 };
 
-/* FSDP states: ShardState (SHARDED, UNSHARDED) and HandleTrainingState (IDLE, FORWARD, BACKWARD_PRE,
+/* FSDP states: ShardState (SHARDED, UNSHARDED, and FSDP2's SHARDED_POST_FORWARD under reshard_after_forward=N: a
+ * shade between the two, part of the parameters still held) and HandleTrainingState (IDLE, FORWARD, BACKWARD_PRE,
  * BACKWARD_POST). */
-enum { PALETTE_STATE_COUNT = 6 };
+enum { PALETTE_STATE_COUNT = 7 };
 static const palette_color palette_states[PALETTE_STATE_COUNT] = {
     {"SHARDED", "#cfd8e2"},
+    {"SHARDED_POST_FORWARD", "#b3c1d0"},
     {"UNSHARDED", "#9aa6b2"},
     {"IDLE", "#f4f4f4"},
     {"FORWARD", "#1f3b73"},
