@@ -18,6 +18,9 @@
  *   make lab-10                        2 ranks; then NP=4: watch c, the padding rows and the buffers change
  *   make lab-05 FSDP_VERSION=2         lab 05's training with per-parameter shards (STRATEGY=SHARD_GRAD_OP is
  *                                      fully_shard's reshard_after_forward=False)
+ *   make lab-05 NP=3 FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=2 BACKWARD_PREFETCH_MODULES=2
+ *                                      FSDP2's explicit prefetch lists (set_modules_to_forward_prefetch), and each
+ *                                      all-gather output kept until the next layer's copy-out (memory.html)
  *   mpirun --allow-run-as-root --oversubscribe -np 3 lab/10_fully_shard     the same by hand, after `make`
  *   env: OUT (output dir, default runs/10_fully_shard), SEED (the values; default 1234), NP (ranks, 2 to 8)
  *

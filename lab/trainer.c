@@ -130,12 +130,6 @@ static fsdp_options options_from_settings(context *ctx, const trainer_settings *
     fsdp_prefetch_options_from_env(ctx, &options);
     fsdp_mixed_precision_from_env(ctx, &options);
     options.reshard_after_forward = s->reshard_after_forward;
-    /* Prefetches that hold two units at once are not in the memory model of reshard_after_forward=N yet. */
-    if (options.reshard_after_forward > 0 && (options.backward_prefetch == BACKWARD_PRE || options.forward_prefetch))
-        world_exit_all(ctx, 2, "rank %d: RESHARD_AFTER_FORWARD=%d (W=%d) with BACKWARD_PREFETCH=BACKWARD_PRE or "
-                       "FORWARD_PREFETCH=1 is not supported here: its memory model covers one unit unsharded at a "
-                       "time (BACKWARD_PREFETCH=NONE or BACKWARD_POST)", ctx->rank, options.reshard_after_forward,
-                       ctx->world_size);
     /* LOSS_CHUNK: the loss this many rows at a time (core/models/qwen2.h); on a GPU 1024 by default, so the B x T x
      * V logits of a 151,936-word vocabulary never exist at once; on the CPU 0, all at once. */
     options.loss_chunk = (int)env_int(ctx, "LOSS_CHUNK", ctx->device.kind == DEVICE_CPU ? 0 : 1024, 0, 1 << 30);

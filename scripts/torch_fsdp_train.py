@@ -74,7 +74,18 @@ def arguments():
                         help="write the parameters after the last step there as model.safetensors with HF's names")
     parser.add_argument("--fsdp-version", type=int, default=1, choices=(1, 2),
                         help="1: FullyShardedDataParallel (flat parameters); 2: fully_shard (each parameter Shard(0))")
-    return parser.parse_args()
+    parser.add_argument("--forward-prefetch-modules", type=int, default=0,
+                        help="--fsdp-version 2: each decoder layer's set_modules_to_forward_prefetch gets the N layers "
+                             "after it (lab 05's FORWARD_PREFETCH_MODULES)")
+    parser.add_argument("--backward-prefetch-modules", type=int, default=0,
+                        help="--fsdp-version 2: each decoder layer's set_modules_to_backward_prefetch gets the N "
+                             "layers before it (BACKWARD_PREFETCH_MODULES)")
+    args = parser.parse_args()
+    lists = (args.forward_prefetch_modules, args.backward_prefetch_modules)
+    if min(lists) < 0 or (max(lists) > 0 and args.fsdp_version != 2):
+        parser.error(f"--forward-prefetch-modules {lists[0]} --backward-prefetch-modules {lists[1]}: counts >= 0, "
+                     "and fully_shard's (--fsdp-version 2) only")
+    return args
 
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -192,9 +203,19 @@ def fully_shard_prefetch(model, args, rank):
     BACKWARD_PRE; limit_all_gathers has no counterpart (fully_shard bounds its all-gathers itself). None of them
     changes a number."""
     layers = [module for module in model.modules() if isinstance(module, Qwen2DecoderLayer)]
-    if args.forward_prefetch:
+    if args.forward_prefetch and not args.forward_prefetch_modules:
         for layer, following in zip(layers, layers[1:]):
             layer.set_modules_to_forward_prefetch([following])
+    # the explicit lists as torch's FSDP2 example sets them (num_to_forward_prefetch, num_to_backward_prefetch)
+    forward, backward = args.forward_prefetch_modules, args.backward_prefetch_modules
+    for i, layer in enumerate(layers):
+        if forward and i + 1 < len(layers):
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + forward])
+        if backward and i > 0:
+            layer.set_modules_to_backward_prefetch(layers[max(0, i - backward):i][::-1])
+    if rank == 0 and (forward or backward):
+        print(f"(fully_shard prefetch lists: each decoder layer set_modules_to_forward_prefetch the {forward} after it, "
+              f"set_modules_to_backward_prefetch the {backward} before it)", file=sys.stderr, flush=True)
     if rank == 0 and args.backward_prefetch != "BACKWARD_PRE":
         print(f"(--backward-prefetch {args.backward_prefetch}: FSDP1's; fully_shard prefetches one unit ahead in "
               "backward, as BACKWARD_PRE)", file=sys.stderr, flush=True)

@@ -12,7 +12,8 @@
 # STRATEGY, CLIP, SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node,
 # for both), EVAL (fsdplab: print a generated story every EVAL steps), MP (mixed precision as torch's MixedPrecision,
 # both sides: fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
-# BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), COMM_STREAMS (fsdplab only:
+# BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), FORWARD_PREFETCH_MODULES and
+# BACKWARD_PREFETCH_MODULES (FSDP_VERSION=2: fully_shard's explicit lists over the layers, both sides), COMM_STREAMS (fsdplab only:
 # 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), OFFLOAD
 # (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
 # place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
@@ -38,6 +39,8 @@ export MP=${MP:-fp32}
 # torch's FullyShardedDataParallel defaults, for both sides (lab 05 alone runs blocking; lab 06 teaches these)
 export BACKWARD_PREFETCH=${BACKWARD_PREFETCH:-BACKWARD_PRE} FORWARD_PREFETCH=${FORWARD_PREFETCH:-0}
 export LIMIT_ALL_GATHERS=${LIMIT_ALL_GATHERS:-1} COMM_STREAMS=${COMM_STREAMS:-1}
+# FSDP2's explicit prefetch lists over the decoder layers (FSDP_VERSION=2), both sides
+export FORWARD_PREFETCH_MODULES=${FORWARD_PREFETCH_MODULES:-0} BACKWARD_PREFETCH_MODULES=${BACKWARD_PREFETCH_MODULES:-0}
 # CPUOffload(offload_params=True) (lab 09): shards, gradients and optimizer state in host memory; fsdplab only
 export OFFLOAD=${OFFLOAD:-0}
 # torch's FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard); lab 05 gets it as FSDP_VERSION too
@@ -145,6 +148,7 @@ run_torch() {
     --forward-prefetch "$FORWARD_PREFETCH" --limit-all-gathers "$LIMIT_ALL_GATHERS" --mp "$MP" \
     --backend "$([ "$BACKEND" = nccl ] && echo nccl || echo gloo)" --grads "${TORCH_GRADS:-}" \
     --params "${TORCH_PARAMS:-}" --fsdp-version "$FSDP_VERSION" \
+    --forward-prefetch-modules "$FORWARD_PREFETCH_MODULES" --backward-prefetch-modules "$BACKWARD_PREFETCH_MODULES" \
     2> "$work/torch/stderr.log" ||
     { tail -n 20 "$work/torch/stderr.log" >&2; exit 1; }
 }

@@ -31,6 +31,15 @@
                                                  which moves count N x sum_p c'_p row_p (bytes that x the dtype's
                                                  size, bytes_sent (N-1) x sum_p c'_p row_p x the size); every other
                                                  all_gather on the world; the root never reshards onto the group
+    python3 tests/check_lab10.py prefetch RUNDIR NF NB
+                                                 lab 05 with FSDP_VERSION=2 COMM_STREAMS=1 FULL_SHARD and the explicit
+                                                 lists FORWARD_PREFETCH_MODULES=NF, BACKWARD_PREFETCH_MODULES=NB (no
+                                                 implicit prefetch): while layer k computes forward, exactly layers
+                                                 k .. k+NF are unsharded (or in flight), in backward exactly
+                                                 k-NB .. k; in forward each layer's all_gather_output is kept past its
+                                                 copy-out and freed just before the next layer's copy-out (torch's
+                                                 all_gather_state), the last layer's once forward is done; in backward
+                                                 it is freed at its own copy-out
     python3 tests/check_lab10.py save RUNDIR RANKS  lab 05's sharded checkpoints (dcp.save spans) issue no collective:
                                                  no collective event of any rank starts inside a save's span
 """
@@ -222,10 +231,75 @@ def check_save(rundir, ranks):
     print(f"OK: {saves} saves on {ranks} ranks, no collective inside any")
 
 
+def check_prefetch(rundir, nf, nb):
+    nf, nb = int(nf), int(nb)
+    world = json.loads(open(f"{rundir}/rank0.jsonl").readline())["world"]
+    problems, computes = [], 0
+
+    def layer(unit):
+        return int(unit.split(".")[1]) if unit.startswith("layers.") else None
+    for rank in range(world):
+        events = [json.loads(line) for line in open(f"{rundir}/rank{rank}.jsonl")]
+        layers = 1 + max(layer(e["unit"]) for e in events if e["kind"] == "state" and layer(e["unit"]) is not None)
+        unsharded, phase, last_alloc, gathering = set(), "forward", None, set()
+        for i, e in enumerate(events):
+            if e["kind"] == "state" and e["machine"] == "ShardState" and layer(e["unit"]) is not None:
+                (unsharded.add if e["to"] == "UNSHARDED" else unsharded.discard)(layer(e["unit"]))
+            if e["kind"] == "compute" and e["phase"] in ("forward", "backward"):
+                if phase == "backward" and e["phase"] == "forward":  # the next micro-batch
+                    phase = "forward"
+                phase = e["phase"] if e["phase"] == "backward" else phase
+                k = layer(e["unit"])
+                if k is None:
+                    continue
+                computes += 1
+                want = set(range(k, min(k + nf, layers - 1) + 1)) if phase == "forward" else \
+                    set(range(max(k - nb, 0), k + 1))
+                if unsharded != want:
+                    problems.append(f"rank {rank}: layers.{k} {phase}: layers {sorted(unsharded)} unsharded, "
+                                    f"expected {sorted(want)}")
+            owner = e.get("owner") or ""
+            if e["kind"] == "alloc" and owner.endswith("._full_param_padded"):
+                last_alloc = owner[:-len("._full_param_padded")]
+            if owner.endswith(".all_gather_output") and layer(owner) is not None and e["kind"] in ("alloc", "free"):
+                (gathering.add if e["kind"] == "alloc" else gathering.discard)(layer(owner))
+            if e["kind"] != "free" or not owner.endswith(".all_gather_output") or layer(owner) is None:
+                continue
+            k = layer(owner)
+            later = [x for x in events[i + 1:] if x["kind"] in ("alloc", "compute")]
+            next_copy_out = next((x["owner"] for x in later if x["kind"] == "alloc"
+                                  and x["owner"].endswith("._full_param_padded")), None)
+            if phase == "backward":
+                if last_alloc != f"layers.{k}":
+                    problems.append(f"rank {rank}: backward: layers.{k}.all_gather_output freed after "
+                                    f"{last_alloc}'s copy-out, not at its own")
+            elif k + 1 < layers and next_copy_out != f"layers.{k + 1}._full_param_padded":
+                problems.append(f"rank {rank}: forward: layers.{k}.all_gather_output freed before "
+                                f"{next_copy_out}, not just before layers.{k + 1}'s copy-out")
+            elif k + 1 < layers and (last_alloc != f"layers.{k}" or k + 1 not in gathering):
+                problems.append(f"rank {rank}: forward: layers.{k}.all_gather_output freed after {last_alloc}'s "
+                                f"copy-out, with layers {sorted(gathering)}'s outputs allocated; expected after "
+                                f"layers.{k}'s copy-out and layers.{k + 1}'s all-gather")
+            elif k + 1 == layers and any(x["kind"] == "compute" and x["phase"] == "forward"
+                                         for x in later[:next((j for j, x in enumerate(later) if x["kind"] ==
+                                                               "compute" and x["phase"] == "backward"), len(later))]):
+                problems.append(f"rank {rank}: forward: the last layer's all_gather_output freed before forward "
+                                f"ended")
+    if computes == 0:
+        problems.append("no layer computed (no trace?)")
+    finish(problems, "prefetch or all-gather output lifetimes differ from FSDP2's explicit lists",
+           f"{computes} layer computes on {world} ranks: layers k .. k+{nf} unsharded in forward, k-{nb} .. k in "
+           f"backward; each all_gather_output kept until the next layer's copy-out in forward, freed at its own in "
+           f"backward")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("layout", "bytes", "save", "collectives", "post_forward"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("layout", "bytes", "save", "collectives", "post_forward",
+                                                 "prefetch"):
         sys.exit(__doc__)
-    if sys.argv[1] == "post_forward":
+    if sys.argv[1] == "prefetch":
+        check_prefetch(*sys.argv[2:5])
+    elif sys.argv[1] == "post_forward":
         check_post_forward(*sys.argv[2:6])
     elif sys.argv[1] == "collectives":
         check_collectives(*sys.argv[2:6])

@@ -45,6 +45,13 @@ if [ "${1:-}" = bf16_fsdp2 ]; then
   dir=runs/check/train_both_bf16_fsdp2 mp=bf16 steps=5
   export FSDP_VERSION=2
 fi
+# `fsdp2_prefetch`: FSDP2 on both sides, float32, with the explicit prefetch lists (FORWARD_PREFETCH_MODULES=2
+# BACKWARD_PREFETCH_MODULES=2: torch's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch on each
+# layer; fsdplab on its comm streams), within the default bounds: the lists change when data moves, never a value.
+if [ "${1:-}" = fsdp2_prefetch ]; then
+  dir=runs/check/train_both_fsdp2_prefetch
+  export FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=2 BACKWARD_PREFETCH_MODULES=2
+fi
 rm -rf "$dir"
 tokens=$((ranks * mbs * acc * seq))
 GRADS="$dir/grads" TORCH_GRADS=$([ "$mp" = bf16 ] && echo "$dir/torch_grads" || true) TRAIN_DIR=$dir PROCESSES=$ranks \
@@ -52,6 +59,10 @@ GRADS="$dir/grads" TORCH_GRADS=$([ "$mp" = bf16 ] && echo "$dir/torch_grads" || 
   STRATEGY=$strategy SHARD_GROUP=2 STEPS=$steps MP=$mp FSDP=both scripts/train.sh
 if [ "$model" = qwen2 ] && ! grep -q "Qwen2 tokenizer" "$dir/fsdplab.log"; then
   echo "FAIL: $dir/fsdplab.log does not say the text went through Qwen2's tokenizer"
+  exit 1
+fi
+if [ "${1:-}" = fsdp2_prefetch ] && ! grep -q "fully_shard prefetch lists: each decoder layer" "$dir/torch/stderr.log"; then
+  echo "FAIL: $dir/torch/stderr.log does not say torch set the prefetch lists"
   exit 1
 fi
 if [ "$mp" = bf16 ]; then

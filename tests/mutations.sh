@@ -76,10 +76,19 @@ mutations=(
 "'group = NULL;')|check-10"
   "fsdp2-post-forward-wrong-slice|core/fsdp/flat_param.c|s.replace('int first_rank = fp->post_forward_group->rank "\
 "* ranks;', 'int first_rank = fp->post_forward_group->rank;')|check-10"
-  "fsdp2-memory-model-without-post-forward-shards|core/models/memory_model.c|s.replace('max_of(post_forward_peak, "\
-"post_forward + gathered', 'max_of(post_forward_peak, gathered')|check-10"
-  "fsdp2-memory-model-without-all-gather-output|core/models/memory_model.c|s.replace('single = max_of(single, "\
-"gathered + full);', 'single = max_of(single, full);')|check-10"
+  "fsdp2-memory-model-without-post-forward-shards|core/models/memory_model.c|s.replace('return walk_gathered(w, "\
+"unit) / (count)w->options->reshard_after_forward;', 'return 0 * walk_gathered(w, unit);')|check-10"
+  "fsdp2-memory-model-without-all-gather-output|core/models/memory_model.c|s.replace('return w->p * "\
+"w->units[unit].padded_unsharded_numel;', 'return 0 * w->units[unit].padded_unsharded_numel;')|check-10"
+  # FSDP2's all_gather_state and explicit prefetch lists: the forward copy-out freeing its all-gather output at once
+  # (not kept until the next unit's copy-out, as torch does on its all-gather stream), the memory model believing it
+  # freed at once, each unit's forward list one unit short (FORWARD_PREFETCH_MODULES=N prefetching N - 1)
+  "fsdp2-copy-out-frees-at-once|core/fsdp/fsdp.c|s.replace('unit_param(runtime, unit)->keep_all_gather_output = "\
+"forward;', 'unit_param(runtime, unit)->keep_all_gather_output = 0;')|check-10"
+  "fsdp2-memory-model-frees-at-copy-out|core/models/memory_model.c|s.replace('if (!keep) w->live -= "\
+"walk_gathered(w, unit);', 'if (keep >= 0) w->live -= walk_gathered(w, unit);')|check-10"
+  "fsdp2-forward-prefetch-list-one-short|core/fsdp/fsdp.c|s.replace('t < units && count < forward && count < MOST;', "\
+"'t < units && count + 1 < forward && count < MOST;')|check-10"
   # FSDP2 with MixedPrecisionPolicy: the copy-in copying the float32 rows' bytes into the bfloat16 all-gather buffer
   # instead of casting them (the gathered parameters are halves of float32 words)
   "fsdp2-bf16-gather-copies-uncast-rows|core/fsdp/flat_param.c|s.replace('ctx->device.convert(&ctx->device, slice, "\

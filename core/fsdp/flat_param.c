@@ -315,7 +315,8 @@ static void rows_copy(const flat_param *fp, void *rank_major, dtype type, float 
 }
 
 /* Once the all-gather is done: the unsharded parameters allocated (torch's alloc_storage in
- * foreach_all_gather_copy_out), every rank's rows copied into them, the rank-major buffer freed. */
+ * foreach_all_gather_copy_out), every rank's rows copied into them, the rank-major buffer freed, or kept when the
+ * runtime asked (keep_all_gather_output: torch keeps it until the next unit's copy-out in forward). */
 static void all_gather_copy_out(flat_param *fp) {
     context *ctx = fp->ctx;
     double start_us = trace_now_us(&ctx->trace);
@@ -326,8 +327,8 @@ static void all_gather_copy_out(flat_param *fp) {
     fp->full_param_padded =
         mem_alloc_uninitialized(&ctx->mem, fp->full_numel * sizeof(float), MEM_PARAM_UNSHARDED, owner);
     rows_copy(fp, fp->all_gather_output, fp->all_gather_dtype, fp->full_param_padded, 1);
-    mem_free(&ctx->mem, fp->all_gather_output);
-    fp->all_gather_output = NULL;
+    if (!fp->keep_all_gather_output) flat_param_free_all_gather_output(fp);
+    fp->keep_all_gather_output = 0;
     mem_free(&ctx->mem, fp->sharded_post_forward); /* backward's all-gather read it until now */
     fp->sharded_post_forward = NULL;
     snprintf(owner, sizeof owner, "%s.all_gather_copy_out", fp->unit);
@@ -344,6 +345,10 @@ static void all_gather_copy_out(flat_param *fp) {
  * as it is. state_dict's force_full_precision gathers the float32 master. */
 static int unshard_rows_start(flat_param *fp, stream *on, const char *hook) {
     context *ctx = fp->ctx;
+    if (fp->all_gather_output != NULL)
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': unshard in %s while the output of its "
+                         "previous all-gather is still kept (free it first: flat_param_free_all_gather_output)",
+                         ctx->rank, fp->unit, hook);
     flat_param_shard_state from = fp->shard_state;
     if (from == FLAT_PARAM_SHARDED_POST_FORWARD && fp->force_full_precision) flat_param_reshard(fp, hook);
     from = fp->shard_state;
@@ -461,6 +466,11 @@ int flat_param_unshard_wait(flat_param *fp, const char *hook) {
 }
 
 int flat_param_unshard_pending(const flat_param *fp) { return fp->unshard_handle.active; }
+
+void flat_param_free_all_gather_output(flat_param *fp) {
+    mem_free(&fp->ctx->mem, fp->all_gather_output);
+    fp->all_gather_output = NULL;
+}
 
 int flat_param_unshard(flat_param *fp, const char *hook) { return flat_param_unshard_start(fp, NULL, hook); }
 

@@ -118,10 +118,13 @@ typedef struct flat_param {
     float *full_param_padded;        /* _full_param_padded: padded_unsharded_numel floats while UNSHARDED, else NULL */
     float *full_grad_padded;         /* unsharded gradient while backward runs, else NULL */
     void *all_gather_output;         /* FLAT_PARAM_ROWS: the rank-major all-gather buffer (padded_unsharded_numel
-                                        elements of all_gather_dtype) from the all-gather's issue to the copy-out */
+                                        elements of all_gather_dtype) from the all-gather's issue to the copy-out,
+                                        or until flat_param_free_all_gather_output when kept */
     dtype all_gather_dtype;          /* its elements: param_dtype (float32 without mixed precision, or forced) */
     float *reduce_scatter_input;     /* FLAT_PARAM_ROWS: the rank-major padded gradient the reduce-scatter reads */
     int copy_out_pending;            /* FLAT_PARAM_ROWS: the all-gather is in flight; its wait copies out */
+    int keep_all_gather_output;      /* FLAT_PARAM_ROWS: the next copy-out leaves all_gather_output allocated (the
+                                        runtime's all_gather_state, core/fsdp/fsdp.h); the copy-out clears it */
     /* FSDP2's reshard_after_forward=N (torch's post_forward_mesh_info): the group of N consecutive ranks this rank
      * is member s of (NULL: reshard_after_forward is a bool). _post_forward keeps sharded_post_forward, the rows of
      * world ranks [s W/N, (s+1) W/N) in the rank-major layout (W/N x sharded_numel elements of all_gather_dtype,
@@ -221,6 +224,8 @@ int flat_param_unshard(flat_param *fp, const char *hook);
  * waits for it before any parameter is read (flat_param_param_view aborts while it is in flight). */
 int flat_param_unshard_start(flat_param *fp, stream *on, const char *hook);
 int flat_param_unshard_wait(flat_param *fp, const char *hook);
+/* FLAT_PARAM_ROWS: frees an all-gather output a copy-out kept (keep_all_gather_output); nothing when there is none. */
+void flat_param_free_all_gather_output(flat_param *fp);
 int flat_param_unshard_pending(const flat_param *fp);
 /* UNSHARDED (or SHARDED_POST_FORWARD) -> SHARDED: free the padded full buffer (or the post-forward shard). A no-op
  * when already SHARDED. */

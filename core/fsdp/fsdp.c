@@ -59,6 +59,10 @@ void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options) {
     int forward_default = ctx->device.kind == DEVICE_CUDA ? options->comm_streams : options->forward_prefetch;
     options->forward_prefetch = (int)env_int(ctx, "FORWARD_PREFETCH", forward_default, 0, 1);
     options->limit_all_gathers = (int)env_int(ctx, "LIMIT_ALL_GATHERS", options->limit_all_gathers, 0, 1);
+    options->forward_prefetch_modules =
+        (int)env_int(ctx, "FORWARD_PREFETCH_MODULES", options->forward_prefetch_modules, 0, 64);
+    options->backward_prefetch_modules =
+        (int)env_int(ctx, "BACKWARD_PREFETCH_MODULES", options->backward_prefetch_modules, 0, 64);
 }
 
 /* ---------------------------------------------------------------- mixed precision */
@@ -289,6 +293,13 @@ static void reshard(fsdp_runtime *runtime, int unit, int free_unsharded, const c
     runtime->units[unit].prefetched = 0;
 }
 
+/* The all-gather output a forward copy-out kept (FSDP2 on comm streams), freed. */
+static void release_all_gather_state(fsdp_runtime *runtime) {
+    if (runtime->all_gather_state < 0) return;
+    flat_param_free_all_gather_output(unit_param(runtime, runtime->all_gather_state));
+    runtime->all_gather_state = -1;
+}
+
 typedef enum prefetch_mode { PREFETCH_FORWARD, PREFETCH_BACKWARD } prefetch_mode;
 
 /* _get_handle_to_prefetch: in forward (forward_prefetch) the unit after this one in the first forward's
@@ -321,13 +332,48 @@ static int unit_to_prefetch(const fsdp_runtime *runtime, int unit, prefetch_mode
     return -1;
 }
 
-/* _prefetch_handle: issue the next unit's all-gather now, so it runs on its stream while this unit computes. */
-static void prefetch(fsdp_runtime *runtime, int unit, prefetch_mode mode) {
-    int target = unit_to_prefetch(runtime, unit, mode);
-    if (target < 0) return;
+static void prefetch_unit(fsdp_runtime *runtime, int target) {
     unshard(runtime, target, "_prefetch_handle");
     runtime->units[target].prefetched = 1;
 }
+
+/* _prefetch_handle: issue the next unit's all-gather now, so it runs on its stream while this unit computes. FSDP2's
+ * explicit list, when the unit has one, replaces it: every target that still needs its unshard, in the list's order
+ * (from _pre_forward or _pre_backward_hook only). */
+static void prefetch(fsdp_runtime *runtime, int unit, prefetch_mode mode) {
+    const fsdp_unit *u = &runtime->units[unit];
+    int count = mode == PREFETCH_FORWARD ? u->forward_prefetch_count : u->backward_prefetch_count;
+    const int *targets = mode == PREFETCH_FORWARD ? u->forward_prefetch : u->backward_prefetch;
+    if (count > 0) {
+        if (mode == PREFETCH_BACKWARD && u->handle_state != HANDLE_BACKWARD_PRE) return;
+        for (int i = 0; i < count; i++) {
+            const fsdp_unit *t = &runtime->units[targets[i]];
+            int needs = mode == PREFETCH_FORWARD ? t->needs_pre_forward_unshard : t->needs_pre_backward_unshard;
+            if (needs && !t->prefetched) prefetch_unit(runtime, targets[i]);
+        }
+        return;
+    }
+    int target = unit_to_prefetch(runtime, unit, mode);
+    if (target >= 0) prefetch_unit(runtime, target);
+}
+
+/* FSDP2's wait_for_unshard: the unit's own all-gather waited for and copied out (nothing when none is in flight). In
+ * forward the copy-out keeps the all-gather output (torch's comm_ctx.all_gather_state: on a GPU the next all-gather
+ * may then be issued on the all-gather stream without reusing memory this copy-out still reads), and the one kept by
+ * the unit before is freed first, so two all-gather outputs live side by side from this unit's issue to here. */
+static void wait_for_unshard(fsdp_runtime *runtime, int unit, const char *hook) {
+    int at = -1;
+    for (int i = 0; i < runtime->gathers_in_flight_count && at < 0; i++)
+        if (runtime->gathers_in_flight[i] == unit) at = i;
+    if (at < 0) return;
+    int forward = runtime->units[unit].handle_state == HANDLE_FORWARD;
+    if (forward) release_all_gather_state(runtime);
+    unit_param(runtime, unit)->keep_all_gather_output = forward;
+    wait_for_gathers(runtime, at + 1, hook); /* those issued before it first, as the stream runs them */
+    if (forward) runtime->all_gather_state = unit;
+}
+
+static int is_fsdp2(const fsdp_runtime *runtime) { return runtime->options.fsdp_version == 2; }
 
 /* ---------------------------------------------------------------- hooks */
 
@@ -339,6 +385,11 @@ void fsdp_pre_forward(fsdp_runtime *runtime, int unit) {
     /* _pre_forward_unshard */
     if (!u->prefetched) unshard(runtime, unit, "_pre_forward");
     u->needs_pre_forward_unshard = 0;
+    if (is_fsdp2(runtime)) { /* FSDPParamGroup.pre_forward: wait_for_unshard, then FSDPState's forward prefetch */
+        wait_for_unshard(runtime, unit, "_pre_forward");
+        prefetch(runtime, unit, PREFETCH_FORWARD);
+        return;
+    }
     int wait_for = gathers_issued(runtime); /* current_stream().wait_stream(unshard_stream) */
     prefetch(runtime, unit, PREFETCH_FORWARD);
     wait_for_gathers(runtime, wait_for, "_pre_forward");
@@ -352,6 +403,7 @@ void fsdp_post_forward(fsdp_runtime *runtime, int unit) {
     /* EXERCISE 05-hooks END */
     reshard(runtime, unit, free_unsharded, "_post_forward");
     set_handle_state(runtime, unit, HANDLE_FORWARD, HANDLE_IDLE, "_post_forward");
+    if (unit == 0) release_all_gather_state(runtime); /* the root's: the last layer's output goes with forward */
 }
 
 void fsdp_pre_backward_hook(fsdp_runtime *runtime, int unit) {
@@ -363,8 +415,13 @@ void fsdp_pre_backward_hook(fsdp_runtime *runtime, int unit) {
         wait_for = gathers_issued(runtime); /* current_stream().wait_stream(unshard_stream) */
     }
     u->needs_pre_backward_unshard = 0;
-    prefetch(runtime, unit, PREFETCH_BACKWARD);
-    wait_for_gathers(runtime, wait_for, "_pre_backward_hook");
+    if (is_fsdp2(runtime)) { /* FSDPParamGroup.pre_backward: wait_for_unshard, then the prefetch */
+        wait_for_unshard(runtime, unit, "_pre_backward_hook");
+        prefetch(runtime, unit, PREFETCH_BACKWARD);
+    } else {
+        prefetch(runtime, unit, PREFETCH_BACKWARD);
+        wait_for_gathers(runtime, wait_for, "_pre_backward_hook");
+    }
     flat_param_alloc_full_grad(unit_param(runtime, unit)); /* kept from the last micro-batch under no_sync */
 }
 
@@ -452,12 +509,68 @@ static int post_forward_groups(fsdp_runtime *runtime) {
     return stream_add_group(&runtime->all_gather_stream, group);
 }
 
+static int set_prefetch_list(fsdp_runtime *runtime, int unit, const int *targets, int count, prefetch_mode mode) {
+    context *ctx = runtime->ctx;
+    const char *which = mode == PREFETCH_FORWARD ? "forward" : "backward";
+    int units = runtime->model->unit_count;
+    if (unit < 0 || unit >= units || count < 0 || count > units)
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: set_modules_to_%s_prefetch: unit %d of %d, %d "
+                         "targets", ctx->rank, which, unit, units, count);
+    if (count > 0 && (!is_fsdp2(runtime) || !runtime->options.comm_streams))
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': set_modules_to_%s_prefetch is FSDP2's "
+                         "(FSDP_VERSION=2) and needs the all-gather stream (COMM_STREAMS=1); this run has "
+                         "FSDP_VERSION=%d COMM_STREAMS=%d", ctx->rank, unit_name(runtime, unit), which,
+                         is_fsdp2(runtime) ? 2 : 1, runtime->options.comm_streams);
+    for (int i = 0; i < count; i++)
+        if (targets[i] < 0 || targets[i] >= units || targets[i] == unit)
+            return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': set_modules_to_%s_prefetch target "
+                             "%d is not another unit (0 .. %d)", ctx->rank, unit_name(runtime, unit), which,
+                             targets[i], units - 1);
+    fsdp_unit *u = &runtime->units[unit];
+    int **list = mode == PREFETCH_FORWARD ? &u->forward_prefetch : &u->backward_prefetch;
+    int *list_count = mode == PREFETCH_FORWARD ? &u->forward_prefetch_count : &u->backward_prefetch_count;
+    free(*list);
+    *list = NULL;
+    *list_count = 0;
+    if (count == 0) return 0;
+    if ((*list = malloc((size_t)count * sizeof **list)) == NULL) world_fatal(ctx, "out of memory");
+    memcpy(*list, targets, (size_t)count * sizeof **list);
+    *list_count = count;
+    return 0;
+}
+
+int fsdp_set_modules_to_forward_prefetch(fsdp_runtime *runtime, int unit, const int *targets, int count) {
+    return set_prefetch_list(runtime, unit, targets, count, PREFETCH_FORWARD);
+}
+
+int fsdp_set_modules_to_backward_prefetch(fsdp_runtime *runtime, int unit, const int *targets, int count) {
+    return set_prefetch_list(runtime, unit, targets, count, PREFETCH_BACKWARD);
+}
+
+/* options->forward_prefetch_modules / backward_prefetch_modules = N: what torch's FSDP2 example does for its layers,
+ * over the non-root units in forward order: unit i prefetches i+1 .. i+N in forward, i-1 .. i-N in backward. */
+static int explicit_prefetch_lists(fsdp_runtime *runtime) {
+    enum { MOST = 64 }; /* FORWARD_PREFETCH_MODULES' and BACKWARD_PREFETCH_MODULES' largest value */
+    int units = runtime->model->unit_count, targets[MOST];
+    int forward = runtime->options.forward_prefetch_modules, backward = runtime->options.backward_prefetch_modules;
+    for (int unit = 1; unit < units; unit++) {
+        int count = 0;
+        for (int t = unit + 1; t < units && count < forward && count < MOST; t++) targets[count++] = t;
+        if (set_prefetch_list(runtime, unit, targets, count, PREFETCH_FORWARD) != 0) return -1;
+        count = 0;
+        for (int t = unit - 1; t >= 1 && count < backward && count < MOST; t--) targets[count++] = t;
+        if (set_prefetch_list(runtime, unit, targets, count, PREFETCH_BACKWARD) != 0) return -1;
+    }
+    return 0;
+}
+
 int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const fsdp_options *options) {
     memset(runtime, 0, sizeof *runtime);
     runtime->ctx = ctx;
     runtime->model = model;
     runtime->options = *options;
     runtime->reduce_in_flight = -1;
+    runtime->all_gather_state = -1;
     if (options->accumulation_steps < 1) {
         snprintf(ctx->error, sizeof ctx->error, "accumulation steps must be >= 1, got %d", options->accumulation_steps);
         return -1;
@@ -507,6 +620,7 @@ int fsdp_runtime_init(fsdp_runtime *runtime, context *ctx, module *model, const 
                              "FSDP1", ctx->rank, options->fsdp_version, model->units[unit].unit,
                              model->units[unit].layout == FLAT_PARAM_ROWS ? "sharded per parameter" : "flat");
     if (post_forward_groups(runtime) != 0) return -1;
+    if (explicit_prefetch_lists(runtime) != 0) return -1;
     trace_fsdp_info info = {
         .model = model->name,
         .sharding_strategy = strategy_names[options->strategy],
@@ -538,6 +652,10 @@ void fsdp_runtime_free(fsdp_runtime *runtime) {
     stream_destroy(&runtime->reduce_scatter_stream);
     stream_destroy(&runtime->compute_stream);
     if (runtime->owns_post_forward_mesh) group_mesh_free(&runtime->post_forward_mesh);
+    for (int unit = 0; runtime->units != NULL && unit < runtime->model->unit_count; unit++) {
+        free(runtime->units[unit].forward_prefetch);
+        free(runtime->units[unit].backward_prefetch);
+    }
     free(runtime->units);
     free(runtime->checkpointed);
     free(runtime->pre_forward_order);

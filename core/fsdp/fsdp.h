@@ -107,6 +107,11 @@ typedef struct fsdp_options {
                                      dividing W (RESHARD_AFTER_FORWARD): _post_forward keeps each non-root unit's
                                      slice for the group of N consecutive ranks it is in (SHARDED_POST_FORWARD) and
                                      backward all-gathers within that group. 0: the strategy's bool */
+    int forward_prefetch_modules; /* FSDP2 on comm streams (FORWARD_PREFETCH_MODULES=N): each non-root unit's
+                                     set_modules_to_forward_prefetch gets the N units forward meets after it, as
+                                     torch's FSDP2 example does for its layers (num_to_forward_prefetch); 0: none */
+    int backward_prefetch_modules; /* the same for set_modules_to_backward_prefetch (BACKWARD_PREFETCH_MODULES=N): the
+                                     N units before it, the ones backward meets next; 0: none */
     int loss_chunk;               /* the model's loss this many rows at a time (LOSS_CHUNK; qwen2_model.loss_chunk):
                                      the runtime passes it on to the memory model; 0, all rows at once */
 } fsdp_options;
@@ -116,7 +121,8 @@ fsdp_options fsdp_default_options(void);
 #define FSDP_MAX_INFLIGHT_ALL_GATHERS 2
 /* The prefetch settings from the environment, over `defaults`: BACKWARD_PREFETCH (NONE, BACKWARD_PRE, BACKWARD_POST),
  * FORWARD_PREFETCH, LIMIT_ALL_GATHERS and COMM_STREAMS (0/1 each); on the CUDA device FORWARD_PREFETCH's default is
- * COMM_STREAMS' value (docs/gpu.md). A bad value stops every rank naming it. */
+ * COMM_STREAMS' value (docs/gpu.md); FSDP2's FORWARD_PREFETCH_MODULES and BACKWARD_PREFETCH_MODULES (0 .. 64). A bad
+ * value stops every rank naming it. */
 void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options);
 /* MixedPrecision from text: "fp32" (or "none": off), or "<param_dtype>[,reduce=<dtype>][,buffer=<dtype>]
  * [,keep_low_precision_grads=0|1]" with dtypes bf16/bfloat16 or fp32/float32; reduce_dtype defaults to param_dtype
@@ -134,6 +140,9 @@ typedef struct fsdp_unit {
     int first_piece, last_piece;  /* span of pieces that use its parameters */
     int prefetched;               /* _prefetched: unsharded by _prefetch_handle, not yet resharded */
     int needs_pre_forward_unshard, needs_pre_backward_unshard; /* torch's flags of the same names */
+    /* FSDP2's explicit prefetch lists (fsdp_set_modules_to_forward_prefetch / _backward_prefetch), NULL when unset */
+    int *forward_prefetch, forward_prefetch_count;
+    int *backward_prefetch, backward_prefetch_count;
 } fsdp_unit;
 
 /* torch's _FreeEventQueue: an event recorded on the compute stream when a unit's unsharded buffer is freed; before
@@ -171,6 +180,9 @@ typedef struct fsdp_runtime {
         int timer, piece, phase;
     } *timed_pieces;
     int timed_piece_count;
+    int all_gather_state;         /* FSDP2 on comm streams: the unit whose all-gather output a forward copy-out kept
+                                     (torch's comm_ctx.all_gather_state), freed at the next unit's copy-out or the
+                                     root's _post_forward; -1: none */
     group_mesh post_forward_mesh; /* reshard_after_forward=N: its shard groups of N ranks, named "post_forward" */
     int owns_post_forward_mesh;
     float host_losses[MODULE_LOSS_SLOTS]; /* fsdp_losses_read's, for a model without loss slots (module_ops.loss) */
@@ -191,7 +203,18 @@ void fsdp_trace_compute_spans(fsdp_runtime *runtime);
 int fsdp_check_transition(fsdp_runtime *runtime, int unit, fsdp_handle_state expected, fsdp_handle_state to,
                           const char *hook);
 
-/* The hooks, by PyTorch's names; each checks and records the state transitions it makes. */
+/* FSDP2's explicit prefetching (torch's FSDPModule.set_modules_to_forward_prefetch and
+ * set_modules_to_backward_prefetch): in `unit`'s _pre_forward (_pre_backward_hook), once its own all-gather is copied
+ * out, the all-gathers of `targets` are issued in that order, each unless it is unsharded or prefetched already. A
+ * list replaces the unit's implicit prefetch (FORWARD_PREFETCH; BACKWARD_PRE or BACKWARD_POST), as torch's
+ * default_prefetch does; count 0 clears it. FSDP2 (fsdp_version 2) on comm streams only. 0, or -1 with ctx->error
+ * naming rank, unit and the bad target. */
+int fsdp_set_modules_to_forward_prefetch(fsdp_runtime *runtime, int unit, const int *targets, int count);
+int fsdp_set_modules_to_backward_prefetch(fsdp_runtime *runtime, int unit, const int *targets, int count);
+
+/* The hooks, by PyTorch's names; each checks and records the state transitions it makes. FSDP2 (fsdp_version 2)
+ * follows FSDPParamGroup's order: a hook waits for its own all-gather and copies it out before it issues a prefetch
+ * (FSDP1 issues the prefetch first, the wait_stream covering only what came before it). */
 void fsdp_pre_forward(fsdp_runtime *runtime, int unit);
 void fsdp_post_forward(fsdp_runtime *runtime, int unit);
 void fsdp_pre_backward_hook(fsdp_runtime *runtime, int unit);

@@ -66,61 +66,167 @@ typedef struct unit_sizes {
     count padded_unsharded_numel, sharded_numel, full_numel;
 } unit_sizes;
 
+/* FSDP2's param_unsharded, walked hook by hook in core/fsdp/fsdp.c's order over units 0 (the root) .. L, every buffer
+ * added when allocated and taken away when freed, the peak kept. Per unit, in bytes: F its unpadded float32 parameters
+ * (full_numel), G its rank-major all-gather output (padded_unsharded_numel param_dtype elements), P = G / N its
+ * post-forward shard under reshard_after_forward=N. The lifecycle:
+ *   unshard      + G (on a comm stream the all-gather is then in flight; without one it copies out at once)
+ *   copy-out     + F, then - G (kept instead in forward on comm streams, torch's all_gather_state: the previous
+ *                kept G is freed just before), - P when backward gathered from the post-forward shard
+ *   reshard      - F; in _post_forward under reshard_after_forward=N first + P
+ * and the hooks: _pre_forward unshards (unless prefetched), copies out, then prefetches (FSDP2 waits before it
+ * prefetches); _post_forward reshards a non-root unit under FULL_SHARD, and the root's frees the kept G. Backward
+ * meets the root's _pre_backward_hook first (already unsharded: it only prefetches), then units L .. 1 (pre-backward
+ * hook, post-backward hook), the root's post-backward hook last. Prefetch targets: an explicit list (unit i: i+1 ..
+ * i+Nf forward, i-1 .. i-Nb backward) replaces the implicit one: forward prefetch the next unit (from the second
+ * forward on), BACKWARD_PRE the previous unit in _post_forward order (1 .. L, then the root: the root prefetches L)
+ * from the pre-backward hook, BACKWARD_POST the same from the post-backward hook. */
+typedef struct param_walk {
+    const unit_sizes *units;
+    const fsdp_options *options;
+    count f, p, live, peak;
+    int unit_count, kept;        /* kept: the unit whose G a forward copy-out kept, or -1 */
+    int *state, *prefetched, *needs; /* state: WALK_*; needs: this pass still has to unshard it */
+} param_walk;
+enum { WALK_SHARDED, WALK_POST_FORWARD, WALK_IN_FLIGHT, WALK_IN_FLIGHT_FROM_POST_FORWARD, WALK_UNSHARDED };
+
+static void walk_add(param_walk *w, count bytes) { w->live += bytes; w->peak = max_of(w->peak, w->live); }
+static count walk_gathered(const param_walk *w, int unit) { return w->p * w->units[unit].padded_unsharded_numel; }
+static count walk_post_forward_shard(const param_walk *w, int unit) {
+    return walk_gathered(w, unit) / (count)w->options->reshard_after_forward;
+}
+
+static void walk_free_kept(param_walk *w) {
+    if (w->kept >= 0) w->live -= walk_gathered(w, w->kept);
+    w->kept = -1;
+}
+
+static void walk_copy_out(param_walk *w, int unit, int keep) {
+    walk_add(w, w->f * w->units[unit].full_numel);
+    if (!keep) w->live -= walk_gathered(w, unit);
+    if (w->state[unit] == WALK_IN_FLIGHT_FROM_POST_FORWARD) w->live -= walk_post_forward_shard(w, unit);
+    w->state[unit] = WALK_UNSHARDED;
+}
+
+static void walk_unshard(param_walk *w, int unit) {
+    if (w->state[unit] != WALK_SHARDED && w->state[unit] != WALK_POST_FORWARD) return;
+    walk_add(w, walk_gathered(w, unit));
+    w->state[unit] = w->state[unit] == WALK_POST_FORWARD ? WALK_IN_FLIGHT_FROM_POST_FORWARD : WALK_IN_FLIGHT;
+    if (!w->options->comm_streams) walk_copy_out(w, unit, 0);
+}
+
+static void walk_wait(param_walk *w, int unit, int forward) {
+    if (w->state[unit] != WALK_IN_FLIGHT && w->state[unit] != WALK_IN_FLIGHT_FROM_POST_FORWARD) return;
+    if (forward) walk_free_kept(w);
+    walk_copy_out(w, unit, forward);
+    if (forward) w->kept = unit;
+}
+
+static void walk_prefetch(param_walk *w, int target) {
+    if (target < 0 || target >= w->unit_count || !w->needs[target] || w->prefetched[target]) return;
+    walk_unshard(w, target);
+    w->prefetched[target] = 1;
+}
+
+/* unit's prefetches from _pre_forward (forward), _pre_backward_hook (backward, pre 1) or _post_backward_hook (0). */
+static void walk_prefetches(param_walk *w, int unit, int forward, int pre, int recorded) {
+    const fsdp_options *o = w->options;
+    int explicit_count = unit == 0 ? 0 : forward ? o->forward_prefetch_modules : o->backward_prefetch_modules;
+    if (explicit_count > 0) {
+        for (int i = 1; pre && i <= explicit_count; i++) {
+            int target = forward ? unit + i : unit - i;
+            if (target >= 1) walk_prefetch(w, target);
+        }
+        return;
+    }
+    if (forward) {
+        if (o->forward_prefetch && recorded) walk_prefetch(w, unit + 1);
+    } else if (o->backward_prefetch == (pre ? BACKWARD_PRE : BACKWARD_POST)) {
+        walk_prefetch(w, unit == 0 ? w->unit_count - 1 : unit - 1); /* unit 1: the root, never resharded */
+    }
+}
+
+static void walk_reshard(param_walk *w, int unit, int after_forward) {
+    if (after_forward && w->options->reshard_after_forward > 1) {
+        walk_add(w, walk_post_forward_shard(w, unit));
+        w->state[unit] = WALK_POST_FORWARD;
+    } else {
+        w->state[unit] = WALK_SHARDED;
+    }
+    w->live -= w->f * w->units[unit].full_numel;
+    w->prefetched[unit] = 0;
+}
+
+/* One micro-batch's forward and backward; recorded: a forward ran before (forward prefetch starts then). */
+static void walk_pass(param_walk *w, int recorded) {
+    int last = w->unit_count - 1, reshards = w->options->strategy != FSDP_SHARD_GRAD_OP;
+    for (int unit = 0; unit <= last; unit++) w->needs[unit] = 1;
+    for (int unit = 0; unit <= last; unit++) { /* forward */
+        if (!w->prefetched[unit]) walk_unshard(w, unit);
+        w->needs[unit] = 0;
+        walk_wait(w, unit, 1);
+        walk_prefetches(w, unit, 1, 1, recorded);
+        if (unit > 0 && reshards) walk_reshard(w, unit, 1);
+        else if (unit > 0) w->prefetched[unit] = 0;
+    }
+    w->prefetched[0] = 0;
+    walk_free_kept(w); /* the root's _post_forward */
+    for (int unit = 0; unit <= last; unit++) w->needs[unit] = 1;
+    for (int step = 0; step <= last; step++) { /* backward: the root's pre-backward hook, then L .. 1 */
+        int unit = step == 0 ? 0 : last + 1 - step;
+        if (w->needs[unit] && !w->prefetched[unit]) walk_unshard(w, unit);
+        w->needs[unit] = 0;
+        walk_wait(w, unit, 0);
+        walk_prefetches(w, unit, 0, 1, recorded);
+        if (unit == 0) continue;
+        walk_reshard(w, unit, 0);
+        walk_prefetches(w, unit, 0, 0, recorded);
+    }
+    walk_reshard(w, 0, 0); /* the root's post-backward hook */
+}
+
+static count walk_param_unsharded(const unit_sizes *units, int unit_count, const fsdp_options *options,
+                                  int forward_passes) {
+    int *scratch = calloc((size_t)unit_count * 3, sizeof *scratch);
+    if (scratch == NULL) {
+        fprintf(stderr, "memory_model: out of memory\n");
+        abort();
+    }
+    param_walk w = {.units = units, .options = options, .f = sizeof(float), .unit_count = unit_count, .kept = -1,
+                    .p = (count)dtype_size(options->mixed_precision.param_dtype), .state = scratch,
+                    .prefetched = scratch + unit_count, .needs = scratch + 2 * unit_count};
+    for (int pass = 0; pass < forward_passes && pass < 2; pass++) walk_pass(&w, pass > 0); /* the rest repeat pass 2 */
+    free(scratch);
+    return w.peak;
+}
+
 /* FSDP2 (FSDP_VERSION=2, flat_param.h's FLAT_PARAM_ROWS): a unit's parameters and gradient are F = its unpadded numel,
- * its all-gather buffer and reduce_scatter_input G = W x sum_p c_p row_p (padded_unsharded_numel). An unshard holds G
- * from the issue to the copy-out, which allocates F and then frees G (G + F for a moment); a reduce holds the
- * gradient F and copies it into G, then frees F; G lives until the reduce-scatter is waited for. Units in forward
- * order 0 (the root, unsharded from the first forward piece to the end) .. L:
- *   param_unsharded  SHARD_GRAD_OP keeps every unit: max_i (F_0 + .. + F_i + G_i). FULL_SHARD: F_0 + G_0 while the
- *                    root copies out, then F_0 + G_i + F_i per unit; with BACKWARD_PRE unit i-1's unshard is issued
- *                    before unit i copies out: + G_{i-1} on comm streams (still in flight), + F_{i-1} + G_{i-1} - G_i
- *                    without them (the prefetch unshards at once, after unit i's copy-out).
+ * its all-gather buffer and reduce_scatter_input G = W x sum_p c_p row_p (padded_unsharded_numel); param_unsharded is
+ * walked above. A reduce holds the gradient F and copies it into G, then frees F; G lives until the reduce-scatter
+ * is waited for. Units in forward order 0 (the root, its gradient from the first backward piece to the end) .. L:
  *   grad_unsharded   the root's F_0 for the whole backward; unit i's reduce F_0 + F_i + G_i; on comm streams unit
  *                    i+1's G is freed only at unit i's _post_backward_hook, after i's backward filled F_i: F_0 + F_i +
  *                    G_{i+1}. no_sync (ACC > 1) keeps every F until the last micro-batch reduces units L .. 0:
  *                    max_i (F_0 + .. + F_i + G_i).
- * F is float32 (what the layers read and write, 4 bytes); G holds param_dtype elements (p bytes) in the all-gather and
- * reduce_dtype ones (r bytes) in the reduce-scatter: the same terms with G weighted by p or r. Mixed precision has no
- * _mp_shard here (the copy-in casts straight into the all-gather buffer): param_shard_low_precision stays 0.
- * reshard_after_forward=N (FULL_SHARD, no pair prefetch: the trainer refuses it): _post_forward leaves unit i's
- * post-forward shard P_i = G_i / N (param_dtype elements) in param_unsharded until backward's unshard of unit i, which
- * holds P_i, G_i and F_i together during the copy-out, beside the root's F_0 and the shards of units 1 .. i-1 still
- * waiting: F_0 + P_1 + .. + P_i + G_i + F_i (above forward's, where units 1 .. i-1 hold theirs and unit i has none). */
-static void predict_per_parameter(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options) {
-    count f = sizeof(float), p = (count)dtype_size(options->mixed_precision.param_dtype);
-    count r = (count)dtype_size(options->mixed_precision.reduce_dtype);
-    count prefix = 0, prefix_peak = 0, grad_prefix_peak = 0; /* bytes from here on */
-    count root = f * units[0].full_numel, single = 0, pair = 0, grad_single = 0;
-    count root_peak = root + p * units[0].padded_unsharded_numel;
+ * F is float32 (what the layers read and write, 4 bytes); G holds reduce_dtype elements (r bytes) in the
+ * reduce-scatter. Mixed precision has no _mp_shard here (the copy-in casts straight into the all-gather buffer):
+ * param_shard_low_precision stays 0. */
+static void predict_per_parameter(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options,
+                                  int forward_passes) {
+    count f = sizeof(float), r = (count)dtype_size(options->mixed_precision.reduce_dtype);
+    count prefix = 0, grad_prefix_peak = 0; /* bytes from here on */
+    count root = f * units[0].full_numel, grad_single = 0;
     count grad_root_peak = root + r * units[0].padded_unsharded_numel;
     for (int unit = 0; unit < unit_count; unit++) {
-        count full = f * units[unit].full_numel, gathered = p * units[unit].padded_unsharded_numel;
-        count reduced = r * units[unit].padded_unsharded_numel;
+        count full = f * units[unit].full_numel, reduced = r * units[unit].padded_unsharded_numel;
         prefix += full;
-        prefix_peak = max_of(prefix_peak, prefix + gathered);
         grad_prefix_peak = max_of(grad_prefix_peak, prefix + reduced);
         if (unit == 0) continue;
-        single = max_of(single, gathered + full);
         grad_single = max_of(grad_single, full + reduced);
-        if (unit > 1) {
-            count before = p * units[unit - 1].padded_unsharded_numel;
-            pair = max_of(pair, options->comm_streams ? gathered + full + before
-                                                      : full + before + f * units[unit - 1].full_numel);
-        }
         if (options->comm_streams && unit + 1 < unit_count)
             grad_single = max_of(grad_single, full + r * units[unit + 1].padded_unsharded_numel);
     }
-    count post_forward = 0, post_forward_peak = 0;
-    for (int unit = 1; options->reshard_after_forward > 1 && unit < unit_count; unit++) {
-        count gathered = p * units[unit].padded_unsharded_numel;
-        post_forward += gathered / (count)options->reshard_after_forward;
-        post_forward_peak = max_of(post_forward_peak, post_forward + gathered + f * units[unit].full_numel);
-    }
-    if (options->strategy == FSDP_SHARD_GRAD_OP) peak[MEM_PARAM_UNSHARDED] = prefix_peak;
-    else if (options->reshard_after_forward > 1)
-        peak[MEM_PARAM_UNSHARDED] = max_of(root_peak, root + post_forward_peak);
-    else peak[MEM_PARAM_UNSHARDED] =
-             max_of(root_peak, root + max_of(single, options->backward_prefetch == BACKWARD_PRE ? pair : 0));
+    peak[MEM_PARAM_UNSHARDED] = walk_param_unsharded(units, unit_count, options, forward_passes);
     int keeps_all = options->no_sync && options->accumulation_steps > 1;
     peak[MEM_GRAD_UNSHARDED] = keeps_all ? grad_prefix_peak : max_of(grad_root_peak, root + grad_single);
     peak[MEM_PARAM_SHARD_LOW_PRECISION] = 0;
@@ -280,7 +386,7 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     if (flat_param_mixed_precision_enabled(&options->mixed_precision))
         predict_mixed_precision(peak, units, unit_count, options, replicated, world_size, replicate_size,
                                 forward_passes);
-    if (options->fsdp_version == 2) predict_per_parameter(peak, units, unit_count, options);
+    if (options->fsdp_version == 2) predict_per_parameter(peak, units, unit_count, options, forward_passes);
     /* CPU offload (core/runtime/offload.h): the shards, gradient shards, moments and the accumulation buffer move to
      * the host pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one
      * gradient shard, the reduce-scatter's output until its d2h copy: reduce-scatters are waited for one at a time.

@@ -15,7 +15,9 @@
  *
  * FSDP2 (options->fsdp_version 2, per-parameter rows): shards of sum_p ceil(d0/N) row_p floats a unit, and beside a
  * unit's unpadded parameters (and gradient) its rank-major all_gather_output (reduce_scatter_input) of N such shards
- * for the moment of the copy-out (copy-in); the .c's predict_per_parameter says when they overlap. With mixed
+ * for the moment of the copy-out (copy-in), longer in forward on comm streams (kept until the next unit's copy-out);
+ * the .c walks the hooks over the units (param_walk) for param_unsharded, with prefetch lists and post-forward shards,
+ * and predict_per_parameter says when the gradient buffers overlap. With mixed
  * precision that buffer holds param_dtype (reduce_dtype) elements beside float32 parameters (gradient), and there is
  * no low-precision shard; CPU offload moves the same categories to the host pool as FSDP1's.
  *

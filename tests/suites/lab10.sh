@@ -13,6 +13,9 @@
 #   post_forward  RESHARD_AFTER_FORWARD=2 at 4 ranks (reshard_after_forward=2): bit-identical to True, backward's
 #             all-gathers in groups of 2 of N x sum_p c'_p row_p elements (tests/check_lab10.py post_forward), the
 #             memory model exact, refusals.
+#   prefetch  FSDP2's explicit prefetch lists (FORWARD_PREFETCH_MODULES, BACKWARD_PREFETCH_MODULES) and its
+#             all-gather output kept until the next copy-out: bit-identical to no lists, the layers unsharded and
+#             the outputs' lifetimes as torch's (tests/check_lab10.py prefetch), memory model exact, player.
 for ranks in 2 3 4; do
   run_lab "10_fully_shard -np $ranks" $ranks runs/check/10_np$ranks 10_fully_shard
   check "10_fully_shard -np $ranks: every shard is the rows [r c, min(d0, (r+1) c)) of each parameter, padding zero" \
@@ -130,7 +133,9 @@ for variant in "FULL_SHARD" "FULL_SHARD MP=bf16"; do
 done
 CONFIG10RAF=runs/check/10_raf_true_FULL_SHARD/grads/config.json
 for variant in "|float32" "MP=bf16|bfloat16" "OFFLOAD=1 NO_SYNC=1 CKPT=1|float32" \
-  "MP=bf16 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_POST|bfloat16"; do
+  "MP=bf16 COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_POST|bfloat16" \
+  "COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1|float32" \
+  "BACKWARD_PREFETCH=BACKWARD_PRE FORWARD_PREFETCH=1 ACC=2|float32"; do
   settings=${variant%%|*}
   name="05_full_step -np 4 FSDP_VERSION=2 RESHARD_AFTER_FORWARD=2 $settings: memory model exact, backward all-gathers \
 in groups of 2 moving N x sum_p c'_p row_p, trace valid"
@@ -143,11 +148,52 @@ done
 # What reshard_after_forward=N does not take is refused, naming the value, the rank and W.
 for refused in "RESHARD_AFTER_FORWARD=3|rank 0: RESHARD_AFTER_FORWARD=3 does not divide the world size W=4" \
   "RESHARD_AFTER_FORWARD=2 FSDP_VERSION=1|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) is FSDP2's reshard_after_forward" \
-  "RESHARD_AFTER_FORWARD=2 STRATEGY=SHARD_GRAD_OP|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) with STRATEGY='SHARD" \
-  "RESHARD_AFTER_FORWARD=2 BACKWARD_PREFETCH=BACKWARD_PRE|RESHARD_AFTER_FORWARD=2 \(W=4\) with BACKWARD_PREFETCH"; do
+  "RESHARD_AFTER_FORWARD=2 STRATEGY=SHARD_GRAD_OP|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) with STRATEGY='SHARD"; do
   setting=${refused%%|*}
   check_fails "05_full_step -np 4 FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
     env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 4 lab/05_full_step
+done
+# FSDP2's explicit prefetching (torch's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch, set over
+# the layers as torch's FSDP2 example does: FORWARD_PREFETCH_MODULES=NF, BACKWARD_PREFETCH_MODULES=NB) and its
+# all-gather output kept past the copy-out in forward (torch's all_gather_state, on comm streams). Only when a buffer
+# is allocated and freed changes, never a value: losses, gradients and parameters bit-identical to the same run
+# without the lists. While layer k computes forward exactly layers k .. k+NF are unsharded, in backward k-NB .. k;
+# each all_gather_output freed just before the next layer's copy-out in forward, at its own in backward
+# (tests/check_lab10.py prefetch, from the events); the memory model (core/models/memory_model.c's walk) exact per
+# category, with reshard_after_forward=N too; the trace valid; the player and memory pages of such a run agree with
+# its events in headless Chromium.
+lab05 "05_full_step -np 3 FSDP_VERSION=2 COMM_STREAMS=1: without prefetch lists, to compare" 3 \
+  runs/check/10_prefetch_none FSDP_VERSION=2 COMM_STREAMS=1
+lab05 "05_full_step -np 3 FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=2 BACKWARD_PREFETCH_MODULES=2" 3 \
+  runs/check/10_prefetch_lists FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=2 BACKWARD_PREFETCH_MODULES=2
+bit_identical "05_full_step -np 3 FSDP_VERSION=2 with prefetch lists: %s bit-identical to the run without" \
+  runs/check/10_prefetch_none runs/check/10_prefetch_lists 3
+for variant in "3|2 2|" "3|1 0|MP=bf16" "3|0 1|MP=bf16 ACC=3" "3|3 3|OFFLOAD=1 CKPT=1" \
+  "4|2 2|RESHARD_AFTER_FORWARD=2 MP=bf16" "4|1 1|RESHARD_AFTER_FORWARD=2 NO_SYNC=1"; do
+  IFS='|' read -r ranks lists settings <<<"$variant"
+  read -r nf nb <<<"$lists"
+  name="05_full_step -np $ranks FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=$nf \
+BACKWARD_PREFETCH_MODULES=$nb $settings: layers unsharded as the lists say, all-gather outputs kept as torch's, memory \
+model exact, trace valid"
+  check "$name" bash -c "env OUT=runs/check/10_prefetch STEPS=2 FSDP_VERSION=2 COMM_STREAMS=1 \
+    FORWARD_PREFETCH_MODULES=$nf BACKWARD_PREFETCH_MODULES=$nb $settings $MPIRUN -np $ranks lab/05_full_step \
+    > runs/check/10_prefetch.log && python3 tests/check_lab10.py prefetch runs/check/10_prefetch $nf $nb &&
+    python3 tests/check_memory_model.py runs/check/10_prefetch.log &&
+    python3 tests/validate_trace.py runs/check/10_prefetch"
+done
+check "player.html of an FSDP2 run (RESHARD_AFTER_FORWARD=2, prefetch lists, 4 ranks): several units unsharded at \
+once, states and memory equal the JSONL" python3 tests/check_player.py --expect-overlap runs/check/10_prefetch
+check "memory.html of the same run in headless Chromium: a band per allocation, no console errors" \
+  python3 tests/check_memory_page.py runs/check/10_prefetch
+# What the lists do not take is refused, naming the unit, the rank and the setting.
+for refused in "FSDP_VERSION=2 FORWARD_PREFETCH_MODULES=1|rank 0: unit 'layers.0': set_modules_to_forward_prefetch \
+is FSDP2's .* needs the all-gather stream \(COMM_STREAMS=1\)" \
+  "COMM_STREAMS=1 BACKWARD_PREFETCH_MODULES=1|set_modules_to_backward_prefetch is FSDP2's \(FSDP_VERSION=2\).*\
+FSDP_VERSION=1 COMM_STREAMS=1" \
+  "FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=65|FORWARD_PREFETCH_MODULES"; do
+  setting=${refused%%|*}
+  check_fails "05_full_step $setting is refused, naming it" "${refused#*|}" \
+    env OUT=runs/check/10_bad $setting $MPIRUN -np 2 lab/05_full_step
 done
 # 3 ranks with MP=bf16: the bfloat16 reduce-scatter's sum order now depends on where an element sits in the buffer
 # (which the layouts fill differently), so FSDP2 is held to check-07's derived bound against 1 rank on the same
