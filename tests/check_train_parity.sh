@@ -65,6 +65,9 @@ if [ "${1:-}" = fsdp2_prefetch ] && ! grep -q "fully_shard prefetch lists: each 
   echo "FAIL: $dir/torch/stderr.log does not say torch set the prefetch lists"
   exit 1
 fi
+if [ "${1:-}" = fsdp2_prefetch ]; then # fsdplab's side used its lists: layers k .. k+2 unsharded in forward, ...
+  python3 tests/check_lab10.py prefetch "$dir/fsdplab" 2 2
+fi
 if [ "$mp" = bf16 ]; then
   drift=$(python3 tests/tolerances.py torch_bf16_drift "$dir/grads" "$dir/torch_grads" $lr)
   exec python3 scripts/compare_runs.py "$dir/fsdplab.log" "$dir/torch.log" \
