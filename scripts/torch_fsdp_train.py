@@ -214,8 +214,8 @@ def fully_shard_prefetch(model, args, rank):
         if backward and i > 0:
             layer.set_modules_to_backward_prefetch(layers[max(0, i - backward):i][::-1])
     if rank == 0 and (forward or backward):
-        print(f"(fully_shard prefetch lists: each decoder layer set_modules_to_forward_prefetch the {forward} after it, "
-              f"set_modules_to_backward_prefetch the {backward} before it)", file=sys.stderr, flush=True)
+        print(f"(fully_shard prefetch lists: each decoder layer set_modules_to_forward_prefetch the {forward} after "
+              f"it, set_modules_to_backward_prefetch the {backward} before it)", file=sys.stderr, flush=True)
     if rank == 0 and args.backward_prefetch != "BACKWARD_PRE":
         print(f"(--backward-prefetch {args.backward_prefetch}: FSDP1's; fully_shard prefetches one unit ahead in "
               "backward, as BACKWARD_PRE)", file=sys.stderr, flush=True)

@@ -13,9 +13,9 @@
 # for both), EVAL (fsdplab: print a generated story every EVAL steps), MP (mixed precision as torch's MixedPrecision,
 # both sides: fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
 # BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), FORWARD_PREFETCH_MODULES and
-# BACKWARD_PREFETCH_MODULES (FSDP_VERSION=2: fully_shard's explicit lists over the layers, both sides), COMM_STREAMS (fsdplab only:
-# 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default), OFFLOAD
-# (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
+# BACKWARD_PREFETCH_MODULES (FSDP_VERSION=2: fully_shard's explicit lists over the layers, both sides), COMM_STREAMS
+# (fsdplab only: 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by
+# default), OFFLOAD (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
 # place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
 # prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
 # their children, from /usr/bin/time; benchmarks read it), TORCH_GRADS (a directory: the torch run writes step 1's

@@ -61,7 +61,8 @@ if [ "$model" = qwen2 ] && ! grep -q "Qwen2 tokenizer" "$dir/fsdplab.log"; then
   echo "FAIL: $dir/fsdplab.log does not say the text went through Qwen2's tokenizer"
   exit 1
 fi
-if [ "${1:-}" = fsdp2_prefetch ] && ! grep -q "fully_shard prefetch lists: each decoder layer" "$dir/torch/stderr.log"; then
+if [ "${1:-}" = fsdp2_prefetch ] &&
+  ! grep -q "fully_shard prefetch lists: each decoder layer" "$dir/torch/stderr.log"; then
   echo "FAIL: $dir/torch/stderr.log does not say torch set the prefetch lists"
   exit 1
 fi
