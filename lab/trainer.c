@@ -239,6 +239,12 @@ void trainer_open(trainer *t, context *ctx, const trainer_settings *settings) {
         world_exit_all(ctx, 2, "FSDP_VERSION=2 with MP='%s' is not supported: fully_shard's MixedPrecisionPolicy has "
                        "param_dtype and reduce_dtype, no keep_low_precision_grads",
                        fsdp_mixed_precision_label(&t->options.mixed_precision, mp_label, sizeof mp_label));
+    int layer_units = !is_set(s->wrap) || strcmp(s->wrap, "layers") == 0;
+    if (t->options.mixed_precision.output_dtype != DTYPE_FLOAT32 && (s->fsdp_version != 2 || !layer_units))
+        world_exit_all(ctx, 2, "MP='%s' with FSDP_VERSION=%d%s%s: output_dtype is FSDP2's MixedPrecisionPolicy's "
+                       "(FSDP_VERSION=2), cast at each decoder layer's output (WRAP=layers)",
+                       fsdp_mixed_precision_label(&t->options.mixed_precision, mp_label, sizeof mp_label),
+                       s->fsdp_version, layer_units ? "" : " WRAP=", layer_units ? "" : s->wrap);
     ctx->per_parameter_sharding = s->fsdp_version == 2; /* the units below: FSDP2's rows or FSDP1's chunks */
     build_model(t, &config, wrap, wrap_user, data_bytes_bound(s->data, config.vocab_size));
     /* GRADS with mixed precision also writes local_grad_l1.json (save_local_grad_l1): its sums only when asked */

@@ -91,25 +91,35 @@ def arguments():
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
-def mixed_precision(text):
-    """lab 05's MP setting as torch's MixedPrecision (None when off); the same grammar as fsdp_mixed_precision_parse:
-    <param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1], reduce_dtype following
-    param_dtype when not given (torch's None does the same)."""
+def mixed_precision_fields(text):
+    """lab 05's MP setting as a dict of torch's field names (None when off); the same grammar as
+    fsdp_mixed_precision_parse: <param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1]
+    [,output=<dtype>], reduce_dtype following param_dtype when not given (torch's None does the same)."""
     if text in ("", "none", "fp32", "float32"):
         return None
     first, *settings = text.split(",")
     fields = {"param_dtype": DTYPES[first]}
+    names = {"reduce": "reduce_dtype", "buffer": "buffer_dtype", "output": "output_dtype"}
     for setting in settings:
         name, value = setting.split("=")
-        if name == "reduce":
-            fields["reduce_dtype"] = DTYPES[value]
-        elif name == "buffer":
-            fields["buffer_dtype"] = DTYPES[value]
+        if name in names:
+            fields[names[name]] = DTYPES[value]
         elif name == "keep_low_precision_grads":
             fields["keep_low_precision_grads"] = value == "1"
         else:
-            raise SystemExit(f"--mp '{text}': '{name}' is not reduce, buffer or keep_low_precision_grads")
+            raise SystemExit(f"--mp '{text}': '{name}' is not reduce, buffer, keep_low_precision_grads or output")
     fields.setdefault("reduce_dtype", fields["param_dtype"])
+    return fields
+
+
+def mixed_precision(text):
+    """--mp for --fsdp-version 1: torch's MixedPrecision (None when off); output= is FSDP2's only."""
+    fields = mixed_precision_fields(text)
+    if fields is None:
+        return None
+    if "output_dtype" in fields:
+        raise SystemExit(f"--mp '{text}': output= is fully_shard's MixedPrecisionPolicy.output_dtype "
+                         "(--fsdp-version 2); FSDP1's MixedPrecision has none")
     return MixedPrecision(**fields)
 
 
@@ -117,14 +127,16 @@ def mixed_precision_policy(text):
     """--mp for --fsdp-version 2: fully_shard's MixedPrecisionPolicy (None when off), reduce_dtype following
     param_dtype when not given, as FSDP1 does (torch 2.15's MixedPrecisionPolicy would reduce in the parameter's own
     dtype, float32, so it is always named). FSDP2 casts no buffers (buffer=fp32 is what it does anyway) and has no
-    keep_low_precision_grads: =1 is refused."""
-    fsdp1 = mixed_precision(text)
-    if fsdp1 is None:
+    keep_low_precision_grads: =1 is refused. output= is its output_dtype (each fully_shard module's forward output cast
+    to it)."""
+    fields = mixed_precision_fields(text)
+    if fields is None:
         return None
-    if fsdp1.keep_low_precision_grads:
+    if fields.get("keep_low_precision_grads"):
         raise SystemExit(f"--mp '{text}': keep_low_precision_grads=1 has no counterpart in fully_shard "
                          "(--fsdp-version 2); use it with --fsdp-version 1")
-    return MixedPrecisionPolicy(param_dtype=fsdp1.param_dtype, reduce_dtype=fsdp1.reduce_dtype)
+    return MixedPrecisionPolicy(param_dtype=fields["param_dtype"], reduce_dtype=fields["reduce_dtype"],
+                                output_dtype=fields.get("output_dtype"))
 
 
 def apply_fully_shard(model, strategy, mp, device, world):

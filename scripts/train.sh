@@ -86,10 +86,10 @@ esac
 # The grammar of MP (core/fsdp/fsdp.h fsdp_mixed_precision_parse), checked here so the torch side gets only what lab 05
 # takes.
 dtype_re='(bf16|bfloat16|fp32|float32)'
-[[ "$MP" =~ ^(none|$dtype_re(,reduce=$dtype_re|,buffer=(fp32|float32)|,keep_low_precision_grads=[01])*)$ ]] ||
+[[ "$MP" =~ ^(none|$dtype_re(,reduce=$dtype_re|,buffer=(fp32|float32)|,keep_low_precision_grads=[01]|,output=$dtype_re)*)$ ]] ||
   fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or" \
-    "<param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, e.g." \
-    "bf16,reduce=fp32"
+    "<param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1][,output=<dtype>] with dtypes bf16" \
+    "or fp32, e.g. bf16,reduce=fp32 (output: FSDP_VERSION=2's output_dtype)"
 # FSDP2 on the torch side: fully_shard has FULL_SHARD and SHARD_GRAD_OP (reshard_after_forward True, False) and no
 # keep_low_precision_grads; torch_fsdp_train.py refuses the rest, said here before anything is built or launched.
 if [ "$FSDP_VERSION" = 2 ] && { [ "$FSDP" = torch ] || [ "$FSDP" = both ]; }; then

@@ -45,6 +45,15 @@ if [ "${1:-}" = bf16_fsdp2 ]; then
   dir=runs/check/train_both_bf16_fsdp2 mp=bf16 steps=5
   export FSDP_VERSION=2
 fi
+# `output_bf16_fsdp2`: FSDP2 on both sides with MixedPrecisionPolicy(param_dtype=float32, reduce_dtype=bfloat16,
+# output_dtype=bfloat16) (MP=fp32,reduce=bf16,output=bf16): float32 compute, each decoder layer's output and the
+# logits rounded to bfloat16, and in backward the gradients of the layers' inputs and of the logits, the gradients
+# reduced in bfloat16; held to the bfloat16 bounds above (5 steps), which count a rounding at every op's output: an
+# upper bound for these few.
+if [ "${1:-}" = output_bf16_fsdp2 ]; then
+  dir=runs/check/train_both_output_bf16_fsdp2 mp=fp32,reduce=bf16,output=bf16 steps=5
+  export FSDP_VERSION=2
+fi
 # `fsdp2_prefetch`: FSDP2 on both sides, float32, with the explicit prefetch lists (FORWARD_PREFETCH_MODULES=2
 # BACKWARD_PREFETCH_MODULES=2: torch's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch on each
 # layer; fsdplab on its comm streams), within the default bounds: the lists change when data moves, never a value.
@@ -54,7 +63,7 @@ if [ "${1:-}" = fsdp2_prefetch ]; then
 fi
 rm -rf "$dir"
 tokens=$((ranks * mbs * acc * seq))
-GRADS="$dir/grads" TORCH_GRADS=$([ "$mp" = bf16 ] && echo "$dir/torch_grads" || true) TRAIN_DIR=$dir PROCESSES=$ranks \
+GRADS="$dir/grads" TORCH_GRADS=$([ "$mp" != fp32 ] && echo "$dir/torch_grads" || true) TRAIN_DIR=$dir PROCESSES=$ranks \
   MODEL=$model CONFIG=$config MBS=$mbs ACC=$acc SEQ=$seq LR=$lr \
   STRATEGY=$strategy SHARD_GROUP=2 STEPS=$steps MP=$mp FSDP=both scripts/train.sh
 if [ "$model" = qwen2 ] && ! grep -q "Qwen2 tokenizer" "$dir/fsdplab.log"; then
@@ -69,7 +78,7 @@ fi
 if [ "${1:-}" = fsdp2_prefetch ]; then # fsdplab's side used its lists: layers k .. k+2 unsharded in forward, ...
   python3 tests/check_lab10.py prefetch "$dir/fsdplab" 2 2
 fi
-if [ "$mp" = bf16 ]; then
+if [ "$mp" != fp32 ]; then
   drift=$(python3 tests/tolerances.py torch_bf16_drift "$dir/grads" "$dir/torch_grads" $lr)
   exec python3 scripts/compare_runs.py "$dir/fsdplab.log" "$dir/torch.log" \
     --max-loss-diff "$(python3 tests/tolerances.py torch_bf16_loss "$dir/grads/config.json" $tokens $seq)" \

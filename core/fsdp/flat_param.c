@@ -756,6 +756,9 @@ int flat_param_set_mixed_precision(flat_param *fp, const flat_param_mixed_precis
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': mixed precision param_dtype %s, "
                          "reduce_dtype %s: each must be float32 or bfloat16", ctx->rank, fp->unit,
                          dtype_name(mp->param_dtype), dtype_name(mp->reduce_dtype));
+    if (mp->output_dtype != DTYPE_FLOAT32 && mp->output_dtype != DTYPE_BFLOAT16)
+        return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': output_dtype %s: must be float32 or "
+                         "bfloat16", ctx->rank, fp->unit, dtype_name(mp->output_dtype));
     if (mp->buffer_dtype != DTYPE_FLOAT32)
         return error_set(ctx->error, sizeof ctx->error, "rank %d: unit '%s': buffer_dtype %s is not supported: the "
                          "model's one buffer (RoPE's inv_freq) is computed in float32, as HF does; use float32",

@@ -100,6 +100,9 @@ typedef struct flat_param_mixed_precision {
     dtype buffer_dtype;           /* module buffers (Qwen2's only one, RoPE's inv_freq, is computed in float32 as HF
                                      does: float32 only) */
     int keep_low_precision_grads; /* the sharded gradient the optimizer sees keeps param_dtype's values */
+    dtype output_dtype;           /* FSDP2's MixedPrecisionPolicy.output_dtype: each unit's forward output cast to it
+                                     (the model rounds where that changes a value: core/models/qwen2.c); float32 is
+                                     also "unset", which computes the same numbers */
 } flat_param_mixed_precision;
 
 typedef struct flat_param {

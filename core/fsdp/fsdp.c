@@ -69,8 +69,8 @@ void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options) {
 
 static int mixed_precision_bad(const char *text, const char *part, const char *why, char *error, size_t error_size) {
     return error_set(error, error_size, "MP='%s': '%s' %s; allowed: fp32 (off), bf16, or <param_dtype>"
-                     "[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1] with dtypes bf16 or fp32, "
-                     "e.g. bf16,reduce=fp32", text, part, why);
+                     "[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1][,output=<dtype>] with dtypes "
+                     "bf16 or fp32, e.g. bf16,reduce=fp32", text, part, why);
 }
 
 int fsdp_mixed_precision_parse(const char *text, flat_param_mixed_precision *out, char *error, size_t error_size) {
@@ -105,12 +105,13 @@ int fsdp_mixed_precision_parse(const char *text, flat_param_mixed_precision *out
         if (type < 0 || type > DTYPE_BFLOAT16)
             return mixed_precision_bad(text, value, "is not a dtype", error, error_size);
         if (strcmp(part, "reduce") == 0) mp.reduce_dtype = (dtype)type, reduce_given = 1;
+        else if (strcmp(part, "output") == 0) mp.output_dtype = (dtype)type; /* FSDP2's output_dtype */
         else if (strcmp(part, "buffer") == 0 && type == DTYPE_FLOAT32) mp.buffer_dtype = DTYPE_FLOAT32;
         else if (strcmp(part, "buffer") == 0)
             return mixed_precision_bad(text, value, "is not supported as buffer dtype (RoPE's inv_freq stays float32, "
                                        "as HF computes it)", error, error_size);
-        else return mixed_precision_bad(text, part, "is not a setting (reduce, buffer, keep_low_precision_grads)",
-                                        error, error_size);
+        else return mixed_precision_bad(text, part, "is not a setting (reduce, buffer, keep_low_precision_grads, "
+                                        "output)", error, error_size);
     }
     if (!reduce_given) mp.reduce_dtype = mp.param_dtype;
     *out = mp;
@@ -136,7 +137,9 @@ const char *fsdp_mixed_precision_label(const flat_param_mixed_precision *mixed_p
         used += snprintf(out + used, out_size - (size_t)used, ",reduce=%s",
                          mp->reduce_dtype == DTYPE_BFLOAT16 ? "bf16" : "fp32");
     if (mp->keep_low_precision_grads && used >= 0 && (size_t)used < out_size)
-        snprintf(out + used, out_size - (size_t)used, ",keep_low_precision_grads=1");
+        used += snprintf(out + used, out_size - (size_t)used, ",keep_low_precision_grads=1");
+    if (mp->output_dtype == DTYPE_BFLOAT16 && used >= 0 && (size_t)used < out_size)
+        snprintf(out + used, out_size - (size_t)used, ",output=bf16");
     return out;
 }
 

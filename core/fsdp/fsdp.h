@@ -125,7 +125,8 @@ fsdp_options fsdp_default_options(void);
  * value stops every rank naming it. */
 void fsdp_prefetch_options_from_env(context *ctx, fsdp_options *options);
 /* MixedPrecision from text: "fp32" (or "none": off), or "<param_dtype>[,reduce=<dtype>][,buffer=<dtype>]
- * [,keep_low_precision_grads=0|1]" with dtypes bf16/bfloat16 or fp32/float32; reduce_dtype defaults to param_dtype
+ * [,keep_low_precision_grads=0|1][,output=<dtype>]" with dtypes bf16/bfloat16 or fp32/float32 (output: FSDP2's
+ * MixedPrecisionPolicy.output_dtype, default float32); reduce_dtype defaults to param_dtype
  * (as torch's: a None reduce_dtype follows param_dtype). "bf16" is param and reduce in bfloat16; "bf16,reduce=fp32"
  * gathers bfloat16 and reduces float32. 0, or -1 with a message naming the text, the part and what is allowed. */
 int fsdp_mixed_precision_parse(const char *text, flat_param_mixed_precision *out, char *error, size_t error_size);

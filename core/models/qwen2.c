@@ -649,6 +649,23 @@ static void round_activation(qwen2_model *model, float *buffer, size_t count) {
     if (type != DTYPE_FLOAT32) d->round_to(d, buffer, count, type);
 }
 
+/* FSDP2's MixedPrecisionPolicy(output_dtype=bfloat16) over float32 compute: every fully_shard module's forward
+ * output is cast to bfloat16: each decoder layer's output (the next layer's input, cast back to float32 by its
+ * cast_forward_inputs) and the root's, the logits (read by the loss as logits.float()). In backward those casts
+ * round the gradients: of a layer's input when it came from a layer (not the embedding's, which the root computes
+ * inside itself), and of the logits. With bfloat16 compute the values are bfloat16 already and an output_dtype of
+ * either kind changes nothing, nor does float32 over float32. Units are the decoder layers (the trainer refuses
+ * another wrap with it). */
+static int output_rounds(const qwen2_model *model) {
+    return model->unit_count > 0 && model->units[0].mixed_precision.output_dtype == DTYPE_BFLOAT16 &&
+           !bf16_compute(model);
+}
+
+static void round_output(qwen2_model *model, float *buffer, size_t count) {
+    device *d = &model->ctx->device;
+    if (output_rounds(model)) d->round_to(d, buffer, count, DTYPE_BFLOAT16);
+}
+
 /* out += inp, then rounded: a residual add, or autograd's sum of two gradients, in the compute dtype. */
 static void add_activation(qwen2_model *model, float *out, const float *inp, size_t count) {
     device *d = &model->ctx->device;
@@ -840,6 +857,7 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
         output_buffer(model, (size_t)N * C, "output", l, residual_category(model, acts, l + 1));
     model_linear_forward(model, out, a->swiglu, w[DOWN_WEIGHT], NULL, N, I, C);
     add_activation(model, out, a->mid, (size_t)N * C);
+    round_output(model, out, (size_t)N * C); /* output_dtype: the layer's output */
 }
 
 /* The loss in chunks (model->loss_chunk rows at a time; LOSS_CHUNK): N x V logits never exist at once. Each chunk's
@@ -894,6 +912,7 @@ static float finish_loss(qwen2_model *model, qwen2_activations *acts, int slot) 
 static void head_chunk_backward(qwen2_model *model, qwen2_activations *acts, float *dlogits, int first, int rows) {
     int C = model->config.hidden_size, V = model->config.vocab_size;
     round_activation(model, dlogits, (size_t)rows * V);
+    round_output(model, dlogits, (size_t)rows * V);
     model_linear_backward(model, acts->dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
                           acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), rows, C, V);
 }
@@ -913,6 +932,7 @@ static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
         /* (rounded in bfloat16 as the whole batch's logits are, under mixed precision) */
         model_linear_forward(model, logits, acts->final_norm + (size_t)first * C,
                              qwen2_param_data(model, embed_param()), NULL, n, C, V);
+        round_output(model, logits, (size_t)n * V);
         /* the chunk's mean -> its share of the batch's mean (count_c / count, both counted on the host), times the
          * accumulation factor: applied by the loss's own kernel as it writes dlogits */
         float factor = dlogits != NULL && chunk_count > 0
@@ -944,6 +964,7 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     /* (in bfloat16 the logits are rounded: HF's loss then reads logits.float()) */
     model_linear_forward(model, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C,
                          V);
+    round_output(model, acts->logits, (size_t)N * V); /* output_dtype: the root's output */
     if (acts->targets == NULL) return 0.0f;
     if (acts->backward_follows)
         acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
@@ -978,6 +999,7 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
         /* logits.float()'s backward: the loss's float32 gradient (already scaled for accumulation) in the compute
          * dtype */
         round_activation(model, acts->dlogits, (size_t)N * V);
+        round_output(model, acts->dlogits, (size_t)N * V);
         /* lm_head's share of the tied gradient stays float32 until the embedding's is added to it: one rounding, at
          * the reduce (torch rounds each share and their sum; that would need a vocabulary-sized buffer here) */
         model_linear_backward(model, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits,
@@ -1094,6 +1116,7 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     if (bf16_compute(model))
         d->rmsnorm_backward_bf16(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
     else d->rmsnorm_backward(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+    if (l > 0) round_output(model, dx, (size_t)N * C); /* output_dtype: the cast of the layer's input, backward */
     release(model, &dln1);
     release(model, &dmid);
     release(model, &acts->dresiduals[l + 1]);

@@ -80,7 +80,9 @@ for refused in "FSDP_VERSION=3|FSDP_VERSION='3' is not allowed" \
   "STRATEGY=NO_SHARD|FSDP_VERSION=2 with STRATEGY='NO_SHARD' is not supported" \
   "STRATEGY=HYBRID_SHARD|FSDP_VERSION=2 with STRATEGY='HYBRID_SHARD' is not supported" \
   "STRATEGY=_HYBRID_SHARD_ZERO2|FSDP_VERSION=2 with STRATEGY='_HYBRID_SHARD_ZERO2' is not supported" \
-  "MP=bf16,keep_low_precision_grads=1|FSDP_VERSION=2 with MP='bf16,keep_low_precision_grads=1' is not supported"; do
+  "MP=bf16,keep_low_precision_grads=1|FSDP_VERSION=2 with MP='bf16,keep_low_precision_grads=1' is not supported" \
+  "MP=fp32,output=bf16 WRAP=size:100000|MP='fp32,output=bf16' with FSDP_VERSION=2 WRAP=size:100000: output_dtype" \
+  "MP=bf16,output=fp16|MP='bf16,output=fp16': 'fp16' is not a dtype"; do
   setting=${refused%%|*}
   check_fails "05_full_step FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
     env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 2 lab/05_full_step
@@ -190,7 +192,8 @@ for refused in "FSDP_VERSION=2 FORWARD_PREFETCH_MODULES=1|rank 0: unit 'layers.0
 is FSDP2's .* needs the all-gather stream \(COMM_STREAMS=1\)" \
   "COMM_STREAMS=1 BACKWARD_PREFETCH_MODULES=1|set_modules_to_backward_prefetch is FSDP2's \(FSDP_VERSION=2\).*\
 FSDP_VERSION=1 COMM_STREAMS=1" \
-  "FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=65|FORWARD_PREFETCH_MODULES"; do
+  "FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=65|FORWARD_PREFETCH_MODULES" \
+  "MP=fp32,output=bf16|MP='fp32,output=bf16' with FSDP_VERSION=1: output_dtype is FSDP2's"; do
   setting=${refused%%|*}
   check_fails "05_full_step $setting is refused, naming it" "${refused#*|}" \
     env OUT=runs/check/10_bad $setting $MPIRUN -np 2 lab/05_full_step

@@ -6,6 +6,10 @@ check "train.sh FSDP=both MP=bf16: fsdplab's mixed precision vs torch's MixedPre
   tests/check_train_parity.sh bf16
 check "train.sh FSDP=both FSDP_VERSION=2 with prefetch lists (set_modules_to_forward_prefetch, 2 each way): losses \
 equal torch fully_shard's (derived bound)" tests/check_train_parity.sh fsdp2_prefetch
+check "train.sh FSDP=both FSDP_VERSION=2 MP=fp32,reduce=bf16,output=bf16 (MixedPrecisionPolicy.output_dtype): \
+losses equal torch fully_shard's (derived bfloat16 bound)" tests/check_train_parity.sh output_bf16_fsdp2
+check "MP=fp32,output=bf16: output_dtype's roundings bring fsdplab's step-1 gradients closer to torch fully_shard's" \
+  tests/check_output_dtype.sh
 check "train.sh FSDP=torch FSDP_VERSION=2 (fully_shard) = FSDP_VERSION=1 on 2 ranks: losses, parameters bit for bit" \
   tests/check_torch_fsdp2.sh
 check "torch_fully_shard_layout.py: FSDP2's row ranges [r c, min(d0, (r + 1) c)), empty shards, the shards' bytes" \
