@@ -11,20 +11,20 @@
 # cuda:LOCAL_RANK with NCCL), MODEL (tiny, qwen2-0.5b; qwen2 is the same), MBS, ACC, STEPS, SEQ, LR, SEED, DATA,
 # STRATEGY, CLIP, SHARD_GROUP (HYBRID_SHARD and _HYBRID_SHARD_ZERO2: ranks per shard group; default the ranks per node,
 # for both), EVAL (fsdplab: print a generated story every EVAL steps), MP (mixed precision as torch's MixedPrecision,
-# both sides: fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default,
-# BACKWARD_POST), FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), FORWARD_PREFETCH_MODULES and
+# both sides: fp32 off, bf16, bf16,reduce=fp32), BACKWARD_PREFETCH (NONE, BACKWARD_PRE: torch's default, BACKWARD_POST),
+# FORWARD_PREFETCH and LIMIT_ALL_GATHERS (0/1; torch's defaults 0 and 1), FORWARD_PREFETCH_MODULES and
 # BACKWARD_PREFETCH_MODULES (FSDP_VERSION=2: fully_shard's explicit lists over the layers, both sides), COMM_STREAMS
-# (fsdplab only: 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by
-# default), OFFLOAD (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters in
-# place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a path
-# prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
+# (fsdplab only: 1, collectives on their own streams as torch's; 0, every collective blocks, as lab 05 runs by default),
+# OFFLOAD (0/1: fsdplab's CPUOffload(offload_params=True); torch's needs CUDA, so the CPU torch run keeps its parameters
+# in place, which computes the same numbers: offload is exact), CONFIG (model fields by HF name, for both), RUSAGE (a
+# path prefix: <prefix>.fsdplab / <prefix>.torch get "user_s sys_s wall_s" of the launched ranks, mpirun or torchrun and
 # their children, from /usr/bin/time; benchmarks read it), TORCH_GRADS (a directory: the torch run writes step 1's
 # gradients there as model.safetensors, as lab 05's GRADS does for fsdplab), TORCH_PARAMS (a directory: the torch run
 # writes the parameters after the last step there as model.safetensors), FSDP_VERSION (1: torch's FSDP1,
 # FullyShardedDataParallel's flat parameters; 2: FSDP2, fully_shard on each decoder layer and the root, FULL_SHARD or
-# SHARD_GRAD_OP only; exported to lab 05 as FSDP_VERSION). Both implementations start from the same
-# bytes (fsdplab's initialisation, saved as an HF checkpoint) and read the same token windows per rank per step;
-# runs/train/ keeps their outputs.
+# SHARD_GRAD_OP only; exported to lab 05 as FSDP_VERSION). Both implementations start from the same bytes (fsdplab's
+# initialisation, saved as an HF checkpoint) and read the same token windows per rank per step; runs/train/ keeps their
+# outputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -86,7 +86,8 @@ esac
 # The grammar of MP (core/fsdp/fsdp.h fsdp_mixed_precision_parse), checked here so the torch side gets only what lab 05
 # takes.
 dtype_re='(bf16|bfloat16|fp32|float32)'
-[[ "$MP" =~ ^(none|$dtype_re(,reduce=$dtype_re|,buffer=(fp32|float32)|,keep_low_precision_grads=[01]|,output=$dtype_re)*)$ ]] ||
+mp_setting_re=",reduce=$dtype_re|,buffer=(fp32|float32)|,keep_low_precision_grads=[01]|,output=$dtype_re"
+[[ "$MP" =~ ^(none|$dtype_re($mp_setting_re)*)$ ]] ||
   fail "MP='$MP' is not allowed; choose fp32 (off), bf16, or" \
     "<param_dtype>[,reduce=<dtype>][,buffer=fp32][,keep_low_precision_grads=0|1][,output=<dtype>] with dtypes bf16" \
     "or fp32, e.g. bf16,reduce=fp32 (output: FSDP_VERSION=2's output_dtype)"
