@@ -69,7 +69,8 @@ bad05 "MP=bf8" "MP='bf8': 'bf8' is not a param_dtype; allowed: fp32 \(off\), bf1
 bad05 "MP=bf16,reduce=fp16" "MP='bf16,reduce=fp16': 'fp16' is not a dtype; allowed:" MP=bf16,reduce=fp16
 bad05 "MP=bf16,reduce" "MP='bf16,reduce': 'reduce' is not name=value" MP=bf16,reduce
 bad05 "MP=bf16,gather=fp32" \
-  "MP='bf16,gather=fp32': 'gather' is not a setting \(reduce, buffer, keep_low_precision_grads\)" MP=bf16,gather=fp32
+  "MP='bf16,gather=fp32': 'gather' is not a setting \(reduce, buffer, keep_low_precision_grads, output\)" \
+  MP=bf16,gather=fp32
 bad05 "MP=bf16,keep_low_precision_grads=yes" "MP='bf16,keep_low_precision_grads=yes': 'yes' is not 0 or 1" \
   MP=bf16,keep_low_precision_grads=yes
 bad05 "MP=bf16,buffer=bf16" "MP='bf16,buffer=bf16': 'bf16' is not supported as buffer dtype" MP=bf16,buffer=bf16
