@@ -24,11 +24,21 @@ if [ "${1:-}" = layout ]; then
   "${tool[@]}" "$dir/tiny" >/dev/null
   "${tool[@]}" "$dir/small" \
     hidden_size=12,num_attention_heads=2,num_key_value_heads=1,intermediate_size=5,num_hidden_layers=1 >/dev/null
+  # torchrun of the layout script; once more when a rank died in gloo's teardown ("terminate called without an active
+  # exception", after destroy_process_group: a race in torch's threads at exit, seen once in four runs on 2 busy cores)
+  layout() {
+    OMP_NUM_THREADS=1 python3 -m torch.distributed.run --standalone --nproc_per_node "$2" \
+      scripts/torch_fully_shard_layout.py --model-dir "$dir/$1" --out "$dir/$1_w$2" 2>"$dir/$1_w$2.log"
+  }
   for case in "tiny 3 0" "small 4 6"; do
     set -- $case
-    OMP_NUM_THREADS=1 python3 -m torch.distributed.run --standalone --nproc_per_node "$2" \
-      scripts/torch_fully_shard_layout.py --model-dir "$dir/$1" --out "$dir/$1_w$2" 2>"$dir/$1_w$2.log" ||
-      { tail -n 20 "$dir/$1_w$2.log"; exit 1; }
+    if ! layout "$@"; then
+      grep -q "terminate called without an active exception" "$dir/$1_w$2.log" ||
+        { tail -n 20 "$dir/$1_w$2.log"; exit 1; }
+      echo "torchrun: a rank died in torch's teardown (terminate called without an active exception); once more"
+      rm -rf "$dir/$1_w$2"
+      layout "$@" || { tail -n 20 "$dir/$1_w$2.log"; exit 1; }
+    fi
     python3 tests/check_fully_shard_layout.py "$dir/$1" "$dir/$1_w$2" --expect-empty "$3"
   done
   exit 0
