@@ -369,16 +369,16 @@ static void check_rope(int B, int T, int H, int D) {
 
 /* ---- attention ---- */
 
-/* What one attention call queues: kernel launches and cuBLAS calls, counted by the emulator (its
- * emulator_work_count; a GPU has no such count, and there the check is left out). The batched attention
- * (core/cuda/cuda_ops.cu) queues a fixed number whatever B and H: a per-head loop coming back fails here. */
-static unsigned long long work_count(void) {
+/* A count the emulator keeps: EMULATOR_COUNT(emulator_work_count), kernel launches and cuBLAS calls queued, or
+ * EMULATOR_COUNT(emulator_host_wait_count), the host's waits; 0 on a GPU, which has no such counts (the checks on
+ * them are left out there). The batched attention (core/cuda/cuda_ops.cu) queues a fixed number whatever B and H: a
+ * per-head loop coming back fails here. */
 #ifdef FSDPLAB_CUDA_EMULATOR
-    return emulator_work_count();
+#define EMULATOR_COUNT(count) count()
 #else
-    return 0;
+#define EMULATOR_COUNT(count) 0ULL
 #endif
-}
+static unsigned long long work_count(void) { return EMULATOR_COUNT(emulator_work_count); }
 
 /* One count the emulator keeps (work queued, host waits) against the count expected; left out on a GPU. */
 static void check_count(const char *what, unsigned long long counted, unsigned long long expected) {
@@ -672,13 +672,7 @@ static void check_cross_entropy(int N, int V, int ignore_every, float scale) {
 
 /* ---- the loss slots: the loss kept on the device, read once a step ---- */
 
-static unsigned long long host_wait_count(void) {
-#ifdef FSDPLAB_CUDA_EMULATOR
-    return emulator_host_wait_count();
-#else
-    return 0;
-#endif
-}
+static unsigned long long host_wait_count(void) { return EMULATOR_COUNT(emulator_host_wait_count); }
 
 /* The host waits since `before`, counted by the emulator (like check_work: left out on a GPU). */
 static void check_waits(const char *what, unsigned long long before, unsigned long long expected) {

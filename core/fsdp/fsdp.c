@@ -305,6 +305,12 @@ static void release_all_gather_state(fsdp_runtime *runtime) {
 
 typedef enum prefetch_mode { PREFETCH_FORWARD, PREFETCH_BACKWARD } prefetch_mode;
 
+/* Whether a prefetch may unshard unit `target`: it still needs this pass's unshard and is not prefetched already. */
+static int prefetchable(const fsdp_runtime *runtime, int target, prefetch_mode mode) {
+    const fsdp_unit *t = &runtime->units[target];
+    return (mode == PREFETCH_FORWARD ? t->needs_pre_forward_unshard : t->needs_pre_backward_unshard) && !t->prefetched;
+}
+
 /* _get_handle_to_prefetch: in forward (forward_prefetch) the unit after this one in the first forward's
  * _pre_forward order; in backward (BACKWARD_PRE from _pre_backward_hook, BACKWARD_POST from _post_backward_hook) the
  * unit before this one in this forward's _post_forward order, i.e. the next one backward meets. Only a unit that
@@ -316,8 +322,7 @@ static int unit_to_prefetch(const fsdp_runtime *runtime, int unit, prefetch_mode
         for (int i = 0; i + 1 < runtime->pre_forward_count; i++)
             if (runtime->pre_forward_order[i] == unit) {
                 int target = runtime->pre_forward_order[i + 1];
-                const fsdp_unit *t = &runtime->units[target];
-                return t->needs_pre_forward_unshard && !t->prefetched ? target : -1;
+                return prefetchable(runtime, target, mode) ? target : -1;
             }
         return -1;
     }
@@ -328,8 +333,7 @@ static int unit_to_prefetch(const fsdp_runtime *runtime, int unit, prefetch_mode
     for (int i = 1; i < runtime->post_forward_count; i++)
         if (runtime->post_forward_order[i] == unit) {
             int target = runtime->post_forward_order[i - 1];
-            const fsdp_unit *t = &runtime->units[target];
-            return t->needs_pre_backward_unshard && !t->prefetched ? target : -1;
+            return prefetchable(runtime, target, mode) ? target : -1;
         }
     /* EXERCISE 06-prefetch END */
     return -1;
@@ -349,11 +353,8 @@ static void prefetch(fsdp_runtime *runtime, int unit, prefetch_mode mode) {
     const int *targets = mode == PREFETCH_FORWARD ? u->forward_prefetch : u->backward_prefetch;
     if (count > 0) {
         if (mode == PREFETCH_BACKWARD && u->handle_state != HANDLE_BACKWARD_PRE) return;
-        for (int i = 0; i < count; i++) {
-            const fsdp_unit *t = &runtime->units[targets[i]];
-            int needs = mode == PREFETCH_FORWARD ? t->needs_pre_forward_unshard : t->needs_pre_backward_unshard;
-            if (needs && !t->prefetched) prefetch_unit(runtime, targets[i]);
-        }
+        for (int i = 0; i < count; i++)
+            if (prefetchable(runtime, targets[i], mode)) prefetch_unit(runtime, targets[i]);
         return;
     }
     int target = unit_to_prefetch(runtime, unit, mode);
@@ -559,10 +560,10 @@ static int explicit_prefetch_lists(fsdp_runtime *runtime) {
     for (int unit = 1; unit < units; unit++) {
         int count = 0;
         for (int t = unit + 1; t < units && count < forward && count < MOST; t++) targets[count++] = t;
-        if (set_prefetch_list(runtime, unit, targets, count, PREFETCH_FORWARD) != 0) return -1;
+        if (fsdp_set_modules_to_forward_prefetch(runtime, unit, targets, count) != 0) return -1;
         count = 0;
         for (int t = unit - 1; t >= 1 && count < backward && count < MOST; t--) targets[count++] = t;
-        if (set_prefetch_list(runtime, unit, targets, count, PREFETCH_BACKWARD) != 0) return -1;
+        if (fsdp_set_modules_to_backward_prefetch(runtime, unit, targets, count) != 0) return -1;
     }
     return 0;
 }

@@ -75,19 +75,26 @@ lab05 "05_full_step -np 1 NO_SHARD MBS=6: the reference for 3 ranks" 1 $REFERENC
 lab05 "05_full_step -np 3 FSDP_VERSION=2 (padding rows)" 3 runs/check/10_fsdp2_np3 FSDP_VERSION=2
 equal05 "05_full_step -np 3 FSDP_VERSION=2 (padding rows)" runs/check/10_fsdp2_np3
 GLOBAL05=8 REFERENCE05=runs/check/05_reference
+# refused05 RANKS PREFIX "SETTINGS|PATTERN"...: lab 05 on RANKS ranks with PREFIX and SETTINGS must stop with output
+# matching PATTERN (grep -E).
+refused05() {
+  local ranks=$1 prefix=$2 refused
+  shift 2
+  for refused in "$@"; do
+    check_fails "05_full_step${ranks:+ -np $ranks} ${prefix:+$prefix }${refused%%|*} is refused, naming it" \
+      "${refused#*|}" \
+      env OUT=runs/check/10_bad $prefix ${refused%%|*} $MPIRUN -np "${ranks:-2}" lab/05_full_step
+  done
+}
 # What FSDP_VERSION=2 does not take is refused, naming the setting and the value.
-for refused in "FSDP_VERSION=3|FSDP_VERSION='3' is not allowed" \
+refused05 "" FSDP_VERSION=2 "FSDP_VERSION=3|FSDP_VERSION='3' is not allowed" \
   "STRATEGY=NO_SHARD|FSDP_VERSION=2 with STRATEGY='NO_SHARD' is not supported" \
   "STRATEGY=HYBRID_SHARD|FSDP_VERSION=2 with STRATEGY='HYBRID_SHARD' is not supported" \
   "STRATEGY=_HYBRID_SHARD_ZERO2|FSDP_VERSION=2 with STRATEGY='_HYBRID_SHARD_ZERO2' is not supported" \
   "MP=bf16,keep_low_precision_grads=1|FSDP_VERSION=2 with MP='bf16,keep_low_precision_grads=1' is not supported" \
   "MP=fp32,output=bf16 WRAP=size:100000|MP='fp32,output=bf16' with FSDP_VERSION=2 WRAP=size:100000: output_dtype" \
-  "MP=bf16,output=fp16|MP='bf16,output=fp16': 'fp16' is not a dtype"; do
-  setting=${refused%%|*}
-  check_fails "05_full_step FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
-    env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 2 lab/05_full_step
-done
-# The memory model (core/models/memory_model.c, predict_per_parameter) exact to the byte per category for FSDP2 too:
+  "MP=bf16,output=fp16|MP='bf16,output=fp16': 'fp16' is not a dtype"
+# The memory model (core/models/memory_model.c: param_walk, predict_per_parameter) exact per category for FSDP2 too:
 # the all-gather buffer beside the parameters it is copied out into, the gradient beside its reduce_scatter_input.
 for variant in "" "STRATEGY=SHARD_GRAD_OP" "NO_SYNC=1" "STRATEGY=SHARD_GRAD_OP NO_SYNC=1" "CKPT=1 WRAP=size:100000" \
   "COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE" "BACKWARD_PREFETCH=BACKWARD_PRE"; do
@@ -148,13 +155,10 @@ in groups of 2 moving N x sum_p c'_p row_p, trace valid"
     python3 tests/check_lab10.py post_forward runs/check/10_raf_memory $CONFIG10RAF 2 ${variant#*|}"
 done
 # What reshard_after_forward=N does not take is refused, naming the value, the rank and W.
-for refused in "RESHARD_AFTER_FORWARD=3|rank 0: RESHARD_AFTER_FORWARD=3 does not divide the world size W=4" \
+refused05 4 FSDP_VERSION=2 \
+  "RESHARD_AFTER_FORWARD=3|rank 0: RESHARD_AFTER_FORWARD=3 does not divide the world size W=4" \
   "RESHARD_AFTER_FORWARD=2 FSDP_VERSION=1|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) is FSDP2's reshard_after_forward" \
-  "RESHARD_AFTER_FORWARD=2 STRATEGY=SHARD_GRAD_OP|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) with STRATEGY='SHARD"; do
-  setting=${refused%%|*}
-  check_fails "05_full_step -np 4 FSDP_VERSION=2 $setting is refused, naming it" "${refused#*|}" \
-    env OUT=runs/check/10_bad FSDP_VERSION=2 $setting $MPIRUN -np 4 lab/05_full_step
-done
+  "RESHARD_AFTER_FORWARD=2 STRATEGY=SHARD_GRAD_OP|rank 0: RESHARD_AFTER_FORWARD=2 \(W=4\) with STRATEGY='SHARD"
 # FSDP2's explicit prefetching (torch's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch, set over
 # the layers as torch's FSDP2 example does: FORWARD_PREFETCH_MODULES=NF, BACKWARD_PREFETCH_MODULES=NB) and its
 # all-gather output kept past the copy-out in forward (torch's all_gather_state, on comm streams). Only when a buffer
@@ -187,17 +191,17 @@ check "player.html of an FSDP2 run (RESHARD_AFTER_FORWARD=2, prefetch lists, 4 r
 once, states and memory equal the JSONL" python3 tests/check_player.py --expect-overlap runs/check/10_prefetch
 check "memory.html of the same run in headless Chromium: a band per allocation, no console errors" \
   python3 tests/check_memory_page.py runs/check/10_prefetch
+check "trace.json of the same run in Perfetto UI and Catapult: every flow, stream thread and wait slice imported" \
+  python3 tests/check_trace_viewers.py runs/check/10_prefetch
+check "memory_snapshot.pickle of the same run: loads, addresses consistent, torch's _memory_viz readers accept it" \
+  python3 tests/check_snapshot.py runs/check/10_prefetch
 # What the lists do not take is refused, naming the unit, the rank and the setting.
-for refused in "FSDP_VERSION=2 FORWARD_PREFETCH_MODULES=1|rank 0: unit 'layers.0': set_modules_to_forward_prefetch \
+refused05 "" "" "FSDP_VERSION=2 FORWARD_PREFETCH_MODULES=1|rank 0: unit 'layers.0': set_modules_to_forward_prefetch \
 is FSDP2's .* needs the all-gather stream \(COMM_STREAMS=1\)" \
   "COMM_STREAMS=1 BACKWARD_PREFETCH_MODULES=1|set_modules_to_backward_prefetch is FSDP2's \(FSDP_VERSION=2\).*\
 FSDP_VERSION=1 COMM_STREAMS=1" \
   "FSDP_VERSION=2 COMM_STREAMS=1 FORWARD_PREFETCH_MODULES=65|FORWARD_PREFETCH_MODULES" \
-  "MP=fp32,output=bf16|MP='fp32,output=bf16' with FSDP_VERSION=1: output_dtype is FSDP2's"; do
-  setting=${refused%%|*}
-  check_fails "05_full_step $setting is refused, naming it" "${refused#*|}" \
-    env OUT=runs/check/10_bad $setting $MPIRUN -np 2 lab/05_full_step
-done
+  "MP=fp32,output=bf16|MP='fp32,output=bf16' with FSDP_VERSION=1: output_dtype is FSDP2's"
 # 3 ranks with MP=bf16: the bfloat16 reduce-scatter's sum order now depends on where an element sits in the buffer
 # (which the layouts fill differently), so FSDP2 is held to check-07's derived bound against 1 rank on the same
 # global batch of 6 sequences (tests/check_mixed_grads.py: bfloat16 rounding of a sum over ranks,
