@@ -907,12 +907,26 @@ static float finish_loss(qwen2_model *model, qwen2_activations *acts, int slot) 
     return acts->loss;
 }
 
+/* The logits of `rows` rows: lm_head (tied: norm.output @ embed_tokens.weight^T; rounded in bfloat16 under mixed
+ * precision, HF's loss then reads logits.float()), then output_dtype's cast, the root's output. */
+static void head_logits(qwen2_model *model, float *logits, const float *final_norm, int rows) {
+    model_linear_forward(model, logits, final_norm, qwen2_param_data(model, embed_param()), NULL, rows,
+                         model->config.hidden_size, model->config.vocab_size);
+    round_output(model, logits, (size_t)rows * model->config.vocab_size);
+}
+
+/* The loss's gradient as it reaches lm_head: logits.float()'s backward rounds it to the compute dtype, output_dtype's
+ * cast to bfloat16 (both no-ops in float32). */
+static void round_logits_gradient(qwen2_model *model, float *dlogits, size_t count) {
+    round_activation(model, dlogits, count);
+    round_output(model, dlogits, count);
+}
+
 /* The chunk's gradient into dnorm's rows and the tied embedding's gradient: dlogits (scaled by the loss's kernel)
  * rounded to the compute dtype (logits.float()'s backward), then the lm_head's two backward GEMMs. */
 static void head_chunk_backward(qwen2_model *model, qwen2_activations *acts, float *dlogits, int first, int rows) {
     int C = model->config.hidden_size, V = model->config.vocab_size;
-    round_activation(model, dlogits, (size_t)rows * V);
-    round_output(model, dlogits, (size_t)rows * V);
+    round_logits_gradient(model, dlogits, (size_t)rows * V);
     model_linear_backward(model, acts->dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
                           acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), rows, C, V);
 }
@@ -929,10 +943,7 @@ static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
     int slot = head_slot(acts);
     for (int first = 0, chunk = 0; first < N; first += rows, chunk++) {
         int n = N - first < rows ? N - first : rows, chunk_count = acts->chunk_counts[chunk];
-        /* (rounded in bfloat16 as the whole batch's logits are, under mixed precision) */
-        model_linear_forward(model, logits, acts->final_norm + (size_t)first * C,
-                             qwen2_param_data(model, embed_param()), NULL, n, C, V);
-        round_output(model, logits, (size_t)n * V);
+        head_logits(model, logits, acts->final_norm + (size_t)first * C, n);
         /* the chunk's mean -> its share of the batch's mean (count_c / count, both counted on the host), times the
          * accumulation factor: applied by the loss's own kernel as it writes dlogits */
         float factor = dlogits != NULL && chunk_count > 0
@@ -960,11 +971,7 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
                         qwen2_param_data(model, norm_param(model)), N, C, (float)c->rms_norm_eps);
     if (chunked_loss(model, acts)) return head_forward_chunked(model, acts);
     acts->logits = output_buffer(model, (size_t)N * V, "lm_head.logits", -1, MEM_ACTIVATION);
-    /* lm_head is tied: logits = norm.output @ embed_tokens.weight^T */
-    /* (in bfloat16 the logits are rounded: HF's loss then reads logits.float()) */
-    model_linear_forward(model, acts->logits, acts->final_norm, qwen2_param_data(model, embed_param()), NULL, N, C,
-                         V);
-    round_output(model, acts->logits, (size_t)N * V); /* output_dtype: the root's output */
+    head_logits(model, acts->logits, acts->final_norm, N);
     if (acts->targets == NULL) return 0.0f;
     if (acts->backward_follows)
         acts->dlogits = output_buffer(model, (size_t)N * V, "lm_head.dlogits", -1, MEM_ACTIVATION);
@@ -998,8 +1005,7 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
         dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
         /* logits.float()'s backward: the loss's float32 gradient (already scaled for accumulation) in the compute
          * dtype */
-        round_activation(model, acts->dlogits, (size_t)N * V);
-        round_output(model, acts->dlogits, (size_t)N * V);
+        round_logits_gradient(model, acts->dlogits, (size_t)N * V);
         /* lm_head's share of the tied gradient stays float32 until the embedding's is added to it: one rounding, at
          * the reduce (torch rounds each share and their sum; that would need a vocabulary-sized buffer here) */
         model_linear_backward(model, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits,
