@@ -179,7 +179,11 @@ static void check_rmsnorm(int N, int C, float scale) {
     buffer d_inp = to_device(inp, n_elements * 4), d_weight = to_device(weight, C * 4),
            d_out = device_alloc(n_elements * 4);
     buffer d_rstd = device_alloc((size_t)N * 4), d_dout = to_device(dout, n_elements * 4);
-    buffer d_dinp = to_device(dinp, n_elements * 4), d_dweight = to_device(dweight, C * 4);
+    /* backward's dinp: the GPU's overwritten (it starts as other numbers) from a separate dresidual holding dinp, the
+     * CPU's accumulated in place (dresidual == dinp): the two forms of the residual's add */
+    float *garbage = random_floats(n_elements, 15, 0.5f);
+    buffer d_dinp = to_device(garbage, n_elements * 4), d_dweight = to_device(dweight, C * 4);
+    buffer d_dresidual = to_device(dinp, n_elements * 4);
 
     float *out = host_alloc(n_elements * 4), *rstd = host_alloc((size_t)N * 4);
     rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
@@ -205,8 +209,9 @@ static void check_rmsnorm(int N, int C, float scale) {
 
     /* Backward from the CPU's rstd on both (the GPU's is in d_rstd: copy the CPU's over it). */
     gpu.copy(&gpu, d_rstd.ptr, rstd, (size_t)N * 4, DEVICE_H2D);
-    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
-    gpu.rmsnorm_backward(&gpu, d_dinp.ptr, d_dweight.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, d_rstd.ptr, N, C);
+    rmsnorm_backward(dinp, dinp, dweight, dout, inp, weight, rstd, N, C);
+    gpu.rmsnorm_backward(&gpu, d_dinp.ptr, d_dresidual.ptr, d_dweight.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
+                         d_rstd.ptr, N, C);
     float *g_dinp = from_device(d_dinp, n_elements * 4), *g_dweight = from_device(d_dweight, C * 4);
     /* coefficient = float(dot r^3 / C): the dot's double sums differ by <= 2 C 2^-53 sum|w dy x|, then a few
      * 2^-53 and one float rounding each (a ulp apart at most): |d coef| <= (2u + 2 (C + 6) 2^-53) M,
@@ -237,10 +242,10 @@ static void check_rmsnorm(int N, int C, float scale) {
     compare(name, dweight, g_dweight, dweight_bound, C);
 
     device_free(d_inp), device_free(d_weight), device_free(d_out), device_free(d_rstd), device_free(d_dout);
-    device_free(d_dinp), device_free(d_dweight);
+    device_free(d_dinp), device_free(d_dweight), device_free(d_dresidual);
     free(inp), free(weight), free(dout), free(dinp), free(dweight), free(dinp0), free(dweight0), free(out), free(rstd);
     free(g_out), free(g_rstd), free(rstd_bound), free(out_bound), free(g_dinp), free(g_dweight), free(dinp_bound);
-    free(dweight_bound), free(column);
+    free(dweight_bound), free(column), free(garbage);
 }
 
 /* ---- linear ---- */
@@ -1180,8 +1185,10 @@ static void check_rmsnorm_bf16(int N, int C, float scale) {
     float *dinp0 = copy_floats(dinp, n_elements), *dweight0 = copy_floats(dweight, C);
     buffer d_inp = to_device(inp, n_elements * 4), d_weight = to_device(weight, C * 4);
     buffer d_out = device_alloc(n_elements * 4), d_rstd = device_alloc((size_t)N * 4);
-    buffer d_dout = to_device(dout, n_elements * 4), d_dinp = to_device(dinp, n_elements * 4);
-    buffer d_dweight = to_device(dweight, C * 4);
+    /* dinp: as check_rmsnorm's, the GPU's overwritten from a separate dresidual, the CPU's accumulated in place */
+    float *garbage = random_bf16(n_elements, 135, 0.5f);
+    buffer d_dout = to_device(dout, n_elements * 4), d_dinp = to_device(garbage, n_elements * 4);
+    buffer d_dweight = to_device(dweight, C * 4), d_dresidual = to_device(dinp, n_elements * 4);
     float *out = host_alloc(n_elements * 4), *rstd = host_alloc((size_t)N * 4);
     host.rmsnorm_forward_bf16(&host, out, rstd, inp, weight, N, C, eps);
     gpu.rmsnorm_forward_bf16(&gpu, d_out.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, N, C, eps);
@@ -1209,8 +1216,9 @@ static void check_rmsnorm_bf16(int N, int C, float scale) {
 
     /* Backward from the CPU's rstd on both (copied over the GPU's): r is a point. */
     gpu.copy(&gpu, d_rstd.ptr, rstd, (size_t)N * 4, DEVICE_H2D);
-    host.rmsnorm_backward_bf16(&host, dinp, dweight, dout, inp, weight, rstd, N, C);
-    gpu.rmsnorm_backward_bf16(&gpu, d_dinp.ptr, d_dweight.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, d_rstd.ptr, N, C);
+    host.rmsnorm_backward_bf16(&host, dinp, dinp, dweight, dout, inp, weight, rstd, N, C);
+    gpu.rmsnorm_backward_bf16(&gpu, d_dinp.ptr, d_dresidual.ptr, d_dweight.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
+                              d_rstd.ptr, N, C);
     float *g_dinp = from_device(d_dinp, n_elements * 4), *g_dweight = from_device(d_dweight, C * 4);
     /* dh = bf16(dy w): a point. dot = sum_c dh x in double (exact terms, C additions); coefficient =
      * float(dot r r r / C), four double operations (and this program's three for r^3 / C: 8 2^-53 more); dinp =
@@ -1250,10 +1258,83 @@ static void check_rmsnorm_bf16(int N, int C, float scale) {
     snprintf(name, sizeof name, "rmsnorm_backward_bf16 dweight N=%d C=%d", N, C);
     compare_intervals(name, dweight, g_dweight, dweight_iv, C);
     device_free(d_inp), device_free(d_weight), device_free(d_out), device_free(d_rstd), device_free(d_dout);
-    device_free(d_dinp), device_free(d_dweight);
+    device_free(d_dinp), device_free(d_dweight), device_free(d_dresidual);
     free(inp), free(weight), free(dout), free(dinp), free(dweight), free(dinp0), free(dweight0), free(out), free(rstd);
     free(g_out), free(g_rstd), free(rstd_iv), free(out_iv), free(g_dinp), free(g_dweight), free(dinp_iv);
-    free(dweight_iv);
+    free(dweight_iv), free(garbage);
+}
+
+/* ---- the residual add and the norm in one pass, and the norm's backward without a residual ----
+ * residual_rmsnorm_forward is add_inplace (then round_to in bfloat16) and rmsnorm_forward in one kernel: the same
+ * operations in the same order on each element and the same block reduction per row, so its three outputs equal the
+ * two calls' in bits (the norm against the CPU is check_rmsnorm's and check_rmsnorm_bf16's); the residual equals the
+ * CPU's in bits (one float addition, one rounding). One launch where there were two (three in bfloat16). The
+ * backward without a residual (NULL) writes what it writes over a zero residual, in bits, with the 2 launches of
+ * the norm's backward (the copy of the residual gradient it replaces is gone). */
+static void check_residual_rmsnorm(int N, int C, int bf16) {
+    char name[128];
+    device host = cpu_device();
+    size_t n_elements = (size_t)N * C;
+    float eps = 1e-6f;
+    const char *kind = bf16 ? "_bf16" : "";
+    float *residual = random_floats(n_elements, 140, 3.0f), *inp = random_floats(n_elements, 141, 3.0f);
+    float *weight = random_floats(C, 142, 1.5f), *dout = random_floats(n_elements, 143, 1.0f);
+    if (bf16) {
+        dtype_round_to(residual, n_elements, DTYPE_BFLOAT16), dtype_round_to(inp, n_elements, DTYPE_BFLOAT16);
+        dtype_round_to(weight, C, DTYPE_BFLOAT16), dtype_round_to(dout, n_elements, DTYPE_BFLOAT16);
+    }
+    buffer d_fused = to_device(residual, n_elements * 4), d_apart = to_device(residual, n_elements * 4);
+    buffer d_inp = to_device(inp, n_elements * 4), d_weight = to_device(weight, C * 4);
+    buffer d_out = device_alloc(n_elements * 4), d_out_apart = device_alloc(n_elements * 4);
+    buffer d_rstd = device_alloc((size_t)N * 4), d_rstd_apart = device_alloc((size_t)N * 4);
+    unsigned long long work = work_count();
+    (bf16 ? gpu.residual_rmsnorm_forward_bf16 : gpu.residual_rmsnorm_forward)(&gpu, d_fused.ptr, d_out.ptr,
+                                                                               d_rstd.ptr, d_inp.ptr, d_weight.ptr, N,
+                                                                               C, eps);
+    snprintf(name, sizeof name, "residual_rmsnorm_forward%s launches N=%d C=%d", kind, N, C);
+    check_work(name, work, 1);
+    gpu.add_inplace(&gpu, d_apart.ptr, d_inp.ptr, n_elements);
+    if (bf16) gpu.round_to(&gpu, d_apart.ptr, n_elements, DTYPE_BFLOAT16);
+    (bf16 ? gpu.rmsnorm_forward_bf16 : gpu.rmsnorm_forward)(&gpu, d_out_apart.ptr, d_rstd_apart.ptr, d_apart.ptr,
+                                                            d_weight.ptr, N, C, eps);
+    float *g_fused = from_device(d_fused, n_elements * 4), *g_apart = from_device(d_apart, n_elements * 4);
+    float *g_out = from_device(d_out, n_elements * 4), *g_out_apart = from_device(d_out_apart, n_elements * 4);
+    float *g_rstd = from_device(d_rstd, (size_t)N * 4), *g_rstd_apart = from_device(d_rstd_apart, (size_t)N * 4);
+    snprintf(name, sizeof name, "residual_rmsnorm_forward%s residual = add's N=%d C=%d (bits)", kind, N, C);
+    compare(name, g_apart, g_fused, NULL, n_elements);
+    snprintf(name, sizeof name, "residual_rmsnorm_forward%s out = rmsnorm's N=%d C=%d (bits)", kind, N, C);
+    compare(name, g_out_apart, g_out, NULL, n_elements);
+    snprintf(name, sizeof name, "residual_rmsnorm_forward%s rstd = rmsnorm's N=%d C=%d (bits)", kind, N, C);
+    compare(name, g_rstd_apart, g_rstd, NULL, N);
+    float *out = host_alloc(n_elements * 4), *rstd = host_alloc((size_t)N * 4);
+    (bf16 ? host.residual_rmsnorm_forward_bf16 : host.residual_rmsnorm_forward)(&host, residual, out, rstd, inp,
+                                                                                 weight, N, C, eps);
+    snprintf(name, sizeof name, "residual_rmsnorm_forward%s residual = CPU's N=%d C=%d (bits)", kind, N, C);
+    compare(name, residual, g_fused, NULL, n_elements);
+
+    /* backward from the GPU's forward: no residual (NULL) against a zeroed one */
+    float *garbage = random_floats(n_elements, 144, 1.0f);
+    buffer d_dout = to_device(dout, n_elements * 4), d_zero = device_alloc(n_elements * 4);
+    buffer d_dinp = to_device(garbage, n_elements * 4), d_dinp_zero = device_alloc(n_elements * 4);
+    buffer d_dweight = device_alloc(C * 4), d_dweight_zero = device_alloc(C * 4);
+    gpu.zero(&gpu, d_zero.ptr, n_elements * 4), gpu.zero(&gpu, d_dweight.ptr, C * 4);
+    gpu.zero(&gpu, d_dweight_zero.ptr, C * 4);
+    work = work_count();
+    (bf16 ? gpu.rmsnorm_backward_bf16 : gpu.rmsnorm_backward)(&gpu, d_dinp.ptr, NULL, d_dweight.ptr, d_dout.ptr,
+                                                              d_fused.ptr, d_weight.ptr, d_rstd.ptr, N, C);
+    snprintf(name, sizeof name, "rmsnorm_backward%s without residual: launches N=%d C=%d", kind, N, C);
+    check_work(name, work, 2);
+    (bf16 ? gpu.rmsnorm_backward_bf16 : gpu.rmsnorm_backward)(&gpu, d_dinp_zero.ptr, d_zero.ptr, d_dweight_zero.ptr,
+                                                              d_dout.ptr, d_fused.ptr, d_weight.ptr, d_rstd.ptr, N, C);
+    float *g_dinp = from_device(d_dinp, n_elements * 4), *g_dinp_zero = from_device(d_dinp_zero, n_elements * 4);
+    snprintf(name, sizeof name, "rmsnorm_backward%s without residual = zero's N=%d C=%d (bits)", kind, N, C);
+    compare(name, g_dinp_zero, g_dinp, NULL, n_elements);
+
+    device_free(d_fused), device_free(d_apart), device_free(d_inp), device_free(d_weight), device_free(d_out);
+    device_free(d_out_apart), device_free(d_rstd), device_free(d_rstd_apart), device_free(d_dout), device_free(d_zero);
+    device_free(d_dinp), device_free(d_dinp_zero), device_free(d_dweight), device_free(d_dweight_zero);
+    free(residual), free(inp), free(weight), free(dout), free(g_fused), free(g_apart), free(g_out), free(g_out_apart);
+    free(g_rstd), free(g_rstd_apart), free(out), free(rstd), free(garbage), free(g_dinp), free(g_dinp_zero);
 }
 
 /* ---- RoPE in bfloat16: products and sums rounded one by one, no reductions: bits ----
@@ -1583,6 +1664,8 @@ int main(void) {
     check_attention(1, 1, 6, 14, 2, 64, 1.0f); /* one new token, Qwen2-0.5B's heads */
     check_attention(1, 40, 0, 2, 1, 16,
                     12.0f); /* scores spread over hundreds: expf overflows unless the max is right */
+    check_residual_rmsnorm(13, 257, 0);
+    check_residual_rmsnorm(64, 896, 0);
     check_swiglu(17, 123);
     check_swiglu(4, 4864);
     check_cross_entropy(29, 1000, 3, 4.0f);
@@ -1615,6 +1698,8 @@ int main(void) {
     check_attention_bf16(2, 5, 11, 4, 2, 8, 1.0f);  /* a KV cache: past = 11 */
     check_attention_bf16(1, 1, 6, 14, 2, 64, 1.0f); /* one new token, Qwen2-0.5B's heads */
     check_attention_bf16(1, 40, 0, 2, 1, 16, 12.0f); /* scores spread over hundreds */
+    check_residual_rmsnorm(13, 257, 1);
+    check_residual_rmsnorm(64, 896, 1);
     check_swiglu_bf16(17, 123);
     check_swiglu_bf16(4, 4864);
 #ifdef FSDPLAB_CUDA_EMULATOR

@@ -122,6 +122,17 @@ mutations=(
 ".replace('s->scratch, s->compute));\n}\n\n/* The slots to the host', 's->scratch, s->compute));\n    if (dlogits != "\
 "NULL) LAUNCH(s, scale_launch(dlogits, dlogits_scale, (size_t)N * V, s->compute));\n}\n\n/* The slots to the host')"\
 "|check-unit"
+  # The residual add and the norm (residual_rmsnorm_forward, rmsnorm_backward's dresidual): the CUDA device's fused
+  # forward back as two kernels (the same values, one launch more: gpu_layers' launch count), the residual's gradient
+  # dropped from the norm's backward on the GPU, and on the CPU
+  "cuda-residual-norm-two-kernels|core/cuda/cuda_ops.cu|s.replace('LAUNCH(s, residual_rmsnorm_forward_launch("\
+"residual, out, rstd, inp, weight, N, C, eps, 0, s->compute));', 'LAUNCH(s, add_inplace_launch(residual, inp, "\
+"(size_t)N * C, s->compute));\n    LAUNCH(s, rmsnorm_forward_launch(out, rstd, residual, weight, N, C, eps, "\
+"s->compute));')|check-unit"
+  "cuda-norm-backward-drops-residual|core/cuda/kernels.cu|s.replace('dx[c] = (floatX)((dres != NULL ? (float)dres[c] "\
+": 0.0f) +', 'dx[c] = (floatX)((dres != NULL ? 0.0f : 0.0f) +')|check-unit"
+  "norm-backward-drops-residual|core/kernels/layers.c|s.replace('dx[c] = (dres != NULL ? dres[c] : 0.0f) + "\
+"km_rmsnorm_dinp', 'dx[c] = (dres != NULL ? 0.0f : 0.0f) + km_rmsnorm_dinp')|check-unit"
 )
 
 if [ "${1:-}" = --applies ]; then

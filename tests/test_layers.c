@@ -76,9 +76,20 @@ START_TEST(test_rmsnorm_gradients) {
     s.rstd = zeros((size_t)s.N), s.R = random_array(count, 3, 1.0f);
     float *dinp = zeros(count), *dweight = zeros((size_t)s.C);
     norm_loss(&s);
-    rmsnorm_backward(dinp, dweight, s.R, s.inp, s.weight, s.rstd, s.N, s.C);
+    rmsnorm_backward(dinp, NULL, dweight, s.R, s.inp, s.weight, s.rstd, s.N, s.C);
     check_gradient("rmsnorm dinp", s.inp, dinp, count, norm_loss, &s);
     check_gradient("rmsnorm dweight", s.weight, dweight, (size_t)s.C, norm_loss, &s);
+    /* with a residual gradient: dinp = dresidual + the norm's, whether dresidual is its own buffer or dinp itself */
+    float *dresidual = random_array(count, 4, 1.0f), *sum = zeros(count), *in_place = zeros(count);
+    float *dweight_again = zeros((size_t)s.C);
+    memcpy(in_place, dresidual, count * sizeof(float));
+    rmsnorm_backward(sum, dresidual, dweight_again, s.R, s.inp, s.weight, s.rstd, s.N, s.C);
+    rmsnorm_backward(in_place, in_place, dweight_again, s.R, s.inp, s.weight, s.rstd, s.N, s.C);
+    for (size_t i = 0; i < count; i++) {
+        ck_assert_float_eq(sum[i], dresidual[i] + dinp[i]); /* one float addition of the same two values */
+        ck_assert_float_eq(in_place[i], sum[i]);
+    }
+    free(dresidual), free(sum), free(in_place), free(dweight_again);
     /* HF's definition: unit weight, constant row c → out = c / sqrt(c^2 + eps) */
     for (int c = 0; c < s.C; c++) s.weight[c] = 1.0f, s.inp[c] = 3.0f;
     rmsnorm_forward(s.out, s.rstd, s.inp, s.weight, 1, s.C, 1e-6f);

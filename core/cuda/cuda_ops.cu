@@ -65,10 +65,16 @@ static void cuda_rmsnorm_forward(device *d, float *out, float *rstd, const float
     LAUNCH(s, rmsnorm_forward_launch(out, rstd, inp, weight, N, C, eps, s->compute));
 }
 
-static void cuda_rmsnorm_backward(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
-                                  const float *weight, const float *rstd, int N, int C) {
+static void cuda_residual_rmsnorm_forward(device *d, float *residual, float *out, float *rstd, const float *inp,
+                                          const float *weight, int N, int C, float eps) {
     cuda_device_state *s = state_of(d);
-    LAUNCH(s, rmsnorm_backward_launch(dinp, dweight, dout, inp, weight, rstd, N, C, s->compute));
+    LAUNCH(s, residual_rmsnorm_forward_launch(residual, out, rstd, inp, weight, N, C, eps, 0, s->compute));
+}
+
+static void cuda_rmsnorm_backward(device *d, float *dinp, const float *dresidual, float *dweight, const float *dout,
+                                  const float *inp, const float *weight, const float *rstd, int N, int C) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, rmsnorm_backward_launch(dinp, dresidual, dweight, dout, inp, weight, rstd, N, C, s->compute));
 }
 
 /* out (N, OC) = inp (N, IC) @ weight^T + bias, weight (OC, IC).
@@ -317,10 +323,17 @@ static void cuda_rmsnorm_forward_bf16(device *d, float *out, float *rstd, const 
     LAUNCH(s, rmsnorm_forward_bf16_launch(out, rstd, inp, weight, N, C, eps, s->compute));
 }
 
-static void cuda_rmsnorm_backward_bf16(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
-                                       const float *weight, const float *rstd, int N, int C) {
+static void cuda_residual_rmsnorm_forward_bf16(device *d, float *residual, float *out, float *rstd, const float *inp,
+                                               const float *weight, int N, int C, float eps) {
     cuda_device_state *s = state_of(d);
-    LAUNCH(s, rmsnorm_backward_bf16_launch(dinp, dweight, dout, inp, weight, rstd, N, C, s->compute));
+    LAUNCH(s, residual_rmsnorm_forward_launch(residual, out, rstd, inp, weight, N, C, eps, 1, s->compute));
+}
+
+static void cuda_rmsnorm_backward_bf16(device *d, float *dinp, const float *dresidual, float *dweight,
+                                       const float *dout, const float *inp, const float *weight, const float *rstd,
+                                       int N, int C) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, rmsnorm_backward_bf16_launch(dinp, dresidual, dweight, dout, inp, weight, rstd, N, C, s->compute));
 }
 
 static void cuda_rope_forward_bf16(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
@@ -590,6 +603,7 @@ void cuda_ops_install(device *d) {
     d->embedding_forward = cuda_embedding_forward;
     d->embedding_backward = cuda_embedding_backward;
     d->rmsnorm_forward = cuda_rmsnorm_forward;
+    d->residual_rmsnorm_forward = cuda_residual_rmsnorm_forward;
     d->rmsnorm_backward = cuda_rmsnorm_backward;
     d->linear_forward = cuda_linear_forward;
     d->linear_backward = cuda_linear_backward;
@@ -616,6 +630,7 @@ void cuda_ops_install(device *d) {
     d->linear_forward_bf16 = cuda_linear_forward_bf16;
     d->linear_backward_bf16 = cuda_linear_backward_bf16;
     d->rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;
+    d->residual_rmsnorm_forward_bf16 = cuda_residual_rmsnorm_forward_bf16;
     d->rmsnorm_backward_bf16 = cuda_rmsnorm_backward_bf16;
     d->rope_forward_bf16 = cuda_rope_forward_bf16;
     d->rope_backward_bf16 = cuda_rope_backward_bf16;

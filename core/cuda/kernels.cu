@@ -126,22 +126,26 @@ cudaError_t embedding_backward_launch(floatX *dweight, const floatX *dout, const
 
 /* ---- RMSNorm ---- */
 
-/* One block per row: the sum of squares in double (a block reduction: other order than the CPU's loop, each
- * square exact), rstd from it, then each element's scale (the CPU's formula: float32's, or bfloat16's two
- * roundings when bf16). */
-__global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int C,
-                                       float eps, int bf16) {
-    int n = blockIdx.x;
-    const floatX *x = inp + (size_t)n * C;
-    floatX *y = out + (size_t)n * C;
-    double sum_squares = 0.0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) sum_squares += km_square((float)x[c]);
+/* One row's norm, in its block, from each thread's share of the sum of squares (its columns c = threadIdx.x, +
+ * blockDim.x, ...): the block's sum in double (other order than the CPU's loop, each square exact), rstd from it,
+ * then each element's scale (the CPU's formula: float32's, or bfloat16's two roundings when bf16). */
+__device__ void rmsnorm_row(floatX *y, float *rstd, const floatX *x, const floatX *weight, int C, float eps, int bf16,
+                            double sum_squares) {
     sum_squares = block_sum(sum_squares);
     float r = km_rmsnorm_rstd(sum_squares, C, eps);
-    if (threadIdx.x == 0) rstd[n] = r;
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         y[c] = (floatX)(bf16 ? km_bf16_rmsnorm_scale((float)x[c], (float)weight[c], r)
                              : km_rmsnorm_scale((float)x[c], (float)weight[c], r));
+}
+
+/* One block per row. */
+__global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int C,
+                                       float eps, int bf16) {
+    const floatX *x = inp + (size_t)blockIdx.x * C;
+    double sum_squares = 0.0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) sum_squares += km_square((float)x[c]);
+    rmsnorm_row(out + (size_t)blockIdx.x * C, rstd, x, weight, C, eps, bf16, sum_squares);
 }
 
 static cudaError_t rmsnorm_forward_any(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N, int C,
@@ -161,11 +165,38 @@ cudaError_t rmsnorm_forward_bf16_launch(floatX *out, float *rstd, const floatX *
     return rmsnorm_forward_any(out, rstd, inp, weight, N, C, eps, 1, stream);
 }
 
-/* One block per row: the dot sum_j w_j dy_j x_j in double, the coefficient r^3 / C * dot, then dx += ... */
-__global__ void rmsnorm_backward_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp, const floatX *weight,
-                                             const float *rstd, int C) {
+/* The residual add and the norm in one pass, one block per row: each thread adds its columns (rounded to bfloat16
+ * when bf16, as add_inplace then round_to), writes them back and sums their squares; rmsnorm_row reads back only
+ * the columns the same thread wrote (and block_sum's barrier lies between). */
+__global__ void residual_rmsnorm_forward_kernel(floatX *residual, floatX *out, float *rstd, const floatX *inp,
+                                                const floatX *weight, int C, float eps, int bf16) {
+    floatX *x = residual + (size_t)blockIdx.x * C;
+    const floatX *add = inp + (size_t)blockIdx.x * C;
+    double sum_squares = 0.0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float value = (float)x[c] + (float)add[c];
+        if (bf16) value = km_bf16_round(value);
+        x[c] = (floatX)value;
+        sum_squares += km_square(value);
+    }
+    rmsnorm_row(out + (size_t)blockIdx.x * C, rstd, x, weight, C, eps, bf16, sum_squares);
+}
+
+cudaError_t residual_rmsnorm_forward_launch(floatX *residual, floatX *out, float *rstd, const floatX *inp,
+                                            const floatX *weight, int N, int C, float eps, int bf16,
+                                            cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return cudaSuccess;
+    residual_rmsnorm_forward_kernel<<<N, THREADS, 0, stream>>>(residual, out, rstd, inp, weight, C, eps, bf16);
+    return cudaGetLastError();
+}
+
+/* One block per row: the dot sum_j w_j dy_j x_j in double, the coefficient r^3 / C * dot, then dx = dres + ...
+ * (dres NULL: 0; it may be dinp: each element read before the same thread writes it). */
+__global__ void rmsnorm_backward_dinp_kernel(floatX *dinp, const floatX *dresidual, const floatX *dout,
+                                             const floatX *inp, const floatX *weight, const float *rstd, int C) {
     int n = blockIdx.x;
     const floatX *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    const floatX *dres = dresidual != NULL ? dresidual + (size_t)n * C : NULL;
     floatX *dx = dinp + (size_t)n * C;
     float r = rstd[n];
     double dot = 0.0;
@@ -174,7 +205,8 @@ __global__ void rmsnorm_backward_dinp_kernel(floatX *dinp, const floatX *dout, c
     dot = block_sum(dot);
     float coefficient = km_rmsnorm_coefficient(dot, r, C);
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        dx[c] = (floatX)((float)dx[c] + km_rmsnorm_dinp(r, (float)weight[c], (float)dy[c], (float)x[c], coefficient));
+        dx[c] = (floatX)((dres != NULL ? (float)dres[c] : 0.0f) +
+                         km_rmsnorm_dinp(r, (float)weight[c], (float)dy[c], (float)x[c], coefficient));
 }
 
 /* Column sums into a weight gradient without atomics: a block covers 32 columns (threadIdx.x) and 16 row groups
@@ -228,10 +260,11 @@ static cudaError_t column_sum_launch(floatX *out, int N, int C, Term term, cudaS
     return cudaGetLastError();
 }
 
-cudaError_t rmsnorm_backward_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
-                                    const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream) {
+cudaError_t rmsnorm_backward_launch(floatX *dinp, const floatX *dresidual, floatX *dweight, const floatX *dout,
+                                    const floatX *inp, const floatX *weight, const float *rstd, int N, int C,
+                                    cudaStream_t stream) {
     if (N <= 0 || C <= 0) return cudaSuccess;
-    rmsnorm_backward_dinp_kernel<<<N, THREADS, 0, stream>>>(dinp, dout, inp, weight, rstd, C);
+    rmsnorm_backward_dinp_kernel<<<N, THREADS, 0, stream>>>(dinp, dresidual, dout, inp, weight, rstd, C);
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     rmsnorm_dweight_term term = {dout, inp, rstd, C};
@@ -239,11 +272,12 @@ cudaError_t rmsnorm_backward_launch(floatX *dinp, floatX *dweight, const floatX 
 }
 
 /* The bfloat16 backward (layers_bf16.h): one block per row, dh = bf16(dy w), the dot sum_c dh_c x_c in double,
- * the coefficient (the float32 one's), dinp = bf16(dinp + bf16(r dh - x coef)). */
-__global__ void rmsnorm_backward_bf16_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp,
-                                                  const floatX *weight, const float *rstd, int C) {
+ * the coefficient (the float32 one's), dinp = bf16(dres + bf16(r dh - x coef)) (dres as the float32 kernel's). */
+__global__ void rmsnorm_backward_bf16_dinp_kernel(floatX *dinp, const floatX *dresidual, const floatX *dout,
+                                                  const floatX *inp, const floatX *weight, const float *rstd, int C) {
     int n = blockIdx.x;
     const floatX *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    const floatX *dres = dresidual != NULL ? dresidual + (size_t)n * C : NULL;
     floatX *dx = dinp + (size_t)n * C;
     float r = rstd[n];
     double dot = 0.0;
@@ -252,8 +286,9 @@ __global__ void rmsnorm_backward_bf16_dinp_kernel(floatX *dinp, const floatX *do
     dot = block_sum(dot);
     float coefficient = km_rmsnorm_coefficient(dot, r, C);
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        dx[c] = (floatX)km_bf16_rmsnorm_dinp((float)dx[c], r, km_bf16_rmsnorm_dh((float)dy[c], (float)weight[c]),
-                                             (float)x[c], coefficient);
+        dx[c] = (floatX)km_bf16_rmsnorm_dinp(dres != NULL ? (float)dres[c] : 0.0f, r,
+                                             km_bf16_rmsnorm_dh((float)dy[c], (float)weight[c]), (float)x[c],
+                                             coefficient);
 }
 
 /* dweight's term bf16(dy bf16(x r)), summed over the rows in double (the CPU's loop does), and the column's sum
@@ -272,10 +307,11 @@ struct add_rounded_total {
     __device__ floatX operator()(float old, double total) const { return (floatX)(old + km_bf16_round((float)total)); }
 };
 
-cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
-                                         const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream) {
+cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, const floatX *dresidual, floatX *dweight, const floatX *dout,
+                                         const floatX *inp, const floatX *weight, const float *rstd, int N, int C,
+                                         cudaStream_t stream) {
     if (N <= 0 || C <= 0) return cudaSuccess;
-    rmsnorm_backward_bf16_dinp_kernel<<<N, THREADS, 0, stream>>>(dinp, dout, inp, weight, rstd, C);
+    rmsnorm_backward_bf16_dinp_kernel<<<N, THREADS, 0, stream>>>(dinp, dresidual, dout, inp, weight, rstd, C);
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     rmsnorm_bf16_dweight_term term = {dout, inp, rstd, C};

@@ -44,8 +44,14 @@ cudaError_t embedding_backward_launch(floatX *dweight, const floatX *dout, const
                                       cudaStream_t stream);
 cudaError_t rmsnorm_forward_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N, int C,
                                    float eps, cudaStream_t stream);
-cudaError_t rmsnorm_backward_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
-                                    const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream);
+/* residual += inp (rounded to bfloat16 when bf16), then the norm of it (bf16: the bfloat16 norm): one kernel. */
+cudaError_t residual_rmsnorm_forward_launch(floatX *residual, floatX *out, float *rstd, const floatX *inp,
+                                            const floatX *weight, int N, int C, float eps, int bf16,
+                                            cudaStream_t stream);
+/* dinp = dresidual (NULL: 0) + the norm's input gradient; dresidual may be dinp. */
+cudaError_t rmsnorm_backward_launch(floatX *dinp, const floatX *dresidual, floatX *dweight, const floatX *dout,
+                                    const floatX *inp, const floatX *weight, const float *rstd, int N, int C,
+                                    cudaStream_t stream);
 /* out (N, OC) = bias in every row (before a GEMM with beta = 1). */
 cudaError_t bias_broadcast_launch(floatX *out, const floatX *bias, int N, int OC, cudaStream_t stream);
 /* dbias (OC) += column sums of dout (N, OC). */
@@ -81,8 +87,9 @@ cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const in
 /* ---- the layers in bfloat16 (core/kernels/layers_bf16.h's rules; every input a bfloat16 value in a float) ---- */
 cudaError_t rmsnorm_forward_bf16_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N,
                                         int C, float eps, cudaStream_t stream);
-cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, floatX *dweight, const floatX *dout, const floatX *inp,
-                                         const floatX *weight, const float *rstd, int N, int C, cudaStream_t stream);
+cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, const floatX *dresidual, floatX *dweight, const floatX *dout,
+                                         const floatX *inp, const floatX *weight, const float *rstd, int N, int C,
+                                         cudaStream_t stream);
 /* backward 0: forward; 1: backward. */
 cudaError_t rope_bf16_launch(floatX *x, const float *cos_table, const float *sin_table, int B, int T, int H, int D,
                              int backward, cudaStream_t stream);

@@ -87,8 +87,14 @@ struct device {
     void (*embedding_backward)(device *d, float *dweight, const float *dout, const int *tokens, int N, int C);
     void (*rmsnorm_forward)(device *d, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                             float eps);
-    void (*rmsnorm_backward)(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, const float *rstd, int N, int C);
+    /* residual += inp, then rmsnorm_forward of it: a residual add and the norm after it in one pass (one kernel on a
+     * GPU, where they were two), the same values as add_inplace then rmsnorm_forward. */
+    void (*residual_rmsnorm_forward)(device *d, float *residual, float *out, float *rstd, const float *inp,
+                                     const float *weight, int N, int C, float eps);
+    /* dinp = dresidual + the norm's input gradient (dresidual NULL: none; dinp itself: +=), dweight +=: the residual
+     * stream's gradient and the norm's added in the norm's pass, no copy of dresidual into dinp first. */
+    void (*rmsnorm_backward)(device *d, float *dinp, const float *dresidual, float *dweight, const float *dout,
+                             const float *inp, const float *weight, const float *rstd, int N, int C);
     void (*linear_forward)(device *d, float *out, const float *inp, const float *weight, const float *bias, int N,
                            int IC, int OC);
     void (*linear_backward)(device *d, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -141,8 +147,11 @@ struct device {
                                  const float *inp, const float *weight, int N, int IC, int OC);
     void (*rmsnorm_forward_bf16)(device *d, float *out, float *rstd, const float *inp, const float *weight, int N,
                                  int C, float eps);
-    void (*rmsnorm_backward_bf16)(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
-                                  const float *weight, const float *rstd, int N, int C);
+    /* residual = bf16(residual + inp), then rmsnorm_forward_bf16 of it. */
+    void (*residual_rmsnorm_forward_bf16)(device *d, float *residual, float *out, float *rstd, const float *inp,
+                                          const float *weight, int N, int C, float eps);
+    void (*rmsnorm_backward_bf16)(device *d, float *dinp, const float *dresidual, float *dweight, const float *dout,
+                                  const float *inp, const float *weight, const float *rstd, int N, int C);
     void (*rope_forward_bf16)(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
                               int H, int D);
     void (*rope_backward_bf16)(device *d, float *dx, const float *cos_table, const float *sin_table, int B, int T,

@@ -77,10 +77,16 @@ static void cpu_rmsnorm_forward(device *d, float *out, float *rstd, const float 
     rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
 
-static void cpu_rmsnorm_backward(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
-                                 const float *weight, const float *rstd, int N, int C) {
+static void cpu_residual_rmsnorm_forward(device *d, float *residual, float *out, float *rstd, const float *inp,
+                                         const float *weight, int N, int C, float eps) {
     (void)d;
-    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    residual_rmsnorm_forward(residual, out, rstd, inp, weight, N, C, eps);
+}
+
+static void cpu_rmsnorm_backward(device *d, float *dinp, const float *dresidual, float *dweight, const float *dout,
+                                 const float *inp, const float *weight, const float *rstd, int N, int C) {
+    (void)d;
+    rmsnorm_backward(dinp, dresidual, dweight, dout, inp, weight, rstd, N, C);
 }
 
 static void cpu_linear_forward(device *d, float *out, const float *inp, const float *weight, const float *bias, int N,
@@ -256,10 +262,17 @@ static void cpu_rmsnorm_forward_bf16(device *d, float *out, float *rstd, const f
     rmsnorm_forward_bf16(out, rstd, inp, weight, N, C, eps);
 }
 
-static void cpu_rmsnorm_backward_bf16(device *d, float *dinp, float *dweight, const float *dout, const float *inp,
-                                      const float *weight, const float *rstd, int N, int C) {
+static void cpu_residual_rmsnorm_forward_bf16(device *d, float *residual, float *out, float *rstd, const float *inp,
+                                              const float *weight, int N, int C, float eps) {
     (void)d;
-    rmsnorm_backward_bf16(dinp, dweight, dout, inp, weight, rstd, N, C);
+    residual_rmsnorm_forward_bf16(residual, out, rstd, inp, weight, N, C, eps);
+}
+
+static void cpu_rmsnorm_backward_bf16(device *d, float *dinp, const float *dresidual, float *dweight,
+                                      const float *dout, const float *inp, const float *weight, const float *rstd,
+                                      int N, int C) {
+    (void)d;
+    rmsnorm_backward_bf16(dinp, dresidual, dweight, dout, inp, weight, rstd, N, C);
 }
 
 static void cpu_rope_forward_bf16(device *d, float *x, const float *cos_table, const float *sin_table, int B, int T,
@@ -324,6 +337,7 @@ void device_cpu_init(device *d) {
     d->embedding_forward = cpu_embedding_forward;
     d->embedding_backward = cpu_embedding_backward;
     d->rmsnorm_forward = cpu_rmsnorm_forward;
+    d->residual_rmsnorm_forward = cpu_residual_rmsnorm_forward;
     d->rmsnorm_backward = cpu_rmsnorm_backward;
     d->linear_forward = cpu_linear_forward;
     d->linear_backward = cpu_linear_backward;
@@ -340,6 +354,7 @@ void device_cpu_init(device *d) {
     d->linear_forward_bf16 = cpu_linear_forward_bf16;
     d->linear_backward_bf16 = cpu_linear_backward_bf16;
     d->rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16;
+    d->residual_rmsnorm_forward_bf16 = cpu_residual_rmsnorm_forward_bf16;
     d->rmsnorm_backward_bf16 = cpu_rmsnorm_backward_bf16;
     d->rope_forward_bf16 = cpu_rope_forward_bf16;
     d->rope_backward_bf16 = cpu_rope_backward_bf16;

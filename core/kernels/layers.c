@@ -48,11 +48,18 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
     }
 }
 
+void residual_rmsnorm_forward(float *residual, float *out, float *rstd, const float *inp, const float *weight, int N,
+                              int C, float eps) {
+    add_inplace(residual, inp, (size_t)N * C);
+    rmsnorm_forward(out, rstd, residual, weight, N, C, eps);
+}
+
 /* y = w * x * r, r = (mean(x^2) + eps)^(-1/2).  dx_c = r * (w_c dy_c) - x_c r^3 / C * sum_j (w_j dy_j x_j). */
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                      const float *rstd, int N, int C) {
+void rmsnorm_backward(float *dinp, const float *dresidual, float *dweight, const float *dout, const float *inp,
+                      const float *weight, const float *rstd, int N, int C) {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        const float *dres = dresidual != NULL ? dresidual + (size_t)n * C : NULL;
         float *dx = dinp + (size_t)n * C;
         float r = rstd[n];
         double dot = 0.0;
@@ -61,7 +68,8 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
             dweight[c] += km_rmsnorm_dweight(dy[c], x[c], r);
         }
         float coefficient = km_rmsnorm_coefficient(dot, r, C);
-        for (int c = 0; c < C; c++) dx[c] += km_rmsnorm_dinp(r, weight[c], dy[c], x[c], coefficient);
+        for (int c = 0; c < C; c++)
+            dx[c] = (dres != NULL ? dres[c] : 0.0f) + km_rmsnorm_dinp(r, weight[c], dy[c], x[c], coefficient);
     }
 }
 

@@ -25,8 +25,13 @@ void embedding_backward(float *dweight, const float *dout, const int *tokens, in
 
 /* RMSNorm as HF's Qwen2RMSNorm: out = weight * x / sqrt(mean(x^2) + eps). Saves rstd (N): 1/sqrt(mean + eps). */
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps);
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                      const float *rstd, int N, int C);
+/* A residual connection's add and the norm after it: residual += inp, then rmsnorm_forward(out, rstd, residual). */
+void residual_rmsnorm_forward(float *residual, float *out, float *rstd, const float *inp, const float *weight, int N,
+                              int C, float eps);
+/* dinp = dresidual + the norm's input gradient: the gradient of a residual stream that also feeds the norm (dresidual
+ * NULL: none; dresidual == dinp: dinp +=). dweight += the weight's gradient. */
+void rmsnorm_backward(float *dinp, const float *dresidual, float *dweight, const float *dout, const float *inp,
+                      const float *weight, const float *rstd, int N, int C);
 
 /* out (N, OC) = inp (N, IC) @ weight^T + bias; weight is (OC, IC) like torch's nn.Linear; bias may be NULL. */
 void linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);

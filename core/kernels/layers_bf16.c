@@ -24,8 +24,15 @@ void rmsnorm_forward_bf16(float *out, float *rstd, const float *inp, const float
     }
 }
 
-void rmsnorm_backward_bf16(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                           const float *rstd, int N, int C) {
+void residual_rmsnorm_forward_bf16(float *residual, float *out, float *rstd, const float *inp, const float *weight,
+                                   int N, int C, float eps) {
+    add_inplace(residual, inp, (size_t)N * C);
+    dtype_round_to(residual, (size_t)N * C, DTYPE_BFLOAT16);
+    rmsnorm_forward_bf16(out, rstd, residual, weight, N, C, eps);
+}
+
+void rmsnorm_backward_bf16(float *dinp, const float *dresidual, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C) {
     /* dweight: per column, the float32 sum over rows of the rounded products, rounded once */
     for (int c = 0; c < C; c++) {
         double sum = 0.0;
@@ -37,13 +44,15 @@ void rmsnorm_backward_bf16(float *dinp, float *dweight, const float *dout, const
     }
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        const float *dres = dresidual != NULL ? dresidual + (size_t)n * C : NULL;
         float *dx = dinp + (size_t)n * C;
         float r = rstd[n];
         double dot = 0.0; /* sum_c dh_c x_c, dh = bf16(dy * weight) */
         for (int c = 0; c < C; c++) dot += km_bf16_rmsnorm_dot_term(km_bf16_rmsnorm_dh(dy[c], weight[c]), x[c]);
         float coefficient = km_rmsnorm_coefficient(dot, r, C);
         for (int c = 0; c < C; c++)
-            dx[c] = km_bf16_rmsnorm_dinp(dx[c], r, km_bf16_rmsnorm_dh(dy[c], weight[c]), x[c], coefficient);
+            dx[c] = km_bf16_rmsnorm_dinp(dres != NULL ? dres[c] : 0.0f, r, km_bf16_rmsnorm_dh(dy[c], weight[c]), x[c],
+                                         coefficient);
     }
 }
 

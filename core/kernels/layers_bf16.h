@@ -31,11 +31,15 @@
 /* HF's Qwen2RMSNorm on a bfloat16 input: r = 1/sqrt(mean(x^2) + eps) in float32, h = bf16(x * r) (`.to(input_dtype)`),
  * out = bf16(weight * h). Saves rstd (float32, as layers.h's; h is recomputed from x and rstd in backward). */
 void rmsnorm_forward_bf16(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps);
+/* residual = bf16(residual + inp) (the residual connection's add), then rmsnorm_forward_bf16(out, rstd, residual). */
+void residual_rmsnorm_forward_bf16(float *residual, float *out, float *rstd, const float *inp, const float *weight,
+                                   int N, int C, float eps);
 /* The backward of the above as autograd runs it: dh = bf16(dout * weight); dweight += bf16(sum over rows of
  * bf16(dout * h)) (mul's backward, then the broadcast's sum); the float32 norm's backward from dh, rounded to
- * bfloat16 (the cast's backward); dinp = bf16(dinp + that) (the residual's gradient and the norm's, added). */
-void rmsnorm_backward_bf16(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                           const float *rstd, int N, int C);
+ * bfloat16 (the cast's backward); dinp = bf16(dresidual + that) (the residual's gradient and the norm's, added;
+ * dresidual as layers.h's rmsnorm_backward: NULL for none, dinp for +=). */
+void rmsnorm_backward_bf16(float *dinp, const float *dresidual, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
 
 /* RoPE in place as HF on bfloat16 q or k: cos and sin rounded to bfloat16 (HF's `cos.to(x.dtype)`; the tables
  * given are layers.h's float32 ones), then bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)). */

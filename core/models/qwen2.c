@@ -838,12 +838,13 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &scratch);
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
     model_linear_forward(model, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
-    add_activation(model, a->mid, x, (size_t)N * C);
 
+    /* mid += x (the residual, rounded as add_activation's), then ln2 = norm(mid): one pass over mid */
     a->ln2 = output_buffer(model, (size_t)N * C, "post_attention_layernorm.output", l, MEM_ACTIVATION);
     a->ln2_rstd = output_buffer(model, (size_t)N, "post_attention_layernorm.rstd", l, MEM_ACTIVATION);
-    if (bf16_compute(model)) d->rmsnorm_forward_bf16(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, eps);
-    else d->rmsnorm_forward(d, a->ln2, a->ln2_rstd, a->mid, w[POST_NORM_WEIGHT], N, C, eps);
+    if (bf16_compute(model))
+        d->residual_rmsnorm_forward_bf16(d, a->mid, a->ln2, a->ln2_rstd, x, w[POST_NORM_WEIGHT], N, C, eps);
+    else d->residual_rmsnorm_forward(d, a->mid, a->ln2, a->ln2_rstd, x, w[POST_NORM_WEIGHT], N, C, eps);
     a->gate_up = output_buffer(model, (size_t)N * 2 * I, "mlp.gate_up", l, MEM_ACTIVATION);
     a->swiglu = output_buffer(model, (size_t)N * I, "mlp.act", l, MEM_ACTIVATION);
     float *stacked = NULL;
@@ -1013,13 +1014,13 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     }
     release(model, &acts->dlogits);
     release(model, &acts->logits);
-    acts->dresiduals[L] = sum_buffer(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
+    acts->dresiduals[L] = output_buffer(model, (size_t)N * C, "dresidual", L - 1, MEM_ACTIVATION);
     if (bf16_compute(model))
-        d->rmsnorm_backward_bf16(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm,
+        d->rmsnorm_backward_bf16(d, acts->dresiduals[L], NULL, qwen2_param_grad(model, norm_param(model)), dnorm,
                                  acts->residuals[L], qwen2_param_data(model, norm_param(model)), acts->final_rstd, N,
                                  C);
     else
-        d->rmsnorm_backward(d, acts->dresiduals[L], qwen2_param_grad(model, norm_param(model)), dnorm,
+        d->rmsnorm_backward(d, acts->dresiduals[L], NULL, qwen2_param_grad(model, norm_param(model)), dnorm,
                             acts->residuals[L], qwen2_param_data(model, norm_param(model)), acts->final_rstd, N, C);
     release(model, &dnorm);
     release(model, &acts->final_norm);
@@ -1040,8 +1041,7 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
         g[k] = qwen2_param_grad(model, layer_param(l, k));
     }
     /* MLP half: out = mid + down(swiglu(gate(ln2), up(ln2))), ln2 = norm(mid) */
-    float *dmid = output_buffer(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE);
-    d->copy(d, dmid, dout, (size_t)N * C * sizeof(float), DEVICE_D2D);
+    float *dmid = output_buffer(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE); /* = dout + the norm's */
     float *dswiglu = sum_buffer(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
     model_linear_backward(model, dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
     float *dgate_up = sum_buffer(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
@@ -1071,8 +1071,10 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &stacked_grad);
     release(model, &dgate_up);
     if (bf16_compute(model))
-        d->rmsnorm_backward_bf16(d, dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
-    else d->rmsnorm_backward(d, dmid, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
+        d->rmsnorm_backward_bf16(d, dmid, dout, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd,
+                                 N, C);
+    else
+        d->rmsnorm_backward(d, dmid, dout, g[POST_NORM_WEIGHT], dln2, a->mid, w[POST_NORM_WEIGHT], a->ln2_rstd, N, C);
     release(model, &dln2);
 
     /* attention half: mid = x + o_proj(attention(rope(q), rope(k), v)), q,k,v = proj(ln1), ln1 = norm(x) */
@@ -1116,12 +1118,11 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &dq);
     release(model, &dk);
     release(model, &dv);
-    /* dx = dmid (the residual path) + the norm's backward */
+    /* dx = dmid (the residual path) + the norm's backward, added in the norm's pass */
     float *dx = acts->dresiduals[l] = output_buffer(model, (size_t)N * C, "dresidual", l - 1, MEM_ACTIVATION);
-    d->copy(d, dx, dmid, (size_t)N * C * sizeof(float), DEVICE_D2D);
     if (bf16_compute(model))
-        d->rmsnorm_backward_bf16(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
-    else d->rmsnorm_backward(d, dx, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+        d->rmsnorm_backward_bf16(d, dx, dmid, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
+    else d->rmsnorm_backward(d, dx, dmid, g[INPUT_NORM_WEIGHT], dln1, x, w[INPUT_NORM_WEIGHT], a->ln1_rstd, N, C);
     if (l > 0) round_output(model, dx, (size_t)N * C); /* output_dtype: the cast of the layer's input, backward */
     release(model, &dln1);
     release(model, &dmid);

@@ -96,9 +96,17 @@ int devices() {
 /* Host waits, counted (CUDA_EMULATOR_SYNC_LOG=path: at exit each process appends one line to the file): every call
  * that makes the host wait for a GPU (a stream's, an event's or the device's synchronize) is one, whether or not
  * the emulator had anything to wait for, so a run counts the waits a GPU would have. The line ends with the
- * process's kernel launches and cuBLAS calls (emulator_work_count). */
+ * process's kernel launches and cuBLAS calls (emulator_work_count), then its copies within the GPU's memory and fills
+ * of it (cudaMemcpyAsync device to device, cudaMemsetAsync: work a GPU does between kernels, not counted as
+ * launches) and their bytes. */
 enum { SYNC_STREAM, SYNC_EVENT, SYNC_DEVICE, SYNC_KINDS };
 std::atomic<long> sync_counts[SYNC_KINDS];
+std::atomic<long> device_copies;
+std::atomic<unsigned long long> device_copy_bytes;
+void count_device_copy(size_t bytes) {
+    device_copies++;
+    device_copy_bytes += bytes;
+}
 } // namespace
 extern "C" std::atomic<unsigned long long> emulator_works; /* below: emulator_work_count's */
 namespace {
@@ -109,8 +117,9 @@ struct sync_report {
         FILE *file = fopen(path, "a");
         if (file == NULL) return;
         fprintf(file, "pid %d: cudaStreamSynchronize %ld cudaEventSynchronize %ld cudaDeviceSynchronize %ld "
-                "launches %llu\n", (int)getpid(), sync_counts[SYNC_STREAM].load(), sync_counts[SYNC_EVENT].load(),
-                sync_counts[SYNC_DEVICE].load(), emulator_works.load());
+                "launches %llu copies %ld bytes %llu\n", (int)getpid(), sync_counts[SYNC_STREAM].load(),
+                sync_counts[SYNC_EVENT].load(), sync_counts[SYNC_DEVICE].load(), emulator_works.load(),
+                device_copies.load(), device_copy_bytes.load());
         fclose(file);
     }
 } sync_reporter;
@@ -277,6 +286,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
         backtrace_symbols_fd(frames, backtrace(frames, 24), 2);
         return emulator_fail(cudaErrorIllegalAddress, "cudaMemcpyAsync");
     }
+    if (dst_device && src_device) count_device_copy(bytes);
     emulator_device_access_begin();
     memmove(dst, src, bytes);
     emulator_device_access_end();
@@ -290,6 +300,7 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t str
         fprintf(stderr, "cuda emulator: cudaMemsetAsync of %zu bytes at %p: not inside one GPU block\n", bytes, ptr);
         return emulator_fail(cudaErrorIllegalAddress, "cudaMemsetAsync");
     }
+    count_device_copy(bytes);
     emulator_device_access_begin();
     memset(ptr, value, bytes);
     emulator_device_access_end();

@@ -91,3 +91,13 @@ check "emulated CUDA: the loss read once a step (host waits per step: LOSS_CHUNK
   bash -c 'whole=$(tests/host_waits.sh) && chunked=$(tests/host_waits.sh LOSS_CHUNK=20) || exit 1
     echo "whole loss:    $whole"; echo "LOSS_CHUNK=20: $chunked"
     [ "${whole% launches*}" = "${chunked% launches*}" ] && echo "$chunked" | awk "{exit !(\$2 <= 58)}"'
+# The residual add fused into the norm after it (residual_rmsnorm_forward) and the residual's gradient added in the
+# norm's backward pass (rmsnorm_backward's dresidual; docs/gpu.md): per step (ACC=2, the tiny model's 4 layers) the
+# forward makes 1 launch fewer per layer and micro-batch in float32 (the add) and 2 in bfloat16 (the add, its
+# rounding); the backward 2 device copies fewer per layer and micro-batch (dout into dmid, dmid into dx) and 1 fill
+# fewer per micro-batch (the final norm's zeroed gradient): 498 -> 490 launches and 99 -> 81 copies in float32, 773
+# -> 757 and 120 -> 102 with MP=bf16 (tests/host_waits.sh on main at 4efec58, then after). Launches: field 8, copies 10.
+check "emulated CUDA: residual add in the norm's kernels (per step: launches <= 490, 757 bf16; copies <= 81, 102)" \
+  bash -c 'fp32=$(tests/host_waits.sh) && bf16=$(tests/host_waits.sh MP=bf16) || exit 1
+    echo "float32: $fp32"; echo "MP=bf16: $bf16"
+    echo "$fp32" | awk "{exit !(\$8 <= 490 && \$10 <= 81)}" && echo "$bf16" | awk "{exit !(\$8 <= 757 && \$10 <= 102)}"'
