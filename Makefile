@@ -91,7 +91,7 @@ endif
 
 # The CUDA emulator's build (make CUDA=emulated, into build/cuda_emulated/): the CUDA build's sources, FSDPLAB_CUDA
 # defined, against tests/cuda_emulator/'s cuda_runtime.h and cublas_v2.h instead of the toolkit's, the .cu files
-# through translate.py and g++; NCCL left out (tests/cuda_emulator/nccl_absent.c refuses BACKEND=nccl). No CUDA
+# through translate.py and g++; NCCL's calls over MPI (tests/cuda_emulator/nccl.c, for BACKEND=nccl). No CUDA
 # toolkit or GPU needed: DEVICE=cuda runs on the CPU, every call synchronous (tests/cuda_emulator/cuda_runtime.h says
 # what that does and does not show). tests/suites/cuda_emulated.sh runs it.
 ifeq ($(CUDA),emulated)
@@ -142,7 +142,8 @@ ifeq ($(CUDA),1)
   GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers)
 endif
 ifeq ($(CUDA),emulated)
-  CORE_SRC += core/cuda/cuda_device.c core/cuda/cuda_stream.c core/cuda/plugin.c $(EMULATOR)/nccl_absent.c
+  CORE_SRC += core/cuda/cuda_device.c core/cuda/cuda_stream.c core/cuda/plugin.c core/cuda/nccl_comm.c \
+    $(EMULATOR)/nccl.c
   CUDA_SRC := $(wildcard core/cuda/*.cu)
   EMULATOR_OBJ := $(EMULATOR)/emulator.o $(EMULATOR)/runtime.o
   GPU_TESTS := tests/bin/gpu_layers

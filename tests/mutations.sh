@@ -133,6 +133,12 @@ mutations=(
 ": 0.0f) +', 'dx[c] = (floatX)((dres != NULL ? 0.0f : 0.0f) +')|check-unit"
   "norm-backward-drops-residual|core/kernels/layers.c|s.replace('dx[c] = (dres != NULL ? dres[c] : 0.0f) + "\
 "km_rmsnorm_dinp', 'dx[c] = (dres != NULL ? 0.0f : 0.0f) + km_rmsnorm_dinp')|check-unit"
+  # BACKEND=nccl on the emulator's NCCL: a mean reduction queued as ncclSum (every rank's gradient W times too large)
+  "nccl-sum-for-avg|core/cuda/nccl_comm.c|s.replace('c->detail == 1 + COMM_AVG ? ncclAvg : ncclSum', "\
+"'c->detail == 1 + COMM_AVG ? ncclSum : ncclSum')|check-cuda-emulated"
+  # BACKEND=nccl's comm_wait waiting on the host for each collective again (the GPU's queue emptied before each)
+  "nccl-host-waits-each|core/comm/comm.c|s.replace('        return defer(ctx, c);', "\
+"'        return defer(ctx, c) != 0 ? -1 : comm_finish_pending(ctx);')|check-cuda-emulated"
 )
 
 if [ "${1:-}" = --applies ]; then

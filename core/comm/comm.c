@@ -441,36 +441,12 @@ static void issue(context *ctx, call *c, stream *on) {
 
 int comm_done(const comm_handle *handle) { return !handle->active || event_query(&handle->done); }
 
-int comm_wait(context *ctx, comm_handle *c, const char *hook) {
-    if (!c->active) return 0;
-    if (!event_query(&c->done)) {
-        double start = trace_now_us(&ctx->trace);
-        if (c->backend_comm != NULL) ctx->collectives->wait(ctx, c); /* polls: TIMEOUT and its errors end the wait */
-        else event_synchronize(&c->done);
-        trace_wait_info wait = {.on = c->stream->name, .op = op_names[c->op], .unit = c->unit, .seq = (int64_t)c->seq,
-                                .hook = hook, .start_us = start, .dur_us = trace_now_us(&ctx->trace) - start};
-        trace_wait(&ctx->trace, &wait);
-    }
-    if (c->backend_comm != NULL) ctx->collectives->finish(ctx, c); /* the compute stream waits for it; its times */
-    if (c->staged) {
-        mem_free(c->buffers, c->staging[0]);
-        mem_free(c->buffers, c->staging[1]);
-        c->staging[0] = c->staging[1] = NULL;
-    }
-    c->active = 0;
-    mem_free(c->buffers, c->ring_buffers[0]);
-    mem_free(c->buffers, c->ring_buffers[1]);
-    c->ring_buffers[0] = c->ring_buffers[1] = NULL;
-    if (c->status != 0) {
-        snprintf(ctx->error, sizeof ctx->error, "%s", c->error);
-        if (strstr(c->error, "timed out") != NULL) trace_mark(&ctx->trace, c->error); /* the JSONL says so */
-        return -1;
-    }
-    char ranks[8192]; /* a group's world ranks as text: ~1,600 ranks of 4 digits */
-    trace_collective_info info = {
+/* What a collective moved and took (its times once known), for its event; ranks: room for its group's ranks. */
+static trace_collective_info collective_info(const comm_handle *c, char *ranks, size_t ranks_size) {
+    return (trace_collective_info){
         .group = c->group ? c->group->name : "world",
         .group_size = c->size,
-        .group_ranks = c->group ? group_ranks_text(c->group, ranks, sizeof ranks) : NULL,
+        .group_ranks = c->group ? group_ranks_text(c->group, ranks, ranks_size) : NULL,
         .op = op_names[c->op],
         .unit = c->unit,
         .reduce = c->reduce,
@@ -485,11 +461,122 @@ int comm_wait(context *ctx, comm_handle *c, const char *hook) {
         .start_us = c->start_us,
         .dur_us = c->end_us - c->start_us,
     };
-    trace_collective(&ctx->trace, &info);
-    ctx->last_collective = info;
-    ctx->last_collective.unit = NULL; /* the caller's string may not outlive the call */
+}
+
+/* ctx->last_collective: the info without its strings (the caller's may not outlive the call). */
+static void set_last_collective(context *ctx, const trace_collective_info *info) {
+    ctx->last_collective = *info;
+    ctx->last_collective.unit = NULL;
     ctx->last_collective.stream = NULL;
     ctx->last_collective.group = ctx->last_collective.group_ranks = NULL;
+}
+
+/* Its `collective` event, and ctx->last_collective. */
+static void write_collective(context *ctx, const comm_handle *c) {
+    char ranks[8192]; /* a group's world ranks as text: ~1,600 ranks of 4 digits */
+    trace_collective_info info = collective_info(c, ranks, sizeof ranks);
+    trace_collective(&ctx->trace, &info);
+    set_last_collective(ctx, &info);
+}
+
+/* A failed collective's error into ctx->error (a timeout marked in the JSONL too): -1. */
+static int failed(context *ctx, const comm_handle *c) {
+    snprintf(ctx->error, sizeof ctx->error, "%s", c->error);
+    if (strstr(c->error, "timed out") != NULL) trace_mark(&ctx->trace, c->error); /* the JSONL says so */
+    return -1;
+}
+
+/* ---- a device-ordered backend's collectives, waited for later (BACKEND=nccl) ----
+ * comm_wait orders the compute stream after the collective on the device and keeps a copy of its handle here, its
+ * unit's name with it; comm_finish_pending takes them in issue order: the host's wait (the backend's watchdog and
+ * errors), the times, the event. At most PENDING_MAX wait at once (a full list finishes its oldest first, long done
+ * by then): a handle's cudaEvents come from pools that reuse an event CUDA_EVENT_POOL (1,024) records later, and
+ * PENDING_MAX collectives record a few hundred at most. */
+enum { PENDING_MAX = 64, PENDING_UNIT = 96 };
+typedef struct pending_list {
+    comm_handle handles[PENDING_MAX];
+    char units[PENDING_MAX][PENDING_UNIT];
+    int first; /* the oldest's index; ctx->pending_collective_count follow it, in a ring */
+} pending_list;
+
+static int finish_one(context *ctx, comm_handle *c) {
+    if (ctx->collectives->wait(ctx, c) == 0) ctx->collectives->finish(ctx, c);
+    else c->status = -1;
+    if (c->status != 0) return failed(ctx, c);
+    write_collective(ctx, c);
+    return 0;
+}
+
+int comm_finish_pending(context *ctx) {
+    pending_list *list = ctx->pending_collectives;
+    int status = 0;
+    while (list != NULL && ctx->pending_collective_count > 0) {
+        comm_handle *c = &list->handles[list->first];
+        list->first = (list->first + 1) % PENDING_MAX;
+        ctx->pending_collective_count--;
+        if (status == 0) status = finish_one(ctx, c);
+    }
+    free(list);
+    ctx->pending_collectives = NULL;
+    return status;
+}
+
+static int defer(context *ctx, comm_handle *c) {
+    pending_list *list = ctx->pending_collectives;
+    if (list == NULL) {
+        list = ctx->pending_collectives = calloc(1, sizeof *list);
+        if (list == NULL) {
+            snprintf(ctx->error, sizeof ctx->error, "rank %d: %s on unit '%s': out of memory", ctx->rank,
+                     op_names[c->op], c->unit);
+            return -1;
+        }
+        ctx->finish_pending = comm_finish_pending;
+    }
+    if (ctx->pending_collective_count == PENDING_MAX) { /* the oldest, issued PENDING_MAX collectives ago */
+        comm_handle *oldest = &list->handles[list->first];
+        list->first = (list->first + 1) % PENDING_MAX;
+        ctx->pending_collective_count--;
+        if (finish_one(ctx, oldest) != 0) return -1;
+    }
+    int at = (list->first + ctx->pending_collective_count++) % PENDING_MAX;
+    list->handles[at] = *c;
+    snprintf(list->units[at], PENDING_UNIT, "%s", c->unit ? c->unit : "");
+    list->handles[at].unit = list->units[at];
+    /* What it moved is known now, its times only once finished: ctx->last_collective has them 0 until then (its
+     * event has them) */
+    comm_handle untimed = *c;
+    untimed.start_us = untimed.end_us = 0.0;
+    char ranks[8192];
+    trace_collective_info info = collective_info(&untimed, ranks, sizeof ranks);
+    set_last_collective(ctx, &info);
+    return 0;
+}
+
+int comm_wait(context *ctx, comm_handle *c, const char *hook) {
+    if (!c->active) return 0;
+    if (c->backend_comm != NULL) { /* the compute stream waits for it on the device, and the host goes on */
+        ctx->collectives->order(ctx, c);
+        c->active = 0;
+        return defer(ctx, c);
+    }
+    if (!event_query(&c->done)) {
+        double start = trace_now_us(&ctx->trace);
+        event_synchronize(&c->done);
+        trace_wait_info wait = {.on = c->stream->name, .op = op_names[c->op], .unit = c->unit, .seq = (int64_t)c->seq,
+                                .hook = hook, .start_us = start, .dur_us = trace_now_us(&ctx->trace) - start};
+        trace_wait(&ctx->trace, &wait);
+    }
+    if (c->staged) {
+        mem_free(c->buffers, c->staging[0]);
+        mem_free(c->buffers, c->staging[1]);
+        c->staging[0] = c->staging[1] = NULL;
+    }
+    c->active = 0;
+    mem_free(c->buffers, c->ring_buffers[0]);
+    mem_free(c->buffers, c->ring_buffers[1]);
+    c->ring_buffers[0] = c->ring_buffers[1] = NULL;
+    if (c->status != 0) return failed(ctx, c);
+    write_collective(ctx, c);
     return 0;
 }
 
@@ -547,10 +634,12 @@ size_t comm_all_reduce_ring_bytes(size_t count, int size, dtype type) {
     return (count / (size_t)size + (count % (size_t)size != 0)) * dtype_size(type);
 }
 
-/* A blocking form: issue on the host, then wait (which writes the event). */
+/* A blocking form: issue on the host, then wait (which writes the event); with BACKEND=nccl the host waits for it too,
+ * so its data and times are there when it returns (lab 03 compares the times). */
 static int blocking(context *ctx, call *c) {
     issue(ctx, c, NULL);
-    return comm_wait(ctx, c, NULL);
+    if (comm_wait(ctx, c, NULL) != 0) return -1;
+    return comm_finish_pending(ctx);
 }
 
 int comm_all_gather(context *ctx, const float *shard, float *full, size_t full_count, const char *unit) {
@@ -633,11 +722,11 @@ int comm_all_reduce_start(context *ctx, stream *on, float *buffer, size_t count,
     return comm_all_reduce_group_start(ctx, NULL, on, buffer, count, reduce, unit, handle);
 }
 
-/* The typed forms: the begin and issue of the float ones with the element type; on NULL runs on the host and waits. */
+/* The typed forms: the begin and issue of the float ones with the element type; on NULL runs on the host and waits
+ * (BACKEND=nccl: queued on the compute stream, which the kernels queued after it wait for; comm_wait). */
 static int issue_typed(context *ctx, call *c, stream *on) {
-    if (on == NULL) return blocking(ctx, c);
     issue(ctx, c, on);
-    return 0;
+    return on == NULL ? comm_wait(ctx, c, NULL) : 0;
 }
 
 int comm_all_gather_typed(context *ctx, const comm_group *group, stream *on, const void *shard, void *full,

@@ -17,7 +17,8 @@
  * Two forms. The blocking ones (labs 01-03) return when the data is there. The start/wait ones are FSDP's: `_start`
  * queues the collective on a stream (core/comm/stream.h) and returns at once with a handle; the host computes
  * meanwhile; comm_wait blocks until it is done (the blocked time is exposed communication, written as a `wait` event).
- * The buffers belong to the collective until comm_wait returns.
+ * The buffers belong to the collective until comm_wait returns. (BACKEND=nccl: comm_wait makes the GPU's compute
+ * stream wait for it, as torch's wait_stream, and the host goes on; below.)
  *
  * Each call writes one `collective` event (op, unit, bytes, ring traffic, seq, duration). Before moving data, every
  * rank checks that all ranks called the same op with the same count, detail (reduction, root) and unit: a mismatch
@@ -118,16 +119,24 @@ int comm_all_reduce_group_start(context *ctx, const comm_group *group, stream *o
 /* Whether the collective has completed (its buffers are ready); never blocks. */
 int comm_done(const comm_handle *handle);
 /* The host waits for the collective (a `wait` event when it had to, naming `hook`), writes its `collective` event
- * and releases its temporary buffers. 0, or -1 with ctx->error when MPI failed. */
+ * and releases its temporary buffers. 0, or -1 with ctx->error when MPI failed. On a device-ordered backend
+ * (BACKEND=nccl) the device waits instead: the compute stream is ordered after the collective, the host goes on, and
+ * the handle joins the pending ones that comm_finish_pending takes (ctx->last_collective then has what it moved, its
+ * times 0). Either way the kernels and copies queued from now on see its result, and the handle may be reused. */
 int comm_wait(context *ctx, comm_handle *handle, const char *hook);
+/* The host waits for every pending collective of a device-ordered backend, in issue order (polling: TIMEOUT and the
+ * backend's errors end the wait), and writes their `collective` events with their times. 0, or -1 with ctx->error
+ * naming the first that failed (the others are dropped). Called where the host waits anyway: the runtime's losses
+ * read and compute spans (core/fsdp/fsdp.c), session_close; nothing to do elsewhere. */
+int comm_finish_pending(context *ctx);
 
-/* The typed forms (mixed precision): the same collectives on elements of `type` (float32 or bfloat16), so a
- * bfloat16 all-gather moves half the bytes. on NULL: blocking (handle may then be NULL). The float functions above are
- * these with DTYPE_FLOAT32. A bfloat16 reduce-scatter sums as c10::BFloat16 does: each step of the ring adds the
- * received partial sum to this rank's chunk in float32 and rounds once to bfloat16 (N - 1 roundings for N ranks, as
- * a bfloat16 tensor's `a + b` per hop); a mean then multiplies by 1/N and rounds once more (exact when N is a power
- * of two). The dtype is part of the agreement: every rank must pass the same one. group: as the _group_ forms (NULL:
- * the world). */
+/* The typed forms (mixed precision): the same collectives on elements of `type` (float32 or bfloat16), so a bfloat16
+ * all-gather moves half the bytes. on NULL: blocking, as comm_wait blocks (handle may then be NULL). The float
+ * functions above are these with DTYPE_FLOAT32. A bfloat16 reduce-scatter sums as c10::BFloat16 does: each step of the
+ * ring adds the received partial sum to this rank's chunk in float32 and rounds once to bfloat16 (N - 1 roundings for N
+ * ranks, as a bfloat16 tensor's `a + b` per hop); a mean then multiplies by 1/N and rounds once more (exact when N is a
+ * power of two). The dtype is part of the agreement: every rank must pass the same one. group: as the _group_ forms
+ * (NULL: the world). */
 int comm_all_gather_typed(context *ctx, const comm_group *group, stream *on, const void *shard, void *full,
                           size_t full_count, dtype type, const char *unit, comm_handle *handle);
 int comm_reduce_scatter_typed(context *ctx, const comm_group *group, stream *on, const void *full, void *shard,

@@ -1,12 +1,16 @@
 /* cuda_device.c — the CUDA device of core/device/device.h: the rank's GPU, its compute stream and cuBLAS handle, and
  * where the caching allocators' segments come from (cudaMalloc for the device pool, pinned host memory for the host
  * pool). The layer, vector and AdamW functions are core/cuda/kernels.cu's (cuda_ops_install). See cuda_device.h. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
 #include "core/cuda/cuda_device.h"
 
+#include <math.h>
 #include <mpi.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
+
+#include "core/runtime/world.h"
 
 
 /* The reductions' partial results (cuda_device.h `scratch`): 1 MiB holds 65,536 blocks' 16-byte partials. */
@@ -34,6 +38,39 @@ void cublas_check(int rank, cublasStatus_t status, const char *call, const char 
     if (status == CUBLAS_STATUS_SUCCESS) return;
     fprintf(stderr, "rank %d: %s:%d: %s failed: %s (%s)\n", rank, file, line, call, cublasGetStatusString(status),
             cublasGetStatusName(status));
+    abort_run();
+}
+
+/* ---- the host's waits for the GPU ---- */
+
+int cuda_event_poll(int rank, cudaEvent_t event, double timeout_seconds, int (*failed)(void *arg), void *arg) {
+    double start = MPI_Wtime();
+    double deadline = timeout_seconds > 0 ? start + timeout_seconds : INFINITY;
+    long sleep_ns = 0;
+    for (;;) {
+        cudaError_t status = cudaEventQuery(event);
+        if (status == cudaSuccess) return 0;
+        if (status != cudaErrorNotReady) CUDA_CHECK(rank, status);
+        (void)cudaGetLastError(); /* not ready is not an error */
+        if (failed != NULL && failed(arg)) return 1;
+        double now = MPI_Wtime();
+        if (now > deadline) return -1;
+        if (now - start < WORLD_POLL_SPIN_US * 1e-6) {
+            sched_yield();
+            continue;
+        }
+        sleep_ns = sleep_ns == 0 ? 1000 : sleep_ns * 2;
+        if (sleep_ns > WORLD_POLL_MAX_US * 1000L) sleep_ns = WORLD_POLL_MAX_US * 1000L;
+        struct timespec pause = {0, sleep_ns};
+        nanosleep(&pause, NULL);
+    }
+}
+
+void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const char *what) {
+    if (cuda_event_poll(device->rank, event, device->timeout_seconds, NULL, NULL) == 0) return;
+    fprintf(stderr, "rank %d: %s timed out: the GPU had not got there after %g s (TIMEOUT); its queue is stuck, "
+            "most likely behind a collective that a rank has not joined (it stopped, died or fell behind by more than "
+            "that)\n", device->rank, what, device->timeout_seconds);
     abort_run();
 }
 
@@ -171,12 +208,7 @@ static void cuda_copy_from_pinned(device *d, void *dst, const void *src, size_t 
 static void cuda_pinned_copies_wait(device *d) {
     cuda_device_state *device = d->impl;
     if (!device->pinned_copy_pending) return;
-    cudaError_t status = cudaEventQuery(device->pinned_copy_event);
-    if (status == cudaErrorNotReady) {
-        (void)cudaGetLastError(); /* not an error: the copies are still queued */
-        status = cudaEventSynchronize(device->pinned_copy_event);
-    }
-    CUDA_CHECK(device->rank, status);
+    cuda_event_wait(device, device->pinned_copy_event, "the wait for the last batch's token copy");
     device->pinned_copy_pending = 0;
 }
 

@@ -49,7 +49,18 @@ typedef struct cuda_device_state {
     cudaEvent_t pinned_copy_event;
     int pinned_copy_pending;
     double reference_seconds;
+    double timeout_seconds;       /* the context's TIMEOUT (0: never), for cuda_event_wait */
 } cuda_device_state;
+
+/* The host waits for `event` by polling it (yielding for WORLD_POLL_SPIN_US, then sleeping from 1 us doubling to
+ * WORLD_POLL_MAX_US, as core/runtime/world.h's world_poll), so that a wait that never ends can end: 0 once it has
+ * completed; 1 as soon as `failed` (called between polls with `arg`; NULL: never) returns nonzero; -1 when it is not
+ * complete after timeout_seconds (0: never). */
+int cuda_event_poll(int rank, cudaEvent_t event, double timeout_seconds, int (*failed)(void *arg), void *arg);
+/* The host waits for `event` (cuda_event_poll under the device's TIMEOUT). A GPU queue that does not reach it in time
+ * is stuck behind a collective a rank has not joined (BACKEND=nccl: the compute stream waits for the collectives on
+ * the device), so the run ends there with a message naming `what` waited, as the collectives' watchdog does. */
+void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const char *what);
 
 /* A pool of CUDA_EVENT_POOL events for one cudaStream, recorded in turn and created on first use (the compute
  * stream's is the device's; core/cuda/cuda_stream.c makes one per comm stream). */

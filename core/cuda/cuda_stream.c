@@ -88,8 +88,12 @@ int cuda_event_query(const stream_event *event) {
     return 1;
 }
 
+/* Polled under TIMEOUT (cuda_event_wait): with BACKEND=nccl the stream may wait for a collective on the device, and a
+ * rank that never joins it must not hang this one (the rate limiter waits here). */
 void cuda_event_synchronize(const stream_event *event) {
-    CUDA_CHECK(event->recorded_on->ctx->rank, cudaEventSynchronize((cudaEvent_t)event->device_event));
+    char what[96];
+    snprintf(what, sizeof what, "the host's wait for an event on stream '%s'", event->recorded_on->name);
+    cuda_event_wait(device_of(event->recorded_on), (cudaEvent_t)event->device_event, what);
 }
 
 void cuda_stream_wait_event(stream *s, const stream_event *event) {

@@ -1,15 +1,11 @@
 /* nccl_comm.c — NCCL communicators from an MPI-broadcast ncclUniqueId; the collectives queued on cudaStreams. See
  * nccl_comm.h. */
-#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "core/cuda/nccl_comm.h"
 
-#include <math.h>
 #include <nccl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/cuda/cuda_device.h"
 #include "core/cuda/cuda_stream.h"
@@ -124,56 +120,46 @@ void nccl_comm_issue(context *ctx, comm_handle *c, stream *on) {
     }
 }
 
-/* Polls back to back for WORLD_POLL_SPIN_US (yielding the core), then sleeps between polls, from 1 us doubling to
- * WORLD_POLL_MAX_US: the host has nothing else to do, and a wait of a few microseconds stays that short. */
+/* cuda_event_poll's `failed`: NCCL's asynchronous error of c's communicator, into c->error. */
+static int nccl_failed(void *arg) {
+    comm_handle *c = arg;
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(c->ctx->rank, comm_op_name(c->op), (ncclComm_t)c->backend_comm,
+               ncclCommGetAsyncError((ncclComm_t)c->backend_comm, &async));
+    if (async == ncclSuccess || async == ncclInProgress) return 0;
+    const char *detail = ncclGetLastError((ncclComm_t)c->backend_comm);
+    snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu): NCCL failed: %s%s%s", c->ctx->rank,
+             comm_op_name(c->op), c->unit, (unsigned long long)c->seq, ncclGetErrorString(async),
+             detail && detail[0] ? ": " : "", detail ? detail : "");
+    return 1;
+}
+
+/* Polled (cuda_event_poll: the host has nothing else to do, and a wait of a few microseconds stays that short), NCCL's
+ * asynchronous errors checked between polls. */
 int nccl_comm_wait(context *ctx, comm_handle *c) {
-    double start = MPI_Wtime();
-    double deadline = ctx->timeout_seconds > 0 ? start + ctx->timeout_seconds : INFINITY;
-    long sleep_ns = 0;
-    for (;;) {
-        cudaError_t status = cudaEventQuery((cudaEvent_t)c->device_end);
-        if (status == cudaSuccess) {
-            double now_us = trace_now_us(&ctx->trace);
-            if (c->seen_us == 0.0 || now_us < c->seen_us) c->seen_us = now_us;
-            return 0;
-        }
-        if (status != cudaErrorNotReady) CUDA_CHECK(ctx->rank, status);
-        ncclResult_t async = ncclSuccess;
-        NCCL_CHECK(ctx->rank, comm_op_name(c->op), (ncclComm_t)c->backend_comm,
-                   ncclCommGetAsyncError((ncclComm_t)c->backend_comm, &async));
-        if (async != ncclSuccess && async != ncclInProgress) {
-            const char *detail = ncclGetLastError((ncclComm_t)c->backend_comm);
-            snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu): NCCL failed: %s%s%s", ctx->rank,
-                     comm_op_name(c->op), c->unit, (unsigned long long)c->seq, ncclGetErrorString(async),
-                     detail && detail[0] ? ": " : "", detail ? detail : "");
-            c->status = -1;
-            return -1;
-        }
-        double now = MPI_Wtime();
-        if (now > deadline) { /* the watchdog (TIMEOUT), as the MPI path's and NCCL's own in torch */
-            snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu, NCCL) timed out: not complete "
-                     "after %g s (TIMEOUT); a rank has stopped, died or fallen behind by more than that", ctx->rank,
-                     comm_op_name(c->op), c->unit, (unsigned long long)c->seq, ctx->timeout_seconds);
-            c->status = -1;
-            return -1;
-        }
-        if (now - start < WORLD_POLL_SPIN_US * 1e-6) {
-            sched_yield();
-            continue;
-        }
-        sleep_ns = sleep_ns == 0 ? 1000 : sleep_ns * 2;
-        if (sleep_ns > WORLD_POLL_MAX_US * 1000L) sleep_ns = WORLD_POLL_MAX_US * 1000L;
-        struct timespec pause = {0, sleep_ns};
-        nanosleep(&pause, NULL);
+    int status = cuda_event_poll(ctx->rank, (cudaEvent_t)c->device_end, ctx->timeout_seconds, nccl_failed, c);
+    if (status == 0) {
+        double now_us = trace_now_us(&ctx->trace);
+        if (c->seen_us == 0.0 || now_us < c->seen_us) c->seen_us = now_us;
+        return 0;
     }
+    if (status < 0) /* the watchdog (TIMEOUT), as the MPI path's and NCCL's own in torch */
+        snprintf(c->error, sizeof c->error, "rank %d: %s on unit '%s' (seq %llu, NCCL) timed out: not complete after "
+                 "%g s (TIMEOUT); a rank has stopped, died or fallen behind by more than that", ctx->rank,
+                 comm_op_name(c->op), c->unit, (unsigned long long)c->seq, ctx->timeout_seconds);
+    c->status = -1;
+    return -1;
+}
+
+/* Kernels queued on the compute stream from now on read what it wrote: the stream waits for its end event on the
+ * device (torch's wait_stream), and the host goes on without waiting. */
+void nccl_comm_order(context *ctx, comm_handle *c) {
+    cuda_device_state *device = ctx->device.impl;
+    CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(device->compute, (cudaEvent_t)c->device_end, 0));
 }
 
 void nccl_comm_finish(context *ctx, comm_handle *c) {
     if (c->status != 0 || nccl_comm_wait(ctx, c) != 0) return;
-    cuda_device_state *device = ctx->device.impl;
-    /* Kernels queued on the compute stream from now on read what it wrote (redundant once the host has waited, and
-     * cheap: the dependency is stated where it is). */
-    CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(device->compute, (cudaEvent_t)c->device_end, 0));
     /* Its times on the trace clock, each off by the few microseconds of the conversion, then kept within what is
      * known for sure: it started no earlier than it was issued, nor before the one queued ahead of it on its stream
      * ended, and ended no later than the host saw it done. Moved (its duration kept) or, where the bounds pinch,

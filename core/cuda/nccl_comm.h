@@ -12,8 +12,11 @@
  *
  * A collective is queued on a cudaStream (the comm stream's, or the compute stream's for the blocking forms and a
  * host stream) behind the compute stream's work queued before it (a cudaEvent: its input was written there), between
- * two cudaEvents that give its duration on the trace clock. comm_wait makes the host wait for the second (polling, so
- * TIMEOUT's watchdog and NCCL's asynchronous errors are seen) and the compute stream wait for it too.
+ * two cudaEvents that give its duration on the trace clock. comm_wait makes the compute stream wait for the second
+ * (cudaStreamWaitEvent, as torch's wait_stream) and does not wait on the host: a host wait there would empty the
+ * GPU's queue before the next kernels are launched. The host waits for it later, where it waits anyway (the step's
+ * losses and timers, core/comm/comm.h's comm_finish_pending), polling, so TIMEOUT's watchdog and NCCL's
+ * asynchronous errors are seen then, and its trace event is written then.
  *
  * A mean (COMM_AVG) is ncclAvg, where the MPI path sums and then multiplies once by 1/N. Depending on its version and
  * kernel NCCL scales each input by 1/N before summing or divides the sum by N; for N a power of two either is an exact
@@ -40,10 +43,12 @@ void nccl_comm_destroy(void *comm);
 /* Queues the collective c (core/comm/comm.c has agreed on it and set it up) on `on`: a device stream of its own
  * (BACKEND=nccl comm stream), or, on NULL or a stream on the compute cudaStream, the compute stream. */
 void nccl_comm_issue(context *ctx, comm_handle *c, stream *on);
+/* The compute stream waits for c on the device: the kernels queued from now on read what it wrote. No host wait. */
+void nccl_comm_order(context *ctx, comm_handle *c);
 /* The host waits until c has run, polling: 0, or -1 with c->error when NCCL reported an error or TIMEOUT passed. */
 int nccl_comm_wait(context *ctx, comm_handle *c);
-/* After nccl_comm_wait: the compute stream waits for c (the kernels queued from now on read what it wrote) and its
- * start and end go onto the trace clock (c->start_us, c->end_us). Sets c->status and c->error when the wait failed. */
+/* After nccl_comm_wait: c's start and end onto the trace clock (c->start_us, c->end_us). Sets c->status and c->error
+ * when the wait failed. */
 void nccl_comm_finish(context *ctx, comm_handle *c);
 
 #endif

@@ -33,6 +33,7 @@ static const comm_backend nccl_collectives = {
     .create = nccl_comm_create,
     .destroy = nccl_comm_destroy,
     .issue = nccl_comm_issue,
+    .order = nccl_comm_order,
     .wait = nccl_comm_wait,
     .finish = nccl_comm_finish,
 };
@@ -56,7 +57,10 @@ static void cuda_open(context *ctx, int use_collectives, int allow_tf32) {
             ok = 0;
         }
     }
-    if (ok) cuda_device_allow_tf32(&ctx->device, allow_tf32);
+    if (ok) {
+        cuda_device_allow_tf32(&ctx->device, allow_tf32);
+        ((cuda_device_state *)ctx->device.impl)->timeout_seconds = ctx->timeout_seconds; /* cuda_event_wait's */
+    }
     if (!world_all_true(ctx, ok)) world_exit_all(ctx, 2, "%s", ctx->error);
     ctx->stream_ops = &cuda_streams;
     if (use_collectives) {

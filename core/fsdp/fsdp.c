@@ -710,6 +710,7 @@ typedef enum piece_phase { PHASE_FORWARD, PHASE_RECOMPUTE, PHASE_BACKWARD } piec
 static const char *const phase_names[] = {"forward", "recompute", "backward"};
 
 void fsdp_trace_compute_spans(fsdp_runtime *runtime) {
+    check(runtime, comm_finish_pending(runtime->ctx)); /* the collectives the compute stream waited for, as above */
     if (runtime->timed_piece_count == 0) return;
     module *model = runtime->model;
     trace_sink *trace = &runtime->ctx->trace;
@@ -821,6 +822,9 @@ void fsdp_losses_read(fsdp_runtime *runtime, float *losses, int first, int count
     if (first < 0 || count < 0 || first + count > MODULE_LOSS_SLOTS)
         world_fatal(runtime->ctx, "loss slots %d .. %d outside 0 .. %d", first, first + count - 1,
                     MODULE_LOSS_SLOTS - 1);
+    /* The read waits for the device: first the collectives it is ordered after (BACKEND=nccl's, polled, so a stopped
+     * rank is reported by TIMEOUT's watchdog rather than hanging the read) */
+    check(runtime, comm_finish_pending(runtime->ctx));
     if (model->ops->losses_read != NULL) model->ops->losses_read(model->self, losses, first, count);
     else memcpy(losses, runtime->host_losses + first, (size_t)count * sizeof *losses);
 }

@@ -55,6 +55,12 @@ typedef struct context {
     const struct stream_ops *stream_ops;     /* its streams and events (core/comm/stream.h); NULL: threads and flags */
     const struct comm_backend *collectives;  /* BACKEND=nccl: its collectives (core/comm/comm.h); NULL: MPI (= gloo) */
     void *collectives_world;                 /* that backend's communicator of the world (an ncclComm_t) */
+    /* That backend's collectives that comm_wait ordered the compute stream after without the host waiting for them:
+     * their completion, errors, times and trace events are taken when the host next looks (core/comm/comm.h's
+     * comm_finish_pending, comm.c's list); finish_pending is that function, for session_close. */
+    void *pending_collectives;
+    int pending_collective_count;
+    int (*finish_pending)(struct context *ctx);
     int local_rank, local_size; /* this rank among the ranks of its node (MPI_COMM_TYPE_SHARED): picks the GPU */
     int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */

@@ -174,6 +174,9 @@ void session_open(context *ctx, int *argc, char ***argv, const char *program, co
 }
 
 int session_close(context *ctx) {
+    /* Collectives the device was ordered after and the host has not waited for (BACKEND=nccl): their events */
+    if (ctx->finish_pending != NULL && ctx->finish_pending(ctx) != 0)
+        fprintf(stderr, "%s: error: rank %d: %s\n", ctx->program, ctx->rank, ctx->error);
     size_t leaks = mem_shutdown(&ctx->mem);
     if (ctx->host_mem_ready) leaks += mem_shutdown(&ctx->host_mem);
     if (ctx->plugin != NULL) ctx->plugin->close(ctx);

@@ -26,7 +26,7 @@
  * cudaStreamWaitEvent is never seen), races between blocks or between streams, kernels reading host memory (a kernel
  * may dereference any pointer), the bus (PCIe bandwidth, pinned vs pageable speed), device memory capacity (no
  * cudaErrorMemoryAllocation), timing (cudaEventElapsedTime is host time), TF32 (the math mode is recorded only), and
- * CUDA's own arithmetic (expf, rsqrtf, fma contraction by nvcc). NCCL is not emulated (nccl_absent.c refuses it).
+ * CUDA's own arithmetic (expf, rsqrtf, fma contraction by nvcc). NCCL's calls are MPI's here (nccl.h says how).
  */
 #ifndef FSDPLAB_CUDA_EMULATOR_RUNTIME_H
 #define FSDPLAB_CUDA_EMULATOR_RUNTIME_H

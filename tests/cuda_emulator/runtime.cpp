@@ -98,10 +98,13 @@ int devices() {
  * the emulator had anything to wait for, so a run counts the waits a GPU would have. The line ends with the
  * process's kernel launches and cuBLAS calls (emulator_work_count), then its copies within the GPU's memory and fills
  * of it (cudaMemcpyAsync device to device, cudaMemsetAsync: work a GPU does between kernels, not counted as
- * launches) and their bytes. */
+ * launches) and their bytes, then its stops: the host's looks at the GPU's progress (the synchronizes above and every
+ * cudaEventQuery: a host that polls an event until it completes waits as a synchronize does, which this synchronous
+ * emulator cannot tell apart) made while work queued since its previous look was still to run; repeated looks with
+ * nothing queued between them count once. A step whose host never stops until its end keeps the GPU's queue full. */
 enum { SYNC_STREAM, SYNC_EVENT, SYNC_DEVICE, SYNC_KINDS };
 std::atomic<long> sync_counts[SYNC_KINDS];
-std::atomic<long> device_copies;
+std::atomic<long> device_copies, host_stops;
 std::atomic<unsigned long long> device_copy_bytes;
 void count_device_copy(size_t bytes) {
     device_copies++;
@@ -110,6 +113,12 @@ void count_device_copy(size_t bytes) {
 } // namespace
 extern "C" std::atomic<unsigned long long> emulator_works; /* below: emulator_work_count's */
 namespace {
+std::atomic<unsigned long long> queued_at_last_look{0};
+/* A look at the GPU's progress: a stop when work (launches, copies within its memory) was queued since the last. */
+void count_host_look() {
+    unsigned long long queued = emulator_works.load() + (unsigned long long)device_copies.load();
+    if (queued_at_last_look.exchange(queued) != queued) host_stops++;
+}
 struct sync_report {
     ~sync_report() {
         const char *path = getenv("CUDA_EMULATOR_SYNC_LOG");
@@ -117,9 +126,9 @@ struct sync_report {
         FILE *file = fopen(path, "a");
         if (file == NULL) return;
         fprintf(file, "pid %d: cudaStreamSynchronize %ld cudaEventSynchronize %ld cudaDeviceSynchronize %ld "
-                "launches %llu copies %ld bytes %llu\n", (int)getpid(), sync_counts[SYNC_STREAM].load(),
+                "launches %llu copies %ld bytes %llu stops %ld\n", (int)getpid(), sync_counts[SYNC_STREAM].load(),
                 sync_counts[SYNC_EVENT].load(), sync_counts[SYNC_DEVICE].load(), emulator_works.load(),
-                device_copies.load(), device_copy_bytes.load());
+                device_copies.load(), device_copy_bytes.load(), host_stops.load());
         fclose(file);
     }
 } sync_reporter;
@@ -216,6 +225,7 @@ cudaError_t cudaSetDevice(int device) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     sync_counts[SYNC_DEVICE]++;
+    count_host_look();
     return cudaSuccess;
 }
 
@@ -325,6 +335,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     sync_counts[SYNC_STREAM]++;
+    count_host_look();
     return emulator_stream_ok(stream) ? cudaSuccess
                                       : emulator_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
 }
@@ -367,11 +378,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+    count_host_look();
     return event_ok(event) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventQuery");
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     sync_counts[SYNC_EVENT]++;
+    count_host_look();
     return event_ok(event) ? cudaSuccess : emulator_fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
 }
 

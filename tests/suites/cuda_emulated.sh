@@ -21,15 +21,19 @@ STEPS05=2 ACC05=2 SEQ05=32 LR05=1e-3 GLOBAL05=4
 # bfloat16 tensor-core GEMMs against OpenBLAS's), so the losses are compared as check_train_parity.sh compares them
 # with torch's (compare_losses.py bf16: the rounding-flip bound, lr x the measured step-1 gradient difference per
 # later step, that difference under twice the bfloat16 reduce's error bound), and the parameters within AdamW's.
+# NCCL=1 (after the others): the emulated runs use BACKEND=nccl, one emulated GPU per rank (CUDA_EMULATOR_DEVICES=2):
+# the real core/cuda/nccl_comm.c on the emulator's NCCL, which runs each collective over MPI
+# (tests/cuda_emulator/nccl.h)
 emulated05() {
-  local tag=$1 memory=1 bf16=0 log dir
+  local tag=$1 memory=1 bf16=0 backend=BACKEND=mpi log dir
   shift
   [ "${1:-}" = MEMORY=0 ] && { memory=0; shift; }
   [ "${1:-}" = BF16=1 ] && { bf16=1; shift; }
+  [ "${1:-}" = NCCL=1 ] && { backend="BACKEND=nccl CUDA_EMULATOR_DEVICES=2"; shift; }
   REFERENCE05=runs/check/emu05_cpu_$tag
   dir=runs/check/emu05_cuda_$tag
   lab05 "05_full_step -np 2 $tag (CPU build)" 2 $REFERENCE05 "$@"
-  lab05 "05_full_step -np 2 $tag (emulated CUDA device)" 2 $dir DEVICE=cuda BACKEND=mpi "$@"
+  lab05 "05_full_step -np 2 $tag (emulated CUDA device)" 2 $dir DEVICE=cuda $backend "$@"
   if [ $bf16 = 1 ]; then
     check "emulated CUDA $tag vs CPU: losses within the bfloat16 flip bound and drift" python3 tests/compare_losses.py \
       $REFERENCE05 $dir $((GLOBAL05 * SEQ05 * ACC05)) $SEQ05 $LR05 bf16
@@ -42,7 +46,7 @@ emulated05() {
   if [ $memory = 1 ]; then
     log=runs/check/emu05_memory_$tag.log
     check "emulated CUDA $tag: device memory model exact to the byte" bash -c "env OUT=runs/check/emu05_memory \
-      DEVICE=cuda BACKEND=mpi STEPS=1 ACC=$ACC05 SEQ=$SEQ05 MBS=$((GLOBAL05 / 2)) $* $MPIRUN -np 2 \
+      DEVICE=cuda $backend STEPS=1 ACC=$ACC05 SEQ=$SEQ05 MBS=$((GLOBAL05 / 2)) $* $MPIRUN -np 2 \
       $EMU/lab/05_full_step > $log && python3 tests/check_memory_model.py $log"
   fi
 }
@@ -70,19 +74,26 @@ emulated05 OFFLOAD MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1
 # too
 emulated05 MP_bf16 BF16=1 STRATEGY=FULL_SHARD MP=bf16
 emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK=20 CKPT=1
+# BACKEND=nccl: a communicator per group and per comm stream, the collectives queued on the comm streams (or the
+# compute stream without them), mean reductions as ncclAvg, the bfloat16 ones as ncclBfloat16
+emulated05 NCCL NCCL=1 STRATEGY=FULL_SHARD
+emulated05 NCCL_COMM_STREAMS_BACKWARD_PRE NCCL=1 STRATEGY=FULL_SHARD COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE
+emulated05 NCCL_MP_bf16 BF16=1 NCCL=1 STRATEGY=FULL_SHARD MP=bf16 COMM_STREAMS=1
 # What users open, from the CUDA device's runs, in the clients they use (the device mark, the cudaMalloc segments'
 # backend names, the comm streams' threads): the timeline in Perfetto UI and Catapult, the memory page in headless
 # Chromium, the snapshot in PyTorch's memory viewer's format
 check "emulated CUDA runs: trace.json opens in Perfetto UI and Catapult (every arrow, every stream's thread)" \
-  python3 tests/check_trace_viewers.py runs/check/emu05_cuda_COMM_STREAMS_BACKWARD_PRE runs/check/emu05_cuda_MP_bf16
+  python3 tests/check_trace_viewers.py runs/check/emu05_cuda_COMM_STREAMS_BACKWARD_PRE runs/check/emu05_cuda_MP_bf16 \
+  runs/check/emu05_cuda_NCCL_COMM_STREAMS_BACKWARD_PRE
 check "emulated CUDA MP=bf16: memory.html in headless Chromium" python3 tests/check_memory_page.py \
   runs/check/emu05_cuda_MP_bf16
 check "emulated CUDA MP=bf16: memory_snapshot.pickle loads, addresses consistent" python3 tests/check_snapshot.py \
   runs/check/emu05_cuda_MP_bf16
 check "emulated CUDA MP=bf16: player.html in headless Chromium equals the JSONL" python3 tests/check_player.py \
   runs/check/emu05_cuda_MP_bf16
-check_fails "emulated CUDA build refuses BACKEND=nccl: NCCL is not emulated" "NCCL is not emulated" \
-  env OUT=runs/check/emu05_refused CUDA_EMULATOR_DEVICES=2 BACKEND=nccl STEPS=1 $MPIRUN -np 2 $EMU/lab/05_full_step
+check_fails "emulated CUDA: BACKEND=nccl with 2 ranks on 1 GPU refused, naming BACKEND=mpi" \
+  "NCCL refuses two ranks on one GPU.*BACKEND=mpi" \
+  env OUT=runs/check/emu05_refused DEVICE=cuda BACKEND=nccl STEPS=1 $MPIRUN -np 2 $EMU/lab/05_full_step
 # The loss read once a step (docs/gpu.md's host waits): each micro-batch's cross-entropy adds into a device loss slot
 # and lab 05 reads them all at the step's end, so LOSS_CHUNK=20's 4 chunks a micro-batch cost no host wait more than
 # the loss at once, and a step (ACC=2) makes at most 58 stream waits (65 with LOSS_CHUNK=20, 59 without, when each
@@ -101,3 +112,14 @@ check "emulated CUDA: residual add in the norm's kernels (per step: launches <= 
   bash -c 'fp32=$(tests/host_waits.sh) && bf16=$(tests/host_waits.sh MP=bf16) || exit 1
     echo "float32: $fp32"; echo "MP=bf16: $bf16"
     echo "$fp32" | awk "{exit !(\$8 <= 490 && \$10 <= 81)}" && echo "$bf16" | awk "{exit !(\$8 <= 757 && \$10 <= 102)}"'
+# BACKEND=nccl's comm waits on the device (comm_wait: the compute stream waits for the collective's end event, the host
+# goes on; core/comm/comm.h): the host stops (looks at the GPU with work queued since its last look;
+# tests/host_waits.sh) 4 times a step, none of them in a collective's wait: the next micro-batch's tokens (the last
+# token copy has run), the losses read (which takes the pending collectives), the divergence check's nonfinite-gradient
+# flag, the compute spans' timers. It stopped 28 times a step (32 with MP=bf16) when comm_wait polled each collective
+# on the host (tests/host_waits.sh on main at c90769c, then after). Stops: field 14.
+check "emulated CUDA BACKEND=nccl: collectives waited for on the device (host stops per step <= 4, MP=bf16 too)" \
+  bash -c 'fp32=$(tests/host_waits.sh BACKEND=nccl CUDA_EMULATOR_DEVICES=2) &&
+    bf16=$(tests/host_waits.sh BACKEND=nccl CUDA_EMULATOR_DEVICES=2 COMM_STREAMS=1 MP=bf16) || exit 1
+    echo "float32: $fp32"; echo "MP=bf16 COMM_STREAMS=1: $bf16"
+    echo "$fp32" | awk "{exit !(\$14 <= 4)}" && echo "$bf16" | awk "{exit !(\$14 <= 4)}"'
