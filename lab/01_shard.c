@@ -96,6 +96,7 @@ static void print_my_shard(context *ctx, const flat_param *fp) {
 int main(int argc, char **argv) {
     context ctx;
     session_open(&ctx, &argc, &argv, "01_shard", "runs/01_shard");
+    session_require_cpu(&ctx, "the shards it fills and prints");
     world_require_size(&ctx, 2, 8);
     flat_param_normal_init init = {.seed = env_seed(&ctx), .std = 1.0f};
 

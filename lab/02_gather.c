@@ -84,6 +84,7 @@ static int views_match_original(context *ctx, const flat_param *fp, flat_param_n
 int main(int argc, char **argv) {
     context ctx;
     session_open(&ctx, &argc, &argv, "02_gather", "runs/02_gather");
+    session_require_cpu(&ctx, "the gathered parameters it compares with the originals");
     world_require_size(&ctx, 2, 8);
     flat_param_normal_init init = {.seed = env_seed(&ctx), .std = 0.02f};
 

@@ -171,6 +171,7 @@ static void bandwidth_table(context *ctx, int repeat, long largest_mib) {
 int main(int argc, char **argv) {
     context ctx;
     session_open(&ctx, &argc, &argv, "03_reduce_scatter", "runs/03_reduce_scatter");
+    session_require_cpu(&ctx, "the gradients it fills and compares");
     world_require_size(&ctx, 2, 8);
     uint64_t seed = env_seed(&ctx);
     int repeat = (int)env_int(&ctx, "REPEAT", 5, 1, 64);

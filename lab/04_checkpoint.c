@@ -106,6 +106,7 @@ static void print_row(const char *label, const run_result *r) {
 int main(int argc, char **argv) {
     context ctx;
     session_open(&ctx, &argc, &argv, "04_checkpoint", "runs/04_checkpoint");
+    session_require_cpu(&ctx, "the gradients and shards it saves and compares");
     world_require_size(&ctx, 1, 8);
     int B = (int)env_int(&ctx, "MBS", 4, 1, 4096), T = (int)env_int(&ctx, "SEQ", 128, 2, 32768);
     uint64_t seed = env_seed(&ctx);

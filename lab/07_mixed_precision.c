@@ -42,9 +42,10 @@
  *   same bytes in both runs (the float32 master and AdamW did not shrink); the memory model predicts every category
  *   to the byte in both. The losses: side by side, the bfloat16 run tracks the float32 one within the bound
  *   tests/tolerances.py derives (mixed_precision_loss); step time on CPU is not faster in bfloat16 (the casts cost,
- *   the GEMMs are float32 either way): the win shown here is bytes, not time. On a GPU (make CUDA=1, DEVICE=cuda)
- *   the GEMMs run on bfloat16 tensor cores: on an H200, Qwen2-0.5B's MP=bf16 step took 0.57 s against 0.70 s in
- *   float32 (docs/gpu.md).
+ *   the GEMMs are float32 either way): the win shown here is bytes, not time. On a GPU (lab 05 with MP=bf16, make
+ *   CUDA=1, DEVICE=cuda; this lab reads its gradients on the host, so it runs on the CPU only) the GEMMs run on
+ *   bfloat16 tensor cores: on an H200, Qwen2-0.5B's MP=bf16 step took 0.57 s against 0.70 s in float32
+ *   (docs/gpu.md).
  *
  * The check (`make check-07`): all-gather bytes exactly half of float32's (and reduce-scatter's with reduce_dtype
  * bfloat16), every event carrying its dtype; param_shard, grad_shard and optim_state peaks unchanged; the memory
@@ -108,6 +109,7 @@ static int print_bytes(const char *outdir);
 int main(int argc, char **argv) {
     context ctx;
     session_open(&ctx, &argc, &argv, "07_mixed_precision", "runs/07_mixed_precision");
+    session_require_cpu(&ctx, "the gradients it keeps to compare the precisions");
     settings s = read_settings(&ctx);
     save_config(&ctx, &s);
     if (ctx.rank == 0) {

@@ -102,6 +102,7 @@ static int run_init_lessons(context *ctx, const settings *s);
 int main(int argc, char **argv) {
     context ctx;
     session_open(&ctx, &argc, &argv, "09_offload_and_init", "runs/09_offload_and_init");
+    session_require_cpu(&ctx, "the parameters it builds to compare the ways to initialise them");
     settings s = read_settings(&ctx);
     if (ctx.rank == 0) {
         printf("Ranks = %d, lab 09: the same %d steps (ACC %d) without and with CPU offload; the memory model per pool "

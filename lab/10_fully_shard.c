@@ -256,6 +256,7 @@ static void print_costs(const context *ctx, const flat_param *fsdp1, const flat_
 int main(int argc, char **argv) {
     context ctx;
     session_open(&ctx, &argc, &argv, "10_fully_shard", "runs/10_fully_shard");
+    session_require_cpu(&ctx, "the parameters' layout it writes");
     world_require_size(&ctx, 2, 8);
     flat_param_normal_init init = {.seed = env_seed(&ctx), .std = 1.0f};
 

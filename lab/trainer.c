@@ -690,8 +690,20 @@ void trainer_print_memory_model(trainer *t, const char *window) {
 
 uint64_t trainer_shards_checksum(const flat_param *units, int unit_count) {
     uint64_t hash = HASH_START;
-    for (int unit = 0; unit < unit_count; unit++)
-        hash = hash_bytes(hash, units[unit].local_shard, units[unit].sharded_numel * sizeof(float));
+    for (int unit = 0; unit < unit_count; unit++) {
+        const flat_param *fp = &units[unit];
+        size_t bytes = fp->sharded_numel * sizeof(float);
+        device *d = flat_param_shard_device(fp);
+        if (d->kind == DEVICE_CPU) {
+            hash = hash_bytes(hash, fp->local_shard, bytes);
+            continue;
+        }
+        float *host = malloc(bytes > 0 ? bytes : 1); /* a GPU's shard, read on the host */
+        if (host == NULL) world_fatal(fp->ctx, "out of memory for unit %d's shard checksum (%zu bytes)", unit, bytes);
+        d->copy(d, host, fp->local_shard, bytes, DEVICE_D2H);
+        hash = hash_bytes(hash, host, bytes);
+        free(host);
+    }
     return hash;
 }
 

@@ -173,6 +173,13 @@ void session_open(context *ctx, int *argc, char ***argv, const char *program, co
     trace_reset_t0(&ctx->trace);
 }
 
+void session_require_cpu(context *ctx, const char *reads) {
+    if (ctx->device.kind == DEVICE_CPU) return;
+    world_exit_all(ctx, 2, "DEVICE=%s: %s runs on the CPU device only (DEVICE=cpu, BACKEND=mpi): it reads in host "
+                   "memory %s; on a GPU, run lab/05_full_step, lab/06_prefetch or lab/08_hybrid_shard",
+                   ctx->device.name, ctx->program, reads);
+}
+
 int session_close(context *ctx) {
     /* Collectives the device was ordered after and the host has not waited for (BACKEND=nccl): their events */
     if (ctx->finish_pending != NULL && ctx->finish_pending(ctx) != 0)

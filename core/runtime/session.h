@@ -16,5 +16,9 @@ void session_open(context *ctx, int *argc, char ***argv, const char *program, co
 /* Checks every rank's leaks, closes the trace and (rank 0) writes <outdir>/trace.json, then finalises MPI.
  * Returns the process exit status: 0, or 1 when memory leaked or the export failed. */
 int session_close(context *ctx);
+/* For a program that reads its tensors on the host to teach from them (`reads`: what it reads, for the message): any
+ * DEVICE but cpu is refused, every rank exiting with status 2 and a message naming the device, what is read and the
+ * labs that do run on a GPU. Called right after session_open. */
+void session_require_cpu(context *ctx, const char *reads);
 
 #endif

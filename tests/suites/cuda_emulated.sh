@@ -94,6 +94,20 @@ check "emulated CUDA MP=bf16: player.html in headless Chromium equals the JSONL"
 check_fails "emulated CUDA: BACKEND=nccl with 2 ranks on 1 GPU refused, naming BACKEND=mpi" \
   "NCCL refuses two ranks on one GPU.*BACKEND=mpi" \
   env OUT=runs/check/emu05_refused DEVICE=cuda BACKEND=nccl STEPS=1 $MPIRUN -np 2 $EMU/lab/05_full_step
+# Lab 06 on the GPU: every mode, the same arithmetic (each rank's parameters and losses equal across the modes), the
+# memory model exact, overlap only with the comm streams; tests/check_lab06.py, as check-06 runs it on the CPU.
+rm -rf runs/check/emu06
+check "emulated CUDA: 06_prefetch -np 2 DEVICE=cuda, every mode" env OUT=runs/check/emu06 DEVICE=cuda MBS=2 SEQ=32 \
+  STEPS=2 $MPIRUN -np 2 $EMU/lab/06_prefetch
+check "emulated CUDA: 06_prefetch: same arithmetic, exact memory model, overlap only with streams" \
+  python3 tests/check_lab06.py runs/check/emu06 "$(log_of "emulated CUDA: 06_prefetch -np 2 DEVICE=cuda, every mode")"
+# The labs that read their tensors on the host to teach from them refuse DEVICE=cuda (session_require_cpu), naming
+# DEVICE=cpu and the labs that run on a GPU, where before they crashed on their first host read of GPU memory.
+for lab in 01_shard 02_gather 03_reduce_scatter 04_checkpoint 07_mixed_precision 09_offload_and_init 10_fully_shard; do
+  check_fails "emulated CUDA: $lab refuses DEVICE=cuda, naming DEVICE=cpu and the labs that run on a GPU" \
+    "DEVICE=cuda: $lab runs on the CPU device only \\(DEVICE=cpu.*lab/05_full_step" \
+    env OUT=runs/check/emu_refused_$lab DEVICE=cuda $MPIRUN -np 2 $EMU/lab/$lab
+done
 # The loss read once a step (docs/gpu.md's host waits): each micro-batch's cross-entropy adds into a device loss slot
 # and lab 05 reads them all at the step's end, so LOSS_CHUNK=20's 4 chunks a micro-batch cost no host wait more than
 # the loss at once, and a step (ACC=2) makes at most 58 stream waits (65 with LOSS_CHUNK=20, 59 without, when each
