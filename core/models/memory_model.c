@@ -246,14 +246,16 @@ static void predict_per_parameter(count *peak, const unit_sizes *units, int unit
  *                     copy live together for a moment, then only the r-byte copy until the wait (in the next unit's
  *                     _post_backward_hook with streams, beside that unit's float32 gradient).
  *   comm_buffer       the reduce-scatter's r-byte output shard (always: it is cast and added into grad_shard) and the
- *                     ring's running sums (3+ ranks) in r bytes; HYBRID_SHARD's replicate all-reduce of that shard
- *                     receives one of its R chunks at a time (comm_all_reduce_ring_bytes), issued with it.
+ *                     ring's running sums (3+ ranks; none on a GPU) in r bytes; HYBRID_SHARD's replicate all-reduce
+ *                     of that shard receives one of its R chunks at a time (comm_all_reduce_ring_bytes), issued with
+ *                     it (on a CPU).
  * NO_SHARD (replicated) gathers nothing: each unit's _mp_shard (p bytes, param_shard_low_precision) is the whole
  * unit and stays, with its 4-byte compute copy (param_unsharded), from the unit's first forward to its
  * _post_backward_hook: every unit at once after forward. Its gradient is all-reduced in place in its r-byte copy,
  * the ring receiving one of N chunks at a time (comm_buffer). */
 static void predict_mixed_precision(count *peak, const unit_sizes *units, int unit_count, const fsdp_options *options,
-                                    int replicated, int world_size, int replicate_size, int forward_passes) {
+                                    int replicated, int world_size, int replicate_size, int forward_passes,
+                                    int on_gpu) {
     count p = (count)dtype_size(options->mixed_precision.param_dtype);
     count r = (count)dtype_size(options->mixed_precision.reduce_dtype), f = sizeof(float);
     int streams = options->comm_streams;
@@ -301,18 +303,19 @@ static void predict_mixed_precision(count *peak, const unit_sizes *units, int un
         previous = x;
     }
     peak[MEM_GRAD_UNSHARDED] = grad_peak;
-    count ring_buffers = world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
+    /* the ring's buffers: none in a GPU's pool (predict says why) */
+    count ring_buffers = on_gpu || world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
     dtype reduce_dtype = options->mixed_precision.reduce_dtype;
-    if (replicated)
-        peak[MEM_COMM_BUFFER] = (count)comm_all_reduce_ring_bytes((size_t)largest_shard, world_size, reduce_dtype);
-    else
-        peak[MEM_COMM_BUFFER] = largest_shard * r * (1 + ring_buffers) +
-                                (count)comm_all_reduce_ring_bytes((size_t)largest_shard, replicate_size, reduce_dtype);
+    count all_reduce_ring = on_gpu ? 0 : (count)comm_all_reduce_ring_bytes((size_t)largest_shard,
+                                                                         replicated ? world_size : replicate_size,
+                                                                         reduce_dtype);
+    if (replicated) peak[MEM_COMM_BUFFER] = all_reduce_ring;
+    else peak[MEM_COMM_BUFFER] = largest_shard * r * (1 + ring_buffers) + all_reduce_ring;
 }
 
 static void predict(memory_prediction *p, const qwen2_config *c, const unit_sizes *units, int unit_count,
                     int replicated, const fsdp_options *options, int world_size, int replicate_size, int B, int T,
-                    size_t data_stream_bytes, int forward_passes, int data_on_host) {
+                    size_t data_stream_bytes, int forward_passes, int on_gpu) {
     memset(p, 0, sizeof *p);
     count N = (count)B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
     count f = sizeof(float);
@@ -351,9 +354,11 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     peak[MEM_GRAD_UNSHARDED] = (keeps_all ? all_full : root_full + grad_in_flight) * f;
     /* Comm buffers: a shard to add the second micro-batch's gradient from; the ring's running sums (3+ ranks in the
      * reduce-scatter's group: world_size here is the shard group's size under HYBRID_SHARD; the replicate group's
-     * all-reduce is MPI's own, in place, and allocates nothing tracked). */
+     * all-reduce is MPI's own, in place, and allocates nothing tracked). On a GPU (on_gpu) the device pool holds no
+     * ring buffer: BACKEND=mpi runs the ring on pinned host copies, its buffers in the host pool (core/comm/comm.c
+     * stage_begin), and NCCL keeps its own. */
     int accumulating = options->accumulation_steps > 1 && !options->no_sync;
-    count ring_buffers = replicated || world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
+    count ring_buffers = on_gpu || replicated || world_size < 3 ? 0 : (world_size == 3 ? 1 : 2);
     peak[MEM_COMM_BUFFER] = largest_shard * f * (accumulating + ring_buffers);
 
     /* Activations: without checkpointing, all layers' saved tensors at the end of forward, plus the head's (final
@@ -382,10 +387,10 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     /* The lab's batch and the loader's stream, then the model's copy. On the CUDA device the first two are in the host
      * pool (core/runtime/offload.h offload_data_pool: the host writes them), so the device pool holds the copy
      * alone. */
-    peak[MEM_DATA] = data_on_host ? 2 * N * sizeof(int) : 4 * N * sizeof(int) + (count)data_stream_bytes;
+    peak[MEM_DATA] = on_gpu ? 2 * N * sizeof(int) : 4 * N * sizeof(int) + (count)data_stream_bytes;
     if (flat_param_mixed_precision_enabled(&options->mixed_precision))
         predict_mixed_precision(peak, units, unit_count, options, replicated, world_size, replicate_size,
-                                forward_passes);
+                                forward_passes, on_gpu);
     if (options->fsdp_version == 2) predict_per_parameter(peak, units, unit_count, options, forward_passes);
     /* CPU offload (core/runtime/offload.h): the shards, gradient shards, moments and the accumulation buffer move to
      * the host pool. The device keeps no shard at all (the all-gather runs in place in the unsharded buffer) and one

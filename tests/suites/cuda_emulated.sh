@@ -101,6 +101,15 @@ check "emulated CUDA: 06_prefetch -np 2 DEVICE=cuda, every mode" env OUT=runs/ch
   STEPS=2 $MPIRUN -np 2 $EMU/lab/06_prefetch
 check "emulated CUDA: 06_prefetch: same arithmetic, exact memory model, overlap only with streams" \
   python3 tests/check_lab06.py runs/check/emu06 "$(log_of "emulated CUDA: 06_prefetch -np 2 DEVICE=cuda, every mode")"
+# Lab 08 on the GPU, 4 ranks: every strategy's memory model exact on the device pool (FULL_SHARD over 4 ranks is the
+# first run with 3+ ranks in a reduce-scatter on a GPU: MPI's ring buffers are in the host pool there, NCCL has its own,
+# so the model puts none in the device pool), shards of 1/2, less across nodes; tests/check_lab08.py, as check-08.
+rm -rf runs/check/emu08
+check "emulated CUDA: 08_hybrid_shard -np 4 DEVICE=cuda, every strategy" env OUT=runs/check/emu08 DEVICE=cuda SEQ=32 \
+  STEPS=2 $MPIRUN -np 4 $EMU/lab/08_hybrid_shard
+check "emulated CUDA: 08_hybrid_shard: memory model exact, shards of 1/2, less across nodes, groups in the trace" \
+  python3 tests/check_lab08.py lab runs/check/emu08 \
+  "$(log_of "emulated CUDA: 08_hybrid_shard -np 4 DEVICE=cuda, every strategy")"
 # The labs that read their tensors on the host to teach from them refuse DEVICE=cuda (session_require_cpu), naming
 # DEVICE=cpu and the labs that run on a GPU, where before they crashed on their first host read of GPU memory.
 for lab in 01_shard 02_gather 03_reduce_scatter 04_checkpoint 07_mixed_precision 09_offload_and_init 10_fully_shard; do
