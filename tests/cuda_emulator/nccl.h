@@ -5,10 +5,10 @@
  * What it is: a communicator is an MPI communicator of the same ranks in the same order (ncclCommInitRank splits
  * MPI_COMM_WORLD by the unique id, so every rank makes its communicators in the same order, as the runtime does);
  * each collective runs at once on the host, between emulator_device_access_begin and _end (the emulator is
- * synchronous: done when it returns, its stream only checked). float32 sums are MPI's (MPI_SUM; ncclAvg divides
- * after); bfloat16 sums add the ranks' values in rank order in float32, each partial sum rounded to bfloat16 as a
- * ring's hops are, then ncclAvg's division rounded once more. NCCL's own orders and its bfloat16 arithmetic differ:
- * the checks that use this compare within the bounds that hold for any order.
+ * synchronous: done when it returns, its stream only checked). Sums add the ranks' values in rank order in float32
+ * (nccl.c reduce_blocks), in bfloat16 each partial sum rounded to bfloat16 as a ring's hops are; ncclAvg then divides
+ * by the ranks (rounded once more in bfloat16). NCCL's own orders and its bfloat16 arithmetic differ: the checks that
+ * use this compare within the bounds that hold for any order.
  * What it is not: NCCL's asynchrony, its proxies and kernels, its errors (ncclCommGetAsyncError is always
  * ncclSuccess), or more than the calls below. */
 #ifndef FSDPLAB_CUDA_EMULATOR_NCCL_H
