@@ -8,8 +8,10 @@
 # Small settings (2 steps of 2 micro-batches of 2 x 32 tokens per rank): the emulator runs every GPU thread.
 EMU=build/cuda_emulated
 # (gpu_layers on the same build is the unit suite's: tests/cuda_emulator/run.sh.)
-check "make CUDA=emulated builds lab 05 on the CUDA emulator" \
-  env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated $EMU/lab/05_full_step
+# Every lab: 05, 06 and 08 run below, the others' refusal of DEVICE=cuda is checked.
+check "make CUDA=emulated builds every lab on the CUDA emulator" \
+  env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated \
+  $(ls lab/[0-9][0-9]_*.c | sed "s|^|$EMU/|; s|\.c\$||")
 
 source tests/lab05_equal.sh
 STEPS05=2 ACC05=2 SEQ05=32 LR05=1e-3 GLOBAL05=4
