@@ -139,6 +139,10 @@ mutations=(
   # BACKEND=nccl's comm_wait waiting on the host for each collective again (the GPU's queue emptied before each)
   "nccl-host-waits-each|core/comm/comm.c|s.replace('        return defer(ctx, c);', "\
 "'        return defer(ctx, c) != 0 ? -1 : comm_finish_pending(ctx);')|check-cuda-emulated"
+  # the host's waits for the compute stream as cudaStreamSynchronize again (no end when a collective never ends)
+  "host-wait-stream-sync|core/cuda/cuda_device.c|s.replace('    cuda_event_wait(device, cuda_event_pool_record(\
+device->compute_events, device->compute), what, \"compute\");', '    (void)what; \
+CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));')|check-cuda-emulated"
 )
 
 if [ "${1:-}" = --applies ]; then

@@ -66,12 +66,17 @@ int cuda_event_poll(int rank, cudaEvent_t event, double timeout_seconds, int (*f
     }
 }
 
-void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const char *what) {
+void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const char *what, const char *stream_name) {
     if (cuda_event_poll(device->rank, event, device->timeout_seconds, NULL, NULL) == 0) return;
-    fprintf(stderr, "rank %d: %s timed out: the GPU had not got there after %g s (TIMEOUT); its queue is stuck, "
+    fprintf(stderr, "rank %d: %s%s%s%s timed out: the GPU had not got there after %g s (TIMEOUT); its queue is stuck, "
             "most likely behind a collective that a rank has not joined (it stopped, died or fell behind by more than "
-            "that)\n", device->rank, what, device->timeout_seconds);
+            "that)\n", device->rank, what, stream_name ? " on stream '" : "", stream_name ? stream_name : "",
+            stream_name ? "'" : "", device->timeout_seconds);
     abort_run();
+}
+
+void cuda_compute_wait(cuda_device_state *device, const char *what) {
+    cuda_event_wait(device, cuda_event_pool_record(device->compute_events, device->compute), what, "compute");
 }
 
 /* ---- event pools (a cudaStream's events, recorded in turn: core/cuda/cuda_stream.h says why) ---- */
@@ -182,11 +187,11 @@ static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, devic
         return;
     case DEVICE_H2D:
         CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute));
-        CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
+        cuda_compute_wait(device, "the wait for a copy to the GPU");
         return;
     case DEVICE_D2H:
         CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, device->compute));
-        CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
+        cuda_compute_wait(device, "the wait for a copy to the host");
         return;
     case DEVICE_D2D:
         CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, device->compute));
@@ -208,13 +213,13 @@ static void cuda_copy_from_pinned(device *d, void *dst, const void *src, size_t 
 static void cuda_pinned_copies_wait(device *d) {
     cuda_device_state *device = d->impl;
     if (!device->pinned_copy_pending) return;
-    cuda_event_wait(device, device->pinned_copy_event, "the wait for the last batch's token copy");
+    cuda_event_wait(device, device->pinned_copy_event, "the wait for the last batch's token copy", NULL);
     device->pinned_copy_pending = 0;
 }
 
 static void cuda_synchronize(device *d) {
     cuda_device_state *device = d->impl;
-    CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));
+    cuda_compute_wait(device, "the host's wait for the GPU");
 }
 
 /* ---- timers (device.h: compute spans read once a step) ---- */

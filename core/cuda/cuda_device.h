@@ -59,8 +59,13 @@ typedef struct cuda_device_state {
 int cuda_event_poll(int rank, cudaEvent_t event, double timeout_seconds, int (*failed)(void *arg), void *arg);
 /* The host waits for `event` (cuda_event_poll under the device's TIMEOUT). A GPU queue that does not reach it in time
  * is stuck behind a collective a rank has not joined (BACKEND=nccl: the compute stream waits for the collectives on
- * the device), so the run ends there with a message naming `what` waited, as the collectives' watchdog does. */
-void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const char *what);
+ * the device), so the run ends there with a message naming `what` waited (and the stream's name, where not NULL), as
+ * the collectives' watchdog does. */
+void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const char *what, const char *stream_name);
+/* The host waits for everything queued on the compute stream so far: an event of its pool recorded now, waited for
+ * by cuda_event_wait. Never cudaStreamSynchronize, which waits without end when the stream is held back by a
+ * collective a stopped rank never joins. */
+void cuda_compute_wait(cuda_device_state *device, const char *what);
 
 /* A pool of CUDA_EVENT_POOL events for one cudaStream, recorded in turn and created on first use (the compute
  * stream's is the device's; core/cuda/cuda_stream.c makes one per comm stream). */

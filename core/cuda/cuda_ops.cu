@@ -43,7 +43,7 @@ static void ops_fatal(const cuda_device_state *s, const char *what) {
 static kernels_result read_result(cuda_device_state *s) {
     CUDA_CHECK(s->rank, cudaMemcpyAsync(s->host_scratch, s->scratch, sizeof(kernels_result), cudaMemcpyDeviceToHost,
                                         s->compute));
-    CUDA_CHECK(s->rank, cudaStreamSynchronize(s->compute));
+    cuda_compute_wait(s, "the wait for a reduction's result");
     return *(const kernels_result *)s->host_scratch;
 }
 
@@ -119,7 +119,7 @@ static void cuda_rope_tables(device *d, float *cos_table, float *sin_table, int 
     CUDA_CHECK(s->rank, cudaMemcpyAsync(cos_table, host, count * sizeof(float), cudaMemcpyHostToDevice, s->compute));
     CUDA_CHECK(s->rank,
                cudaMemcpyAsync(sin_table, host + count, count * sizeof(float), cudaMemcpyHostToDevice, s->compute));
-    CUDA_CHECK(s->rank, cudaStreamSynchronize(s->compute));
+    cuda_compute_wait(s, "the wait for the RoPE tables' copy");
     free(host);
 }
 
@@ -476,7 +476,7 @@ static void cuda_loss_slots_read(device *d, double *sums, double *counts, int fi
     size_t bytes = sizeof(double) * 2 * (size_t)count;
     CUDA_CHECK(s->rank, cudaMemcpyAsync(s->host_scratch, s->loss_slots + 2 * (size_t)first, bytes,
                                         cudaMemcpyDeviceToHost, s->compute));
-    CUDA_CHECK(s->rank, cudaStreamSynchronize(s->compute));
+    cuda_compute_wait(s, "the losses read");
     const double *host = (const double *)s->host_scratch;
     for (int i = 0; i < count; i++) sums[i] = host[2 * i], counts[i] = host[2 * i + 1];
     CUDA_CHECK(s->rank, cudaMemsetAsync(s->loss_slots + 2 * (size_t)first, 0, bytes, s->compute));
@@ -549,7 +549,7 @@ static int cuda_first_nonfinite_of(device *d, const float *const *xs, const size
             CUDA_CHECK(s->rank, cudaMemcpyAsync(&indices[i], (char *)scratch + offsetof(kernels_result, index),
                                                 sizeof(uint64_t), cudaMemcpyDeviceToHost, s->compute));
         }
-        CUDA_CHECK(s->rank, cudaStreamSynchronize(s->compute));
+        cuda_compute_wait(s, "the wait for the non-finite check's indices");
         for (int i = 0; i < batch; i++)
             if (indices[i] < counts[first + i]) return first + i;
     }

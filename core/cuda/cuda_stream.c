@@ -91,16 +91,20 @@ int cuda_event_query(const stream_event *event) {
 /* Polled under TIMEOUT (cuda_event_wait): with BACKEND=nccl the stream may wait for a collective on the device, and a
  * rank that never joins it must not hang this one (the rate limiter waits here). */
 void cuda_event_synchronize(const stream_event *event) {
-    char what[96];
-    snprintf(what, sizeof what, "the host's wait for an event on stream '%s'", event->recorded_on->name);
-    cuda_event_wait(device_of(event->recorded_on), (cudaEvent_t)event->device_event, what);
+    cuda_event_wait(device_of(event->recorded_on), (cudaEvent_t)event->device_event, "the host's wait for an event",
+                    event->recorded_on->name);
 }
 
 void cuda_stream_wait_event(stream *s, const stream_event *event) {
     CUDA_CHECK(s->ctx->rank, cudaStreamWaitEvent(state_of(s)->stream, (cudaEvent_t)event->device_event, 0));
 }
 
-void cuda_stream_synchronize(stream *s) { CUDA_CHECK(s->ctx->rank, cudaStreamSynchronize(state_of(s)->stream)); }
+/* As every host wait for the GPU in a run: polled under TIMEOUT (cuda_event_wait), not cudaStreamSynchronize. */
+void cuda_stream_synchronize(stream *s) {
+    cuda_stream_state *state = state_of(s);
+    cuda_event_wait(device_of(s), cuda_event_pool_record(state->events, state->stream), "the host's wait for a stream",
+                    s->name);
+}
 
 /* ---- for the collectives ---- */
 
@@ -129,7 +133,9 @@ void cuda_stage_copy(context *ctx, const stream *s, void *dst, const void *src, 
     if (after != NULL) CUDA_CHECK(ctx->rank, cudaStreamWaitEvent(stream, (cudaEvent_t)after, 0));
     enum cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
     if (bytes > 0) CUDA_CHECK(ctx->rank, cudaMemcpyAsync(dst, src, bytes, kind, stream));
-    CUDA_CHECK(ctx->rank, cudaStreamSynchronize(stream));
+    cuda_event_pool *pool = own ? state_of(s)->events : device->compute_events;
+    cuda_event_wait(device, cuda_event_pool_record(pool, stream),
+                    to_host ? "the staging copy to the host" : "the staging copy to the GPU", own ? s->name : "compute");
 }
 
 void cuda_event_times(context *ctx, void *start_event, void *end_event, double *start_us, double *end_us) {

@@ -159,7 +159,7 @@ void nccl_comm_order(context *ctx, comm_handle *c) {
 }
 
 void nccl_comm_finish(context *ctx, comm_handle *c) {
-    if (c->status != 0 || nccl_comm_wait(ctx, c) != 0) return;
+    if (c->status != 0) return; /* comm_backend.h: called after wait, which saw it done (c->seen_us) */
     /* Its times on the trace clock, each off by the few microseconds of the conversion, then kept within what is
      * known for sure: it started no earlier than it was issued, nor before the one queued ahead of it on its stream
      * ended, and ended no later than the host saw it done. Moved (its duration kept) or, where the bounds pinch,

@@ -47,8 +47,8 @@ void nccl_comm_issue(context *ctx, comm_handle *c, stream *on);
 void nccl_comm_order(context *ctx, comm_handle *c);
 /* The host waits until c has run, polling: 0, or -1 with c->error when NCCL reported an error or TIMEOUT passed. */
 int nccl_comm_wait(context *ctx, comm_handle *c);
-/* After nccl_comm_wait: c's start and end onto the trace clock (c->start_us, c->end_us). Sets c->status and c->error
- * when the wait failed. */
+/* After nccl_comm_wait returned 0 (it set c->status and c->error where not): c's start and end onto the trace clock
+ * (c->start_us, c->end_us). */
 void nccl_comm_finish(context *ctx, comm_handle *c);
 
 #endif

@@ -121,12 +121,15 @@ for lab in 01_shard 02_gather 03_reduce_scatter 04_checkpoint 07_mixed_precision
 done
 # The loss read once a step (docs/gpu.md's host waits): each micro-batch's cross-entropy adds into a device loss slot
 # and lab 05 reads them all at the step's end, so LOSS_CHUNK=20's 4 chunks a micro-batch cost no host wait more than
-# the loss at once, and a step (ACC=2) makes at most 58 stream waits (65 with LOSS_CHUNK=20, 59 without, when each
-# call read its loss: tests/host_waits.sh against main at 4483155)
-check "emulated CUDA: the loss read once a step (host waits per step: LOSS_CHUNK=20 = whole loss, stream <= 58)" \
+# the loss at once: the same synchronizes and stops (field 14), at most 28 a step (ACC=2). When each call read its loss
+# that was 58 stream waits a step, 65 with LOSS_CHUNK=20 (tests/host_waits.sh against main at 4483155). No stream is
+# synchronized (field 2): every host wait for the GPU polls an event under TIMEOUT (cuda_compute_wait), 58 a step
+# were cudaStreamSynchronize before (main at 5bb03b2), which a stuck queue would hold without end.
+check "emulated CUDA: the loss read once a step (LOSS_CHUNK=20 stops as often as the whole, <= 28; no stream sync)" \
   bash -c 'whole=$(tests/host_waits.sh) && chunked=$(tests/host_waits.sh LOSS_CHUNK=20) || exit 1
     echo "whole loss:    $whole"; echo "LOSS_CHUNK=20: $chunked"
-    [ "${whole% launches*}" = "${chunked% launches*}" ] && echo "$chunked" | awk "{exit !(\$2 <= 58)}"'
+    [ "${whole% launches*}" = "${chunked% launches*}" ] && [ "${whole##* stops }" = "${chunked##* stops }" ] &&
+    echo "$whole" | awk "{exit !(\$2 == 0 && \$14 <= 28)}"'
 # The residual add fused into the norm after it (residual_rmsnorm_forward) and the residual's gradient added in the
 # norm's backward pass (rmsnorm_backward's dresidual; docs/gpu.md): per step (ACC=2, the tiny model's 4 layers) the
 # forward makes 1 launch fewer per layer and micro-batch in float32 (the add) and 2 in bfloat16 (the add, its
@@ -142,9 +145,10 @@ check "emulated CUDA: residual add in the norm's kernels (per step: launches <= 
 # tests/host_waits.sh) 4 times a step, none of them in a collective's wait: the next micro-batch's tokens (the last
 # token copy has run), the losses read (which takes the pending collectives), the divergence check's nonfinite-gradient
 # flag, the compute spans' timers. It stopped 28 times a step (32 with MP=bf16) when comm_wait polled each collective
-# on the host (tests/host_waits.sh on main at c90769c, then after). Stops: field 14.
-check "emulated CUDA BACKEND=nccl: collectives waited for on the device (host stops per step <= 4, MP=bf16 too)" \
+# on the host (tests/host_waits.sh on main at c90769c, then after). Stops: field 14. No stream synchronized (field 2,
+# as above): the compute stream waits for collectives, so a cudaStreamSynchronize would outwait TIMEOUT.
+check "emulated CUDA BACKEND=nccl: collectives waited for on the device (stops <= 4, MP=bf16 too; no stream sync)" \
   bash -c 'fp32=$(tests/host_waits.sh BACKEND=nccl CUDA_EMULATOR_DEVICES=2) &&
     bf16=$(tests/host_waits.sh BACKEND=nccl CUDA_EMULATOR_DEVICES=2 COMM_STREAMS=1 MP=bf16) || exit 1
     echo "float32: $fp32"; echo "MP=bf16 COMM_STREAMS=1: $bf16"
-    echo "$fp32" | awk "{exit !(\$14 <= 4)}" && echo "$bf16" | awk "{exit !(\$14 <= 4)}"'
+    echo "$fp32" | awk "{exit !(\$2 == 0 && \$14 <= 4)}" && echo "$bf16" | awk "{exit !(\$2 == 0 && \$14 <= 4)}"'
