@@ -375,9 +375,9 @@ static void check_rope(int B, int T, int H, int D) {
 /* ---- attention ---- */
 
 /* A count the emulator keeps: EMULATOR_COUNT(emulator_work_count), kernel launches and cuBLAS calls queued, or
- * EMULATOR_COUNT(emulator_host_wait_count), the host's waits; 0 on a GPU, which has no such counts (the checks on
- * them are left out there). The batched attention (core/cuda/cuda_ops.cu) queues a fixed number whatever B and H: a
- * per-head loop coming back fails here. */
+ * EMULATOR_COUNT(emulator_host_stop_count), the host's waits for the GPU (stops); 0 on a GPU, which has no such
+ * counts (the checks on them are left out there). The batched attention (core/cuda/cuda_ops.cu) queues a fixed number
+ * whatever B and H: a per-head loop coming back fails here. */
 #ifdef FSDPLAB_CUDA_EMULATOR
 #define EMULATOR_COUNT(count) count()
 #else
@@ -677,9 +677,10 @@ static void check_cross_entropy(int N, int V, int ignore_every, float scale) {
 
 /* ---- the loss slots: the loss kept on the device, read once a step ---- */
 
-static unsigned long long host_wait_count(void) { return EMULATOR_COUNT(emulator_host_wait_count); }
+static unsigned long long host_wait_count(void) { return EMULATOR_COUNT(emulator_host_stop_count); }
 
-/* The host waits since `before`, counted by the emulator (like check_work: left out on a GPU). */
+/* The host's waits for the GPU since `before` (the emulator's stops: a poll until an event completes is one wait, as
+ * a synchronize is), counted by the emulator (like check_work: left out on a GPU). */
 static void check_waits(const char *what, unsigned long long before, unsigned long long expected) {
     check_count(what, host_wait_count() - before, expected);
 }

@@ -66,9 +66,10 @@ typedef enum cudaMemcpyKind cudaMemcpyKind;
 /* The emulator's own: the kernel launches and cuBLAS calls (one per API call, a batched GEMM one) so far in the
  * process, for tests that count what a device function queues (a GPU's per-call overhead is per launch). */
 unsigned long long emulator_work_count(void);
-/* And the host's waits so far (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize: the counts of
- * CUDA_EMULATOR_SYNC_LOG), for tests that count where a device function makes the host wait. */
-unsigned long long emulator_host_wait_count(void);
+/* And the host's stops so far (CUDA_EMULATOR_SYNC_LOG's last count: its synchronizes and event queries made while
+ * work queued since its previous look was still to run; a poll of one event until it completes is one), for tests
+ * that count where a device function makes the host wait for the GPU. */
+unsigned long long emulator_host_stop_count(void);
 
 const char *cudaGetErrorString(cudaError_t error);
 const char *cudaGetErrorName(cudaError_t error);

@@ -459,10 +459,7 @@ std::atomic<unsigned long long> emulator_works{0};
 
 unsigned long long emulator_work_count(void) { return emulator_works.load(); }
 
-unsigned long long emulator_host_wait_count(void) {
-    return (unsigned long long)(sync_counts[SYNC_STREAM].load() + sync_counts[SYNC_EVENT].load() +
-                                sync_counts[SYNC_DEVICE].load());
-}
+unsigned long long emulator_host_stop_count(void) { return (unsigned long long)host_stops.load(); }
 
 /* One column-major GEMM as cuBLAS means it, through cblas_sgemm; `call` names the cuBLAS function for messages. */
 static cublasStatus_t gemm(const char *call, cublasHandle_t handle, cublasOperation_t transa,
