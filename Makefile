@@ -142,8 +142,8 @@ ifeq ($(CUDA),1)
   GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers)
 endif
 ifeq ($(CUDA),emulated)
-  CORE_SRC += core/cuda/cuda_device.c core/cuda/cuda_stream.c core/cuda/plugin.c core/cuda/nccl_comm.c \
-    $(EMULATOR)/nccl.c
+  CORE_SRC += core/cuda/cuda_check.c core/cuda/cuda_device.c core/cuda/cuda_stream.c core/cuda/kernel_profile.c \
+    core/cuda/plugin.c core/cuda/nccl_comm.c $(EMULATOR)/nccl.c
   CUDA_SRC := $(wildcard core/cuda/*.cu)
   EMULATOR_OBJ := $(EMULATOR)/emulator.o $(EMULATOR)/runtime.o
   GPU_TESTS := tests/bin/gpu_layers

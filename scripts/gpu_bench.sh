@@ -13,7 +13,9 @@
 # 2.. of each side and fsdplab / torch, TFLOP/s achieved (qwen2_tool flops: the matmul FLOP of a micro-batch, forward
 # and backward, attention included, times ACC) and % of the GPU's dense peak, each side's peak memory and the ratio,
 # and a table of where fsdplab's time goes: rank 0's trace (compute spans per piece kind and phase, waits per stream,
-# blocking collectives, the untraced rest), per step.
+# blocking collectives, the untraced rest), per step. For the settings GPU_BENCH_PROFILE names (default: seed_bf16;
+# empty: none) fsdplab runs once more, alone, 3 steps, with PROFILE_KERNELS=1 (core/cuda/kernel_profile.h): the GPU
+# time of each kernel, GEMM and copy per step, its largest 25 rows and the total in the summary (about 30 s a setting).
 #
 # The peaks (dense, no sparsity) by the name nvidia-smi reports, from NVIDIA's datasheets (H100: "NVIDIA H100 Tensor
 # Core GPU" datasheet, SXM and PCIe columns; H200: "NVIDIA H200 Tensor Core GPU" datasheet, SXM; A100: "NVIDIA A100
@@ -85,6 +87,19 @@ for setting in "${setting_list[@]}"; do
   elif ! python3 scripts/gpu_bench_report.py "$dir" "$label" "$(awk -v f="${micro_flop:-0}" -v a="$acc" \
     'BEGIN {printf "%.0f", f * a}')" "$peak" "$peak_name" | tee -a "$summary"; then
     failures=$((failures + 1))
+  fi
+  if [ "$dry" != 1 ] && [[ " ${GPU_BENCH_PROFILE-seed_bf16} " == *" $name "* ]]; then
+    profile_dir=$out/${name}_profile
+    table=$profile_dir/fsdplab/kernels_rank0.txt
+    env PROFILE_KERNELS=1 PROCESSES=1 FSDP=fsdplab BACKEND=$backend MODEL=$model MBS=$mbs SEQ=$seq ACC=$acc MP=$mp \
+      STEPS=3 EVAL=0 TRAIN_DIR="$profile_dir" "${limit[@]}" scripts/train.sh >"$out/${name}_profile.log" 2>&1
+    if [ -f "$table" ]; then
+      { echo "$name: fsdplab's GPU time per kernel, GEMM and copy (PROFILE_KERNELS=1; every row: $table)"
+        awk 'NR >= 2 && (NR <= 28 || /^total /)' "$table"; } | tee -a "$summary"
+    else
+      echo "$name: FAIL PROFILE_KERNELS=1 wrote no $table (see $out/${name}_profile.log)" | tee -a "$summary"
+      failures=$((failures + 1))
+    fi
   fi
 done
 echo "gpu_bench: $failures failed; logs and traces in $out" | tee -a "$summary"

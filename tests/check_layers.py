@@ -11,6 +11,9 @@
             for CUDA: the word FSDPLAB_CUDA appears nowhere else in core/, lab/, trace/ or scripts/.
   columns   no line of the project's own sources, scripts, Makefile or pages is longer than 120 columns (in a
             Markdown page, a table row or a line of a fenced block, pasted output, may be: neither can be wrapped).
+  timed     the GPU's work is queued where PROFILE_KERNELS times it (core/cuda/kernel_profile.h): kernels are
+            launched (<<<...>>>) in core/cuda/kernels.cu's launchers only; every other .cu file of core/cuda/ calls a
+            launcher inside LAUNCH(...) and a cuBLAS GEMM inside GEMM(...) (the macros of cuda_ops.cu).
 
 Prints every violation (file, line, what and why) and exits 1 if there is one; else a summary and 0.
   tests/check_layers.py [--root DIR]
@@ -28,6 +31,40 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SOURCE = re.compile(r"\.(c|h|cu|cuh|cpp)$")
 # Files whose lines are data, not prose or code a reader reads line by line.
 LONG_LINES_ALLOWED = re.compile(r"\.(ipynb|json|jsonl|tiktoken|txt|csv|png|pickle|safetensors|bin)$|_assets\.c$")
+
+
+LAUNCHER_CALL = re.compile(r"\b\w+_launch\s*\(")
+GEMM_CALL = re.compile(r"\bcublas\w*[Gg]emm\w*\s*\(")
+
+
+def untimed_work(root, files):
+    """The `timed` rule: each statement (up to ';', comments and preprocessor lines blanked) of a core/cuda/*.cu file
+    other than kernels.cu that calls a launcher or a cuBLAS GEMM must be a LAUNCH(...) or GEMM(...) one; `<<<` only
+    in kernels.cu."""
+    problems = []
+    for path in files:
+        if not (path.startswith(f"core/{PLUGIN}/") and SOURCE.search(path)):
+            continue
+        text = open(os.path.join(root, path), encoding="utf-8", errors="replace").read()
+        blank = lambda m: re.sub(r"[^\n]", " ", m.group(0))  # keeps the line numbers
+        code = re.sub(r"/\*.*?\*/|//[^\n]*", blank, text, flags=re.S)
+        code = re.sub(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", blank, code, flags=re.M)  # the preprocessor's lines
+        if path != f"core/{PLUGIN}/kernels.cu" and "<<<" in code:
+            line = code.count("\n", 0, code.index("<<<")) + 1
+            problems.append(f"{path}:{line}: a kernel launched outside core/{PLUGIN}/kernels.cu's launchers (which "
+                            "LAUNCH times under PROFILE_KERNELS)")
+        if not path.endswith(".cu") or path == f"core/{PLUGIN}/kernels.cu":
+            continue
+        start = 0
+        for statement in code.split(";"):
+            line = code.count("\n", 0, start) + 1 + len(statement) - len(statement.lstrip("\n"))
+            start += len(statement) + 1
+            if LAUNCHER_CALL.search(statement) and "LAUNCH(" not in statement:
+                problems.append(f"{path}:{line}: a launcher called outside LAUNCH(...): PROFILE_KERNELS would not "
+                                "time it")
+            if GEMM_CALL.search(statement) and not re.search(r"\bGEMM(_BF16|_BF16_BATCHED)?\(", statement):
+                problems.append(f"{path}:{line}: a cuBLAS GEMM outside GEMM(...): PROFILE_KERNELS would not time it")
+    return problems
 
 
 def tracked_files(root):
@@ -129,6 +166,8 @@ def main():
         if path.split("/")[0] in ("lab", "trace", "scripts") and SOURCE.search(path):
             if "FSDPLAB_CUDA" in open(os.path.join(root, path), errors="replace").read():
                 problems.append(f"{path}: mentions FSDPLAB_CUDA: only core/{PLUGIN}/ is compiled for CUDA")
+
+    problems += untimed_work(root, files)
 
     circle = find_circle(graph)
     if circle:

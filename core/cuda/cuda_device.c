@@ -16,31 +16,6 @@
 /* The reductions' partial results (cuda_device.h `scratch`): 1 MiB holds 65,536 blocks' 16-byte partials. */
 #define CUDA_SCRATCH_BYTES ((size_t)1 << 20)
 
-/* Ends every rank: MPI_Abort when MPI is running (a rank that stops alone would leave the others waiting in a
- * collective), abort() in a program without MPI. */
-static void abort_run(void) {
-    fflush(stderr);
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-    abort();
-}
-
-void cuda_check(int rank, cudaError_t status, const char *call, const char *file, int line) {
-    if (status == cudaSuccess) return;
-    fprintf(stderr, "rank %d: %s:%d: %s failed: %s (%s)\n", rank, file, line, call, cudaGetErrorString(status),
-            cudaGetErrorName(status));
-    abort_run();
-}
-
-void cublas_check(int rank, cublasStatus_t status, const char *call, const char *file, int line) {
-    if (status == CUBLAS_STATUS_SUCCESS) return;
-    fprintf(stderr, "rank %d: %s:%d: %s failed: %s (%s)\n", rank, file, line, call, cublasGetStatusString(status),
-            cublasGetStatusName(status));
-    abort_run();
-}
-
 /* ---- the host's waits for the GPU ---- */
 
 int cuda_event_poll(int rank, cudaEvent_t event, double timeout_seconds, int (*failed)(void *arg), void *arg) {
@@ -72,7 +47,7 @@ void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const c
             "most likely behind a collective that a rank has not joined (it stopped, died or fell behind by more than "
             "that)\n", device->rank, what, stream_name ? " on stream '" : "", stream_name ? stream_name : "",
             stream_name ? "'" : "", device->timeout_seconds);
-    abort_run();
+    cuda_abort_run();
 }
 
 void cuda_compute_wait(cuda_device_state *device, const char *what) {
@@ -148,7 +123,8 @@ static void device_segment_free(void *state, void *ptr, size_t bytes) {
 /* mem_alloc's zeroed blocks: queued on the compute stream, before any kernel the caller queues after it. */
 static void device_segment_zero(void *state, void *ptr, size_t bytes) {
     cuda_device_state *device = state;
-    CUDA_CHECK(device->rank, cudaMemsetAsync(ptr, 0, bytes, device->compute));
+    CUDA_TIMED(device, "cudaMemsetAsync", 0, 0, 0,
+               CUDA_CHECK(device->rank, cudaMemsetAsync(ptr, 0, bytes, device->compute)));
 }
 
 /* Pinned (page-locked) host memory: the host pool of CPU offload and the staging buffers of BACKEND=mpi, so copies to
@@ -171,7 +147,8 @@ static void pinned_segment_free(void *state, void *ptr, size_t bytes) {
 static void cuda_zero(device *d, void *ptr, size_t bytes) {
     cuda_device_state *device = d->impl;
     if (bytes == 0) return;
-    CUDA_CHECK(device->rank, cudaMemsetAsync(ptr, 0, bytes, device->compute));
+    CUDA_TIMED(device, "cudaMemsetAsync", 0, 0, 0,
+               CUDA_CHECK(device->rank, cudaMemsetAsync(ptr, 0, bytes, device->compute)));
 }
 
 /* Every copy is queued on the compute stream, so it comes after the kernels that wrote its source and before those
@@ -186,26 +163,33 @@ static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, devic
         memcpy(dst, src, bytes); /* no queued work touches host memory: every copy above that does was waited for */
         return;
     case DEVICE_H2D:
-        CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute));
+        CUDA_TIMED(device, "cudaMemcpyAsync host to device", 0, 0, 0,
+                   CUDA_CHECK(device->rank,
+                              cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute)));
         cuda_compute_wait(device, "the wait for a copy to the GPU");
         return;
     case DEVICE_D2H:
-        CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, device->compute));
+        CUDA_TIMED(device, "cudaMemcpyAsync device to host", 0, 0, 0,
+                   CUDA_CHECK(device->rank,
+                              cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, device->compute)));
         cuda_compute_wait(device, "the wait for a copy to the host");
         return;
     case DEVICE_D2D:
-        CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, device->compute));
+        CUDA_TIMED(device, "cudaMemcpyAsync device to device", 0, 0, 0,
+                   CUDA_CHECK(device->rank,
+                              cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, device->compute)));
         return;
     }
     fprintf(stderr, "rank %d: device copy of %zu bytes: unknown direction %d\n", device->rank, bytes, (int)kind);
-    abort_run();
+    cuda_abort_run();
 }
 
 /* Tokens and targets: queued, not waited for (a pageable source is safe too: CUDA stages it before returning). */
 static void cuda_copy_from_pinned(device *d, void *dst, const void *src, size_t bytes) {
     cuda_device_state *device = d->impl;
     if (bytes == 0) return;
-    CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute));
+    CUDA_TIMED(device, "cudaMemcpyAsync host to device", 0, 0, 0,
+               CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute)));
     CUDA_CHECK(device->rank, cudaEventRecord(device->pinned_copy_event, device->compute));
     device->pinned_copy_pending = 1;
 }
@@ -256,7 +240,8 @@ static void cuda_timer_stop(device *d, int timer) {
 static void cuda_timers_wait(device *d) {
     cuda_device_state *device = d->impl;
     if (d->timer_count == 0) return;
-    CUDA_CHECK(device->rank, cudaEventSynchronize(device->timer_events[d->timer_count - 1][1]));
+    cuda_event_wait(device, device->timer_events[d->timer_count - 1][1], "the wait for the step's compute timers",
+                    "compute");
 }
 
 static void cuda_timer_read(device *d, int timer, double *start_seconds, double *end_seconds) {
@@ -268,7 +253,15 @@ static void cuda_timer_read(device *d, int timer, double *start_seconds, double 
     *end_seconds = device->reference_seconds + 1e-3 * (double)end_ms;
 }
 
-static void cuda_timers_reset(device *d) { d->timer_count = 0; }
+/* A step's end (the trainer reads its spans once a step): PROFILE_KERNELS' pairs are read here too. */
+static void cuda_timers_reset(device *d) {
+    cuda_device_state *device = d->impl;
+    d->timer_count = 0;
+    if (device->profile == NULL) return;
+    cudaEvent_t last = cuda_profile_last_event(device->profile);
+    if (last != NULL) cuda_event_wait(device, last, "PROFILE_KERNELS' read of the step's events", "compute");
+    cuda_profile_collect(device->profile);
+}
 
 /* ---- making and ending the device ---- */
 
@@ -359,6 +352,7 @@ void cuda_device_destroy(device *d) {
     if (device == NULL) return;
     int rank = device->rank;
     CUDA_CHECK(rank, cudaDeviceSynchronize());
+    cuda_profile_destroy(device->profile);
     cuda_event_pool_destroy(device->compute_events);
     CUDA_CHECK(rank, cudaEventDestroy(device->clock_event));
     CUDA_CHECK(rank, cudaEventDestroy(device->timer_reference));

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/kernel_profile.h"
 #include "core/device/device.h"
 
 #ifdef __cplusplus
@@ -50,6 +52,7 @@ typedef struct cuda_device_state {
     int pinned_copy_pending;
     double reference_seconds;
     double timeout_seconds;       /* the context's TIMEOUT (0: never), for cuda_event_wait */
+    struct cuda_kernel_profile *profile; /* PROFILE_KERNELS=1's event pairs (core/cuda/kernel_profile.h); or NULL */
 } cuda_device_state;
 
 /* The host waits for `event` by polling it (yielding for WORLD_POLL_SPIN_US, then sleeping from 1 us doubling to
@@ -75,12 +78,6 @@ cuda_event_pool *cuda_event_pool_create(int rank);
 void cuda_event_pool_destroy(cuda_event_pool *pool);
 /* The pool's next event, recorded on `stream` now. With timing (cudaEventElapsedTime needs it). */
 cudaEvent_t cuda_event_pool_record(cuda_event_pool *pool, cudaStream_t stream);
-
-/* Aborts naming the rank, file, line, the call and CUDA's / cuBLAS's message when a call failed. */
-void cuda_check(int rank, cudaError_t status, const char *call, const char *file, int line);
-void cublas_check(int rank, cublasStatus_t status, const char *call, const char *file, int line);
-#define CUDA_CHECK(rank, call) cuda_check((rank), (call), #call, __FILE__, __LINE__)
-#define CUBLAS_CHECK(rank, call) cublas_check((rank), (call), #call, __FILE__, __LINE__)
 
 /* Makes the CUDA device for this rank: picks the GPU from the node-local rank, creates the compute stream and the
  * cuBLAS handle. 0, or -1 with a message in error (no GPU, a busy GPU, ...). */

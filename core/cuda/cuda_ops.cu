@@ -30,8 +30,11 @@ extern "C" {
 
 static cuda_device_state *state_of(device *d) { return (cuda_device_state *)d->impl; }
 
-/* A launcher's status, checked with the rank, the launcher's call text and the line. */
-#define LAUNCH(s, call) CUDA_CHECK((s)->rank, (call))
+/* A launcher's status, checked with the rank, the launcher's call text and the line; timed under PROFILE_KERNELS as
+ * the launcher's name (core/cuda/kernel_profile.h). */
+#define LAUNCH(s, call) CUDA_TIMED(s, #call, 0, 0, 0, CUDA_CHECK((s)->rank, (call)))
+/* A cuBLAS GEMM, checked likewise; timed as `name` m x n x k. */
+#define GEMM(s, name, m, n, k, call) CUDA_TIMED(s, name, m, n, k, CUBLAS_CHECK((s)->rank, call))
 
 static void ops_fatal(const cuda_device_state *s, const char *what) {
     fprintf(stderr, "rank %d: cuda device (GPU %d): %s\n", s->rank, s->ordinal, what);
@@ -41,8 +44,9 @@ static void ops_fatal(const cuda_device_state *s, const char *what) {
 
 /* The reduction's result, copied to the host scratch after the kernels; the host waits for the stream. */
 static kernels_result read_result(cuda_device_state *s) {
-    CUDA_CHECK(s->rank, cudaMemcpyAsync(s->host_scratch, s->scratch, sizeof(kernels_result), cudaMemcpyDeviceToHost,
-                                        s->compute));
+    CUDA_TIMED(s, "cudaMemcpyAsync device to host", 0, 0, 0,
+               CUDA_CHECK(s->rank, cudaMemcpyAsync(s->host_scratch, s->scratch, sizeof(kernels_result),
+                                                   cudaMemcpyDeviceToHost, s->compute)));
     cuda_compute_wait(s, "the wait for a reduction's result");
     return *(const kernels_result *)s->host_scratch;
 }
@@ -85,8 +89,9 @@ static void cuda_linear_forward(device *d, float *out, const float *inp, const f
     if (N <= 0 || OC <= 0) return;
     const float one = 1.0f, zero = 0.0f;
     if (bias != NULL) LAUNCH(s, bias_broadcast_launch(out, bias, N, OC, s->compute));
-    CUBLAS_CHECK(s->rank, cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp, IC,
-                                      bias != NULL ? &one : &zero, out, OC));
+    GEMM(s, "cublasSgemm", OC, N, IC,
+         cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp, IC,
+                     bias != NULL ? &one : &zero, out, OC));
 }
 
 /* dinp (N, IC) += dout (N, OC) @ weight (OC, IC):   cuBLAS dinp^T (IC, N) += weight^T (IC, OC) @ dout^T (OC, N),
@@ -100,10 +105,10 @@ static void cuda_linear_backward(device *d, float *dinp, float *dweight, float *
     if (N <= 0 || OC <= 0 || IC <= 0) return;
     const float one = 1.0f;
     if (dinp != NULL)
-        CUBLAS_CHECK(s->rank, cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, OC,
-                                          &one, dinp, IC));
-    CUBLAS_CHECK(s->rank, cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC, &one,
-                                      dweight, IC));
+        GEMM(s, "cublasSgemm", IC, N, OC,
+             cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, OC, &one, dinp, IC));
+    GEMM(s, "cublasSgemm", IC, OC, N,
+         cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC, &one, dweight, IC));
     if (dbias != NULL) LAUNCH(s, bias_backward_launch(dbias, dout, N, OC, s->compute));
 }
 
@@ -184,13 +189,14 @@ static void cuda_attention_forward_at(device *d, float *out, float *probs, float
     float *qt, *kt, *vt;
     attention_forward_layouts(s, scratch, q, k, v, B, T, keys, H, KVH, D, &qt, &kt, &vt);
     long long kv_block = (long long)keys * D, q_block = (long long)rows * D, p_block = (long long)rows * keys;
-    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &scale, kt, D,
-                                                    kv_block, qt, D, q_block, &zero, probs, keys, p_block, B * KVH));
+    GEMM(s, "cublasSgemmStridedBatched", keys, rows, D,
+         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &scale, kt, D, kv_block, qt, D,
+                                   q_block, &zero, probs, keys, p_block, B * KVH));
     LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
     float *out_t = qt; /* q's block is read: it holds the output now */
-    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, keys, &one, vt, D,
-                                                    kv_block, probs, keys, p_block, &zero, out_t, D, q_block,
-                                                    B * KVH));
+    GEMM(s, "cublasSgemmStridedBatched", D, rows, keys,
+         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, keys, &one, vt, D, kv_block, probs,
+                                   keys, p_block, &zero, out_t, D, q_block, B * KVH));
     LAUNCH(s, heads_layout_launch(out, out_t, B, T, H, D, HEADS_FROM_MAJOR, s->compute));
 }
 
@@ -240,35 +246,39 @@ static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, 
     attention_backward_scratch w = attention_backward_layouts(s, scratch, dout, q, k, v, B, T, H, KVH, D);
     long long head = (long long)T * D, square = (long long)T * T, kv_block = head;
     long long q_block = (long long)rows * D, p_block = (long long)rows * T;
-    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, w.dout_t, D,
-                                                    head, probs, T, square, &zero, w.terms, D, head, B * H));
+    GEMM(s, "cublasSgemmStridedBatched", D, T, T,
+         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, w.dout_t, D, head, probs, T,
+                                   square, &zero, w.terms, D, head, B * H));
     LAUNCH(s, group_sum_launch(dv, w.terms, B, T, KVH, group, D, 0, s->compute));
-    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, rows, D, &one, w.vt, D,
-                                                    kv_block, w.dout_t, D, q_block, &zero, w.dp, T, p_block, B * KVH));
+    GEMM(s, "cublasSgemmStridedBatched", T, rows, D,
+         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, rows, D, &one, w.vt, D, kv_block, w.dout_t,
+                                   D, q_block, &zero, w.dp, T, p_block, B * KVH));
     LAUNCH(s, softmax_backward_launch(w.dp, probs, B * H, T, s->compute));
     float *dq_t = w.dout_t; /* dout's block is read: it holds dq's terms now */
-    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, T, &scale, w.kt, D,
-                                                    kv_block, w.dp, T, p_block, &zero, dq_t, D, q_block, B * KVH));
+    GEMM(s, "cublasSgemmStridedBatched", D, rows, T,
+         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, T, &scale, w.kt, D, kv_block, w.dp, T,
+                                   p_block, &zero, dq_t, D, q_block, B * KVH));
     LAUNCH(s, heads_layout_launch(dq, dq_t, B, T, H, D, HEADS_ADD_FROM_MAJOR, s->compute));
-    CUBLAS_CHECK(s->rank, cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &scale, w.qt, D,
-                                                    head, w.dp, T, square, &zero, w.terms, D, head, B * H));
+    GEMM(s, "cublasSgemmStridedBatched", D, T, T,
+         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &scale, w.qt, D, head, w.dp, T,
+                                   square, &zero, w.terms, D, head, B * H));
     LAUNCH(s, group_sum_launch(dk, w.terms, B, T, KVH, group, D, 0, s->compute));
 }
 
 /* ---- the layers in bfloat16 (core/kernels/layers_bf16.h; the CPU's are core/kernels/layers_bf16.c) ---- */
 
 /* A GEMM of bfloat16 values (float32 buffers), float32 accumulation and output; checked, naming the rank and the call
- * as written at the call site. */
+ * as written at the call site, and timed like GEMM. */
 #define GEMM_BF16(s, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)                                  \
-    CUBLAS_CHECK((s)->rank, cublasGemmEx((s)->cublas, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, B,        \
-                                         CUDA_R_32F, ldb, beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF,   \
-                                         CUBLAS_GEMM_DEFAULT))
+    GEMM(s, "cublasGemmEx FAST_16BF", m, n, k,                                                                     \
+         cublasGemmEx((s)->cublas, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C, \
+                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT))
 #define GEMM_BF16_BATCHED(s, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc,         \
                           strideC, batch)                                                                            \
-    CUBLAS_CHECK((s)->rank, cublasGemmStridedBatchedEx((s)->cublas, transa, transb, m, n, k, alpha, A, CUDA_R_32F,  \
-                                                       lda, strideA, B, CUDA_R_32F, ldb, strideB, beta, C,          \
-                                                       CUDA_R_32F, ldc, strideC, batch,                             \
-                                                       CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT))
+    GEMM(s, "cublasGemmStridedBatchedEx FAST_16BF", m, n, k,                                                       \
+         cublasGemmStridedBatchedEx((s)->cublas, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, strideA, B,    \
+                                    CUDA_R_32F, ldb, strideB, beta, C, CUDA_R_32F, ldc, strideC, batch,             \
+                                    CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT))
 
 /* HF's scaling, head_dim ** -0.5 in double taken to float32 (layers_bf16.c's, not the float32 layer's sqrtf). */
 static float attention_scale_bf16(int D) { return (float)(1.0 / sqrt((double)D)); }
@@ -474,12 +484,14 @@ static void cuda_loss_slots_read(device *d, double *sums, double *counts, int fi
     check_slots(s, "loss_slots_read", first, count);
     if (count == 0) return;
     size_t bytes = sizeof(double) * 2 * (size_t)count;
-    CUDA_CHECK(s->rank, cudaMemcpyAsync(s->host_scratch, s->loss_slots + 2 * (size_t)first, bytes,
-                                        cudaMemcpyDeviceToHost, s->compute));
+    CUDA_TIMED(s, "cudaMemcpyAsync device to host", 0, 0, 0,
+               CUDA_CHECK(s->rank, cudaMemcpyAsync(s->host_scratch, s->loss_slots + 2 * (size_t)first, bytes,
+                                                   cudaMemcpyDeviceToHost, s->compute)));
     cuda_compute_wait(s, "the losses read");
     const double *host = (const double *)s->host_scratch;
     for (int i = 0; i < count; i++) sums[i] = host[2 * i], counts[i] = host[2 * i + 1];
-    CUDA_CHECK(s->rank, cudaMemsetAsync(s->loss_slots + 2 * (size_t)first, 0, bytes, s->compute));
+    CUDA_TIMED(s, "cudaMemsetAsync", 0, 0, 0,
+               CUDA_CHECK(s->rank, cudaMemsetAsync(s->loss_slots + 2 * (size_t)first, 0, bytes, s->compute)));
 }
 
 /* ---- vectors ---- */
@@ -562,7 +574,9 @@ static void cuda_convert(device *d, void *dst, dtype to, const void *src, dtype 
     cuda_device_state *s = state_of(d);
     if (count == 0) return;
     if (to == from) {
-        CUDA_CHECK(s->rank, cudaMemcpyAsync(dst, src, count * dtype_size(to), cudaMemcpyDeviceToDevice, s->compute));
+        CUDA_TIMED(s, "cudaMemcpyAsync device to device", 0, 0, 0,
+                   CUDA_CHECK(s->rank, cudaMemcpyAsync(dst, src, count * dtype_size(to), cudaMemcpyDeviceToDevice,
+                                                       s->compute)));
     } else if (to == DTYPE_BFLOAT16 && from == DTYPE_FLOAT32) {
         LAUNCH(s, float_to_bf16_launch((uint16_t *)dst, (const float *)src, count, s->compute));
     } else if (to == DTYPE_FLOAT32 && from == DTYPE_BFLOAT16) {

@@ -134,8 +134,8 @@ void cuda_stage_copy(context *ctx, const stream *s, void *dst, const void *src, 
     enum cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
     if (bytes > 0) CUDA_CHECK(ctx->rank, cudaMemcpyAsync(dst, src, bytes, kind, stream));
     cuda_event_pool *pool = own ? state_of(s)->events : device->compute_events;
-    cuda_event_wait(device, cuda_event_pool_record(pool, stream),
-                    to_host ? "the staging copy to the host" : "the staging copy to the GPU", own ? s->name : "compute");
+    const char *what = to_host ? "the staging copy to the host" : "the staging copy to the GPU";
+    cuda_event_wait(device, cuda_event_pool_record(pool, stream), what, own ? s->name : "compute");
 }
 
 void cuda_event_times(context *ctx, void *start_event, void *end_event, double *start_us, double *end_us) {

@@ -40,7 +40,8 @@ static const comm_backend nccl_collectives = {
 
 /* The GPU of this rank; with BACKEND=nccl the world's NCCL communicator. Every rank agrees on the device before
  * NCCL is asked for anything, so a rank without a GPU stops every rank with its reason. */
-static void cuda_open(context *ctx, int use_collectives, int allow_tf32) {
+static void cuda_open(context *ctx, const plugin_options *options) {
+    int use_collectives = options->use_collectives, allow_tf32 = options->allow_tf32;
     char reason[512];
     int ok = cuda_device_init(&ctx->device, ctx->local_rank, ctx->local_size, reason, sizeof reason) == 0;
     if (!ok)
@@ -59,7 +60,9 @@ static void cuda_open(context *ctx, int use_collectives, int allow_tf32) {
     }
     if (ok) {
         cuda_device_allow_tf32(&ctx->device, allow_tf32);
-        ((cuda_device_state *)ctx->device.impl)->timeout_seconds = ctx->timeout_seconds; /* cuda_event_wait's */
+        cuda_device_state *device = ctx->device.impl;
+        device->timeout_seconds = ctx->timeout_seconds; /* cuda_event_wait's */
+        if (options->profile_kernels) device->profile = cuda_profile_create(ctx->rank);
     }
     if (!world_all_true(ctx, ok)) world_exit_all(ctx, 2, "%s", ctx->error);
     ctx->stream_ops = &cuda_streams;
@@ -74,7 +77,18 @@ static void cuda_open(context *ctx, int use_collectives, int allow_tf32) {
     trace_mark(&ctx->trace, what);
 }
 
+/* PROFILE_KERNELS' table (core/cuda/kernel_profile.h), then the world's communicator. A table that cannot be written
+ * is said, and the run goes on to close. */
 static void cuda_close(context *ctx) {
+    cuda_device_state *device = ctx->device.impl;
+    if (device != NULL && device->profile != NULL) {
+        char path[600], title[200], error[700];
+        snprintf(path, sizeof path, "%s/kernels_rank%d.txt", ctx->outdir, ctx->rank);
+        snprintf(title, sizeof title, "%s, rank %d, GPU %d (PROFILE_KERNELS=1): the compute stream's work per step",
+                 ctx->program, ctx->rank, device->ordinal);
+        if (cuda_profile_write(device->profile, path, title, error, sizeof error) != 0)
+            fprintf(stderr, "%s: error: %s\n", ctx->program, error);
+    }
     nccl_comm_destroy(ctx->collectives_world);
     ctx->collectives_world = NULL;
 }

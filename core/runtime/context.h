@@ -62,6 +62,7 @@ typedef struct context {
     int pending_collective_count;
     int (*finish_pending)(struct context *ctx);
     int local_rank, local_size; /* this rank among the ranks of its node (MPI_COMM_TYPE_SHARED): picks the GPU */
+    int profile_kernels;       /* PROFILE_KERNELS=1: the plug-in writes outdir/kernels_rank<R>.txt at close */
     int threads;               /* compute threads per rank (env THREADS, default 1: MPI already puts a rank per core) */
     char program[64];          /* e.g. "01_shard", for messages */
     char outdir[512];          /* where rank<R>.jsonl and trace.json go */

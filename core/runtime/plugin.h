@@ -13,14 +13,22 @@
 
 #include "core/runtime/context.h"
 
+/* What session_open read from the environment for the plug-in (core/runtime/session.c). */
+typedef struct plugin_options {
+    int use_collectives;       /* BACKEND is the plug-in's collectives (nccl) */
+    int allow_tf32;            /* ALLOW_TF32=1: float32 GEMMs may round their inputs to TF32 */
+    int profile_kernels;       /* PROFILE_KERNELS=1: every kernel timed (core/cuda/kernel_profile.h) */
+} plugin_options;
+
 typedef struct plugin {
     const char *device;        /* the DEVICE value it serves: "cuda" */
     const char *collectives;   /* the BACKEND value of its collectives ("nccl"), or NULL */
     /* Makes ctx->device for this rank (ctx->local_rank of ctx->local_size picks the GPU) and sets ctx->stream_ops;
      * with use_collectives also ctx->collectives and ctx->collectives_world. Collective: every rank calls it at once,
      * and every rank returns or every rank exits (world_exit_all) naming the first failing rank's reason. */
-    void (*open)(context *ctx, int use_collectives, int allow_tf32);
-    /* Before the device is destroyed: frees what open made besides the device (the world's communicator). */
+    void (*open)(context *ctx, const plugin_options *options);
+    /* Before the device is destroyed: frees what open made besides the device (the world's communicator) and writes
+     * what it measured (PROFILE_KERNELS' table). */
     void (*close)(context *ctx);
 } plugin;
 

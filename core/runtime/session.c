@@ -29,8 +29,8 @@ static void shared_memory_copies_in_user_space(void) {
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
 }
 
-/* The files an earlier run left in outdir that this run would not overwrite at once: the views (written at the end)
- * and rank files beyond this world. Returns how many were removed. */
+/* The files an earlier run left in outdir that this run would not overwrite at once: the views (written at the end),
+ * rank files beyond this world and PROFILE_KERNELS' tables. Returns how many were removed. */
 static int remove_stale_outputs(const char *outdir, int world) {
     static const char *const views[] = {"trace.json", "memory.html", "player.html", "memory_snapshot.pickle",
                                         "summary.txt"};
@@ -42,6 +42,11 @@ static int remove_stale_outputs(const char *outdir, int world) {
     }
     for (int rank = world; rank < world + 4096; rank++) {
         snprintf(path, sizeof path, "%s/rank%d.jsonl", outdir, rank);
+        if (unlink(path) != 0) break;
+        removed++;
+    }
+    for (int rank = 0; rank < 4096; rank++) { /* PROFILE_KERNELS' tables, written at the end when asked for */
+        snprintf(path, sizeof path, "%s/kernels_rank%d.txt", outdir, rank);
         if (unlink(path) != 0) break;
         removed++;
     }
@@ -67,7 +72,8 @@ static const plugin *plugin_for(const char *name) {
 
 /* DEVICE (cpu, cuda) says where tensors live and compute runs; BACKEND (mpi, gloo: the same; nccl) who moves the
  * collectives' bytes. BACKEND=nccl works on device buffers, so it implies DEVICE=cuda. ALLOW_TF32 (0, 1) lets cuBLAS
- * round float32 GEMMs' inputs to TF32 on the CUDA device. Read on every rank in the same order, whatever the build
+ * round float32 GEMMs' inputs to TF32 on the CUDA device; PROFILE_KERNELS (0, 1) times its every kernel
+ * (core/cuda/kernel_profile.h). Read on every rank in the same order, whatever the build
  * (the env_ calls are collective); a failure on any rank ends every rank with the first failing rank's reason. The
  * CPU device is the build's own; any other comes from the plug-in that serves it. */
 static void choose_device(context *ctx) {
@@ -75,11 +81,17 @@ static void choose_device(context *ctx) {
     static const char *const devices[] = {"cpu", "cuda", NULL};
     int nccl = strcmp(env_choice(ctx, "BACKEND", "mpi", backends), "nccl") == 0;
     const char *device_name = env_choice(ctx, "DEVICE", nccl ? "cuda" : "cpu", devices);
-    int allow_tf32 = (int)env_int(ctx, "ALLOW_TF32", 0, 0, 1);
+    plugin_options options = {.use_collectives = nccl}; /* the env_ calls one by one: their order is collective */
+    options.allow_tf32 = (int)env_int(ctx, "ALLOW_TF32", 0, 0, 1);
+    options.profile_kernels = (int)env_int(ctx, "PROFILE_KERNELS", 0, 0, 1);
     int cpu = strcmp(device_name, "cpu") == 0;
     if (nccl && cpu)
         world_exit_all(ctx, 2, "BACKEND=nccl moves GPU buffers: it needs DEVICE=cuda (or DEVICE unset), not "
                        "DEVICE=cpu; the CPU device's collectives are BACKEND=mpi (or gloo)");
+    if (options.profile_kernels && cpu)
+        world_exit_all(ctx, 2, "PROFILE_KERNELS=1 times each GPU kernel: it needs DEVICE=cuda; on the CPU the trace's "
+                       "compute spans time each piece (trace.json, summary.txt)");
+    ctx->profile_kernels = options.profile_kernels;
     find_local_rank(ctx);
     device_cpu_init(&ctx->host); /* the host as a device: CPU offload's accumulation and AdamW run there */
     if (cpu) {
@@ -92,7 +104,7 @@ static void choose_device(context *ctx) {
                   "CUDA=1", ctx->rank, device_name, nccl ? " (BACKEND=nccl)" : "");
     if (!world_all_true(ctx, found != NULL)) world_exit_all(ctx, 2, "%s", ctx->error);
     ctx->plugin = found;
-    found->open(ctx, nccl, allow_tf32);
+    found->open(ctx, &options);
 }
 
 void session_open(context *ctx, int *argc, char ***argv, const char *program, const char *default_outdir) {
@@ -201,6 +213,9 @@ int session_close(context *ctx) {
         } else {
             printf("\n");
             trace_export_describe(stdout, ctx->outdir);
+            if (ctx->profile_kernels)
+                printf("kernels:  %s/kernels_rank*.txt  (PROFILE_KERNELS=1: GPU time per kernel, per step)\n",
+                       ctx->outdir);
         }
         fflush(stdout);
     }

@@ -101,10 +101,11 @@ int devices() {
  * launches) and their bytes, then its stops: the host's looks at the GPU's progress (the synchronizes above and every
  * cudaEventQuery: a host that polls an event until it completes waits as a synchronize does, which this synchronous
  * emulator cannot tell apart) made while work queued since its previous look was still to run; repeated looks with
- * nothing queued between them count once. A step whose host never stops until its end keeps the GPU's queue full. */
+ * nothing queued between them count once. A step whose host never stops until its end keeps the GPU's queue full.
+ * Last, its GEMMs: the cuBLAS calls among the launches (PROFILE_KERNELS' table counts them apart). */
 enum { SYNC_STREAM, SYNC_EVENT, SYNC_DEVICE, SYNC_KINDS };
 std::atomic<long> sync_counts[SYNC_KINDS];
-std::atomic<long> device_copies, host_stops;
+std::atomic<long> device_copies, host_stops, gemm_calls;
 std::atomic<unsigned long long> device_copy_bytes;
 void count_device_copy(size_t bytes) {
     device_copies++;
@@ -126,9 +127,10 @@ struct sync_report {
         FILE *file = fopen(path, "a");
         if (file == NULL) return;
         fprintf(file, "pid %d: cudaStreamSynchronize %ld cudaEventSynchronize %ld cudaDeviceSynchronize %ld "
-                "launches %llu copies %ld bytes %llu stops %ld\n", (int)getpid(), sync_counts[SYNC_STREAM].load(),
-                sync_counts[SYNC_EVENT].load(), sync_counts[SYNC_DEVICE].load(), emulator_works.load(),
-                device_copies.load(), device_copy_bytes.load(), host_stops.load());
+                "launches %llu copies %ld bytes %llu stops %ld gemms %ld\n", (int)getpid(),
+                sync_counts[SYNC_STREAM].load(), sync_counts[SYNC_EVENT].load(), sync_counts[SYNC_DEVICE].load(),
+                emulator_works.load(), device_copies.load(), device_copy_bytes.load(), host_stops.load(),
+                gemm_calls.load());
         fclose(file);
     }
 } sync_reporter;
@@ -488,7 +490,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t handle, cublasOperat
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc) {
-    emulator_works++;
+    emulator_works++, gemm_calls++;
     return gemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -496,7 +498,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float *alpha, const float *A, int lda,
                                          long long strideA, const float *B, int ldb, long long strideB,
                                          const float *beta, float *C, int ldc, long long strideC, int batch) {
-    emulator_works++;
+    emulator_works++, gemm_calls++;
     if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
     for (int i = 0; i < batch; i++) {
         cublasStatus_t status = gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha,
@@ -579,7 +581,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-    emulator_works++;
+    emulator_works++, gemm_calls++;
     return gemm_ex("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta,
                    C, Ctype, ldc, 0, 1, computeType, algo);
 }
@@ -590,7 +592,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long strideB, const void *beta, void *C, cudaDataType Ctype, int ldc,
                                           long long strideC, int batchCount, cublasComputeType_t computeType,
                                           cublasGemmAlgo_t algo) {
-    emulator_works++;
+    emulator_works++, gemm_calls++;
     return gemm_ex("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B,
                    Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo);
 }
