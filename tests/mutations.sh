@@ -143,10 +143,10 @@ mutations=(
   "host-wait-stream-sync|core/cuda/cuda_device.c|s.replace('    cuda_event_wait(device, cuda_event_pool_record(\
 device->compute_events, device->compute), what, \"compute\");', '    (void)what; \
 CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));')|check-cuda-emulated"
-  # PROFILE_KERNELS: the device's zero fills queued outside CUDA_TIMED (its table misses them)
-  "profile-untimed-fill|core/cuda/cuda_device.c|s.replace('    if (bytes == 0) return;\n    CUDA_TIMED(device, \
-\"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    if (bytes == 0) return;\n    ((void)0, \
-CUDA_CHECK(')|check-cuda-emulated"
+  # PROFILE_KERNELS: the zero fills of mem_alloc's zeroed blocks queued outside CUDA_TIMED (its table misses them)
+  "profile-untimed-fill|core/cuda/cuda_device.c|s.replace('    cuda_device_state *device = state;\n    CUDA_TIMED(\
+device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_device_state *device = state;\n    \
+((void)0, CUDA_CHECK(')|check-cuda-emulated"
 )
 
 if [ "${1:-}" = --applies ]; then
