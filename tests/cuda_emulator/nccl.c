@@ -142,34 +142,32 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError;
 }
 
+/* ReduceScatter and AllReduce: every rank's blocks of `count` gathered here (all to all: each rank's own part of
+ * every rank's buffer; all: every rank's whole buffer), then reduced in rank order into recvbuff. */
+static ncclResult_t exchange_reduce(const char *call, int all_to_all, const void *sendbuff, void *recvbuff,
+                                    size_t count, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                    cudaStream_t stream) {
+    size_t bytes = count * type_size(datatype);
+    if (!call_ok(comm, datatype, bytes, stream, call) || (op != ncclSum && op != ncclAvg)) return ncclInvalidArgument;
+    void *blocks = malloc(bytes * (size_t)comm->size + 1);
+    if (blocks == NULL) return ncclSystemError;
+    emulator_device_access_begin();
+    int rc = all_to_all ? MPI_Alltoall(sendbuff, (int)bytes, MPI_BYTE, blocks, (int)bytes, MPI_BYTE, comm->mpi)
+                        : MPI_Allgather(sendbuff, (int)bytes, MPI_BYTE, blocks, (int)bytes, MPI_BYTE, comm->mpi);
+    if (rc == MPI_SUCCESS) reduce_blocks(recvbuff, blocks, count, comm->size, datatype, op);
+    emulator_device_access_end();
+    free(blocks);
+    return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError;
+}
+
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    size_t bytes = recvcount * type_size(datatype);
-    if (!call_ok(comm, datatype, bytes, stream, "ncclReduceScatter") || (op != ncclSum && op != ncclAvg))
-        return ncclInvalidArgument;
-    void *chunks = malloc(bytes * (size_t)comm->size + 1); /* every rank's chunk of this rank's part */
-    if (chunks == NULL) return ncclSystemError;
-    emulator_device_access_begin();
-    int rc = MPI_Alltoall(sendbuff, (int)bytes, MPI_BYTE, chunks, (int)bytes, MPI_BYTE, comm->mpi);
-    if (rc == MPI_SUCCESS) reduce_blocks(recvbuff, chunks, recvcount, comm->size, datatype, op);
-    emulator_device_access_end();
-    free(chunks);
-    return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError;
+    return exchange_reduce("ncclReduceScatter", 1, sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    size_t bytes = count * type_size(datatype);
-    if (!call_ok(comm, datatype, bytes, stream, "ncclAllReduce") || (op != ncclSum && op != ncclAvg))
-        return ncclInvalidArgument;
-    void *all = malloc(bytes * (size_t)comm->size + 1);
-    if (all == NULL) return ncclSystemError;
-    emulator_device_access_begin();
-    int rc = MPI_Allgather(sendbuff, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm->mpi);
-    if (rc == MPI_SUCCESS) reduce_blocks(recvbuff, all, count, comm->size, datatype, op);
-    emulator_device_access_end();
-    free(all);
-    return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError;
+    return exchange_reduce("ncclAllReduce", 0, sendbuff, recvbuff, count, datatype, op, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,

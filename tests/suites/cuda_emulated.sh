@@ -81,6 +81,8 @@ emulated05 MP_bf16_LOSS_CHUNK_CKPT BF16=1 STRATEGY=FULL_SHARD MP=bf16 LOSS_CHUNK
 emulated05 NCCL NCCL=1 STRATEGY=FULL_SHARD
 emulated05 NCCL_COMM_STREAMS_BACKWARD_PRE NCCL=1 STRATEGY=FULL_SHARD COMM_STREAMS=1 BACKWARD_PREFETCH=BACKWARD_PRE
 emulated05 NCCL_MP_bf16 BF16=1 NCCL=1 STRATEGY=FULL_SHARD MP=bf16 COMM_STREAMS=1
+# NO_SHARD: the gradients all-reduced in place (ncclAllReduce), which FULL_SHARD never calls
+emulated05 NCCL_NO_SHARD NCCL=1 STRATEGY=NO_SHARD
 # What users open, from the CUDA device's runs, in the clients they use (the device mark, the cudaMalloc segments'
 # backend names, the comm streams' threads): the timeline in Perfetto UI and Catapult, the memory page in headless
 # Chromium, the snapshot in PyTorch's memory viewer's format
