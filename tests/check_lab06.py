@@ -7,10 +7,18 @@ RUNDIR holds rank<R>.jsonl of one `lab/06_prefetch` run, LOG its standard output
   1. prefetch changes timing, never arithmetic: every mode's losses and parameter checksum are those of the first mode
   2. the memory model's prediction equals the measured peak of every category, in every mode (difference +0 B)
   3. blocking: no collective span intersects a compute span; "none": no all-gather does
-  4. with a comm stream: comm spans intersect compute spans, and the comm time the host waited through (its `wait`
-     spans on a comm stream, intersected with the streams' busy spans) is less than that busy time: some comm was
-     hidden; with BACKWARD_PRE / forward prefetch, all-gathers overlap compute too
+  4. with a comm stream: comm spans intersect compute spans (on some rank: see below), and the comm time the host
+     waited through (its `wait` spans on a comm stream, intersected with the streams' busy spans) is less than that
+     busy time: some comm was hidden; with BACKWARD_PRE / forward prefetch, all-gathers overlap compute too, on
+     every rank
   5. never more than 2 all-gathers in flight (issued and not completed) at once, in any mode
+
+Without prefetch ("none", BACKWARD_POST) the only overlap is a reduce-scatter running on its stream's thread beside
+the next piece's compute, and whether that thread gets a core while the compute thread runs is the scheduler's
+choice when more threads are runnable than there are cores (2 ranks of 2 threads beside make check's other lane,
+on 2 cores): a fresh clone's CI run on the emulated GPU saw rank 1's "none" overlap 0.000 ms while rank 0's was
+20.7 ms. So that overlap must show on at least one rank; prefetched all-gathers, issued ahead of the compute that
+needs them, must overlap on every rank.
 
 Timestamps in the events are rounded to 1 ns (3 decimals of a microsecond), so two spans that merely touch can
 appear to overlap by up to 1 ns each way: "no intersection" allows 2 ns per span compared, "intersects" requires more
@@ -81,7 +89,7 @@ def windows(events):
     return result
 
 
-def check_rank(path, rank, problems, report):
+def check_rank(path, rank, problems, report, overlaps):
     with open(path) as file:
         events = [json.loads(line) for line in file if line.strip()]
     for mode, window in windows(events).items():
@@ -118,8 +126,7 @@ def check_rank(path, rank, problems, report):
         else:
             if len(on_streams) != len(collectives):
                 problems.append(f"{where}: {len(collectives) - len(on_streams)} collectives ran on the host")
-            if overlap <= slack:
-                problems.append(f"{where}: comm overlaps compute by only {overlap:.3f} us")
+            overlaps.setdefault(mode, []).append((rank, overlap, slack))
             if not waited_comm < busy - slack:
                 problems.append(f"{where}: the host waited through {waited_comm:.1f} us of the comm streams' "
                                 f"{busy:.1f} us busy time: no comm was hidden (exposed {exposed:.1f} us)")
@@ -169,8 +176,13 @@ def main():
     with open(log_path) as file:
         check_log(file.read(), problems, report)
     ranks = sorted(int(name[4:-6]) for name in os.listdir(rundir) if re.fullmatch(r"rank\d+\.jsonl", name))
+    overlaps = {}  # mode -> [(rank, comm-compute overlap, slack)] of the modes with comm streams
     for rank in ranks:
-        check_rank(os.path.join(rundir, f"rank{rank}.jsonl"), rank, problems, report)
+        check_rank(os.path.join(rundir, f"rank{rank}.jsonl"), rank, problems, report, overlaps)
+    for mode, per_rank in overlaps.items():
+        if not any(overlap > slack for _, overlap, slack in per_rank):
+            problems.append(f"mode {mode}: comm overlaps compute on no rank (" + ", ".join(
+                f"rank {rank} {overlap:.3f} us" for rank, overlap, _ in per_rank) + ")")
     print("\n".join(report))
     if problems:
         print("\nFAIL:\n  " + "\n  ".join(problems))
