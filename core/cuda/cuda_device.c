@@ -156,32 +156,27 @@ static void cuda_zero(device *d, void *ptr, size_t bytes) {
  * host memory is waited for too: the caller may write that memory again at once (a pinned source is read by the
  * copy engine when the copy runs, not when it is queued). A device-to-device copy stays queued. */
 static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, device_copy_kind kind) {
+    static const struct {
+        enum cudaMemcpyKind kind;
+        const char *label, *wait; /* the profile's name; the host's wait (NULL: none) */
+    } copies[] = {
+        [DEVICE_H2D] = {cudaMemcpyHostToDevice, "cudaMemcpyAsync host to device", "the wait for a copy to the GPU"},
+        [DEVICE_D2H] = {cudaMemcpyDeviceToHost, "cudaMemcpyAsync device to host", "the wait for a copy to the host"},
+        [DEVICE_D2D] = {cudaMemcpyDeviceToDevice, "cudaMemcpyAsync device to device", NULL},
+    };
     cuda_device_state *device = d->impl;
     if (bytes == 0) return;
-    switch (kind) {
-    case DEVICE_H2H:
+    if (kind == DEVICE_H2H) {
         memcpy(dst, src, bytes); /* no queued work touches host memory: every copy above that does was waited for */
         return;
-    case DEVICE_H2D:
-        CUDA_TIMED(device, "cudaMemcpyAsync host to device", 0, 0, 0,
-                   CUDA_CHECK(device->rank,
-                              cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device->compute)));
-        cuda_compute_wait(device, "the wait for a copy to the GPU");
-        return;
-    case DEVICE_D2H:
-        CUDA_TIMED(device, "cudaMemcpyAsync device to host", 0, 0, 0,
-                   CUDA_CHECK(device->rank,
-                              cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, device->compute)));
-        cuda_compute_wait(device, "the wait for a copy to the host");
-        return;
-    case DEVICE_D2D:
-        CUDA_TIMED(device, "cudaMemcpyAsync device to device", 0, 0, 0,
-                   CUDA_CHECK(device->rank,
-                              cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, device->compute)));
-        return;
     }
-    fprintf(stderr, "rank %d: device copy of %zu bytes: unknown direction %d\n", device->rank, bytes, (int)kind);
-    cuda_abort_run();
+    if ((unsigned)kind >= sizeof copies / sizeof copies[0]) {
+        fprintf(stderr, "rank %d: device copy of %zu bytes: unknown direction %d\n", device->rank, bytes, (int)kind);
+        cuda_abort_run();
+    }
+    CUDA_TIMED(device, copies[kind].label, 0, 0, 0,
+               CUDA_CHECK(device->rank, cudaMemcpyAsync(dst, src, bytes, copies[kind].kind, device->compute)));
+    if (copies[kind].wait != NULL) cuda_compute_wait(device, copies[kind].wait);
 }
 
 /* Tokens and targets: queued, not waited for (a pageable source is safe too: CUDA stages it before returning). */

@@ -31,8 +31,7 @@ struct cuda_kernel_profile {
     size_t call_count, call_capacity;
     profile_total *totals;
     size_t total_count, total_capacity;
-    int collections;              /* step ends seen */
-    int steps;                    /* step ends counted (all but the first) */
+    int collections;              /* step ends seen: the steps counted are all but the first */
 };
 
 /* Out of host memory: says for what, then ends the run as a failed CUDA call does (naming the rank). */
@@ -124,7 +123,7 @@ cudaEvent_t cuda_profile_last_event(const cuda_kernel_profile *profile) {
 }
 
 void cuda_profile_collect(cuda_kernel_profile *profile) {
-    if (profile->collections++ > 0) {
+    if (profile->collections++ > 0) { /* not the first step's */
         for (size_t i = 0; i < profile->call_count; i++) {
             const profile_call *call = &profile->calls[i];
             if (call->label == NULL) continue; /* begun, not ended: none, unless a call aborted */
@@ -134,12 +133,9 @@ void cuda_profile_collect(cuda_kernel_profile *profile) {
             total->calls++;
             total->ms += ms;
         }
-        profile->steps++;
     }
     profile->call_count = 0;
 }
-
-int cuda_profile_steps(const cuda_kernel_profile *profile) { return profile->steps; }
 
 static int by_time(const void *a, const void *b) {
     double x = ((const profile_total *)a)->ms, y = ((const profile_total *)b)->ms;
@@ -159,10 +155,11 @@ int cuda_profile_write(const cuda_kernel_profile *profile, const char *path, con
     if (sorted == NULL) profile_fatal(profile->rank, "its table");
     if (count > 0) memcpy(sorted, profile->totals, count * sizeof *sorted);
     qsort(sorted, count, sizeof *sorted, by_time);
-    double steps = profile->steps > 0 ? (double)profile->steps : 1.0, all_ms = 0.0, all_calls = 0.0;
+    int counted = profile->collections > 0 ? profile->collections - 1 : 0;
+    double steps = counted > 0 ? (double)counted : 1.0, all_ms = 0.0, all_calls = 0.0;
     for (size_t i = 0; i < count; i++) all_ms += sorted[i].ms, all_calls += (double)sorted[i].calls;
     fprintf(file, "# %s\n# %d steps (the first left out); per step: calls, GPU milliseconds, share of the total\n",
-            title, profile->steps);
+            title, counted);
     fprintf(file, "%-48s %10s %12s %7s\n", "work (m x n x k for a GEMM)", "calls", "ms", "share");
     for (size_t i = 0; i < count; i++) {
         char label[96];

@@ -44,8 +44,6 @@ void cuda_profile_collect(cuda_kernel_profile *profile);
 /* The totals per step into `path`, the title line first; 0, or -1 (errno's reason in `error`). */
 int cuda_profile_write(const cuda_kernel_profile *profile, const char *path, const char *title, char *error,
                        size_t error_size);
-/* Steps counted so far. */
-int cuda_profile_steps(const cuda_kernel_profile *profile);
 
 /* `call` (work queued on s->compute; s a cuda_device_state, core/cuda/cuda_device.h) between a pair of s->profile's
  * events, as `label` with m, n, k; without a profile, just `call`. */
