@@ -17,14 +17,9 @@
 # empty: none) fsdplab runs once more, alone, 3 steps, with PROFILE_KERNELS=1 (core/cuda/kernel_profile.h): the GPU
 # time of each kernel, GEMM and copy per step, its largest 25 rows and the total in the summary (about 30 s a setting).
 #
-# The peaks (dense, no sparsity) by the name nvidia-smi reports, from NVIDIA's datasheets (H100: "NVIDIA H100 Tensor
-# Core GPU" datasheet, SXM and PCIe columns; H200: "NVIDIA H200 Tensor Core GPU" datasheet, SXM; A100: "NVIDIA A100
-# Tensor Core GPU" datasheet, SXM), the sparsity figures they print halved:
-#   H100 SXM, H200 SXM: BF16 989, TF32 494, FP32 67 TFLOP/s     H100 PCIe: BF16 756, TF32 378, FP32 51
-#   A100 SXM: BF16 312, TF32 156, FP32 19.5
-# A float32 run is compared with FP32's peak (fsdplab's GEMMs are exact float32 unless ALLOW_TF32=1, and torch's
-# default is the same); with ALLOW_TF32=1 in the environment, with TF32's. PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 set
-# them for any other GPU (unknown: the % column says so).
+# The peaks are scripts/gpu_env.sh's (gpu_peaks: NVIDIA's datasheets, dense; H100/H200 SXM 989 bfloat16, 67 float32,
+# 494 TF32 with ALLOW_TF32=1; PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 for any other GPU, or the % column says unknown).
+# The libraries a bare GPU machine lacks come from the bundle there too (gpu_env_setup, as gpu_check.sh's step 0).
 #
 # GPU_BENCH_DRY_RUN=1 runs the whole script here, without a GPU, to find the script's own mistakes before GPU time is
 # spent on them: the tiny model, small batches (GPU_BENCH_SETTINGS's dry default below), 3 steps, train.sh on
@@ -47,17 +42,26 @@ fi
 summary=$out/gpu_bench.txt
 : >"$summary"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-limit=(timeout --kill-after=10 "${GPU_BENCH_RUN_TIMEOUT:-600}")
+# each run under GPU_BENCH_RUN_TIMEOUT seconds, and none past GPU_BENCH_DEADLINE (epoch seconds; scripts/gpu_lease.sh
+# sets it): a setting with under GPU_BENCH_MIN_SECONDS (default 60) left is skipped and said so, not failed
+run_seconds() {
+  local seconds=${GPU_BENCH_RUN_TIMEOUT:-600}
+  if [ -n "${GPU_BENCH_DEADLINE:-}" ] && [ $((GPU_BENCH_DEADLINE - $(date +%s))) -lt "$seconds" ]; then
+    seconds=$((GPU_BENCH_DEADLINE - $(date +%s)))
+  fi
+  echo "$seconds"
+}
+time_left() {
+  [ -z "${GPU_BENCH_DEADLINE:-}" ] || [ $((GPU_BENCH_DEADLINE - $(date +%s))) -ge "${GPU_BENCH_MIN_SECONDS:-60}" ]
+}
 
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-case "$gpu_name" in
-  *H100*PCIe*) peak_fp32=51 peak_tf32=378 peak_bf16=756 ;;
-  *H100* | *H200*) peak_fp32=67 peak_tf32=494 peak_bf16=989 ;;
-  *A100*) peak_fp32=19.5 peak_tf32=156 peak_bf16=312 ;;
-  *) peak_fp32=0 peak_tf32=0 peak_bf16=0 ;;
-esac
-if [ "${ALLOW_TF32:-0}" = 1 ]; then peak_fp32=$peak_tf32 fp32_name=TF32; else fp32_name=FP32; fi
-peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf16}
+# the libraries (or the bundle's) and the CUDA homes; the peaks
+. scripts/gpu_env.sh
+if ! gpu_env_setup 2>"$out/environment.log"; then
+  echo "gpu_bench: FAIL environment: $(cat "$out/environment.log")" | tee -a "$summary"
+  exit 1
+fi
+gpu_peaks
 echo "gpu_bench: ${gpu_name:-no GPU (nvidia-smi lists none)}; model $model, BACKEND=$backend, $steps steps;" \
   "$(date -u)" | tee -a "$summary"
 
@@ -74,8 +78,12 @@ for setting in "${setting_list[@]}"; do
   [ -n "${name:-}" ] || continue
   dir=$out/$name
   label="$name: MODEL=$model MBS=$mbs SEQ=$seq ACC=$acc MP=$mp"
+  if ! time_left; then
+    echo "$label: SKIPPED, $((GPU_BENCH_DEADLINE - $(date +%s))) s left before GPU_BENCH_DEADLINE" | tee -a "$summary"
+    continue
+  fi
   env PROCESSES=1 FSDP=both BACKEND=$backend MODEL=$model MBS=$mbs SEQ=$seq ACC=$acc MP=$mp STEPS=$steps EVAL=0 \
-    TRAIN_DIR="$dir" "${limit[@]}" scripts/train.sh >"$out/$name.log" 2>&1
+    TRAIN_DIR="$dir" timeout --kill-after=10 "$(run_seconds)" scripts/train.sh >"$out/$name.log" 2>&1
   status=$?
   micro_flop=$(OUT="$out/flops" tests/bin/qwen2_tool flops $model $mbs $seq | awk '/^step_flops/ {print $2}')
   if [ "$mp" = fp32 ]; then peak=$peak_fp32 peak_name="$fp32_name $peak_fp32 TFLOP/s"
@@ -88,11 +96,12 @@ for setting in "${setting_list[@]}"; do
     'BEGIN {printf "%.0f", f * a}')" "$peak" "$peak_name" | tee -a "$summary"; then
     failures=$((failures + 1))
   fi
-  if [ "$dry" != 1 ] && [[ " ${GPU_BENCH_PROFILE-seed_bf16} " == *" $name "* ]]; then
+  if [ "$dry" != 1 ] && [[ " ${GPU_BENCH_PROFILE-seed_bf16} " == *" $name "* ]] && time_left; then
     profile_dir=$out/${name}_profile
     table=$profile_dir/fsdplab/kernels_rank0.txt
     env PROFILE_KERNELS=1 PROCESSES=1 FSDP=fsdplab BACKEND=$backend MODEL=$model MBS=$mbs SEQ=$seq ACC=$acc MP=$mp \
-      STEPS=3 EVAL=0 TRAIN_DIR="$profile_dir" "${limit[@]}" scripts/train.sh >"$out/${name}_profile.log" 2>&1
+      STEPS=3 EVAL=0 TRAIN_DIR="$profile_dir" timeout --kill-after=10 "$(run_seconds)" scripts/train.sh \
+      >"$out/${name}_profile.log" 2>&1
     if [ -f "$table" ]; then
       { echo "$name: fsdplab's GPU time per kernel, GEMM and copy (PROFILE_KERNELS=1; every row: $table)"
         awk 'NR >= 2 && (NR <= 28 || /^total /)' "$table"; } | tee -a "$summary"

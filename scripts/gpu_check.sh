@@ -4,9 +4,10 @@
 #   scripts/gpu_check.sh OUT_DIR        (from the repository root or anywhere; OUT_DIR gets every log and trace)
 #
 # Steps, each logged to OUT_DIR/<step>.log and summed up in OUT_DIR/gpu_check.txt (PASS / FAIL per line):
-#   0. environment: OpenMPI, cJSON, Check, OpenBLAS, PCRE2, utf8proc from the system, or else from the Debian packages
-#      scripts/gpu_bundle.sh packed into .gpu_bundle/ (GPU_BUNDLE=DIR to name another), unpacked into a private root;
-#      NCCL and cuBLAS from the CUDA toolkit (CUDA_HOME, default /usr/local/cuda) or pip's nvidia-* packages
+#   0. environment (scripts/gpu_env.sh's gpu_env_setup): OpenMPI, cJSON, Check, OpenBLAS, PCRE2, utf8proc from the
+#      system, or else from the Debian packages scripts/gpu_bundle.sh packed into .gpu_bundle/ (GPU_BUNDLE=DIR to name
+#      another), unpacked into a private root; NCCL and cuBLAS from the CUDA toolkit (CUDA_HOME, default
+#      /usr/local/cuda) or pip's nvidia-* packages
 #   1. build: `make` (the CPU reference) and `make CUDA=1` (build/cuda/)
 #   2. layers: tests/bin/gpu_layers, every device function (each layer's forward and backward, the vectors, AdamW) on
 #      the GPU against the CPU on random inputs, each within a bound derived in tests/gpu_layers.c
@@ -22,8 +23,8 @@
 #      bounds of check_train_parity.sh bf16), then DEVICE=cuda BACKEND=mpi on 2 ranks sharing the GPU (MPI through
 #      pinned host buffers)
 #   5. throughput: tokens/s, achieved TFLOP/s and MFU of step 4's runs (qwen2_tool flops: the matmul count, 3 x
-#      forward, attention included), against the GPU's dense peak (PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16, known for
-#      H100 and H200 SXM: 67 and 989; A100: 19.5 and 312)
+#      forward, attention included), against the GPU's dense peak (gpu_env.sh's gpu_peaks: H100 and H200 SXM 67 and
+#      989, H100 PCIe 51 and 756, A100 19.5 and 312; PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 for others)
 # Budget: 6 minutes 10 s on one H200 (2026-12-04: the build 21 s, torch's start-up and loading most of the rest).
 # Exit status 0 only when every step passed.
 #
@@ -63,80 +64,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_va
 limit=(timeout --kill-after=10 "${GPU_CHECK_STEP_TIMEOUT:-300}")
 mpirun_cmd=("${limit[@]}" mpirun --oversubscribe)
 
-# ---- 0. environment
-need_bundle=0
-command -v mpicc >/dev/null 2>&1 || need_bundle=1
-pkg-config --exists libcjson check openblas libpcre2-8 libutf8proc 2>/dev/null || need_bundle=1
-if [ "$need_bundle" = 1 ]; then
-  bundle=${GPU_BUNDLE:-.gpu_bundle}
-  [ -d "$bundle/debs" ] || {
-    say "FAIL environment: no OpenMPI/cJSON/OpenBLAS here and no $bundle/debs (run scripts/gpu_bundle.sh on a" \
-      "development machine and carry $bundle)"
-    exit 1
-  }
-  root=/tmp/fsdplab-root
-  mkdir -p "$root"
-  for deb in "$bundle"/debs/*.deb; do
-    if command -v dpkg >/dev/null 2>&1; then dpkg -x "$deb" "$root"
-    else (cd "$(mktemp -d)" && ar x "$(cd "$OLDPWD" && realpath "$deb")" && tar -xf data.tar.* -C "$root"); fi
-  done
-  lib=$root/usr/lib/x86_64-linux-gnu
-  # Debian's alternatives are links its installer makes; a private root gets them here
-  ln -sf mpicc.openmpi "$root/usr/bin/mpicc"
-  ln -sf mpirun.openmpi "$root/usr/bin/mpirun"
-  ln -sf openblas-pthread/libopenblas.so.0 "$lib/libopenblas.so.0"
-  export PATH=$root/usr/bin:$PATH OPAL_PREFIX=$root/usr
-  # PMIx looks for its plugins where Debian installs them; a machine with another PMIx there would lend it its own
-  export PMIX_MCA_mca_base_component_path=$root/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
-  export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  # -L, not LIBRARY_PATH: Debian's and Ubuntu's gcc search a LIBRARY_PATH entry only with its multiarch suffix
-  # ($lib/x86_64-linux-gnu/), after the system's own folder
-  export LDFLAGS="-L$lib -L$lib/openblas-pthread${LDFLAGS:+ $LDFLAGS}"
-  export CPATH=$root/usr/include${CPATH:+:$CPATH}
-  export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$root/usr/share/pkgconfig
-  export PKG_CONFIG_SYSROOT_DIR=$root
-  [ -d "$bundle/data/qwen2" ] && [ ! -d data/qwen2 ] && mkdir -p data && cp -r "$bundle/data/qwen2" data/
+# ---- 0. environment (scripts/gpu_env.sh: the bundle's libraries where the system lacks them, the CUDA homes)
+. scripts/gpu_env.sh
+if ! gpu_env_setup 2>"$out/environment_setup.log"; then
+  say "FAIL environment: $(cat "$out/environment_setup.log")"
+  exit 1
 fi
-cuda_home=${CUDA_HOME:-/usr/local/cuda}
-# no toolkit there: the one whose nvcc is on PATH
-if [ ! -x "$cuda_home/bin/nvcc" ] && command -v nvcc >/dev/null 2>&1; then
-  cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
-fi
-export CUDA_HOME=$cuda_home PATH=$cuda_home/bin:$PATH
-# pip_library NAME HEADER: a home (DIR/include/HEADER, DIR/lib/NAME.so*) for a library the toolkit lacks, made of links
-# to pip's nvidia-* package that ships it (a namespace package: searched under every sys.path entry), with the
-# unversioned NAME.so the linker looks for
-pip_library() {
-  local found home=/tmp/fsdplab-$1
-  found=$(python3 - "$1" "$2" <<'PY'
-import glob, os, sys
-name, header = sys.argv[1], sys.argv[2]
-for entry in sys.path:
-    for h in sorted(glob.glob(os.path.join(entry or ".", "nvidia", "**", "include", header), recursive=True)):
-        lib = os.path.join(os.path.dirname(os.path.dirname(h)), "lib")
-        if glob.glob(os.path.join(lib, name + ".so*")):
-            print(os.path.dirname(os.path.dirname(h)))
-            sys.exit(0)
-PY
-  ) || return 1
-  [ -n "$found" ] || return 1
-  mkdir -p "$home/lib"
-  ln -sfn "$found/include" "$home/include"
-  ln -sf "$found"/lib/"$1".so* "$home/lib/"
-  [ -e "$home/lib/$1.so" ] || ln -sf "$(ls "$found"/lib/"$1".so.* | head -n 1)" "$home/lib/$1.so"
-  echo "$home"
-}
-has_library() { ls "$1"/lib64/"$2".so* "$1"/lib/"$2".so* >/dev/null 2>&1; }
-if [ -z "${NCCL_HOME:-}" ] && ! { [ -f "$cuda_home/include/nccl.h" ] && has_library "$cuda_home" libnccl; }; then
-  NCCL_HOME=$(pip_library libnccl nccl.h) && export NCCL_HOME
-fi
-if [ -z "${CUBLAS_HOME:-}" ] && ! has_library "$cuda_home" libcublas; then
-  CUBLAS_HOME=$(pip_library libcublas cublas_v2.h) && export CUBLAS_HOME
-fi
-# the labs find them through their rpath; LD_LIBRARY_PATH for anything else that loads them
-for home in "${NCCL_HOME:-}" "${CUBLAS_HOME:-}"; do
-  [ -n "$home" ] && export LD_LIBRARY_PATH=$home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-done
+cuda_home=$CUDA_HOME
 {
   echo "date: $(date -u)"; nvidia-smi -L 2>&1; nvcc --version 2>&1 | tail -n 2; mpicc --version 2>&1 | head -n 1
   echo "CUDA_HOME=$cuda_home NCCL_HOME=${NCCL_HOME:-$cuda_home} CUBLAS_HOME=${CUBLAS_HOME:-$cuda_home}"
@@ -265,13 +199,7 @@ fi
 # MFU against the dense peak of the run's arithmetic (float32 CUDA cores; bfloat16 tensor cores)
 if want 5; then
   flops_per_micro=$(OUT="$out/flops" tests/bin/qwen2_tool flops $q_model $q_mbs $q_seq | awk '/^step_flops/ {print $2}')
-  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-  case "$gpu_name" in
-    *H100*|*H200*) peak_fp32=67 peak_bf16=989 ;;
-    *A100*) peak_fp32=19.5 peak_bf16=312 ;;
-    *) peak_fp32=0 peak_bf16=0 ;;
-  esac
-  peak_fp32=${PEAK_TFLOPS_FP32:-$peak_fp32} peak_bf16=${PEAK_TFLOPS_BF16:-$peak_bf16}
+  gpu_peaks
   for run in "fp32 fsdplab $qdir/fsdplab.log $peak_fp32" "fp32 torch $qdir/torch.log $peak_fp32" \
     "bf16 fsdplab $bdir/fsdplab.log $peak_bf16" "bf16 torch $bdir/torch.log $peak_bf16"; do
     python3 - $run "$flops_per_micro" $q_tokens <<'PY' | tee -a "$summary"

@@ -13,11 +13,12 @@
  * (the optimizer's). pre_unshard casts it into a low-precision shard (`_mp_shard`, category param_shard_low_precision,
  * param_dtype) and the all-gather moves that into a param_dtype `_full_param_padded` (param_unsharded, half the
  * bytes in bfloat16); post_unshard frees the low-precision shard (as torch does, once the all-gather is done).
- * Compute on CPU: OpenBLAS (Debian's 0.3.21) has no bfloat16 GEMM, so post_unshard also widens the gathered bfloat16
- * values into a float32 copy the layers read (`full_param_padded`, param_unsharded, float32): every GEMM multiplies
- * bfloat16 values (exactly representable in float32) with float32 accumulation. That copy is the CPU's price (4 bytes
- * per parameter of a unit in flight, beside the 2 of the bfloat16 buffer); a CUDA build reads the bfloat16 buffer
- * directly and has none. The layers themselves compute as torch does on bfloat16 tensors (core/kernels/layers_bf16.h).
+ * Compute: the device's bfloat16 layers take float32 buffers holding bfloat16 values (OpenBLAS, Debian's 0.3.21, has
+ * no bfloat16 GEMM; the CUDA device's GEMMs read float32 and convert exactly), so post_unshard also widens the gathered
+ * bfloat16 values into a float32 copy the layers read (`full_param_padded`, param_unsharded, float32): every GEMM
+ * multiplies bfloat16 values (exactly representable in float32) with float32 accumulation. That copy costs 4 bytes per
+ * parameter of a unit in flight, beside the 2 of the bfloat16 buffer, on both devices until the layers store 2-byte
+ * tensors (docs/gpu.md). The layers themselves compute as torch does on bfloat16 tensors (core/kernels/layers_bf16.h).
  * Gradients: the weights' float32 gradient sums become the param_dtype gradient torch would hold (rounded) at the
  * reduce, are reduce-scattered in reduce_dtype (a bfloat16 copy, grad_unsharded, when reduce_dtype is bfloat16) and
  * the result is cast to float32 and added into grad_shard. HYBRID_SHARD all-reduces that reduce_dtype shard across

@@ -88,3 +88,9 @@ check_fails "BACKEND=nccl with DEVICE=cpu is refused: NCCL moves GPU buffers" \
   env OUT=runs/check/cuda_build_refused BACKEND=nccl DEVICE=cpu $MPIRUN -np 2 lab/01_shard
 check_fails "DEVICE=tpu is refused, listing the devices" "DEVICE='tpu' is not allowed; choose one of: cpu, cuda" \
   env OUT=runs/check/cuda_build_refused DEVICE=tpu $MPIRUN -np 1 lab/01_shard
+
+# The GPU machine's set-up (scripts/gpu_env.sh), tried here before a lease spends minutes on it: the Debian packages
+# scripts/gpu_bundle.sh downloads (when .gpu_bundle/ is missing), unpacked into a private root, give a build and a
+# 2-rank run every library from that root; NCCL and cuBLAS are found in pip's nvidia-* layout when no toolkit has them.
+check "gpu_env.sh: the bundle's libraries from a private root (built, loaded, run on 2 ranks); pip's NCCL and cuBLAS" \
+  tests/gpu_env_check.sh

@@ -36,8 +36,18 @@ check "train.sh MODEL=qwen2 runs lab 05 on qwen2-0.5b" \
   grep -q "^(model qwen2-0.5b + CONFIG, "'
 check_fails "train.sh MODEL=gpt2 is refused, listing the models" "MODEL='gpt2' is not a model; choose one of: .*qwen2" \
   env MODEL=gpt2 scripts/train.sh
-# scripts/gpu_bench.sh's dry run: the whole script on the CPU (tiny, both sides), every setting's table in the format
-# the GPU run will print (tests/check_gpu_bench.py).
-check "gpu_bench.sh GPU_BENCH_DRY_RUN=1: fsdplab beside torch, every setting's rows and time table" \
-  bash -c 'rm -rf runs/check/gpu_bench_dry && GPU_BENCH_DRY_RUN=1 scripts/gpu_bench.sh runs/check/gpu_bench_dry \
-    > runs/check/gpu_bench_dry.log 2>&1 && python3 tests/check_gpu_bench.py runs/check/gpu_bench_dry/gpu_bench.txt'
+# scripts/gpu_lease.sh's dry run: the whole lease on the CPU and the emulated CUDA build - gpu_check.sh's steps 2-5 (the
+# layers and the tiny model against the CPU, the tiny model beside torch on gloo) and gpu_bench.sh (tiny, both sides),
+# every bench setting's table in the format the GPU run will print (tests/check_gpu_bench.py), every part passed.
+check "gpu_lease.sh GPU_LEASE_DRY_RUN=1: gpu_check.sh steps 2-5 pass, gpu_bench.sh's rows and time tables" \
+  bash -c 'rm -rf runs/check/gpu_lease_dry && GPU_LEASE_DRY_RUN=1 scripts/gpu_lease.sh runs/check/gpu_lease_dry \
+    > runs/check/gpu_lease_dry.log 2>&1 &&
+    python3 tests/check_gpu_bench.py runs/check/gpu_lease_dry/bench/gpu_bench.txt &&
+    summary=runs/check/gpu_lease_dry/lease.txt && grep -q "^gpu_lease: 0 failed" $summary &&
+    test "$(grep -c "^== .*: exit 0," $summary)" = 3 && test "$(grep -c "^PASS " $summary)" = 8 &&
+    ! grep -q "^FAIL" $summary'
+# Past its deadline (GPU_BENCH_DEADLINE, which gpu_lease.sh sets) gpu_bench.sh starts no setting and says so.
+check "gpu_bench.sh past GPU_BENCH_DEADLINE: every setting SKIPPED and said so, nothing run" \
+  bash -c 'rm -rf runs/check/gpu_bench_late && GPU_BENCH_DRY_RUN=1 GPU_BENCH_DEADLINE=$(date +%s) \
+    scripts/gpu_bench.sh runs/check/gpu_bench_late && test "$(grep -c ": SKIPPED, " \
+    runs/check/gpu_bench_late/gpu_bench.txt)" = 3 && ! ls runs/check/gpu_bench_late/seed_fp32 2>/dev/null'
