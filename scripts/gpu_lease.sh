@@ -17,6 +17,10 @@
 #      a setting is skipped, and said so, when too little time is left to start it (GPU_BENCH_DEADLINE)
 #   4. scripts/gpu_check.sh steps 4 and 5 (Qwen2-0.5B's losses against torch's within the derived bounds, about 5
 #      minutes on an H200) when the time left allows; otherwise lease.txt names the command for a second call.
+# GPU_LEASE_COPY_TO=DIR: at the end, however it ends, the small text files (summaries, logs, kernel tables: *.txt and
+# *.log under 2 MB) are copied there with their paths, and nothing else: OUT_DIR also holds Qwen2-0.5B's checkpoints
+# and gradients (gigabytes), which a lent machine's way back (its $OUT) cannot carry. Keep OUT_DIR on the machine's
+# disk and name its $OUT here.
 # Exit status 0 when every part that ran passed. GPU_LEASE_DRY_RUN=1 runs it all here, without a GPU, with both
 # scripts' dry runs (GPU_CHECK_DRY_RUN, GPU_BENCH_DRY_RUN): the tiny model, the emulated CUDA build, torch on gloo
 # (make check-train runs it); its numbers say nothing about a GPU.
@@ -28,6 +32,15 @@ out=$(cd "$out" && pwd)
 summary=$out/lease.txt
 : >"$summary"
 start=$(date +%s)
+copy_to=
+if [ -n "${GPU_LEASE_COPY_TO:-}" ]; then mkdir -p "$GPU_LEASE_COPY_TO" && copy_to=$(cd "$GPU_LEASE_COPY_TO" && pwd); fi
+copy_back() {
+  [ -n "$copy_to" ] || return 0
+  (cd "$out" && find . -type f \( -name '*.txt' -o -name '*.log' \) -size -2M -print0 |
+    xargs -0 -r cp --parents -t "$copy_to") &&
+    echo "gpu_lease: $(find "$copy_to" -type f | wc -l) text files copied to $copy_to"
+}
+trap copy_back EXIT
 deadline=$((start + ${GPU_LEASE_SECONDS:-540}))
 left() { echo $((deadline - $(date +%s))); }
 say() { echo "$*" | tee -a "$summary"; }

@@ -38,10 +38,14 @@ check_fails "train.sh MODEL=gpt2 is refused, listing the models" "MODEL='gpt2' i
   env MODEL=gpt2 scripts/train.sh
 # scripts/gpu_lease.sh's dry run: the whole lease on the CPU and the emulated CUDA build - gpu_check.sh's steps 2-5 (the
 # layers and the tiny model against the CPU, the tiny model beside torch on gloo) and gpu_bench.sh (tiny, both sides),
-# every bench setting's table in the format the GPU run will print (tests/check_gpu_bench.py), every part passed.
+# every bench setting's table in the format the GPU run will print (tests/check_gpu_bench.py), every part passed; the
+# copy back (GPU_LEASE_COPY_TO) holds the summaries and only small text files.
 check "gpu_lease.sh GPU_LEASE_DRY_RUN=1: gpu_check.sh steps 2-5 pass, gpu_bench.sh's rows and time tables" \
-  bash -c 'rm -rf runs/check/gpu_lease_dry && GPU_LEASE_DRY_RUN=1 scripts/gpu_lease.sh runs/check/gpu_lease_dry \
-    > runs/check/gpu_lease_dry.log 2>&1 &&
+  bash -c 'rm -rf runs/check/gpu_lease_dry runs/check/gpu_lease_copy && GPU_LEASE_DRY_RUN=1 \
+    GPU_LEASE_COPY_TO=runs/check/gpu_lease_copy scripts/gpu_lease.sh runs/check/gpu_lease_dry \
+    > runs/check/gpu_lease_dry.log 2>&1 && cmp runs/check/gpu_lease_dry/lease.txt runs/check/gpu_lease_copy/lease.txt &&
+    test -f runs/check/gpu_lease_copy/bench/gpu_bench.txt && test -z "$(find runs/check/gpu_lease_copy -type f \
+    \( -size +2M -o ! -name "*.txt" ! -name "*.log" \))" &&
     python3 tests/check_gpu_bench.py runs/check/gpu_lease_dry/bench/gpu_bench.txt &&
     summary=runs/check/gpu_lease_dry/lease.txt && grep -q "^gpu_lease: 0 failed" $summary &&
     test "$(grep -c "^== .*: exit 0," $summary)" = 3 && test "$(grep -c "^PASS " $summary)" = 8 &&
