@@ -139,14 +139,14 @@ ifeq ($(CUDA),1)
   CORE_SRC += $(filter-out core/cuda/kernels_stub.c,$(wildcard core/cuda/*.c)) \
     $(if $(wildcard core/cuda/kernels.cu),,core/cuda/kernels_stub.c)
   CUDA_SRC := $(wildcard core/cuda/*.cu)
-  GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers)
+  GPU_TESTS := $(if $(wildcard tests/gpu_layers.c),tests/bin/gpu_layers) tests/bin/gpu_gemm_bench
 endif
 ifeq ($(CUDA),emulated)
   CORE_SRC += core/cuda/cuda_check.c core/cuda/cuda_device.c core/cuda/cuda_stream.c core/cuda/kernel_profile.c \
     core/cuda/plugin.c core/cuda/nccl_comm.c $(EMULATOR)/nccl.c
   CUDA_SRC := $(wildcard core/cuda/*.cu)
   EMULATOR_OBJ := $(EMULATOR)/emulator.o $(EMULATOR)/runtime.o
-  GPU_TESTS := tests/bin/gpu_layers
+  GPU_TESTS := tests/bin/gpu_layers tests/bin/gpu_gemm_bench
 endif
 # BUILD (default build/) holds every object, library and binary, so the sources' folders hold sources only, and a
 # second build with other flags lives in a tree of its own: `make sanitize` is `make BUILD=build/sanitize CFLAGS=...`.

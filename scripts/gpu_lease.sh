@@ -11,7 +11,8 @@
 #   1. the environment (scripts/gpu_env.sh) and the builds, once: make, make CUDA=1, gpu_layers
 #   2. scripts/gpu_check.sh steps 2 and 3: every device function on the GPU against the CPU, and the tiny model's
 #      losses, gradients and parameters, GPU against CPU, float32 and MP=bf16 (about 1 minute on an H200): whether
-#      the kernels compute what the CPU does, before anything is timed
+#      the kernels compute what the CPU does, before anything is timed; then tests/gpu_gemm_bench.c: Qwen2-0.5B's
+#      GEMMs in float32 and bfloat16 storage, timed and checked (seconds): what 2-byte tensors would buy the GEMMs
 #   3. scripts/gpu_bench.sh: fsdplab beside PyTorch FSDP (GPU_LEASE_BENCH_SETTINGS, default the bfloat16 seed
 #      setting first: issue 30's headline target), and fsdplab's kernel table (PROFILE_KERNELS=1) for seed_bf16;
 #      a setting is skipped, and said so, when too little time is left to start it (GPU_BENCH_DEADLINE)
@@ -74,6 +75,13 @@ say "gpu_lease: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'no GPU (nvidia-
 # 2. correctness first: gpu_check.sh builds (step 1) and runs steps 2 and 3
 run_check() { GPU_CHECK_STEPS="$1" GPU_CHECK_STEP_TIMEOUT=$(left) scripts/gpu_check.sh "$out/check"; }
 part "gpu_check.sh steps 2 3: layers and the tiny model, GPU vs CPU" run_check "2 3"
+
+# 2b. what 2-byte storage would buy the GEMMs: Qwen2-0.5B's GEMMs in four storages, each result checked
+# (tests/gpu_gemm_bench.c; seconds); it says whether issue 30's next step, 2-byte tensors, pays for the GEMMs
+if [ "${GPU_LEASE_DRY_RUN:-0}" = 1 ]; then gemm=(build/cuda_emulated/tests/bin/gpu_gemm_bench small)
+else gemm=(build/cuda/tests/bin/gpu_gemm_bench); fi
+part "gpu_gemm_bench: Qwen2-0.5B's GEMMs in float32 and bfloat16 storage" timeout --kill-after=10 \
+  "$(( $(left) < 120 ? $(left) : 120 ))" "${gemm[@]}"
 
 # 3. the benchmark, each setting started only while there is time for it
 part "gpu_bench.sh: fsdplab beside torch" env GPU_BENCH_SETTINGS="$settings" GPU_BENCH_DEADLINE="$deadline" \

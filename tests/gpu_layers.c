@@ -1567,9 +1567,10 @@ static void check_swiglu_bf16(int N, int width) {
 }
 
 #ifdef FSDPLAB_CUDA_EMULATOR
-/* The emulator's GemmEx (tests/cuda_emulator/cublas_v2.h): other element or compute types are refused with
- * CUBLAS_STATUS_NOT_SUPPORTED, CUBLAS_COMPUTE_32F takes any float, and CUBLAS_COMPUTE_32F_FAST_16BF aborts when an
- * element it reads is not a bfloat16 value (in a child process: the abort is the expected outcome). */
+/* The emulator's GemmEx (tests/cuda_emulator/cublas_v2.h): other element or compute types (here a bfloat16 A beside
+ * a float32 B) are refused with CUBLAS_STATUS_NOT_SUPPORTED, CUBLAS_COMPUTE_32F takes any float, and
+ * CUBLAS_COMPUTE_32F_FAST_16BF aborts when an element it reads is not a bfloat16 value (in a child process: the abort
+ * is the expected outcome). Its bfloat16-storage GEMMs are checked by tests/gpu_gemm_bench.c. */
 static void check_emulator_gemm_ex(void) {
     cuda_device_state *state = (cuda_device_state *)gpu.impl;
     float host[4] = {1.0f, 0.5f, 0.25f, 1.0f + 0x1p-20f}; /* the last is not a bfloat16 value */
@@ -1620,7 +1621,7 @@ static void check_emulator_gemm_ex(void) {
     if (!aborted) fprintf(stderr, "gpu_layers: the emulator's message was: %s\n", message);
     int ok[5] = {wrong_type == CUBLAS_STATUS_NOT_SUPPORTED, wrong_compute == CUBLAS_STATUS_NOT_SUPPORTED,
                  plain == CUBLAS_STATUS_SUCCESS, bf16_ok == CUBLAS_STATUS_SUCCESS, aborted};
-    const char *what[5] = {"emulator GemmEx: CUDA_R_16BF operand refused", "emulator GemmEx: FAST_TF32 refused",
+    const char *what[5] = {"emulator GemmEx: mixed 16BF A / 32F B refused", "emulator GemmEx: FAST_TF32 refused",
                            "emulator GemmEx: COMPUTE_32F takes any float",
                            "emulator GemmEx: FAST_16BF on bfloat16 values runs",
                            "emulator GemmEx: FAST_16BF aborts on a non-bfloat16 operand"};

@@ -5,8 +5,10 @@
  * GPU a host pointer faults), and the handle must be live (CUBLAS_STATUS_NOT_INITIALIZED). The math mode is
  * recorded, not applied: the GEMMs are float32 whatever it says.
  *
- * cublasGemmEx / cublasGemmStridedBatchedEx: float32 operands (CUDA_R_32F) only, compute type CUBLAS_COMPUTE_32F or
- * CUBLAS_COMPUTE_32F_FAST_16BF, algorithm CUBLAS_GEMM_DEFAULT; anything else is CUBLAS_STATUS_NOT_SUPPORTED. Under
+ * cublasGemmEx / cublasGemmStridedBatchedEx: float32 operands (CUDA_R_32F) under compute type CUBLAS_COMPUTE_32F or
+ * CUBLAS_COMPUTE_32F_FAST_16BF, or bfloat16 storage (A and B CUDA_R_16BF, C CUDA_R_16BF or CUDA_R_32F) under
+ * CUBLAS_COMPUTE_32F (the products summed in float32, a bfloat16 C rounded to nearest even), algorithm
+ * CUBLAS_GEMM_DEFAULT; anything else (mixed A and B types, FAST_TF32, ...) is CUBLAS_STATUS_NOT_SUPPORTED. Under
  * FAST_16BF a GPU converts A and B to bfloat16 for its tensor cores (accumulating in float32): exact only when every
  * element already is a bfloat16 value. The emulator computes in float32 (sgemm) and instead checks that premise:
  * every element of A and B the call reads (through lda / ldb, the transpositions, the strides and the batch) must
@@ -32,7 +34,7 @@ typedef enum cublasStatus {
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH } cublasMath_t;
-/* library_types.h's element types (the ones a GEMM here may name; only CUDA_R_32F is computed). */
+/* library_types.h's element types (the ones a GEMM here may name; CUDA_R_16F is not computed). */
 typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
 typedef enum cudaDataType_t cudaDataType_t;
 /* cublas_api.h's compute types (only the two float32 ones are computed) and the default algorithm. */

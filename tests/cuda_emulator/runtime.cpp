@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <execinfo.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -13,8 +14,10 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "cublas_v2.h"
+#include "core/base/kernel_math.h"
 
 namespace {
 const uint32_t LIVE = 0x6c697665, DEAD = 0x64656164; /* a handle's magic before and after its destroy */
@@ -446,7 +449,8 @@ const char *cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute (emulator: an operand is not in GPU "
                                                 "memory, or passes its block's end)";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported (emulator: GemmEx computes "
-                                             "float32 operands under CUBLAS_COMPUTE_32F or _32F_FAST_16BF only)";
+                                             "float32 operands under CUBLAS_COMPUTE_32F or _32F_FAST_16BF, bfloat16 "
+                                             "ones under CUBLAS_COMPUTE_32F only)";
     }
     return "unknown status";
 }
@@ -531,26 +535,80 @@ static void require_bfloat16(const char *call, int batch_index, const char *name
         }
 }
 
-/* The Ex GEMMs: the types and the compute type checked (float32 only), then per batch the bfloat16 premise (under
- * FAST_16BF) and the float32 GEMM. */
+/* One bfloat16-storage GEMM (A and B CUDA_R_16BF; C CUDA_R_16BF or CUDA_R_32F) under CUBLAS_COMPUTE_32F, as a GPU
+ * computes it: the products of bfloat16 values (exact in float32) summed in float32, alpha and beta in float32, and a
+ * bfloat16 C written rounded to nearest even. Here A, B and a bfloat16 C (beta reads it) are widened, exactly, into
+ * float32 copies of the same layout, sgemm runs on those, and a bfloat16 C gets its result rounded with
+ * kernel_math.h's km_bf16_from_float (the rounding of the project's kernels, c10::BFloat16's). */
+static cublasStatus_t gemm_bf16(const char *call, cublasHandle_t handle, cublasOperation_t transa,
+                                cublasOperation_t transb, int m, int n, int k, const float *alpha, const uint16_t *A,
+                                int lda, const uint16_t *B, int ldb, const float *beta, void *C, cudaDataType Ctype,
+                                int ldc) {
+    if (m < 0 || n < 0 || k < 0 || lda < (transa == CUBLAS_OP_N ? m : k) || lda < 1 ||
+        ldb < (transb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    /* operand_bytes counts 4-byte elements: the element counts, then each operand's own bytes */
+    size_t a = operand_bytes(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda) / sizeof(float);
+    size_t b = operand_bytes(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb) / sizeof(float);
+    size_t c = operand_bytes(m, n, ldc) / sizeof(float), c_size = Ctype == CUDA_R_16BF ? 2 : 4;
+    if ((a > 0 && !emulator_is_device(A, a * 2)) || (b > 0 && !emulator_is_device(B, b * 2)) ||
+        !emulator_is_device(C, c * c_size)) {
+        fprintf(stderr, "cuda emulator: %s (m %d, n %d, k %d, bfloat16 storage): an operand is not inside one GPU "
+                        "block\n", call, m, n, k);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    std::vector<float> wide_a(a), wide_b(b), wide_c(c);
+    emulator_device_access_begin();
+    for (size_t i = 0; i < a; i++) wide_a[i] = km_bf16_to_float(A[i]);
+    for (size_t i = 0; i < b; i++) wide_b[i] = km_bf16_to_float(B[i]);
+    for (size_t i = 0; i < c; i++)
+        wide_c[i] = Ctype == CUDA_R_16BF ? km_bf16_to_float(((const uint16_t *)C)[i]) : ((const float *)C)[i];
+    cblas_sgemm(CblasColMajor, transa == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                transb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, *alpha, wide_a.data(), lda,
+                wide_b.data(), ldb, *beta, wide_c.data(), ldc);
+    /* only the m rows of each column: the elements between columns (ld > m) are not C's and stay as they are */
+    for (int column = 0; column < n; column++)
+        for (int row = 0; row < m; row++) {
+            size_t at = (size_t)column * ldc + row;
+            if (Ctype == CUDA_R_16BF) ((uint16_t *)C)[at] = km_bf16_from_float(wide_c[at]);
+            else ((float *)C)[at] = wide_c[at];
+        }
+    emulator_device_access_end();
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The Ex GEMMs: the types and the compute type checked (float32 storage under COMPUTE_32F or FAST_16BF, or bfloat16
+ * storage under COMPUTE_32F), then per batch the bfloat16 premise (under FAST_16BF) and the float32 GEMM, or the
+ * bfloat16-storage GEMM. */
 static cublasStatus_t gemm_ex(const char *call, cublasHandle_t handle, cublasOperation_t transa,
                               cublasOperation_t transb, int m, int n, int k, const void *alpha, const void *A,
                               cudaDataType Atype, int lda, long long strideA, const void *B, cudaDataType Btype,
                               int ldb, long long strideB, const void *beta, void *C, cudaDataType Ctype, int ldc,
                               long long strideC, int batch, cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
     if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F ||
-        (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_16BF) ||
-        algo != CUBLAS_GEMM_DEFAULT) {
+    int float32 = Atype == CUDA_R_32F && Btype == CUDA_R_32F && Ctype == CUDA_R_32F &&
+                  (computeType == CUBLAS_COMPUTE_32F || computeType == CUBLAS_COMPUTE_32F_FAST_16BF);
+    int bfloat16 = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && (Ctype == CUDA_R_16BF || Ctype == CUDA_R_32F) &&
+                   computeType == CUBLAS_COMPUTE_32F;
+    if (!(float32 || bfloat16) || algo != CUBLAS_GEMM_DEFAULT) {
         fprintf(stderr,
                 "cuda emulator: %s: types A %d, B %d, C %d, compute type %d, algorithm %d: the emulator computes "
-                "CUDA_R_32F operands under CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_16BF with "
-                "CUBLAS_GEMM_DEFAULT only\n",
+                "CUDA_R_32F operands under CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_16BF, and CUDA_R_16BF A and B "
+                "(C CUDA_R_16BF or CUDA_R_32F) under CUBLAS_COMPUTE_32F, with CUBLAS_GEMM_DEFAULT only\n",
                 call, (int)Atype, (int)Btype, (int)Ctype, (int)computeType, (int)algo);
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    for (int i = 0; i < batch; i++) {
+    for (int i = 0; bfloat16 && i < batch; i++) {
+        size_t c_size = Ctype == CUDA_R_16BF ? 2 : 4;
+        cublasStatus_t status = gemm_bf16(call, handle, transa, transb, m, n, k, (const float *)alpha,
+                                          (const uint16_t *)A + i * strideA, lda, (const uint16_t *)B + i * strideB,
+                                          ldb, (const float *)beta, (char *)C + (size_t)i * strideC * c_size, Ctype,
+                                          ldc);
+        if (status != CUBLAS_STATUS_SUCCESS) return status;
+    }
+    for (int i = 0; float32 && i < batch; i++) {
         const float *a = (const float *)A + i * strideA, *b = (const float *)B + i * strideB;
         if (computeType == CUBLAS_COMPUTE_32F_FAST_16BF && m > 0 && n > 0 && k > 0) {
             /* Check the bounds first (the same as gemm's), so the reads below stay inside GPU memory. */

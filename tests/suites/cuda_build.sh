@@ -32,6 +32,11 @@ else
   if [ -f tests/gpu_layers.c ]; then
     check "make CUDA=1 built tests/bin/gpu_layers (the kernels vs the CPU layers, on a GPU)" \
       test -x $CUDA_BUILD/tests/bin/gpu_layers
+    if [ "$HAVE_GPU" = 0 ]; then
+      check "make CUDA=1's gpu_gemm_bench (the GPU lease's GEMM storages) without a GPU: exit 77, said so" \
+        bash -c "out=\$($CUDA_BUILD/tests/bin/gpu_gemm_bench); test \$? = 77 &&
+          grep -qx 'gpu_gemm_bench: no CUDA device here' <<<\"\$out\""
+    fi
   else
     check "make CUDA=1 built tests/bin/gpu_layers" bash -c \
       "echo 'skipped: tests/gpu_layers.c is not in this tree'; exit 77"

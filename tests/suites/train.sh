@@ -48,7 +48,8 @@ check "gpu_lease.sh GPU_LEASE_DRY_RUN=1: gpu_check.sh steps 2-5 pass, gpu_bench.
     \( -size +2M -o ! -name "*.txt" ! -name "*.log" \))" &&
     python3 tests/check_gpu_bench.py runs/check/gpu_lease_dry/bench/gpu_bench.txt &&
     summary=runs/check/gpu_lease_dry/lease.txt && grep -q "^gpu_lease: 0 failed" $summary &&
-    test "$(grep -c "^== .*: exit 0," $summary)" = 3 && test "$(grep -c "^PASS " $summary)" = 8 &&
+    test "$(grep -c "^== .*: exit 0," $summary)" = 4 && test "$(grep -c "^PASS " $summary)" = 8 &&
+    test "$(grep -c " PASS$" $summary)" = 56 &&
     ! grep -q "^FAIL" $summary'
 # Past its deadline (GPU_BENCH_DEADLINE, which gpu_lease.sh sets) gpu_bench.sh starts no setting and says so.
 check "gpu_bench.sh past GPU_BENCH_DEADLINE: every setting SKIPPED and said so, nothing run" \

@@ -19,6 +19,14 @@ check "test_kernel_math: the per-element math CPU and GPU share vs double refere
   tests/bin/test_kernel_math
 check "gpu_layers on the CUDA emulator: core/cuda's kernels and cuBLAS calls vs the CPU layers, derived bounds" \
   tests/cuda_emulator/run.sh runs/check/cuda_emulator
+# The GEMM storage benchmark the GPU lease runs (tests/gpu_gemm_bench.c), at 1/32 of Qwen2-0.5B's sizes on the
+# emulator: its 14 shapes x 4 storages (float32, float32 under FAST_16BF, bfloat16 operands with a float32 or a
+# bfloat16 C) each against double dot products within the derived bound, so the program and the emulator's bfloat16
+# GEMMs are right before a lease times them.
+check "gpu_gemm_bench small on the CUDA emulator: 56 GEMMs in float32 and bfloat16 storage within derived bounds" \
+  bash -c 'env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated \
+    build/cuda_emulated/tests/bin/gpu_gemm_bench > /dev/null && build/cuda_emulated/tests/bin/gpu_gemm_bench small |
+    tee /dev/stderr | grep -c " PASS$" | grep -qx 56'
 mpi_suite "test_comm: collectives vs Send/Recv reference" tests/bin/test_comm 1 2 3 4
 mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_flat_param 1 2 3 4
 mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batches" tests/bin/test_data 1 2 4
