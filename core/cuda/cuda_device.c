@@ -54,6 +54,34 @@ void cuda_compute_wait(cuda_device_state *device, const char *what) {
     cuda_event_wait(device, cuda_event_pool_record(device->compute_events, device->compute), what, "compute");
 }
 
+void cuda_device_drain(cuda_device_state *device, const char *what) {
+    for (int i = 0; i < device->stream_count; i++)
+        cuda_event_wait(device, cuda_event_pool_record(device->streams[i].events, device->streams[i].stream), what,
+                        device->streams[i].name);
+    cuda_compute_wait(device, what);
+}
+
+void cuda_device_add_stream(cuda_device_state *device, cudaStream_t stream, struct cuda_event_pool *events,
+                            const char *name) {
+    if (device->stream_count == CUDA_DEVICE_STREAMS) {
+        fprintf(stderr, "rank %d: cuda device: stream '%s' is one more than the %d comm streams a device keeps "
+                        "(CUDA_DEVICE_STREAMS)\n", device->rank, name, CUDA_DEVICE_STREAMS);
+        cuda_abort_run();
+    }
+    device->streams[device->stream_count].stream = stream;
+    device->streams[device->stream_count].events = events;
+    device->streams[device->stream_count].name = name;
+    device->stream_count++;
+}
+
+void cuda_device_remove_stream(cuda_device_state *device, cudaStream_t stream) {
+    for (int i = 0; i < device->stream_count; i++)
+        if (device->streams[i].stream == stream) {
+            device->streams[i] = device->streams[--device->stream_count];
+            return;
+        }
+}
+
 /* ---- event pools (a cudaStream's events, recorded in turn: core/cuda/cuda_stream.h says why) ---- */
 
 struct cuda_event_pool {
@@ -112,11 +140,12 @@ static void *device_segment_alloc(void *state, size_t bytes) {
 }
 
 /* A segment goes back when none of its blocks is allocated; work queued before the blocks were freed may still read
- * or write it, so the device finishes its work first. Rare (empty_cache, a retry after out of memory, shutdown). */
+ * or write it, so the device finishes its work first (every stream drained under TIMEOUT; cudaFree then finds it
+ * idle). Rare (empty_cache, a retry after out of memory, shutdown). */
 static void device_segment_free(void *state, void *ptr, size_t bytes) {
     cuda_device_state *device = state;
     (void)bytes;
-    CUDA_CHECK(device->rank, cudaDeviceSynchronize());
+    cuda_device_drain(device, "the wait before a GPU segment goes back");
     CUDA_CHECK(device->rank, cudaFree(ptr));
 }
 
@@ -138,7 +167,7 @@ static void *pinned_segment_alloc(void *state, size_t bytes) {
 static void pinned_segment_free(void *state, void *ptr, size_t bytes) {
     cuda_device_state *device = state;
     (void)bytes;
-    CUDA_CHECK(device->rank, cudaDeviceSynchronize()); /* no copy in flight may still read or write it */
+    cuda_device_drain(device, "the wait before a pinned segment goes back"); /* no copy in flight may use it */
     CUDA_CHECK(device->rank, cudaFreeHost(ptr));
 }
 
@@ -346,7 +375,7 @@ void cuda_device_destroy(device *d) {
     cuda_device_state *device = d->impl;
     if (device == NULL) return;
     int rank = device->rank;
-    CUDA_CHECK(rank, cudaDeviceSynchronize());
+    cuda_device_drain(device, "the wait for the GPU at close");
     cuda_profile_destroy(device->profile);
     cuda_event_pool_destroy(device->compute_events);
     CUDA_CHECK(rank, cudaEventDestroy(device->clock_event));

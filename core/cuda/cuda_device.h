@@ -21,6 +21,8 @@
 extern "C" {
 #endif
 
+#define CUDA_DEVICE_STREAMS 16 /* comm streams a device may have at once (cuda_device_add_stream) */
+
 typedef struct cuda_device_state {
     int rank;                     /* for messages */
     int ordinal;                  /* cudaSetDevice's */
@@ -52,6 +54,14 @@ typedef struct cuda_device_state {
     int pinned_copy_pending;
     double reference_seconds;
     double timeout_seconds;       /* the context's TIMEOUT (0: never), for cuda_event_wait */
+    /* The comm streams' cudaStreams and event pools (cuda_stream.c adds and removes them): with the compute stream,
+     * every queue the device's work is on, for cuda_device_drain. */
+    struct {
+        cudaStream_t stream;
+        struct cuda_event_pool *events;
+        const char *name;
+    } streams[CUDA_DEVICE_STREAMS];
+    int stream_count;
     struct cuda_kernel_profile *profile; /* PROFILE_KERNELS=1's event pairs (core/cuda/kernel_profile.h); or NULL */
 } cuda_device_state;
 
@@ -69,6 +79,14 @@ void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const c
  * by cuda_event_wait. Never cudaStreamSynchronize, which waits without end when the stream is held back by a
  * collective a stopped rank never joins. */
 void cuda_compute_wait(cuda_device_state *device, const char *what);
+/* The host waits for everything queued on every stream of the device, compute and comm streams (what
+ * cudaDeviceSynchronize waits for), each through an event of its pool polled under TIMEOUT (cuda_event_wait): before a
+ * segment goes back (work queued before its blocks were freed may still use it) and at close. */
+void cuda_device_drain(cuda_device_state *device, const char *what);
+/* cuda_stream.c's comm streams, known to cuda_device_drain from their init to their destroy. */
+void cuda_device_add_stream(cuda_device_state *device, cudaStream_t stream, struct cuda_event_pool *events,
+                            const char *name);
+void cuda_device_remove_stream(cuda_device_state *device, cudaStream_t stream);
 
 /* A pool of CUDA_EVENT_POOL events for one cudaStream, recorded in turn and created on first use (the compute
  * stream's is the device's; core/cuda/cuda_stream.c makes one per comm stream). */

@@ -39,6 +39,7 @@ int cuda_stream_init(stream *s) {
     CUDA_CHECK(ctx->rank, cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking));
     state->owns_stream = 1;
     state->events = cuda_event_pool_create(ctx->rank);
+    cuda_device_add_stream(device, state->stream, state->events, s->name);
     if (ctx->collectives == NULL) return 0; /* BACKEND=mpi: stream.c makes the thread; this is for its copies */
     s->device_ordered = 1;
     char name[64];
@@ -60,7 +61,9 @@ void cuda_stream_destroy(stream *s) {
     cuda_stream_state *state = state_of(s);
     int rank = s->ctx->rank;
     if (state->owns_stream) {
-        CUDA_CHECK(rank, cudaStreamSynchronize(state->stream));
+        cuda_event_wait(device_of(s), cuda_event_pool_record(state->events, state->stream),
+                        "the wait for a comm stream before its destroy", s->name);
+        cuda_device_remove_stream(device_of(s), state->stream);
         const comm_backend *backend = s->ctx->collectives; /* the stream's communicators are its (BACKEND=nccl) */
         if (backend != NULL) {
             for (int i = 0; i < STREAM_GROUPS_MAX; i++) backend->destroy(state->group_nccl[i]);

@@ -155,6 +155,20 @@ check "emulated CUDA BACKEND=nccl: collectives waited for on the device (stops <
     bf16=$(tests/host_waits.sh BACKEND=nccl CUDA_EMULATOR_DEVICES=2 COMM_STREAMS=1 MP=bf16) || exit 1
     echo "float32: $fp32"; echo "MP=bf16 COMM_STREAMS=1: $bf16"
     echo "$fp32" | awk "{exit !(\$2 == 0 && \$14 <= 4)}" && echo "$bf16" | awk "{exit !(\$2 == 0 && \$14 <= 4)}"'
+# The whole run, start to close, not a step: no cudaStreamSynchronize or cudaDeviceSynchronize at all (fields 4 and 8 of
+# the emulator's log), with the segment frees of OFFLOAD's pinned pool and the comm streams' destroys among them. Each
+# would wait without end behind a collective a dead rank never joins; cuda_device_drain polls every stream's event
+# under TIMEOUT instead (before this, each rank made 1 device synchronize at close and 1 per segment freed, and 1
+# stream synchronize per comm stream destroyed).
+for setting in "BACKEND=mpi OFFLOAD=1" "BACKEND=nccl CUDA_EMULATOR_DEVICES=2 COMM_STREAMS=1" \
+  "BACKEND=mpi COMM_STREAMS=1 MP=bf16"; do
+  check "emulated CUDA $setting: no stream or device synchronize in the whole run (frees, close: drained, polled)" \
+    bash -c "rm -rf runs/check/emu_drain runs/check/emu_drain.log
+      env $setting OUT=runs/check/emu_drain CUDA_EMULATOR_SYNC_LOG=runs/check/emu_drain.log DEVICE=cuda ACC=2 SEQ=32 \
+        MBS=2 STEPS=2 $MPIRUN -np 2 $EMU/lab/05_full_step > runs/check/emu_drain.out 2>&1 || exit 1
+      cat runs/check/emu_drain.log
+      awk '{n++; if (\$4 != 0 || \$8 != 0) bad++} END {exit !(n == 2 && bad == 0)}' runs/check/emu_drain.log"
+done
 # PROFILE_KERNELS=1 (core/cuda/kernel_profile.h): every rank's table of the compute stream's work per step against
 # the emulator's counts of the same run (tests/check_kernel_profile.py): as many GEMMs and as many fills and copies
 # within GPU memory as the emulator ran, launchers that exist, a total that adds up, the losses of a run without it.
