@@ -49,7 +49,7 @@ run_seconds() {
   if [ -n "${GPU_BENCH_DEADLINE:-}" ] && [ $((GPU_BENCH_DEADLINE - $(date +%s))) -lt "$seconds" ]; then
     seconds=$((GPU_BENCH_DEADLINE - $(date +%s)))
   fi
-  echo "$seconds"
+  echo $((seconds > 1 ? seconds : 1)) # `timeout 0` would mean no limit
 }
 time_left() {
   [ -z "${GPU_BENCH_DEADLINE:-}" ] || [ $((GPU_BENCH_DEADLINE - $(date +%s))) -ge "${GPU_BENCH_MIN_SECONDS:-60}" ]

@@ -44,6 +44,9 @@ copy_back() {
 trap copy_back EXIT
 deadline=$((start + ${GPU_LEASE_SECONDS:-540}))
 left() { echo $((deadline - $(date +%s))); }
+# a timeout's seconds: what is left, at most $1 when given, at least 1 (`timeout 0` would mean no limit at all)
+limit() { local seconds; seconds=$(left); [ -n "${1:-}" ] && [ "$seconds" -gt "$1" ] && seconds=$1
+  echo $((seconds > 1 ? seconds : 1)); }
 say() { echo "$*" | tee -a "$summary"; }
 failures=0
 # part NAME COMMAND...: runs it, its summary lines (its standard output) into lease.txt, its status counted
@@ -73,19 +76,19 @@ say "gpu_lease: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'no GPU (nvidia-
   "deadline in $(left) s"
 
 # 2. correctness first: gpu_check.sh builds (step 1) and runs steps 2 and 3
-run_check() { GPU_CHECK_STEPS="$1" GPU_CHECK_STEP_TIMEOUT=$(left) scripts/gpu_check.sh "$out/check"; }
+run_check() { GPU_CHECK_STEPS="$1" GPU_CHECK_STEP_TIMEOUT=$(limit) scripts/gpu_check.sh "$out/check"; }
 part "gpu_check.sh steps 2 3: layers and the tiny model, GPU vs CPU" run_check "2 3"
 
 # 2b. what 2-byte storage would buy the GEMMs: Qwen2-0.5B's GEMMs in four storages, each result checked
 # (tests/gpu_gemm_bench.c; seconds); it says whether issue 30's next step, 2-byte tensors, pays for the GEMMs
 if [ "${GPU_LEASE_DRY_RUN:-0}" = 1 ]; then gemm=(build/cuda_emulated/tests/bin/gpu_gemm_bench small)
 else gemm=(build/cuda/tests/bin/gpu_gemm_bench); fi
-part "gpu_gemm_bench: Qwen2-0.5B's GEMMs in float32 and bfloat16 storage" timeout --kill-after=10 \
-  "$(( $(left) < 120 ? $(left) : 120 ))" "${gemm[@]}"
+part "gpu_gemm_bench: Qwen2-0.5B's GEMMs in float32 and bfloat16 storage" timeout --kill-after=10 "$(limit 120)" \
+  "${gemm[@]}"
 
 # 3. the benchmark, each setting started only while there is time for it
 part "gpu_bench.sh: fsdplab beside torch" env GPU_BENCH_SETTINGS="$settings" GPU_BENCH_DEADLINE="$deadline" \
-  GPU_BENCH_RUN_TIMEOUT="$(left)" scripts/gpu_bench.sh "$out/bench"
+  GPU_BENCH_RUN_TIMEOUT="$(limit)" scripts/gpu_bench.sh "$out/bench"
 
 # 4. Qwen2-0.5B against torch within the bounds, if it fits (about 330 s on an H200, 2026-12-04)
 need=${GPU_LEASE_CHECK4_SECONDS:-330}
