@@ -139,10 +139,10 @@ mutations=(
   # BACKEND=nccl's comm_wait waiting on the host for each collective again (the GPU's queue emptied before each)
   "nccl-host-waits-each|core/comm/comm.c|s.replace('        return defer(ctx, c);', "\
 "'        return defer(ctx, c) != 0 ? -1 : comm_finish_pending(ctx);')|check-cuda-emulated"
-  # the host's waits for the compute stream as cudaStreamSynchronize again (no end when a collective never ends)
-  "host-wait-stream-sync|core/cuda/cuda_device.c|s.replace('    cuda_event_wait(device, cuda_event_pool_record(\
-device->compute_events, device->compute), what, \"compute\");', '    (void)what; \
-CUDA_CHECK(device->rank, cudaStreamSynchronize(device->compute));')|check-cuda-emulated"
+  # the host's waits for a queue (cuda_queue_wait) as cudaStreamSynchronize again (no end when a collective never ends)
+  "host-wait-stream-sync|core/cuda/cuda_device.c|s.replace('    cuda_event_wait(device, cuda_event_pool_record(pool, \
+stream), what, stream_name);', '    (void)pool, (void)what, (void)stream_name; \
+CUDA_CHECK(device->rank, cudaStreamSynchronize(stream));')|check-cuda-emulated"
   # PROFILE_KERNELS: the zero fills of mem_alloc's zeroed blocks queued outside CUDA_TIMED (its table misses them)
   "profile-untimed-fill|core/cuda/cuda_device.c|s.replace('    cuda_device_state *device = state;\n    CUDA_TIMED(\
 device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_device_state *device = state;\n    \

@@ -50,14 +50,18 @@ void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const c
     cuda_abort_run();
 }
 
+void cuda_queue_wait(const cuda_device_state *device, struct cuda_event_pool *pool, cudaStream_t stream,
+                     const char *what, const char *stream_name) {
+    cuda_event_wait(device, cuda_event_pool_record(pool, stream), what, stream_name);
+}
+
 void cuda_compute_wait(cuda_device_state *device, const char *what) {
-    cuda_event_wait(device, cuda_event_pool_record(device->compute_events, device->compute), what, "compute");
+    cuda_queue_wait(device, device->compute_events, device->compute, what, "compute");
 }
 
 void cuda_device_drain(cuda_device_state *device, const char *what) {
     for (int i = 0; i < device->stream_count; i++)
-        cuda_event_wait(device, cuda_event_pool_record(device->streams[i].events, device->streams[i].stream), what,
-                        device->streams[i].name);
+        cuda_queue_wait(device, device->streams[i].events, device->streams[i].stream, what, device->streams[i].name);
     cuda_compute_wait(device, what);
 }
 

@@ -79,6 +79,10 @@ void cuda_event_wait(const cuda_device_state *device, cudaEvent_t event, const c
  * by cuda_event_wait. Never cudaStreamSynchronize, which waits without end when the stream is held back by a
  * collective a stopped rank never joins. */
 void cuda_compute_wait(cuda_device_state *device, const char *what);
+/* The host waits for everything queued on `stream` so far: the next event of its pool recorded now, then
+ * cuda_event_wait (`stream_name` names it in the timeout's message). The one way core/cuda waits for a queue. */
+void cuda_queue_wait(const cuda_device_state *device, struct cuda_event_pool *pool, cudaStream_t stream,
+                     const char *what, const char *stream_name);
 /* The host waits for everything queued on every stream of the device, compute and comm streams (what
  * cudaDeviceSynchronize waits for), each through an event of its pool polled under TIMEOUT (cuda_event_wait): before a
  * segment goes back (work queued before its blocks were freed may still use it) and at close. */

@@ -61,8 +61,8 @@ void cuda_stream_destroy(stream *s) {
     cuda_stream_state *state = state_of(s);
     int rank = s->ctx->rank;
     if (state->owns_stream) {
-        cuda_event_wait(device_of(s), cuda_event_pool_record(state->events, state->stream),
-                        "the wait for a comm stream before its destroy", s->name);
+        cuda_queue_wait(device_of(s), state->events, state->stream, "the wait for a comm stream before its destroy",
+                        s->name);
         cuda_device_remove_stream(device_of(s), state->stream);
         const comm_backend *backend = s->ctx->collectives; /* the stream's communicators are its (BACKEND=nccl) */
         if (backend != NULL) {
@@ -105,8 +105,7 @@ void cuda_stream_wait_event(stream *s, const stream_event *event) {
 /* As every host wait for the GPU in a run: polled under TIMEOUT (cuda_event_wait), not cudaStreamSynchronize. */
 void cuda_stream_synchronize(stream *s) {
     cuda_stream_state *state = state_of(s);
-    cuda_event_wait(device_of(s), cuda_event_pool_record(state->events, state->stream), "the host's wait for a stream",
-                    s->name);
+    cuda_queue_wait(device_of(s), state->events, state->stream, "the host's wait for a stream", s->name);
 }
 
 /* ---- for the collectives ---- */
@@ -138,7 +137,7 @@ void cuda_stage_copy(context *ctx, const stream *s, void *dst, const void *src, 
     if (bytes > 0) CUDA_CHECK(ctx->rank, cudaMemcpyAsync(dst, src, bytes, kind, stream));
     cuda_event_pool *pool = own ? state_of(s)->events : device->compute_events;
     const char *what = to_host ? "the staging copy to the host" : "the staging copy to the GPU";
-    cuda_event_wait(device, cuda_event_pool_record(pool, stream), what, own ? s->name : "compute");
+    cuda_queue_wait(device, pool, stream, what, own ? s->name : "compute");
 }
 
 void cuda_event_times(context *ctx, void *start_event, void *end_event, double *start_us, double *end_us) {
