@@ -31,6 +31,19 @@ static unsigned grid_for(size_t count, unsigned threads) {
     return (unsigned)blocks;
 }
 
+/* A grid-stride kernel over `count` elements that splits each index into coordinates, launched with its index type
+ * chosen here: 32 bits below 2^31 elements (an index plus the grid's stride, at most 2^28, then stays below 2^32), a
+ * 64-bit size_t beyond. A GPU divides 64-bit integers in a long software routine and 32-bit ones in a few
+ * instructions. The kernel is a template on that type and takes `count`, in it, as its first argument; offsets that
+ * may pass the count (a row times its width, a group's terms) are computed in size_t. */
+#define LAUNCH_INDEXED(kernel, count, stream, ...)                                                                   \
+    do {                                                                                                             \
+        if ((count) < ((size_t)1 << 31))                                                                             \
+            kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>((uint32_t)(count), __VA_ARGS__);                 \
+        else                                                                                                         \
+            kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>((size_t)(count), __VA_ARGS__);                   \
+    } while (0)
+
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
 
 /* The block's reduction of `value` by `combine` (identity: what a missing lane contributes), returned to every
@@ -320,15 +333,15 @@ cudaError_t rmsnorm_backward_bf16_launch(floatX *dinp, const floatX *dresidual, 
 
 /* ---- linear's bias ---- */
 
-__global__ void bias_broadcast_kernel(floatX *out, const floatX *bias, size_t count, int OC) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = bias[i % OC];
+template <typename Index> __global__ void bias_broadcast_kernel(Index count, floatX *out, const floatX *bias, int OC) {
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < count; i += (Index)gridDim.x * blockDim.x)
+        out[i] = bias[i % (Index)OC];
 }
 
 cudaError_t bias_broadcast_launch(floatX *out, const floatX *bias, int N, int OC, cudaStream_t stream) {
     size_t count = (size_t)N * OC;
     if (count == 0) return cudaSuccess;
-    bias_broadcast_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, bias, count, OC);
+    LAUNCH_INDEXED(bias_broadcast_kernel, count, stream, out, bias, OC);
     return cudaGetLastError();
 }
 
@@ -344,14 +357,15 @@ cudaError_t bias_backward_launch(floatX *dbias, const floatX *dout, int N, int O
  * forward x1' = bf16(bf16(x1 c1) - bf16(x2 s1)), x2' = bf16(bf16(x2 c2) + bf16(x1 s2)); backward
  * dx1 = bf16(bf16(dy1 c1) + bf16(dy2 s2)), dx2 = bf16(bf16(dy2 c2) - bf16(dy1 s1)); the tables rounded to bfloat16 as
  * read (kernel_math.h). */
-__global__ void rope_kernel(floatX *x, const float *cos_table, const float *sin_table, size_t pairs, int T, int H,
-                            int D, float direction, int bf16) {
-    int half = D / 2;
-    for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < pairs; p += (size_t)gridDim.x * blockDim.x) {
+template <typename Index>
+__global__ void rope_kernel(Index pairs, floatX *x, const float *cos_table, const float *sin_table, int T, int H, int D,
+                            float direction, int bf16) {
+    Index half = (Index)(D / 2);
+    for (Index p = blockIdx.x * (Index)blockDim.x + threadIdx.x; p < pairs; p += (Index)gridDim.x * blockDim.x) {
         int i = (int)(p % half);
-        size_t head = p / half; /* (b, t, h) flattened */
-        int t = (int)(head / H % T);
-        floatX *v = x + head * D;
+        Index head = p / half; /* (b, t, h) flattened */
+        int t = (int)(head / (Index)H % (Index)T);
+        floatX *v = x + (size_t)head * D;
         const float *cos_row = cos_table + (size_t)t * D, *sin_row = sin_table + (size_t)t * D;
         float x1 = (float)v[i], x2 = (float)v[i + half];
         if (!bf16) {
@@ -371,8 +385,7 @@ static cudaError_t rope_any_launch(floatX *x, const float *cos_table, const floa
                                    int D, float direction, int bf16, cudaStream_t stream) {
     size_t pairs = (size_t)B * T * H * (D / 2);
     if (pairs == 0) return cudaSuccess;
-    rope_kernel<<<grid_for(pairs, THREADS), THREADS, 0, stream>>>(x, cos_table, sin_table, pairs, T, H, D, direction,
-                                                                   bf16);
+    LAUNCH_INDEXED(rope_kernel, pairs, stream, x, cos_table, sin_table, T, H, D, direction, bf16);
     return cudaGetLastError();
 }
 
@@ -437,11 +450,13 @@ cudaError_t softmax_backward_launch(float *dp, const float *probs, int blocks, i
 }
 
 /* One thread per element, indexed in the (B, T, heads, D) layout. */
-__global__ void heads_layout_kernel(float *dst, const float *src, size_t count, int T, int heads, int D,
+template <typename Index>
+__global__ void heads_layout_kernel(Index count, float *dst, const float *src, int T, int heads, int D,
                                     heads_layout_op op) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        size_t d = i % D, h = i / D % heads, t = i / ((size_t)D * heads) % T, b = i / ((size_t)D * heads * T);
-        size_t major = ((b * heads + h) * T + t) * D + d;
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < count; i += (Index)gridDim.x * blockDim.x) {
+        Index row = i / (Index)D, d = i - row * (Index)D; /* row: (b, t, h) */
+        Index h = row % (Index)heads, bt = row / (Index)heads, t = bt % (Index)T, b = bt / (Index)T;
+        Index major = ((b * (Index)heads + h) * (Index)T + t) * (Index)D + d; /* a permutation: below count */
         if (op == HEADS_TO_MAJOR)
             dst[major] = src[i];
         else if (op == HEADS_FROM_MAJOR)
@@ -455,19 +470,21 @@ cudaError_t heads_layout_launch(float *dst, const float *src, int B, int T, int 
                                 cudaStream_t stream) {
     size_t count = (size_t)B * T * heads * D;
     if (count == 0) return cudaSuccess;
-    heads_layout_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, src, count, T, heads, D, op);
+    LAUNCH_INDEXED(heads_layout_kernel, count, stream, dst, src, T, heads, D, op);
     return cudaGetLastError();
 }
 
 /* One thread per element of dst, its group's terms added in head order. */
-__global__ void group_sum_kernel(float *dst, const float *terms, size_t count, int T, int KVH, int group, int D,
+template <typename Index>
+__global__ void group_sum_kernel(Index count, float *dst, const float *terms, int T, int KVH, int group, int D,
                                  int round) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        size_t d = i % D, kv = i / D % KVH, t = i / ((size_t)D * KVH) % T, b = i / ((size_t)D * KVH * T);
-        size_t H = (size_t)KVH * group;
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < count; i += (Index)gridDim.x * blockDim.x) {
+        Index row = i / (Index)D, d = i - row * (Index)D; /* row: (b, t, kv) */
+        Index kv = row % (Index)KVH, bt = row / (Index)KVH, t = bt % (Index)T, b = bt / (Index)T;
+        size_t H = (size_t)KVH * group; /* terms holds group x count elements: size_t offsets */
         float sum = dst[i];
         for (int g = 0; g < group; g++) {
-            float term = terms[((b * H + kv * group + g) * T + t) * D + d];
+            float term = terms[((b * H + (size_t)kv * group + g) * T + t) * D + d];
             sum = sum + (round ? km_bf16_round(term) : term);
         }
         dst[i] = sum;
@@ -478,7 +495,7 @@ cudaError_t group_sum_launch(float *dst, const float *terms, int B, int T, int K
                              cudaStream_t stream) {
     size_t count = (size_t)B * T * KVH * D;
     if (count == 0) return cudaSuccess;
-    group_sum_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dst, terms, count, T, KVH, group, D, round);
+    LAUNCH_INDEXED(group_sum_kernel, count, stream, dst, terms, T, KVH, group, D, round);
     return cudaGetLastError();
 }
 
@@ -522,20 +539,22 @@ cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int bloc
 /* One thread per output element. float32 (bf16 0): silu(gate) up and its derivatives (kernel_math.h); bfloat16
  * (bf16 1, layers_bf16.h): out = bf16(bf16(silu(gate)) up); dgate += bf16(bf16(dy up) silu'(gate)),
  * dup += bf16(dy bf16(silu(gate))), each added in float32 (the gradient buffers' own adds). */
-__global__ void swiglu_forward_kernel(floatX *out, const floatX *gate_up, size_t count, int width, int bf16) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        size_t n = i / width, k = i % width;
-        const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
+template <typename Index>
+__global__ void swiglu_forward_kernel(Index count, floatX *out, const floatX *gate_up, int width, int bf16) {
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < count; i += (Index)gridDim.x * blockDim.x) {
+        Index n = i / (Index)width, k = i - n * (Index)width;
+        const floatX *gate = gate_up + (size_t)n * 2 * width, *up = gate + width;
         out[i] = (floatX)(bf16 ? km_bf16_swiglu((float)gate[k], (float)up[k]) : km_silu((float)gate[k]) * (float)up[k]);
     }
 }
 
-__global__ void swiglu_backward_kernel(floatX *dgate_up, const floatX *dout, const floatX *gate_up, size_t count,
+template <typename Index>
+__global__ void swiglu_backward_kernel(Index count, floatX *dgate_up, const floatX *dout, const floatX *gate_up,
                                        int width, int bf16) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        size_t n = i / width, k = i % width;
-        const floatX *gate = gate_up + n * 2 * width, *up = gate + width;
-        floatX *dgate = dgate_up + n * 2 * width, *dup = dgate + width;
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < count; i += (Index)gridDim.x * blockDim.x) {
+        Index n = i / (Index)width, k = i - n * (Index)width;
+        const floatX *gate = gate_up + (size_t)n * 2 * width, *up = gate + width;
+        floatX *dgate = dgate_up + (size_t)n * 2 * width, *dup = dgate + width;
         float g = (float)gate[k], u = (float)up[k], dy = (float)dout[i];
         if (bf16) {
             dgate[k] = (floatX)((float)dgate[k] + km_bf16_swiglu_dgate(dy, u, g));
@@ -552,7 +571,7 @@ static cudaError_t swiglu_forward_any(floatX *out, const floatX *gate_up, int N,
                                       cudaStream_t stream) {
     size_t count = (size_t)N * width;
     if (count == 0) return cudaSuccess;
-    swiglu_forward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(out, gate_up, count, width, bf16);
+    LAUNCH_INDEXED(swiglu_forward_kernel, count, stream, out, gate_up, width, bf16);
     return cudaGetLastError();
 }
 
@@ -560,8 +579,7 @@ static cudaError_t swiglu_backward_any(floatX *dgate_up, const floatX *dout, con
                                        int bf16, cudaStream_t stream) {
     size_t count = (size_t)N * width;
     if (count == 0) return cudaSuccess;
-    swiglu_backward_kernel<<<grid_for(count, THREADS), THREADS, 0, stream>>>(dgate_up, dout, gate_up, count, width,
-                                                                              bf16);
+    LAUNCH_INDEXED(swiglu_backward_kernel, count, stream, dgate_up, dout, gate_up, width, bf16);
     return cudaGetLastError();
 }
 

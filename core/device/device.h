@@ -60,7 +60,7 @@ struct device {
      * CUDA: an event after the copies, queried first, so the host waits only when the stream is behind). */
     void (*copy_from_pinned)(device *d, void *dst, const void *src, size_t bytes);
     void (*pinned_copies_wait)(device *d);
-    /* The host waits for every queued operation of the device (CUDA: an event after the compute stream's queue, polled). */
+    /* The host waits for every queued operation of the device (CUDA: an event after the compute stream's work). */
     void (*synchronize)(device *d);
     /* device_destroy's work for this device: NULL on the CPU (nothing beyond the table). */
     void (*destroy)(device *d);
