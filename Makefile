@@ -268,8 +268,8 @@ run: lab-05
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line. `make check`
 # runs two lanes side by side (much of a check is one process waiting on another, so two keep 2 cores busier than one);
 # suites that share a build tree (unit and cuda_emulated: build/cuda_emulated) stay in one lane.
-CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 docs layout
-CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 lab10 train badinput notebooks \
+CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 badinput docs layout
+CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 lab10 train notebooks \
   cuda_build exercises
 check: all
 	@tests/run_checks.sh --lanes "$(CHECK_LANE_1)" "$(CHECK_LANE_2)"
