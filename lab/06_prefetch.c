@@ -36,9 +36,9 @@
  *   stream blocked on a collective) shrink; in memory.html param_unsharded steps up to two units during backward.
  *
  * The check (`make check-06`): losses and parameters bit-identical across modes; with prefetch, all-gather spans
- * intersect compute spans and exposed comm < total comm; blocking has no overlap at all and "none" no all-gather
- * overlap; never more than 2 all-gathers in flight; the measured peak of every category equals the memory model's
- * prediction for the mode.
+ * intersect compute spans and exposed comm < total comm; with a comm stream, compute runs while a collective is in
+ * flight; blocking has no overlap at all and "none" no all-gather overlap; never more than 2 all-gathers in flight; the
+ * measured peak of every category equals the memory model's prediction for the mode.
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include <stdio.h>

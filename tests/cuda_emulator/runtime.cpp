@@ -456,9 +456,16 @@ const char *cublasGetStatusString(cublasStatus_t status) {
 }
 
 /* The elements a column-major (rows, cols) operand with leading dimension ld spans. */
-static size_t operand_bytes(int rows, int cols, int ld) {
+static size_t operand_elements(int rows, int cols, int ld) {
     if (rows == 0 || cols == 0) return 0;
-    return ((size_t)ld * (size_t)(cols - 1) + (size_t)rows) * sizeof(float);
+    return (size_t)ld * (size_t)(cols - 1) + (size_t)rows;
+}
+
+/* cuBLAS's checks of a GEMM's sizes: none negative, each leading dimension at least its operand's rows and 1. */
+static int gemm_sizes_valid(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, int lda, int ldb,
+                            int ldc) {
+    return m >= 0 && n >= 0 && k >= 0 && lda >= (transa == CUBLAS_OP_N ? m : k) && lda >= 1 &&
+           ldb >= (transb == CUBLAS_OP_N ? k : n) && ldb >= 1 && ldc >= m && ldc >= 1;
 }
 
 std::atomic<unsigned long long> emulator_works{0};
@@ -472,14 +479,12 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t handle, cublasOperat
                            cublasOperation_t transb, int m, int n, int k, const float *alpha, const float *A, int lda,
                            const float *B, int ldb, const float *beta, float *C, int ldc) {
     if (handle == NULL || handle->magic != LIVE) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (m < 0 || n < 0 || k < 0 || lda < (transa == CUBLAS_OP_N ? m : k) || lda < 1 ||
-        ldb < (transb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
-        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!gemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-    size_t a = operand_bytes(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda);
-    size_t b = operand_bytes(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
+    size_t a = operand_elements(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda) * sizeof(float);
+    size_t b = operand_elements(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb) * sizeof(float);
     if ((a > 0 && !emulator_is_device(A, a)) || (b > 0 && !emulator_is_device(B, b)) ||
-        !emulator_is_device(C, operand_bytes(m, n, ldc))) {
+        !emulator_is_device(C, operand_elements(m, n, ldc) * sizeof(float))) {
         fprintf(stderr, "cuda emulator: %s (m %d, n %d, k %d): an operand is not inside one GPU block\n", call, m, n,
                 k);
         return CUBLAS_STATUS_EXECUTION_FAILED;
@@ -544,14 +549,11 @@ static cublasStatus_t gemm_bf16(const char *call, cublasHandle_t handle, cublasO
                                 cublasOperation_t transb, int m, int n, int k, const float *alpha, const uint16_t *A,
                                 int lda, const uint16_t *B, int ldb, const float *beta, void *C, cudaDataType Ctype,
                                 int ldc) {
-    if (m < 0 || n < 0 || k < 0 || lda < (transa == CUBLAS_OP_N ? m : k) || lda < 1 ||
-        ldb < (transb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
-        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!gemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-    /* operand_bytes counts 4-byte elements: the element counts, then each operand's own bytes */
-    size_t a = operand_bytes(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda) / sizeof(float);
-    size_t b = operand_bytes(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb) / sizeof(float);
-    size_t c = operand_bytes(m, n, ldc) / sizeof(float), c_size = Ctype == CUDA_R_16BF ? 2 : 4;
+    size_t a = operand_elements(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda);
+    size_t b = operand_elements(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
+    size_t c = operand_elements(m, n, ldc), c_size = Ctype == CUDA_R_16BF ? 2 : 4;
     if ((a > 0 && !emulator_is_device(A, a * 2)) || (b > 0 && !emulator_is_device(B, b * 2)) ||
         !emulator_is_device(C, c * c_size)) {
         fprintf(stderr, "cuda emulator: %s (m %d, n %d, k %d, bfloat16 storage): an operand is not inside one GPU "
@@ -612,10 +614,11 @@ static cublasStatus_t gemm_ex(const char *call, cublasHandle_t handle, cublasOpe
         const float *a = (const float *)A + i * strideA, *b = (const float *)B + i * strideB;
         if (computeType == CUBLAS_COMPUTE_32F_FAST_16BF && m > 0 && n > 0 && k > 0) {
             /* Check the bounds first (the same as gemm's), so the reads below stay inside GPU memory. */
-            if (lda < (transa == CUBLAS_OP_N ? m : k) || ldb < (transb == CUBLAS_OP_N ? k : n))
-                return CUBLAS_STATUS_INVALID_VALUE;
-            size_t a_bytes = operand_bytes(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda);
-            size_t b_bytes = operand_bytes(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
+            if (!gemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
+            size_t a_bytes = sizeof(float) *
+                             operand_elements(transa == CUBLAS_OP_N ? m : k, transa == CUBLAS_OP_N ? k : m, lda);
+            size_t b_bytes = sizeof(float) *
+                             operand_elements(transb == CUBLAS_OP_N ? k : n, transb == CUBLAS_OP_N ? n : k, ldb);
             if (!emulator_is_device(a, a_bytes) || !emulator_is_device(b, b_bytes)) {
                 fprintf(stderr, "cuda emulator: %s (m %d, n %d, k %d, batch %d): an operand is not inside one GPU "
                                 "block\n", call, m, n, k, i);
