@@ -44,13 +44,7 @@ summary=$out/gpu_bench.txt
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 # each run under GPU_BENCH_RUN_TIMEOUT seconds, and none past GPU_BENCH_DEADLINE (epoch seconds; scripts/gpu_lease.sh
 # sets it): a setting with under GPU_BENCH_MIN_SECONDS (default 60) left is skipped and said so, not failed
-run_seconds() {
-  local seconds=${GPU_BENCH_RUN_TIMEOUT:-600}
-  if [ -n "${GPU_BENCH_DEADLINE:-}" ] && [ $((GPU_BENCH_DEADLINE - $(date +%s))) -lt "$seconds" ]; then
-    seconds=$((GPU_BENCH_DEADLINE - $(date +%s)))
-  fi
-  echo $((seconds > 1 ? seconds : 1)) # `timeout 0` would mean no limit
-}
+run_seconds() { gpu_seconds "${GPU_BENCH_DEADLINE:-}" "${GPU_BENCH_RUN_TIMEOUT:-600}"; } # scripts/gpu_env.sh's
 time_left() {
   [ -z "${GPU_BENCH_DEADLINE:-}" ] || [ $((GPU_BENCH_DEADLINE - $(date +%s))) -ge "${GPU_BENCH_MIN_SECONDS:-60}" ]
 }

@@ -5,6 +5,7 @@
 #   . scripts/gpu_env.sh
 #   gpu_env_setup || exit 1     # the libraries and the CUDA homes, exported
 #   gpu_peaks                   # gpu_name, peak_fp32 (fp32_name), peak_bf16 in TFLOP/s (0: unknown)
+#   gpu_seconds DEADLINE [CAP]  # a timeout's seconds before a deadline (gpu_lease.sh's, gpu_bench.sh's)
 #
 # gpu_env_setup: OpenMPI, cJSON, Check, OpenBLAS, PCRE2 and utf8proc from the system, or else from the Debian packages
 # scripts/gpu_bundle.sh packed into .gpu_bundle/ (GPU_BUNDLE=DIR names another), unpacked with `dpkg -x` (or ar and tar
@@ -109,6 +110,17 @@ PY
   ln -sf "$found"/lib/"$1".so* "$home/lib/"
   [ -e "$home/lib/$1.so" ] || ln -sf "$(ls "$found"/lib/"$1".so.* | head -n 1)" "$home/lib/$1.so"
   echo "$home"
+}
+
+# gpu_seconds DEADLINE [CAP]: a timeout's seconds: what is left before DEADLINE (epoch seconds; empty: no deadline),
+# at most CAP when given, and at least 1 (`timeout 0` would mean no limit at all)
+gpu_seconds() {
+  local seconds=${2:-} left
+  if [ -n "$1" ]; then
+    left=$(($1 - $(date +%s)))
+    if [ -z "$seconds" ] || [ "$left" -lt "$seconds" ]; then seconds=$left; fi
+  fi
+  echo $((seconds > 1 ? seconds : 1))
 }
 
 gpu_peaks() {

@@ -44,9 +44,8 @@ copy_back() {
 trap copy_back EXIT
 deadline=$((start + ${GPU_LEASE_SECONDS:-540}))
 left() { echo $((deadline - $(date +%s))); }
-# a timeout's seconds: what is left, at most $1 when given, at least 1 (`timeout 0` would mean no limit at all)
-limit() { local seconds; seconds=$(left); [ -n "${1:-}" ] && [ "$seconds" -gt "$1" ] && seconds=$1
-  echo $((seconds > 1 ? seconds : 1)); }
+# a timeout's seconds: what is left, at most $1 when given, at least 1 (scripts/gpu_env.sh's gpu_seconds)
+limit() { gpu_seconds "$deadline" "${1:-}"; }
 say() { echo "$*" | tee -a "$summary"; }
 failures=0
 # part NAME COMMAND...: runs it, its summary lines (its standard output) into lease.txt, its status counted

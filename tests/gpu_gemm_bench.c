@@ -44,8 +44,6 @@
 #define SAMPLES 256
 #define U 0x1p-24
 
-static int rank_failures = 0;
-
 static void cuda_check(cudaError_t status, const char *what) {
     if (status == cudaSuccess) return;
     fprintf(stderr, "gpu_gemm_bench: %s: %s\n", what, cudaGetErrorString(status));
@@ -245,6 +243,7 @@ int main(int argc, char **argv) {
     printf("%-27s %-12s %6s %6s %6s %10s %8s %7s  %s\n", "GEMM", "storage", "m", "n", "k", "ms", "TFLOP/s", "ratio",
            "check: worst |error| / bound");
     double layer_ms[STORAGE_COUNT] = {0};
+    int failures = 0;
     for (int i = 0; i < shape_count; i++) {
         const gemm_shape *g = &shapes[i];
         operands o;
@@ -256,7 +255,7 @@ int main(int argc, char **argv) {
         }
         for (int s = 0; s < STORAGE_COUNT; s++) {
             int pass = worst[s] <= 1.0;
-            rank_failures += !pass;
+            failures += !pass;
             printf("%-27s %-12s %6d %6d %6d %10.4f %8.1f %6.2fx  %.3g %s\n", g->name, STORAGES[s].name, g->m, g->n,
                    g->k, ms[s], 2.0 * g->m * g->n * g->k / (ms[s] * 1e-3) / 1e12, ms[s] / ms[BASELINE], worst[s],
                    pass ? "PASS" : "FAIL");
@@ -269,8 +268,8 @@ int main(int argc, char **argv) {
                layer_ms[s] / layer_ms[BASELINE]);
     cublas_check(cublasDestroy(handle), "cublasDestroy");
     cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
-    printf("gpu_gemm_bench: %d failed\n", rank_failures);
-    return rank_failures > 0;
+    printf("gpu_gemm_bench: %d failed\n", failures);
+    return failures > 0;
 }
 #else
 int main(void) {
