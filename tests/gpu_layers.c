@@ -70,6 +70,14 @@ static float *random_floats(size_t count, uint64_t stream, float scale) {
     return x;
 }
 static double *bounds(size_t count) { return calloc(count > 0 ? count : 1, sizeof(double)); }
+/* The GPU's buffer for an input gradient a backward writes (layers.h: =, not +=): NaN everywhere, so a kernel or a
+ * GEMM that read it (beta = 1, an add) would put NaN in the result. The CPU's starts as other random numbers: a CPU
+ * that added them would differ from the GPU by more than any bound. */
+static float *nan_floats(size_t count) {
+    float *x = host_alloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) x[i] = NAN;
+    return x;
+}
 static float *copy_floats(const float *x, size_t count) {
     float *y = host_alloc(count * sizeof(float));
     memcpy(y, x, count * sizeof(float));
@@ -258,9 +266,10 @@ static void check_linear(int N, int IC, int OC, int with_bias, int with_dinp) {
     float *dout = random_floats(n_out, 23, 1.0f), *dinp = random_floats(n_in, 24, 0.5f);
     float *dweight = random_floats(n_w, 25, 0.5f), *dbias = random_floats(OC, 26, 0.5f);
     float *dinp0 = copy_floats(dinp, n_in), *dweight0 = copy_floats(dweight, n_w), *dbias0 = copy_floats(dbias, OC);
+    float *nans = nan_floats(n_in);
     buffer d_inp = to_device(inp, n_in * 4), d_weight = to_device(weight, n_w * 4);
     buffer d_bias = with_bias ? to_device(bias, OC * 4) : device_alloc(4), d_out = device_alloc(n_out * 4);
-    buffer d_dout = to_device(dout, n_out * 4), d_dinp = to_device(dinp, n_in * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dinp = to_device(with_dinp ? nans : dinp, n_in * 4);
     buffer d_dweight = to_device(dweight, n_w * 4), d_dbias = to_device(dbias, OC * 4);
 
     float *out = host_alloc(n_out * 4);
@@ -284,15 +293,15 @@ static void check_linear(int N, int IC, int OC, int with_bias, int with_dinp) {
                         d_inp.ptr, d_weight.ptr, N, IC, OC);
     float *g_dinp = from_device(d_dinp, n_in * 4), *g_dweight = from_device(d_dweight, n_w * 4);
     float *g_dbias = from_device(d_dbias, OC * 4);
-    /* dinp += dout w: a dot of OC, plus dinp0: 2 gamma(OC + 1) (|dinp0| + sum_o |dout w|).
+    /* dinp = dout w (written over NaN on the GPU, other numbers on the CPU): a dot of OC, 2 gamma(OC) sum_o |dout w|.
      * dweight += dout^T inp: a dot of N, plus dweight0: 2 gamma(N + 1) (|dw0| + sum_n |dout inp|).
      * dbias += column sums of dout: the CPU row by row, the GPU in 16 groups (as RMSNorm's dweight). */
     double *dinp_bound = bounds(n_in), *dweight_bound = bounds(n_w), *dbias_bound = bounds(OC);
     for (int n = 0; n < N; n++)
         for (int k = 0; k < IC; k++) {
-            double m = fabs((double)dinp0[(size_t)n * IC + k]);
+            double m = 0.0;
             for (int o = 0; o < OC; o++) m += fabs((double)dout[(size_t)n * OC + o] * weight[(size_t)o * IC + k]);
-            dinp_bound[(size_t)n * IC + k] = 2.0 * gamma_n(OC + 1) * m + UNDERFLOW;
+            dinp_bound[(size_t)n * IC + k] = 2.0 * gamma_n(OC) * m + UNDERFLOW;
         }
     for (int o = 0; o < OC; o++) {
         for (int k = 0; k < IC; k++) {
@@ -321,7 +330,7 @@ static void check_linear(int N, int IC, int OC, int with_bias, int with_dinp) {
     device_free(d_dinp), device_free(d_dweight), device_free(d_dbias);
     free(inp), free(weight), free(bias), free(dout), free(dinp), free(dweight), free(dbias), free(dinp0);
     free(dweight0), free(dbias0), free(out), free(g_out), free(out_bound), free(g_dinp), free(g_dweight), free(g_dbias);
-    free(dinp_bound), free(dweight_bound), free(dbias_bound);
+    free(dinp_bound), free(dweight_bound), free(dbias_bound), free(nans);
 }
 
 /* ---- RoPE ---- */
@@ -466,14 +475,15 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
     compare(name, out, g_out, out_bound, n_q);
 
     if (past == 0) {
-        /* The backward from the CPU's probs on both. */
+        /* The backward from the CPU's probs on both. dq, dk, dv are written: the GPU's start as NaN, the CPU's as
+         * other numbers (nan_floats). */
         gpu.copy(&gpu, d_probs.ptr, probs, n_p * 4, DEVICE_H2D);
         float *dout = random_floats(n_q, 43, 1.0f), *dq = random_floats(n_q, 44, 0.5f);
         float *dk = random_floats(n_kv, 45, 0.5f), *dv = random_floats(n_kv, 46, 0.5f);
-        float *dq0 = copy_floats(dq, n_q), *dk0 = copy_floats(dk, n_kv), *dv0 = copy_floats(dv, n_kv);
+        float *nans = nan_floats(n_q);
         float *scratch = host_alloc((size_t)T * T * 4);
-        buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(dq, n_q * 4), d_dk = to_device(dk, n_kv * 4);
-        buffer d_dv = to_device(dv, n_kv * 4);
+        buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(nans, n_q * 4), d_dk = to_device(nans, n_kv * 4);
+        buffer d_dv = to_device(nans, n_kv * 4);
         buffer d_scratch = device_alloc(device_attention_backward_scratch_floats(B, T, H, KVH, D) * 4);
         attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, B, T, H, KVH, D);
         work = work_count();
@@ -483,13 +493,13 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
         check_work(name, work, 12);
         float *g_dq = from_device(d_dq, n_q * 4), *g_dk = from_device(d_dk, n_kv * 4),
               *g_dv = from_device(d_dv, n_kv * 4);
-        /* dv = dv0 + sum over the group's heads and t of p dout: G (T + 1) additions deep at most on either side:
-         * 2 gamma(G (T + 1)) (|dv0| + sum |p dout|).
+        /* dv = sum over the group's heads and t of p dout: under G (T + 1) additions deep on either side:
+         * 2 gamma(G (T + 1)) sum |p dout|.
          * dp_tj = dout_t . v_j: within gamma(D) A_tj, A_tj = sum_d |dout v_j| on each side. ds_tj = p_tj (dp_tj -
          * dot_t), dot_t = sum_j p_tj dp_tj: the dp differences move ds by p_tj (|ddp_tj| + sum_j p_tj |ddp_tj|),
          * each side's own three roundings gamma(3) p_tj (|dp_tj| + |dot_t|).
-         * dq = dq0 + scale sum_j ds_tj k_j: scale sum_j |dds_tj| |k_j| + 2 gamma(T + 2) (|dq0| + scale sum |ds k|).
-         * dk = dk0 + sum over heads and t of scale ds_tj q_t: the same with G (T + 2). */
+         * dq = scale sum_j ds_tj k_j: scale sum_j |dds_tj| |k_j| + 2 gamma(T + 2) scale sum |ds k| (T + 1 roundings
+         * at most). dk = sum over heads and t of scale ds_tj q_t: the same with G (T + 2). */
         size_t n_ds = (size_t)B * H * T * T;
         double *ds_bound = bounds(n_ds), *ds_magnitude = bounds(n_ds), *dp = bounds(T), *a = bounds(T);
         for (int b = 0; b < B; b++)
@@ -530,7 +540,7 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
                             magnitude += scale * ds_magnitude[at] * kj;
                         }
                         size_t qi = (((size_t)b * T + t) * H + h) * D + d;
-                        dq_bound[qi] = error + 2.0 * gamma_n(T + 2) * (fabs((double)dq0[qi]) + magnitude) + UNDERFLOW;
+                        dq_bound[qi] = error + 2.0 * gamma_n(T + 2) * magnitude + UNDERFLOW;
                     }
                 for (int j = 0; j < T; j++)
                     for (int d = 0; d < D; d++) {
@@ -545,9 +555,8 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
                     }
             }
         for (size_t i = 0; i < n_kv; i++) {
-            dk_bound[i] =
-                dk_e[i] + 2.0 * gamma_n((double)group * (T + 2)) * (fabs((double)dk0[i]) + dk_m[i]) + UNDERFLOW;
-            dv_bound[i] = 2.0 * gamma_n((double)group * (T + 1)) * (fabs((double)dv0[i]) + dv_m[i]) + UNDERFLOW;
+            dk_bound[i] = dk_e[i] + 2.0 * gamma_n((double)group * (T + 2)) * dk_m[i] + UNDERFLOW;
+            dv_bound[i] = 2.0 * gamma_n((double)group * (T + 1)) * dv_m[i] + UNDERFLOW;
         }
         snprintf(name, sizeof name, "attention_backward dq B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
         compare(name, dq, g_dq, dq_bound, n_q);
@@ -556,7 +565,7 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
         snprintf(name, sizeof name, "attention_backward dv B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
         compare(name, dv, g_dv, dv_bound, n_kv);
         device_free(d_dout), device_free(d_dq), device_free(d_dk), device_free(d_dv), device_free(d_scratch);
-        free(dout), free(dq), free(dk), free(dv), free(dq0), free(dk0), free(dv0), free(scratch), free(g_dq);
+        free(dout), free(dq), free(dk), free(dv), free(nans), free(scratch), free(g_dq);
         free(g_dk), free(g_dv), free(ds_bound), free(ds_magnitude), free(dq_bound), free(dk_bound), free(dv_bound);
         free(dk_m), free(dk_e), free(dv_m), free(dp), free(a);
     }
@@ -570,9 +579,9 @@ static void check_swiglu(int N, int width) {
     char name[96];
     size_t n_out = (size_t)N * width, n_in = 2 * n_out;
     float *gate_up = random_floats(n_in, 50, 6.0f), *dout = random_floats(n_out, 51, 1.0f);
-    float *dgate_up = random_floats(n_in, 52, 0.5f), *dgate_up0 = copy_floats(dgate_up, n_in);
+    float *dgate_up = random_floats(n_in, 52, 0.5f), *nans = nan_floats(n_in); /* written: NaN on the GPU */
     buffer d_gate_up = to_device(gate_up, n_in * 4), d_out = device_alloc(n_out * 4);
-    buffer d_dout = to_device(dout, n_out * 4), d_dgate_up = to_device(dgate_up, n_in * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dgate_up = to_device(nans, n_in * 4);
     float *out = host_alloc(n_out * 4);
     swiglu_forward(out, gate_up, N, width);
     gpu.swiglu_forward(&gpu, d_out.ptr, d_gate_up.ptr, N, width);
@@ -584,10 +593,9 @@ static void check_swiglu(int N, int width) {
      * reciprocal (u correctly rounded; under -ffast-math GCC uses rcpps, 12 bits, refined by one Newton step: its
      * square 2.25u plus the step's roundings, within 7u): each side's s within gamma(2 EXP_ULPS + 8) s.
      * out = g s up: two more roundings: 2 gamma(2 EXP_ULPS + 10) |g s up|.
-     * dgate = dg0 + dy up s (1 + g (1 - s)): the s difference ds = 2 gamma(2 EXP_ULPS + 3) s moves it by
-     * |dy up| ds (|F| + |g| s), F = 1 + g (1 - s); each side's roundings (1 - s, g *, 1 +, three products, the
-     * add: 7) on the magnitude |dg0| + |dy up s| (1 + |g| (1 + s)). dup = du0 + dy g s: |dy g| ds plus
-     * 2 gamma(3) (|du0| + |dy g s|). */
+     * dgate = dy up s (1 + g (1 - s)): the s difference ds = 2 gamma(2 EXP_ULPS + 3) s moves it by
+     * |dy up| ds (|F| + |g| s), F = 1 + g (1 - s); each side's roundings (1 - s, g *, 1 +, three products: 6, within
+     * gamma(7)) on the magnitude |dy up s| (1 + |g| (1 + s)). dup = dy g s: |dy g| ds plus 2 gamma(3) |dy g s|. */
     double *out_bound = bounds(n_out), *d_bound = bounds(n_in);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < width; i++) {
@@ -598,17 +606,15 @@ static void check_swiglu(int N, int width) {
             out_bound[o] = 2.0 * gamma_n(2 * EXP_ULPS + 10) * fabs(g * s * up) + UNDERFLOW;
             d_bound[gi] =
                 fabs(dy * up) * ds * (fabs(F) + fabs(g) * s) +
-                2.0 * gamma_n(7) * (fabs((double)dgate_up0[gi]) + fabs(dy * up * s) * (1.0 + fabs(g) * (1.0 + s))) +
-                UNDERFLOW;
-            d_bound[ui] =
-                fabs(dy * g) * ds + 2.0 * gamma_n(3) * (fabs((double)dgate_up0[ui]) + fabs(dy * g * s)) + UNDERFLOW;
+                2.0 * gamma_n(7) * fabs(dy * up * s) * (1.0 + fabs(g) * (1.0 + s)) + UNDERFLOW;
+            d_bound[ui] = fabs(dy * g) * ds + 2.0 * gamma_n(3) * fabs(dy * g * s) + UNDERFLOW;
         }
     snprintf(name, sizeof name, "swiglu_forward N=%d width=%d", N, width);
     compare(name, out, g_out, out_bound, n_out);
     snprintf(name, sizeof name, "swiglu_backward N=%d width=%d", N, width);
     compare(name, dgate_up, g_dgate_up, d_bound, n_in);
     device_free(d_gate_up), device_free(d_out), device_free(d_dout), device_free(d_dgate_up);
-    free(gate_up), free(dout), free(dgate_up), free(dgate_up0), free(out), free(g_out), free(g_dgate_up);
+    free(gate_up), free(dout), free(dgate_up), free(nans), free(out), free(g_out), free(g_dgate_up);
     free(out_bound), free(d_bound);
 }
 
@@ -1069,9 +1075,10 @@ static void check_linear_bf16(int N, int IC, int OC, int with_bias, int with_din
     float *dout = random_bf16(n_out, 123, 1.0f), *dinp = random_bf16(n_in, 124, 0.5f);
     float *dweight = random_floats(n_w, 125, 0.5f), *dbias = random_floats(OC, 126, 0.5f);
     float *dinp0 = copy_floats(dinp, n_in), *dweight0 = copy_floats(dweight, n_w), *dbias0 = copy_floats(dbias, OC);
+    float *nans = nan_floats(n_in);
     buffer d_inp = to_device(inp, n_in * 4), d_weight = to_device(weight, n_w * 4);
     buffer d_bias = with_bias ? to_device(bias, OC * 4) : device_alloc(4), d_out = device_alloc(n_out * 4);
-    buffer d_dout = to_device(dout, n_out * 4), d_dinp = to_device(dinp, n_in * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dinp = to_device(with_dinp ? nans : dinp, n_in * 4);
     buffer d_dweight = to_device(dweight, n_w * 4), d_dbias = to_device(dbias, OC * 4);
 
     float *out = host_alloc(n_out * 4);
@@ -1097,17 +1104,16 @@ static void check_linear_bf16(int N, int IC, int OC, int with_bias, int with_din
                              d_dout.ptr, d_inp.ptr, d_weight.ptr, N, IC, OC);
     float *g_dinp = from_device(d_dinp, n_in * 4), *g_dweight = from_device(d_dweight, n_w * 4);
     float *g_dbias = from_device(d_dbias, OC * 4);
-    /* dinp = bf16(dinp0 + sum_o dout w): OC + 1 terms. dweight = dweight0 + sum_n dout inp (float32, not rounded):
-     * N + 1 terms. dbias = dbias0 + column sums of dout: the CPU row by row (N additions), the GPU 16 row groups and
-     * their 16 partials (N / 16 + 16): within N + 16 additions' gamma either way. */
+    /* dinp = bf16(sum_o dout w): OC terms, written (over NaN on the GPU). dweight = dweight0 + sum_n dout inp
+     * (float32, not rounded): N + 1 terms. dbias = dbias0 + column sums of dout: the CPU row by row (N additions),
+     * the GPU 16 row groups and their 16 partials (N / 16 + 16): within N + 16 additions' gamma either way. */
     interval *dinp_iv = intervals(n_in), *dweight_iv = intervals(n_w), *dbias_iv = intervals(OC);
     for (int n = 0; n < N; n++)
         for (int k = 0; k < IC; k++) {
             interval_sum s = {0, 0, 0};
-            sum_add(&s, point(dinp0[(size_t)n * IC + k]));
             for (int o = 0; o < OC; o++)
                 sum_add(&s, point((double)dout[(size_t)n * OC + o] * weight[(size_t)o * IC + k]));
-            dinp_iv[(size_t)n * IC + k] = iv_round16(sum_float(s, OC + 1, GEMM_UNIT));
+            dinp_iv[(size_t)n * IC + k] = iv_round16(sum_float(s, OC, GEMM_UNIT));
         }
     for (int o = 0; o < OC; o++) {
         for (int k = 0; k < IC; k++) {
@@ -1137,7 +1143,7 @@ static void check_linear_bf16(int N, int IC, int OC, int with_bias, int with_din
     }
     device_free(d_inp), device_free(d_weight), device_free(d_bias), device_free(d_out), device_free(d_dout);
     device_free(d_dinp), device_free(d_dweight), device_free(d_dbias);
-    free(inp), free(weight), free(bias), free(dout), free(dinp), free(dweight), free(dbias), free(dinp0);
+    free(inp), free(weight), free(bias), free(dout), free(dinp), free(dweight), free(dbias), free(dinp0), free(nans);
     free(dweight0), free(dbias0), free(out), free(g_out), free(out_iv), free(g_dinp), free(g_dweight), free(g_dbias);
     free(dinp_iv), free(dweight_iv), free(dbias_iv);
 }
@@ -1391,7 +1397,7 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
     gpu.attention_forward_bf16(&gpu, d_out.ptr, d_probs.ptr, d_scratch.ptr, d_q.ptr, d_k.ptr, d_v.ptr, B, T, past, H,
                                KVH, D);
     snprintf(name, sizeof name, "attention_forward_bf16 launches B=%d T=%d past=%d H=%d KVH=%d", B, T, past, H, KVH);
-    check_work(name, work, 10);
+    check_work(name, work, 9);
     float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
     /* Per row of a head: s_j = bf16(bf16(q.k_j) scale) (a D-term GEMM, two roundings); the float32 softmax:
      * max (exact of the s's), e_j = expf(fl(s_j - max)), S = their double sum (keys additions), p_j =
@@ -1436,22 +1442,24 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
     compare_intervals(name, out, g_out, out_iv, n_q);
 
     if (past == 0) {
-        /* The backward from the CPU's probs on both (a point each). dq, dk, dv zero on entry (the contract). */
+        /* The backward from the CPU's probs on both (a point each). dq, dk, dv are written: the GPU's start as NaN,
+         * the CPU's as other numbers (nan_floats). */
         gpu.copy(&gpu, d_probs.ptr, probs, n_p * 4, DEVICE_H2D);
-        float *dout = random_bf16(n_q, 143, 1.0f), *dq = calloc(n_q, 4), *dk = calloc(n_kv, 4), *dv = calloc(n_kv, 4);
+        float *dout = random_bf16(n_q, 143, 1.0f), *dq = random_floats(n_q, 144, 0.5f);
+        float *dk = random_floats(n_kv, 145, 0.5f), *dv = random_floats(n_kv, 146, 0.5f), *nans = nan_floats(n_q);
         float *bscratch = host_alloc((size_t)(2 * T * T + T * D) * 4);
-        buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(dq, n_q * 4), d_dk = to_device(dk, n_kv * 4);
-        buffer d_dv = to_device(dv, n_kv * 4);
+        buffer d_dout = to_device(dout, n_q * 4), d_dq = to_device(nans, n_q * 4), d_dk = to_device(nans, n_kv * 4);
+        buffer d_dv = to_device(nans, n_kv * 4);
         host.attention_backward_bf16(&host, dq, dk, dv, bscratch, dout, probs, q, k, v, B, T, H, KVH, D);
         work = work_count();
         gpu.attention_backward_bf16(&gpu, d_dq.ptr, d_dk.ptr, d_dv.ptr, d_scratch.ptr, d_dout.ptr, d_probs.ptr,
                                     d_q.ptr, d_k.ptr, d_v.ptr, B, T, H, KVH, D);
         snprintf(name, sizeof name, "attention_backward_bf16 launches B=%d T=%d H=%d KVH=%d", B, T, H, KVH);
-        check_work(name, work, 16);
+        check_work(name, work, 13);
         float *g_dq = from_device(d_dq, n_q * 4), *g_dk = from_device(d_dk, n_kv * 4),
               *g_dv = from_device(d_dv, n_kv * 4);
         /* Per head: dp_tj = bf16(dout_t . v_j) (D terms); dot_t = sum_j p_tj dp_tj (double, t + 1 additions);
-         * ds_tj = bf16(bf16(p_tj fl(dp_tj - float(dot_t))) scale); dq_t = bf16(sum_j ds_tj k_j) (T terms, dq 0);
+         * ds_tj = bf16(bf16(p_tj fl(dp_tj - float(dot_t))) scale); dq_t = bf16(sum_j ds_tj k_j) (T terms);
          * a head's dk_j term bf16(sum_t ds_tj q_t), its dv_j term bf16(sum_t bf16(p_tj) dout_t) (T terms each),
          * added over the group's heads in float32 in head order on both (fl per addition), rounded once. */
         interval *dq_iv = intervals(n_q), *dk_iv = intervals(n_kv), *dv_iv = intervals(n_kv);
@@ -1508,7 +1516,7 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
         snprintf(name, sizeof name, "attention_backward_bf16 dv B=%d T=%d H=%d KVH=%d D=%d", B, T, H, KVH, D);
         compare_intervals(name, dv, g_dv, dv_iv, n_kv);
         device_free(d_dout), device_free(d_dq), device_free(d_dk), device_free(d_dv);
-        free(dout), free(dq), free(dk), free(dv), free(bscratch), free(g_dq), free(g_dk), free(g_dv);
+        free(dout), free(dq), free(dk), free(dv), free(bscratch), free(nans), free(g_dq), free(g_dk), free(g_dv);
         free(dq_iv), free(dk_iv), free(dv_iv), free(ds), free(dp);
     }
     device_free(d_q), device_free(d_k), device_free(d_v), device_free(d_out), device_free(d_probs);
@@ -1524,9 +1532,9 @@ static void check_swiglu_bf16(int N, int width) {
     device host = cpu_device();
     size_t n_out = (size_t)N * width, n_in = 2 * n_out;
     float *gate_up = random_bf16(n_in, 150, 6.0f), *dout = random_bf16(n_out, 151, 1.0f);
-    float *dgate_up = random_floats(n_in, 152, 0.5f), *dgate_up0 = copy_floats(dgate_up, n_in);
+    float *dgate_up = random_floats(n_in, 152, 0.5f), *nans = nan_floats(n_in); /* written: NaN on the GPU */
     buffer d_gate_up = to_device(gate_up, n_in * 4), d_out = device_alloc(n_out * 4);
-    buffer d_dout = to_device(dout, n_out * 4), d_dgate_up = to_device(dgate_up, n_in * 4);
+    buffer d_dout = to_device(dout, n_out * 4), d_dgate_up = to_device(nans, n_in * 4);
     float *out = host_alloc(n_out * 4);
     host.swiglu_forward_bf16(&host, out, gate_up, N, width);
     gpu.swiglu_forward_bf16(&gpu, d_out.ptr, d_gate_up.ptr, N, width);
@@ -1546,8 +1554,8 @@ static void check_swiglu_bf16(int N, int width) {
             out_iv[o] = iv_round16(iv_mul(silu, up));
             interval dact = iv_round16(iv_mul(dy, up));
             interval slope = iv_add(one, iv_mul(g, iv_sub(one, sigmoid)));
-            d_iv[gi] = iv_add(point(dgate_up0[gi]), iv_round16(iv_mul(iv_mul(dact, sigmoid), slope)));
-            d_iv[ui] = iv_add(point(dgate_up0[ui]), iv_round16(iv_mul(dy, silu)));
+            d_iv[gi] = iv_round16(iv_mul(iv_mul(dact, sigmoid), slope));
+            d_iv[ui] = iv_round16(iv_mul(dy, silu));
         }
 #ifdef FSDPLAB_CUDA_EMULATOR
     /* The same expf on both sides: every interval above is a point, and the check is bit equality. */
@@ -1562,7 +1570,7 @@ static void check_swiglu_bf16(int N, int width) {
     compare_intervals(name, dgate_up, g_dgate_up, d_iv, n_in);
 #endif
     device_free(d_gate_up), device_free(d_out), device_free(d_dout), device_free(d_dgate_up);
-    free(gate_up), free(dout), free(dgate_up), free(dgate_up0), free(out), free(g_out), free(g_dgate_up);
+    free(gate_up), free(dout), free(dgate_up), free(nans), free(out), free(g_out), free(g_dgate_up);
     free(out_iv), free(d_iv);
 }
 

@@ -94,8 +94,8 @@ static void cuda_linear_forward(device *d, float *out, const float *inp, const f
                      bias != NULL ? &one : &zero, out, OC));
 }
 
-/* dinp (N, IC) += dout (N, OC) @ weight (OC, IC):   cuBLAS dinp^T (IC, N) += weight^T (IC, OC) @ dout^T (OC, N),
- *                                                    m = IC, n = N, k = OC, both as stored (N, N).
+/* dinp (N, IC) = dout (N, OC) @ weight (OC, IC):    cuBLAS dinp^T (IC, N) = weight^T (IC, OC) @ dout^T (OC, N),
+ *                                                    m = IC, n = N, k = OC, both as stored (N, N); beta = 0.
  * dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC): cuBLAS dweight^T (IC, OC) += inp^T (IC, N) @ dout (N, OC),
  *                                                    m = IC, n = OC, k = N; dout transposed (N, T).
  * dbias (OC) += column sums of dout (a kernel). */
@@ -103,10 +103,10 @@ static void cuda_linear_backward(device *d, float *dinp, float *dweight, float *
                                  const float *inp, const float *weight, int N, int IC, int OC) {
     cuda_device_state *s = state_of(d);
     if (N <= 0 || OC <= 0 || IC <= 0) return;
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     if (dinp != NULL)
         GEMM(s, "cublasSgemm", IC, N, OC,
-             cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, OC, &one, dinp, IC));
+             cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, OC, &zero, dinp, IC));
     GEMM(s, "cublasSgemm", IC, OC, N,
          cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC, &one, dweight, IC));
     if (dbias != NULL) LAUNCH(s, bias_backward_launch(dbias, dout, N, OC, s->compute));
@@ -147,12 +147,13 @@ static void cuda_rope_backward(device *d, float *dx, const float *cos_table, con
  * transposes the results back. Grouped-query attention then falls out of the layout: the G = H / KVH query heads of
  * key/value head kv are consecutive (T, D) blocks, one (G T, D) matrix against that head's keys, so the products with
  * k or v batch over the B KVH pairs (b, kv) with G T rows each, and the products that make dk or dv terms batch over
- * the B H heads into a (B, H, T, D) block that one kernel (group_sum) adds into each key/value head in head order:
- * no two GEMM outputs point at one gradient. Launches per call: forward 7 (float32) or 10 (bfloat16), backward 12
- * or 16, whatever B and H (before: per (b, kv) or (b, h) loops, 2 B KVH + 1 forward, 5 B H backward in float32).
+ * the B H heads into a (B, H, T, D) block that one kernel (group_sum) sums into each key/value head in head order:
+ * no two GEMM outputs point at one gradient. Launches per call: forward 7 (float32) or 9 (bfloat16), backward 12
+ * or 13, whatever B and H (before: per (b, kv) or (b, h) loops, 2 B KVH + 1 forward, 5 B H backward in float32).
  *
  * Every output element is still one dot of D or of T (past + T) products, as the CPU's per-head GEMMs compute it; the
- * group's heads are added into dk / dv one at a time, dk0 + t_0 + t_1 + ..., as the CPU's beta = 1 GEMMs add them.
+ * group's heads are added into dk / dv one at a time, t_0 + t_1 + ..., as the CPU's GEMMs add them (beta = 0 for a
+ * group's first head, 1 after).
  *
  * With QB (B, heads, T, D) blocks and the row-major/column-major rule at the top, for batch index i:
  *   scores_i (G T, keys) = Q_i (G T, D) @ K_i^T:  scores^T = op_T(K_i as (D, keys)) @ Q_i^T (D, G T),
@@ -226,14 +227,14 @@ static attention_backward_scratch attention_backward_layouts(cuda_device_state *
 
 /* The backward (past = 0), in the (B, heads, T, D) blocks; i over the B H heads or the B KVH groups as marked:
  *   dv terms_h (T, D) = p_h^T dout_h:    terms^T (D, T) = dout_h^T (D, T) @ op_T(p_h stored as p_h^T),
- *                                         m = D, n = T, k = T; over B H; then dv += the group's terms (group_sum);
+ *                                         m = D, n = T, k = T; over B H; then dv = the group's terms' sum (group_sum);
  *   dp_i (G T, T) = dout_i v_i^T:         dp^T (T, G T) = op_T(v_i as (D, T)) @ dout_i^T (D, G T),
  *                                         m = T, n = G T, k = D; over B KVH;
  *   ds = p (dp - rowsum(p dp)) (a kernel over all B H T rows, in place);
  *   dq_i (G T, D) = scale ds_i k_i:       dq^T (D, G T) = k_i^T (D, T) @ ds_i^T (T, G T), m = D, n = G T, k = T;
- *                                         over B KVH, into dout's block; then dq += it, transposed back;
+ *                                         over B KVH, into dout's block; then dq = it, transposed back;
  *   dk terms_h (T, D) = scale ds_h^T q_h: terms^T (D, T) = q_h^T (D, T) @ op_T(ds_h stored as ds_h^T),
- *                                         m = D, n = T, k = T; over B H; then dk += the group's terms. */
+ *                                         m = D, n = T, k = T; over B H; then dk = the group's terms' sum. */
 static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                     const float *probs, const float *q, const float *k, const float *v, int B, int T,
                                     int H, int KVH, int D) {
@@ -258,7 +259,7 @@ static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, 
     GEMM(s, "cublasSgemmStridedBatched", D, rows, T,
          cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, T, &scale, w.kt, D, kv_block, w.dp, T,
                                    p_block, &zero, dq_t, D, q_block, B * KVH));
-    LAUNCH(s, heads_layout_launch(dq, dq_t, B, T, H, D, HEADS_ADD_FROM_MAJOR, s->compute));
+    LAUNCH(s, heads_layout_launch(dq, dq_t, B, T, H, D, HEADS_FROM_MAJOR, s->compute));
     GEMM(s, "cublasSgemmStridedBatched", D, T, T,
          cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &scale, w.qt, D, head, w.dp, T,
                                    square, &zero, w.terms, D, head, B * H));
@@ -296,16 +297,16 @@ static void cuda_linear_forward_bf16(device *d, float *out, const float *inp, co
 }
 
 /* cuda_linear_backward's GEMMs on the tensor cores (dout, inp, weight are bfloat16 values):
- *   dinp (N, IC) = bf16(dinp + dout @ weight):  m = IC, n = N, k = OC, beta = 1, then rounded;
+ *   dinp (N, IC) = bf16(dout @ weight):         m = IC, n = N, k = OC, beta = 0, then rounded;
  *   dweight (OC, IC) += dout^T @ inp:            m = IC, n = OC, k = N, a float32 sum (rounded at the reduce);
  *   dbias (OC) += column sums of dout (the float32 kernel). */
 static void cuda_linear_backward_bf16(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
                                       const float *inp, const float *weight, int N, int IC, int OC) {
     cuda_device_state *s = state_of(d);
     if (N <= 0 || OC <= 0 || IC <= 0) return;
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     if (dinp != NULL) {
-        GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, OC, &one, dinp, IC);
+        GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout, OC, &zero, dinp, IC);
         LAUNCH(s, round_to_bf16_launch(dinp, (size_t)N * IC, s->compute));
     }
     GEMM_BF16(s, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC, &one, dweight, IC);
@@ -362,8 +363,8 @@ static void cuda_rope_backward_bf16(device *d, float *dx, const float *cos_table
  *   scores: alpha 1 (the scaling is its own rounded op); then on all of probs bf16(bf16(s) * scale) (a kernel) and
  *           the float32 causal softmax, saved;
  *   rounded = bf16(probs) into the scratch (after k and v), and out = rounded @ v as above;
- *   then out transposed back and rounded once (each element is written once, so rounding at the end is the CPU's
- *   per-head rounding). */
+ *   then out transposed back and rounded in the same pass (HEADS_FROM_MAJOR_BF16: each element is written once,
+ *   so rounding at the end is the CPU's per-head rounding). */
 static void cuda_attention_forward_bf16(device *d, float *out, float *probs, float *scratch, const float *q,
                                         const float *k, const float *v, int B, int T, int past, int H, int KVH,
                                         int D) {
@@ -385,18 +386,17 @@ static void cuda_attention_forward_bf16(device *d, float *out, float *probs, flo
     float *out_t = qt;
     GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, keys, &one, vt, D, kv_block, rounded, keys, p_block,
                       &zero, out_t, D, q_block, B * KVH);
-    LAUNCH(s, heads_layout_launch(out, out_t, B, T, H, D, HEADS_FROM_MAJOR, s->compute));
-    LAUNCH(s, round_to_bf16_launch(out, (size_t)B * T * H * D, s->compute));
+    LAUNCH(s, heads_layout_launch(out, out_t, B, T, H, D, HEADS_FROM_MAJOR_BF16, s->compute));
 }
 
 /* Its backward (past = 0), layers_bf16.c's steps on the float32 backward's batched GEMMs (alpha 1 throughout):
  *   rounded = bf16(probs) into dp's block (dp is not made yet);
- *   dv terms = rounded^T dout per head; dv += bf16(term) per head, in head order (group_sum, rounding);
+ *   dv terms = rounded^T dout per head; dv = bf16(the float32 sum of bf16(term) over the group's heads, in head
+ *     order) (group_sum with rounding: repeat_kv's backward, rounded once);
  *   dp = dout v^T per group, over the rounded probs' block;
  *   ds = bf16(bf16(p (bf16(dp) - rowsum(p bf16(dp)))) * scale) (a kernel over all rows, in place);
- *   dq = ds k per group into dout's block, then dq += it (dq is zero: each element written once);
- *   dk terms = ds^T q per head; dk += bf16(term) per head, in head order;
- * and finally dq, dk, dv rounded once (repeat_kv's backward: the float32 sum over the group, rounded). */
+ *   dq = bf16(ds k) per group into dout's block, rounded as it is moved back (HEADS_FROM_MAJOR_BF16);
+ *   dk terms = ds^T q per head; dk as dv. */
 static void cuda_attention_backward_bf16(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                          const float *probs, const float *q, const float *k, const float *v, int B,
                                          int T, int H, int KVH, int D) {
@@ -419,14 +419,10 @@ static void cuda_attention_backward_bf16(device *d, float *dq, float *dk, float 
     float *dq_t = w.dout_t;
     GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, T, &one, w.kt, D, kv_block, w.dp, T, p_block, &zero, dq_t,
                       D, q_block, B * KVH);
-    LAUNCH(s, heads_layout_launch(dq, dq_t, B, T, H, D, HEADS_ADD_FROM_MAJOR, s->compute));
+    LAUNCH(s, heads_layout_launch(dq, dq_t, B, T, H, D, HEADS_FROM_MAJOR_BF16, s->compute));
     GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, w.qt, D, head, w.dp, T, square, &zero, w.terms, D,
                       head, B * H);
     LAUNCH(s, group_sum_launch(dk, w.terms, B, T, KVH, group, D, 1, s->compute));
-    size_t q_count = (size_t)B * T * H * D, kv_count = (size_t)B * T * KVH * D;
-    LAUNCH(s, round_to_bf16_launch(dq, q_count, s->compute));
-    LAUNCH(s, round_to_bf16_launch(dk, kv_count, s->compute));
-    LAUNCH(s, round_to_bf16_launch(dv, kv_count, s->compute));
 }
 
 static void cuda_swiglu_forward_bf16(device *d, float *out, const float *gate_up, int N, int width) {

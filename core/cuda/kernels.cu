@@ -462,7 +462,7 @@ __global__ void heads_layout_kernel(Index count, float *dst, const float *src, i
         else if (op == HEADS_FROM_MAJOR)
             dst[i] = src[major];
         else
-            dst[i] = dst[i] + src[major];
+            dst[i] = km_bf16_round(src[major]);
     }
 }
 
@@ -482,12 +482,13 @@ __global__ void group_sum_kernel(Index count, float *dst, const float *terms, in
         Index row = i / (Index)D, d = i - row * (Index)D; /* row: (b, t, kv) */
         Index kv = row % (Index)KVH, bt = row / (Index)KVH, t = bt % (Index)T, b = bt / (Index)T;
         size_t H = (size_t)KVH * group; /* terms holds group x count elements: size_t offsets */
-        float sum = dst[i];
-        for (int g = 0; g < group; g++) {
-            float term = terms[((b * H + (size_t)kv * group + g) * T + t) * D + d];
-            sum = sum + (round ? km_bf16_round(term) : term);
+        const float *term = terms + ((b * H + (size_t)kv * group) * T + t) * D + d; /* head g's: g T D further */
+        float sum = round ? km_bf16_round(term[0]) : term[0];
+        for (int g = 1; g < group; g++) {
+            float next = term[(size_t)g * T * D];
+            sum = sum + (round ? km_bf16_round(next) : next);
         }
-        dst[i] = sum;
+        dst[i] = round ? km_bf16_round(sum) : sum;
     }
 }
 
@@ -537,8 +538,8 @@ cudaError_t softmax_backward_bf16_launch(float *dp, const float *probs, int bloc
 /* ---- SwiGLU ---- */
 
 /* One thread per output element. float32 (bf16 0): silu(gate) up and its derivatives (kernel_math.h); bfloat16
- * (bf16 1, layers_bf16.h): out = bf16(bf16(silu(gate)) up); dgate += bf16(bf16(dy up) silu'(gate)),
- * dup += bf16(dy bf16(silu(gate))), each added in float32 (the gradient buffers' own adds). */
+ * (bf16 1, layers_bf16.h): out = bf16(bf16(silu(gate)) up); dgate = bf16(bf16(dy up) silu'(gate)),
+ * dup = bf16(dy bf16(silu(gate))). */
 template <typename Index>
 __global__ void swiglu_forward_kernel(Index count, floatX *out, const floatX *gate_up, int width, int bf16) {
     for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < count; i += (Index)gridDim.x * blockDim.x) {
@@ -557,12 +558,12 @@ __global__ void swiglu_backward_kernel(Index count, floatX *dgate_up, const floa
         floatX *dgate = dgate_up + (size_t)n * 2 * width, *dup = dgate + width;
         float g = (float)gate[k], u = (float)up[k], dy = (float)dout[i];
         if (bf16) {
-            dgate[k] = (floatX)((float)dgate[k] + km_bf16_swiglu_dgate(dy, u, g));
-            dup[k] = (floatX)((float)dup[k] + km_bf16_swiglu_dup(dy, g));
+            dgate[k] = (floatX)km_bf16_swiglu_dgate(dy, u, g);
+            dup[k] = (floatX)km_bf16_swiglu_dup(dy, g);
         } else {
             float s = km_sigmoid(g); /* one exp serves silu and its derivative */
-            dgate[k] = (floatX)((float)dgate[k] + km_swiglu_dgate(dy, u, s, g));
-            dup[k] = (floatX)((float)dup[k] + km_swiglu_dup(dy, g, s));
+            dgate[k] = (floatX)km_swiglu_dgate(dy, u, s, g);
+            dup[k] = (floatX)km_swiglu_dup(dy, g, s);
         }
     }
 }

@@ -65,14 +65,16 @@ cudaError_t causal_softmax_launch(float *scores, int blocks, int T, int past, cu
 cudaError_t softmax_backward_launch(float *dp, const float *probs, int blocks, int T, cudaStream_t stream);
 /* The attention's head layouts for its batched GEMMs: (B, T, heads, D) as the projections write it, and
  * (B, heads, T, D), each head's (T, D) block contiguous. HEADS_TO_MAJOR: dst (B, heads, T, D) = src (B, T, heads, D);
- * HEADS_FROM_MAJOR: dst (B, T, heads, D) = src (B, heads, T, D); HEADS_ADD_FROM_MAJOR: dst += the same. */
-typedef enum heads_layout_op { HEADS_TO_MAJOR, HEADS_FROM_MAJOR, HEADS_ADD_FROM_MAJOR } heads_layout_op;
+ * HEADS_FROM_MAJOR: dst (B, T, heads, D) = src (B, heads, T, D); HEADS_FROM_MAJOR_BF16: the same, rounded to
+ * bfloat16 (the bfloat16 attention's output and dq: the rounding fused into the move). */
+typedef enum heads_layout_op { HEADS_TO_MAJOR, HEADS_FROM_MAJOR, HEADS_FROM_MAJOR_BF16 } heads_layout_op;
 cudaError_t heads_layout_launch(float *dst, const float *src, int B, int T, int heads, int D, heads_layout_op op,
                                 cudaStream_t stream);
-/* repeat_kv's backward: dst (B, T, KVH, D) += the G = H / KVH query heads' terms of each key/value head, terms
- * (B, H, T, D), added one head after another in head order (dst + t_0 + t_1 + ...: one float32 add each, the CPU's
- * order of adding the heads); round 1 rounds each term to bfloat16 first (layers_bf16.h). One thread per element of
- * dst: no two threads write one element, so the sum is the same every run. */
+/* repeat_kv's backward: dst (B, T, KVH, D) = the sum of the G = H / KVH query heads' terms of each key/value head,
+ * terms (B, H, T, D), added one head after another in head order (t_0 + t_1 + ...: one float32 add each, the CPU's
+ * order of adding the heads); round 1 rounds each term to bfloat16 first and the sum once at the end
+ * (layers_bf16.h). One thread per element of dst: no two threads write one element, so the sum is the same every
+ * run. */
 cudaError_t group_sum_launch(float *dst, const float *terms, int B, int T, int KVH, int group, int D, int round,
                              cudaStream_t stream);
 cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream);

@@ -82,7 +82,8 @@ struct device {
     double timer_marks[DEVICE_TIMERS_MAX][2];
     int timer_count;
 
-    /* ---- the layers (core/kernels/layers.h, on device memory) ---- */
+    /* ---- the layers (core/kernels/layers.h, on device memory): a backward writes its input's gradient (=, no
+     * zeroed buffer needed: a GPU's GEMM runs with beta = 0) and adds (+=) into its weights' ---- */
     void (*embedding_forward)(device *d, float *out, const int *tokens, const float *weight, int N, int C);
     void (*embedding_backward)(device *d, float *dweight, const float *dout, const int *tokens, int N, int C);
     void (*rmsnorm_forward)(device *d, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
@@ -141,7 +142,7 @@ struct device {
     /* out = bf16(inp @ weight^T + bias): linear_forward, its output rounded. */
     void (*linear_forward_bf16)(device *d, float *out, const float *inp, const float *weight, const float *bias,
                                 int N, int IC, int OC);
-    /* linear_backward with dinp (when not NULL) rounded after the addition: dinp = bf16(dinp + dout @ weight);
+    /* linear_backward with dinp (when not NULL) rounded: dinp = bf16(dout @ weight);
      * dweight and dbias add float32 sums (rounded once, at the reduce: flat_param.c). */
     void (*linear_backward_bf16)(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *weight, int N, int IC, int OC);
@@ -160,7 +161,7 @@ struct device {
      * of them, layers_bf16.h). */
     void (*attention_forward_bf16)(device *d, float *out, float *probs, float *scratch, const float *q,
                                    const float *k, const float *v, int B, int T, int past, int H, int KVH, int D);
-    /* dq, dk, dv zero on entry; scratch: device_attention_backward_scratch_floats(B, T, H, KVH, D) floats (the CPU
+    /* dq, dk, dv written; scratch: device_attention_backward_scratch_floats(B, T, H, KVH, D) floats (the CPU
      * reads 2 T T + T D of them, layers_bf16.h). */
     void (*attention_backward_bf16)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                     const float *probs, const float *q, const float *k, const float *v, int B, int T,

@@ -82,8 +82,8 @@ void linear_forward(float *out, const float *inp, const float *weight, const flo
 
 void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int IC, int OC) {
-    if (dinp != NULL) /* (N, OC) @ (OC, IC) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+    if (dinp != NULL) /* (N, OC) @ (OC, IC), written (beta = 0) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
     /* (OC, N) @ (N, IC) */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (dbias != NULL)
@@ -188,9 +188,10 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
             size_t kv_offset = (size_t)b * T * kv_stride + (size_t)(h / group) * D;
             const float *p = probs + ((size_t)b * H + h) * T * T;
             float *dp = scratch;
-            /* dv += p^T @ dout;  dp = dout @ v^T */
+            float add = h % group == 0 ? 0.0f : 1.0f; /* a group's first head writes dk and dv, the others add */
+            /* dv (+)= p^T @ dout;  dp = dout @ v^T */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, p, T, dout + q_offset, (int)q_stride,
-                        1.0f, dv + kv_offset, (int)kv_stride);
+                        add, dv + kv_offset, (int)kv_stride);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dout + q_offset, (int)q_stride,
                         v + kv_offset, (int)kv_stride, 0.0f, dp, T);
             /* softmax backward: ds = p * (dp - sum_j p_j dp_j), row by row (masked entries have p = 0) */
@@ -202,11 +203,11 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
                 for (int j = 0; j <= t; j++) row[j] = km_softmax_backward(p_row[j], row[j], dot);
                 for (int j = t + 1; j < T; j++) row[j] = 0.0f;
             }
-            /* dq += scale * ds @ k;  dk += scale * ds^T @ q */
+            /* dq = scale * ds @ k (its head's columns);  dk (+)= scale * ds^T @ q */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, scale, dp, T, k + kv_offset,
-                        (int)kv_stride, 1.0f, dq + q_offset, (int)q_stride);
+                        (int)kv_stride, 0.0f, dq + q_offset, (int)q_stride);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, scale, dp, T, q + q_offset, (int)q_stride,
-                        1.0f, dk + kv_offset, (int)kv_stride);
+                        add, dk + kv_offset, (int)kv_stride);
         }
     }
 }
@@ -225,8 +226,8 @@ void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, i
         float *dgate = dgate_up + (size_t)n * 2 * width, *dup = dgate + width;
         for (int i = 0; i < width; i++) {
             float s = km_sigmoid(gate[i]); /* one exp serves silu and its derivative s (1 + x (1 - s)) */
-            dgate[i] += km_swiglu_dgate(dy[i], up[i], s, gate[i]);
-            dup[i] += km_swiglu_dup(dy[i], gate[i], s);
+            dgate[i] = km_swiglu_dgate(dy[i], up[i], s, gate[i]);
+            dup[i] = km_swiglu_dup(dy[i], gate[i], s);
         }
     }
 }

@@ -1,8 +1,10 @@
 /* layers.h — the Qwen2 layers, each an explicit forward and backward (llm.c style, no autograd).
  *
  * Conventions (from llm.c): outputs first, then what forward saves for backward, then inputs, weights, and the
- * shapes last. Row-major; N = B*T rows of tokens. Every *_backward ADDS (+=) into the gradients of weights and
- * inputs, so gradients accumulate across uses (the tied embedding) and micro-batches; the caller zeroes them.
+ * shapes last. Row-major; N = B*T rows of tokens. Every *_backward WRITES the gradient of its input (=: a fresh
+ * tensor, as torch's autograd makes one and llm.c's CUDA matmul_backward sets it, so no buffer is zeroed first) and
+ * ADDS (+=) into the gradients of its weights, which accumulate across uses (the tied embedding) and micro-batches
+ * (the caller zeroes them). An input read by several ops gets their gradients added by the caller (add_inplace).
  * Matrix products go to OpenBLAS cblas_sgemm. Math per element is core/base/kernel_math.h's, shared with the CUDA
  * kernels.
  */
@@ -35,7 +37,7 @@ void rmsnorm_backward(float *dinp, const float *dresidual, float *dweight, const
 
 /* out (N, OC) = inp (N, IC) @ weight^T + bias; weight is (OC, IC) like torch's nn.Linear; bias may be NULL. */
 void linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC);
-/* dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of dout. dinp or dbias may be NULL. */
+/* dinp = dout @ weight; dweight += dout^T @ inp; dbias += column sums of dout. dinp or dbias may be NULL. */
 void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int IC, int OC);
 
@@ -58,14 +60,14 @@ void attention_forward_at(float *out, float *probs, const float *q, const float 
 /* In place on scores (T, past + T): row t (query position past + t) becomes the softmax of its columns 0 .. past + t,
  * the rest 0 (the causal mask). The attention's own; layers_bf16.c's bfloat16 attention shares it. */
 void causal_softmax_rows(float *scores, int T, int past);
-/* dq, dk, dv += ...; scratch is (T, T) floats. */
+/* dq, dk, dv = ... (a key/value head's: its query heads' terms summed in head order); scratch is (T, T) floats. */
 void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *probs,
                         const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D);
 
 /* SwiGLU's middle on the output of one GEMM against gate_proj and up_proj stacked: gate_up is (N, 2*width), each
  * row the width gate values then the width up values (width = intermediate_size). out (N, width) = silu(gate) * up. */
 void swiglu_forward(float *out, const float *gate_up, int N, int width);
-/* dgate_up (N, 2*width) += the gradients of gate and up, same layout. */
+/* dgate_up (N, 2*width) = the gradients of gate and up, same layout. */
 void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int width);
 
 /* Mean cross-entropy over tokens whose target != ignore_index (HF's -100). logits (N, V). Returns the loss; writes

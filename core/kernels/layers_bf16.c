@@ -131,10 +131,14 @@ void attention_forward_bf16(float *out, float *probs, float *scratch, const floa
     }
 }
 
-/* block (rows, D) with leading dimension ld += bf16(term) (term (rows, D), contiguous). */
-static void add_rounded_block(float *block, size_t ld, const float *term, int rows, int D) {
+/* block (rows, D) with leading dimension ld = bf16(term) (first: a group's first head) or += it (term (rows, D),
+ * contiguous). */
+static void add_rounded_block(float *block, size_t ld, const float *term, int rows, int D, int first) {
     for (int i = 0; i < rows; i++)
-        for (int j = 0; j < D; j++) block[(size_t)i * ld + j] += r16(term[(size_t)i * D + j]);
+        for (int j = 0; j < D; j++) {
+            float *out = &block[(size_t)i * ld + j];
+            *out = first ? r16(term[(size_t)i * D + j]) : *out + r16(term[(size_t)i * D + j]);
+        }
 }
 
 void attention_backward_bf16(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *probs,
@@ -148,11 +152,12 @@ void attention_backward_bf16(float *dq, float *dk, float *dv, float *scratch, co
             size_t q_offset = (size_t)b * T * q_stride + (size_t)h * D;
             size_t kv_offset = (size_t)b * T * kv_stride + (size_t)(h / group) * D;
             const float *p = probs + ((size_t)b * H + h) * block;
+            int first = h % group == 0; /* the group's first head writes dk and dv, the others add */
             for (size_t i = 0; i < block; i++) rounded_probs[i] = r16(p[i]);
             /* dv_head = bf16(probs^T dout), summed over the group's heads in float32 */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, rounded_probs, T, dout + q_offset,
                         (int)q_stride, 0.0f, term, D);
-            add_rounded_block(dv + kv_offset, kv_stride, term, T, D);
+            add_rounded_block(dv + kv_offset, kv_stride, term, T, D, first);
             /* dp = bf16(dout v^T); the softmax's float32 backward from the float32 probabilities, rounded to the
              * scores' bfloat16, then the scaling's backward rounded again */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dout + q_offset, (int)q_stride,
@@ -165,13 +170,13 @@ void attention_backward_bf16(float *dq, float *dk, float *dv, float *scratch, co
                 for (int j = 0; j <= t; j++) row[j] = km_bf16_softmax_backward(p_row[j], row[j], dot, scale);
                 for (int j = t + 1; j < T; j++) row[j] = 0.0f;
             }
-            /* dq = bf16(ds k): each head writes only its own columns of the zeroed dq */
+            /* dq = bf16(ds k): each head writes its own columns of dq */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, dp, T, k + kv_offset,
-                        (int)kv_stride, 1.0f, dq + q_offset, (int)q_stride);
+                        (int)kv_stride, 0.0f, dq + q_offset, (int)q_stride);
             round_block(dq + q_offset, T, D, q_stride);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, dp, T, q + q_offset, (int)q_stride,
                         0.0f, term, D);
-            add_rounded_block(dk + kv_offset, kv_stride, term, T, D);
+            add_rounded_block(dk + kv_offset, kv_stride, term, T, D, first);
         }
     }
     size_t kv_count = (size_t)B * T * kv_stride; /* repeat_kv's backward: the float32 sums, rounded once */
@@ -194,8 +199,8 @@ void swiglu_backward_bf16(float *dgate_up, const float *dout, const float *gate_
         const float *gate = gate_up + (size_t)n * 2 * width, *up = gate + width, *dy = dout + (size_t)n * width;
         float *dgate = dgate_up + (size_t)n * 2 * width, *dup = dgate + width;
         for (int i = 0; i < width; i++) {
-            dgate[i] += km_bf16_swiglu_dgate(dy[i], up[i], gate[i]);
-            dup[i] += km_bf16_swiglu_dup(dy[i], gate[i]);
+            dgate[i] = km_bf16_swiglu_dgate(dy[i], up[i], gate[i]);
+            dup[i] = km_bf16_swiglu_dup(dy[i], gate[i]);
         }
     }
 }

@@ -20,8 +20,9 @@
  *
  * Gradients of weights are not rounded here: each is one float32 sum over the tokens (a GEMM), rounded when the
  * FlatParameter casts the gradient for its reduce (flat_param.c) — the same single rounding. Conventions as layers.h:
- * outputs first, shapes last, backward ADDS into gradients (weights' in float32; an input's gradient is rounded
- * after the addition, as autograd's bfloat16 sum). Every `scratch` is the caller's, sizes stated per function.
+ * outputs first, shapes last, backward WRITES an input's gradient (rounded) and ADDS into weights' (in float32); an
+ * input several ops read gets their bfloat16 gradients added by the caller (rounded per addition, as autograd's
+ * bfloat16 sum). Every `scratch` is the caller's, sizes stated per function.
  */
 #ifndef FSDPLAB_LAYERS_BF16_H
 #define FSDPLAB_LAYERS_BF16_H
@@ -56,14 +57,14 @@ void attention_forward_bf16(float *out, float *probs, float *scratch, const floa
                             int B, int T, int past, int H, int KVH, int D);
 /* Its backward (past = 0): dv_head = bf16(bf16(probs)^T dout), dp = bf16(dout v^T), ds = bf16(softmax backward in
  * float32), ds = bf16(ds * D^-1/2), dq = bf16(ds k), dk_head = bf16(ds^T q); a key/value head's dk and dv are the
- * float32 sums of its query heads' (repeat_kv's backward), rounded once. dq, dk, dv must be zero on entry (they are
- * written, as the first gradient of these tensors). scratch: 2 T T + T D floats. */
+ * float32 sums of its query heads' (repeat_kv's backward), rounded once. dq, dk, dv are written (the first gradient
+ * of these tensors). scratch: 2 T T + T D floats. */
 void attention_backward_bf16(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *probs,
                              const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D);
 
 /* HF's Qwen2MLP middle on gate_up (N, 2 width) as layers.h: out = bf16(bf16(silu(gate)) * up). */
 void swiglu_forward_bf16(float *out, const float *gate_up, int N, int width);
-/* dgate_up (N, 2 width) += [bf16(bf16(dout * up) * silu'(gate)), bf16(dout * bf16(silu(gate)))]. */
+/* dgate_up (N, 2 width) = [bf16(bf16(dout * up) * silu'(gate)), bf16(dout * bf16(silu(gate)))]. */
 void swiglu_backward_bf16(float *dgate_up, const float *dout, const float *gate_up, int N, int width);
 
 /* The input gradient of two Linear modules reading the same input whose weights are stacked as in layers.h's

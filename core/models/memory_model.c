@@ -36,9 +36,9 @@ static count layer_activation_floats(const qwen2_config *c, count N, count B, co
 /* The largest set of backward temporaries alive at once inside one layer's backward (qwen2_layer_backward), or of a
  * layer's forward temporaries (the attention's scratch: a layer recomputed in backward runs its forward before any of
  * its backward temporaries exist). The attention's scratch is core/device/device.h's size, the same on both devices.
- * bf16_compute (MixedPrecision with param_dtype bfloat16, core/kernels/layers_bf16.h) adds its scratch buffers:
- * up_proj's share of the MLP's input gradient beside gate_proj's, one Linear's share of ln1's gradient at a time, and
- * in forward the attention's bfloat16 probabilities (inside its forward scratch). */
+ * ln1's gradient is added from its three Linear modules' through one share at a time. bf16_compute (MixedPrecision
+ * with param_dtype bfloat16, core/kernels/layers_bf16.h) adds its scratch buffers: up_proj's share of the MLP's input
+ * gradient beside gate_proj's, and in forward the attention's bfloat16 probabilities (inside its forward scratch). */
 static count layer_workspace_floats(const qwen2_config *c, count N, count B, count T, int bf16_compute) {
     count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
     count KVH = c->num_key_value_heads, D = c->head_dim;
@@ -47,11 +47,8 @@ static count layer_workspace_floats(const qwen2_config *c, count N, count B, cou
         (count)device_attention_forward_scratch_floats((int)B, (int)T, 0, (int)H, (int)KVH, (int)D, bf16_compute);
     count mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
     count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + attention_scratch; /* dmid, dout, dq, dk, dv */
-    count norm = N * C + N * C;                                              /* dmid, dln1 */
-    if (bf16_compute) {
-        mlp = max_of(mlp, N * C + 2 * N * I + N * C + N * C);              /* dmid, dgate_up, dln2, up's share */
-        norm = max_of(norm, N * C + N * H * D + 2 * N * KVH * D + 2 * N * C); /* dmid, dq, dk, dv, dln1, a share */
-    }
+    count norm = N * C + N * H * D + 2 * N * KVH * D + 2 * N * C;          /* dmid, dq, dk, dv, dln1, a share */
+    if (bf16_compute) mlp = max_of(mlp, N * C + 2 * N * I + N * C + N * C); /* dmid, dgate_up, dln2, up's share */
     return max_of(max_of(max_of(mlp, attention), norm), forward_scratch);
 }
 

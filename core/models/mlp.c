@@ -171,36 +171,25 @@ static void gelu_forward(float *out, const float *inp, size_t count) {
     }
 }
 
-/* dinp += dout * gelu'(inp), gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 a x^2), t = tanh(s (x + a x^3)). */
+/* dinp = dout * gelu'(inp), gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 a x^2), t = tanh(s (x + a x^3)). */
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t count) {
     for (size_t i = 0; i < count; i++) {
         float x = inp[i];
         float t = tanhf(GELU_SCALE * (x + GELU_CUBE * x * x * x));
         float local = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
-        dinp[i] += dout[i] * local;
+        dinp[i] = dout[i] * local;
     }
 }
 
 /* ---------------------------------------------------------------- activations */
 
-/* Tracked float buffers named "blocks.<i>.<owner>" (or "<owner>" outside the blocks). An output buffer is written
- * whole by the call that fills it, so it starts undefined; a sum buffer is what a backward adds into, so it starts
- * at zero (as Qwen2's). */
-static float *tracked_buffer(mlp_model *model, size_t count, const char *owner, int block, mem_category category,
-                             int zeroed) {
+/* Tracked float buffers named "blocks.<i>.<owner>" (or "<owner>" outside the blocks), each written whole by the call
+ * that fills it (a backward writes its input's gradient, layers.h), so each starts undefined: none is zeroed. */
+static float *output_buffer(mlp_model *model, size_t count, const char *owner, int block, mem_category category) {
     char name[MEM_OWNER_MAX];
     if (block >= 0) snprintf(name, sizeof name, "blocks.%d.%s", block, owner);
     else snprintf(name, sizeof name, "%s", owner);
-    return zeroed ? mem_alloc(&model->ctx->mem, count * sizeof(float), category, name)
-                  : mem_alloc_uninitialized(&model->ctx->mem, count * sizeof(float), category, name);
-}
-
-static float *output_buffer(mlp_model *model, size_t count, const char *owner, int block, mem_category category) {
-    return tracked_buffer(model, count, owner, block, category, 0);
-}
-
-static float *sum_buffer(mlp_model *model, size_t count, const char *owner, int block, mem_category category) {
-    return tracked_buffer(model, count, owner, block, category, 1);
+    return mem_alloc_uninitialized(&model->ctx->mem, count * sizeof(float), category, name);
 }
 
 static void release(mlp_model *model, float **buffer) {
@@ -339,7 +328,8 @@ static void head_forward(mlp_model *model, mlp_activations *acts) {
                                                 &acts->target_count);
 }
 
-/* ---------------------------------------------------------------- backward: each ADDS into the full gradients */
+/* ---------------------------------------------------- backward: each writes its input's gradient, ADDS into the
+ * full gradients of its parameters */
 
 /* piece n + 1.  dresiduals[n] = dlogits head;  dhead += dlogits^T x;  dbh += column sums of dlogits. */
 static void head_backward(mlp_model *model, mlp_activations *acts) {
@@ -348,7 +338,7 @@ static void head_backward(mlp_model *model, mlp_activations *acts) {
     if (acts->dlogits == NULL)
         world_fatal(model->ctx, "MlpLM: head (piece %d) backward without the loss's gradient (%s)", n + 1,
                   acts->targets == NULL ? "a forward-only batch: no targets" : "forward not run");
-    acts->dresiduals[n] = sum_buffer(model, (size_t)N * C, "head.dinput", -1, MEM_ACTIVATION);
+    acts->dresiduals[n] = output_buffer(model, (size_t)N * C, "head.dinput", -1, MEM_ACTIVATION);
     linear_backward(acts->dresiduals[n], mlp_param_grad(model, head_weight_param(c)),
                     mlp_param_grad(model, head_bias_param(c)), acts->dlogits, acts->residuals[n],
                     mlp_param_data(model, head_weight_param(c)), N, C, V);
@@ -360,7 +350,7 @@ static void head_backward(mlp_model *model, mlp_activations *acts) {
 /* piece 1 + i, out = x + fc2(gelu(fc1(x))):
  *   dact = dout fc2;  dfc2 += dout^T act;  db2 += sums of dout
  *   dpre = gelu'(pre) * dact
- *   dx = dout (the residual path) + dpre fc1;  dfc1 += dpre^T x;  db1 += sums of dpre */
+ *   dx = dpre fc1 + dout (the residual path);  dfc1 += dpre^T x;  db1 += sums of dpre */
 static void block_backward(mlp_model *model, mlp_activations *acts, int i) {
     const mlp_config *c = &model->config;
     int N = acts->B * acts->T, C = c->hidden_size, H = c->mlp_hidden;
@@ -376,14 +366,14 @@ static void block_backward(mlp_model *model, mlp_activations *acts, int i) {
         w[k] = mlp_param_data(model, block_param(i, k));
         g[k] = mlp_param_grad(model, block_param(i, k));
     }
-    float *dact = sum_buffer(model, (size_t)N * H, "gelu.doutput", i, MEM_WORKSPACE);
+    float *dact = output_buffer(model, (size_t)N * H, "gelu.doutput", i, MEM_WORKSPACE);
     linear_backward(dact, g[FC2_WEIGHT], g[FC2_BIAS], dout, a->act, w[FC2_WEIGHT], N, H, C);
-    float *dpre = sum_buffer(model, (size_t)N * H, "fc1.doutput", i, MEM_WORKSPACE);
+    float *dpre = output_buffer(model, (size_t)N * H, "fc1.doutput", i, MEM_WORKSPACE);
     gelu_backward(dpre, a->pre, dact, (size_t)N * H);
     release(model, &dact);
     float *dx = acts->dresiduals[i] = output_buffer(model, (size_t)N * C, "dinput", i, MEM_ACTIVATION);
-    memcpy(dx, dout, (size_t)N * C * sizeof(float));
     linear_backward(dx, g[FC1_WEIGHT], g[FC1_BIAS], dpre, x, w[FC1_WEIGHT], N, C, H);
+    add_inplace(dx, dout, (size_t)N * C);
     release(model, &dpre);
     release(model, &acts->dresiduals[i + 1]);
     block_activations_free(model, a);

@@ -577,7 +577,9 @@ static int norm_param(const qwen2_model *model) { return 1 + LAYER_PARAM_COUNT *
 
 /* Tracked float buffers named "layers.<l>.<owner>" (or "<owner>" outside the layers), in two kinds that say what
  * the code does with them: an output buffer is written whole by the call that fills it, so it starts undefined (no
- * time spent zeroing); a sum buffer is what backward kernels add into (+=), so it starts at zero. */
+ * time spent zeroing: every activation gradient, since a backward writes its input's gradient); a sum buffer is
+ * what kernels add into (+=), so it starts at zero (a weight gradient outside the FlatParameter, the rows of dnorm
+ * that a chunk with no targets leaves). */
 static float *tracked_buffer(qwen2_model *model, size_t count, const char *owner, int layer, mem_category category,
                              int zeroed) {
     char name[MEM_OWNER_MAX];
@@ -675,7 +677,7 @@ static void add_activation(qwen2_model *model, float *out, const float *inp, siz
 
 /* A Linear module's GEMM in the compute dtype: in bfloat16 its inputs hold bfloat16 values and its output is rounded
  * (the device's linear_*_bf16: bfloat16 tensor cores on a GPU), else float32's. Backward: dinp (when not NULL) is
- * rounded after the addition; weight and bias gradients are float32 sums either way. */
+ * written, rounded; weight and bias gradients are float32 sums added in either way. */
 static void model_linear_forward(qwen2_model *model, float *out, const float *inp, const float *weight,
                                  const float *bias, int N, int IC, int OC) {
     device *d = &model->ctx->device;
@@ -939,6 +941,7 @@ static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
     float *dlogits = NULL;
     if (acts->backward_follows) {
         dlogits = output_buffer(model, (size_t)rows * V, "lm_head.dlogits_chunk", -1, MEM_WORKSPACE);
+        /* zeroed: a chunk with no targets writes none of its rows */
         acts->dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
     }
     int slot = head_slot(acts);
@@ -1003,7 +1006,7 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     float *dnorm = acts->dnorm;
     acts->dnorm = NULL;
     if (!chunked) { /* (chunked: the head's forward did the lm_head's backward, into dnorm) */
-        dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
+        dnorm = output_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
         /* logits.float()'s backward: the loss's float32 gradient (already scaled for accumulation) in the compute
          * dtype */
         round_logits_gradient(model, acts->dlogits, (size_t)N * V);
@@ -1042,13 +1045,13 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     }
     /* MLP half: out = mid + down(swiglu(gate(ln2), up(ln2))), ln2 = norm(mid) */
     float *dmid = output_buffer(model, (size_t)N * C, "dresidual_mid", l, MEM_WORKSPACE); /* = dout + the norm's */
-    float *dswiglu = sum_buffer(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
+    float *dswiglu = output_buffer(model, (size_t)N * I, "mlp.dact", l, MEM_WORKSPACE);
     model_linear_backward(model, dswiglu, g[DOWN_WEIGHT], NULL, dout, a->swiglu, w[DOWN_WEIGHT], N, I, C);
-    float *dgate_up = sum_buffer(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
+    float *dgate_up = output_buffer(model, (size_t)N * 2 * I, "mlp.dgate_up", l, MEM_WORKSPACE);
     if (bf16_compute(model)) d->swiglu_backward_bf16(d, dgate_up, dswiglu, a->gate_up, N, I);
     else d->swiglu_backward(d, dgate_up, dswiglu, a->gate_up, N, I);
     release(model, &dswiglu);
-    float *dln2 = sum_buffer(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
+    float *dln2 = output_buffer(model, (size_t)N * C, "post_attention_layernorm.doutput", l, MEM_WORKSPACE);
     float *stacked = NULL, *stacked_grad = NULL;
     const float *gate_up_weight = stacked_pair(model, w[GATE_WEIGHT], w[UP_WEIGHT], (size_t)I * C, &stacked, l);
     float *gate_up_grad = g[UP_WEIGHT] == g[GATE_WEIGHT] + (size_t)I * C
@@ -1078,11 +1081,11 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     release(model, &dln2);
 
     /* attention half: mid = x + o_proj(attention(rope(q), rope(k), v)), q,k,v = proj(ln1), ln1 = norm(x) */
-    float *dattention = sum_buffer(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
+    float *dattention = output_buffer(model, (size_t)N * H * D, "self_attn.doutput", l, MEM_WORKSPACE);
     model_linear_backward(model, dattention, g[O_WEIGHT], NULL, dmid, a->attention, w[O_WEIGHT], N, H * D, C);
-    float *dq = sum_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
-    float *dk = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
-    float *dv = sum_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
+    float *dq = output_buffer(model, (size_t)N * H * D, "self_attn.dq", l, MEM_WORKSPACE);
+    float *dk = output_buffer(model, (size_t)N * KVH * D, "self_attn.dk", l, MEM_WORKSPACE);
+    float *dv = output_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
     float *scratch = output_buffer(model, device_attention_backward_scratch_floats(B, T, H, KVH, D),
                                    "self_attn.dscores", l, MEM_WORKSPACE);
     if (bf16_compute(model)) {
@@ -1097,24 +1100,16 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
         d->rope_backward(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     }
     release(model, &dattention);
-    float *dln1 = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput", l, MEM_WORKSPACE);
-    if (bf16_compute(model)) {
-        /* three modules read ln1: autograd adds their bfloat16 input gradients as k_proj's + v_proj's, then q_proj's
-         * (the order torch's engine runs them in; tests/check_torch_bf16.py) */
-        float *share = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput_share", l, MEM_WORKSPACE);
-        d->linear_backward_bf16(d, share, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
-        d->linear_backward_bf16(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
-        add_activation(model, dln1, share, (size_t)N * C);
-        release(model, &share);
-        share = sum_buffer(model, (size_t)N * C, "input_layernorm.doutput_share", l, MEM_WORKSPACE);
-        d->linear_backward_bf16(d, share, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
-        add_activation(model, dln1, share, (size_t)N * C);
-        release(model, &share);
-    } else {
-        d->linear_backward(d, dln1, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
-        d->linear_backward(d, dln1, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
-        d->linear_backward(d, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
-    }
+    /* three modules read ln1: autograd adds their input gradients (in bfloat16 rounded per addition) as k_proj's +
+     * v_proj's, then q_proj's (the order torch's engine runs them in; tests/check_torch_bf16.py) */
+    float *dln1 = output_buffer(model, (size_t)N * C, "input_layernorm.doutput", l, MEM_WORKSPACE);
+    float *share = output_buffer(model, (size_t)N * C, "input_layernorm.doutput_share", l, MEM_WORKSPACE);
+    model_linear_backward(model, share, g[K_WEIGHT], g[K_BIAS], dk, a->ln1, w[K_WEIGHT], N, C, KVH * D);
+    model_linear_backward(model, dln1, g[V_WEIGHT], g[V_BIAS], dv, a->ln1, w[V_WEIGHT], N, C, KVH * D);
+    add_activation(model, dln1, share, (size_t)N * C);
+    model_linear_backward(model, share, g[Q_WEIGHT], g[Q_BIAS], dq, a->ln1, w[Q_WEIGHT], N, C, H * D);
+    add_activation(model, dln1, share, (size_t)N * C);
+    release(model, &share);
     release(model, &dq);
     release(model, &dk);
     release(model, &dv);
