@@ -40,6 +40,7 @@
 #include "core/base/dtype.h"
 #include "core/base/kernel_math.h"
 #include "core/kernels/layers.h"
+#include "core/kernels/layers_bf16.h"
 #include "core/base/rng.h"
 #ifdef FSDPLAB_CUDA
 #include "core/cuda/cuda_device.h"
@@ -700,10 +701,11 @@ static void check_exact(const char *what, double got, double expected) {
 
 /* cross_entropy_to_slot against the device's own cross_entropy_forward_backward (checked against the CPU above): the
  * same loss added into the slot as (double)mean * count (twice into one slot: they add), the same count, the same
- * dlogits times the scale with one float rounding (bits: the host's x * scale of the unscaled ones); 3 launches (the
- * scale fused into the loss's pass, no `scale` kernel after it) and no host wait; loss_slots_read then reads two
- * slots with one host wait and zeroes them (a second read gives zeros), leaving its neighbour untouched. */
-static void check_loss_slots(int N, int V, int ignore_every, float dlogits_scale) {
+ * dlogits times the scale with one float rounding, then rounded to dlogits_dtype (bits: the host's x * scale of the
+ * unscaled ones, then dtype_round_to); 3 launches (the scale and the rounding fused into the loss's pass, no kernel
+ * after it) and no host wait; loss_slots_read then reads two slots with one host wait and zeroes them (a second read
+ * gives zeros), leaving its neighbour untouched. */
+static void check_loss_slots(int N, int V, int ignore_every, float dlogits_scale, dtype dlogits_dtype) {
     char name[128];
     const int ignore_index = -100, slot = 5;
     size_t count_all = (size_t)N * V;
@@ -718,18 +720,23 @@ static void check_loss_slots(int N, int V, int ignore_every, float dlogits_scale
                                                     ignore_index, &count);
     float *unscaled = from_device(d_dlogits, count_all * 4);
     for (size_t i = 0; i < count_all; i++) unscaled[i] *= dlogits_scale;
+    dtype_round_to(unscaled, count_all, dlogits_dtype);
     unsigned long long work = work_count(), waits = host_wait_count();
     gpu.cross_entropy_to_slot(&gpu, d_dlogits.ptr, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale,
-                              slot);
-    snprintf(name, sizeof name, "cross_entropy_to_slot launches N=%d V=%d (scale fused)", N, V);
+                              dlogits_dtype, slot);
+    snprintf(name, sizeof name, "cross_entropy_to_slot launches N=%d V=%d (scale, %s fused)", N, V,
+             dtype_name(dlogits_dtype));
     check_work(name, work, 3);
     snprintf(name, sizeof name, "cross_entropy_to_slot host waits N=%d V=%d", N, V);
     check_waits(name, waits, 0);
     float *g_dlogits = from_device(d_dlogits, count_all * 4);
-    snprintf(name, sizeof name, "cross_entropy_to_slot dlogits x %g N=%d V=%d (bits)", dlogits_scale, N, V);
+    snprintf(name, sizeof name, "cross_entropy_to_slot dlogits x %g as %s N=%d V=%d (bits)", dlogits_scale,
+             dtype_name(dlogits_dtype), N, V);
     compare(name, unscaled, g_dlogits, NULL, count_all);
-    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale, slot);
-    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale, slot + 1);
+    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale,
+                              dlogits_dtype, slot);
+    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale,
+                              dlogits_dtype, slot + 1);
     double sums[3] = {-1.0, -1.0, -1.0}, counts[3] = {-1.0, -1.0, -1.0};
     waits = host_wait_count();
     gpu.loss_slots_read(&gpu, sums, counts, slot, 2);
@@ -769,6 +776,21 @@ static void check_vectors(size_t count) {
     g_x = from_device(d_x, count * 4);
     snprintf(name, sizeof name, "scale count=%zu (bits)", count);
     compare(name, x, g_x, NULL, count);
+
+    /* out = bf16(bf16(out) + bf16(inp)) (add_bf16, kernel_math.h's km_bf16_add_rounded on both): bits, on values
+     * that are not bfloat16 values yet (so both roundings of the inputs are exercised) and on ones that are. */
+    float *sum16 = copy_floats(x, count);
+    const char *kinds[2] = {"", " of bfloat16 values"};
+    for (int k = 0; k < 2; k++) { /* x + y, then that sum added to itself */
+        add_bf16(sum16, k == 0 ? y : sum16, count);
+        gpu.add_inplace_bf16(&gpu, d_x.ptr, k == 0 ? d_y.ptr : d_x.ptr, count);
+        free(g_x);
+        g_x = from_device(d_x, count * 4);
+        snprintf(name, sizeof name, "add_inplace_bf16%s count=%zu (bits)", kinds[k], count);
+        compare(name, sum16, g_x, NULL, count);
+    }
+    memcpy(x, sum16, count * sizeof(float));
+    free(sum16);
 
     /* out += bfloat16 widened (exact), then one float32 add: bits. The CPU device's accumulate is the reference. */
     bf16 *h = malloc(count * sizeof *h);
@@ -1683,8 +1705,10 @@ int main(void) {
     check_cross_entropy(300, 260, 7, 2.0f);   /* more rows than the reduction's blocks */
     check_cross_entropy(3, 5000, 0, 1000.0f); /* logits spread over thousands, one far above */
     check_cross_entropy(5, 17, 1, 1.0f);      /* every target ignored: loss 0, count 0, dlogits 0 */
-    check_loss_slots(29, 1000, 4, 0.125f);
-    check_loss_slots(300, 260, 0, 1.0f / 3.0f); /* more rows than the reduction's blocks; a scale that rounds */
+    check_loss_slots(29, 1000, 4, 0.125f, DTYPE_FLOAT32);
+    /* more rows than the reduction's blocks; a scale that rounds; then logits.float()'s gradient in bfloat16 */
+    check_loss_slots(300, 260, 0, 1.0f / 3.0f, DTYPE_FLOAT32);
+    check_loss_slots(300, 260, 7, 1.0f / 3.0f, DTYPE_BFLOAT16);
     check_vectors(1);
     check_vectors(1001);
     check_vectors((size_t)3 << 20);

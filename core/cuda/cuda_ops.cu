@@ -284,16 +284,17 @@ static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, 
 /* HF's scaling, head_dim ** -0.5 in double taken to float32 (layers_bf16.c's, not the float32 layer's sqrtf). */
 static float attention_scale_bf16(int D) { return (float)(1.0 / sqrt((double)D)); }
 
-/* out = bf16(inp @ weight^T + bias): cuda_linear_forward's GEMM (m = OC, n = N, k = IC) on the tensor cores, the
- * float32 sum (with the bias, broadcast first and added by beta = 1) rounded once. */
+/* out = bf16(inp @ weight^T + bias): cuda_linear_forward's GEMM (m = OC, n = N, k = IC) on the tensor cores with
+ * beta = 0, then one pass that adds the bias to the float32 sum and rounds once (bias_add_bf16; without a bias, the
+ * rounding alone): the float32 value acc + bias that beta = 1 over a broadcast bias gave, one launch fewer. */
 static void cuda_linear_forward_bf16(device *d, float *out, const float *inp, const float *weight, const float *bias,
                                      int N, int IC, int OC) {
     cuda_device_state *s = state_of(d);
     if (N <= 0 || OC <= 0) return;
     const float one = 1.0f, zero = 0.0f;
-    if (bias != NULL) LAUNCH(s, bias_broadcast_launch(out, bias, N, OC, s->compute));
-    GEMM_BF16(s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp, IC, bias != NULL ? &one : &zero, out, OC);
-    LAUNCH(s, round_to_bf16_launch(out, (size_t)N * OC, s->compute));
+    GEMM_BF16(s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp, IC, &zero, out, OC);
+    if (bias != NULL) LAUNCH(s, bias_add_bf16_launch(out, bias, N, OC, s->compute));
+    else LAUNCH(s, round_to_bf16_launch(out, (size_t)N * OC, s->compute));
 }
 
 /* cuda_linear_backward's GEMMs on the tensor cores (dout, inp, weight are bfloat16 values):
@@ -450,7 +451,8 @@ static void cuda_swiglu_backward(device *d, float *dgate_up, const float *dout, 
 static float cuda_cross_entropy_forward_backward(device *d, float *dlogits, const float *logits, const int *targets,
                                                  int N, int V, int ignore_index, int *count_out) {
     cuda_device_state *s = state_of(d);
-    LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, 1.0f, NULL, s->scratch, s->compute));
+    LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, 1.0f, 0, NULL, s->scratch,
+                                   s->compute));
     kernels_result result = read_result(s);
     if (count_out != NULL) *count_out = result.count;
     return result.mean_loss;
@@ -465,13 +467,15 @@ static void check_slots(const cuda_device_state *s, const char *what, int first,
     ops_fatal(s, message);
 }
 
-/* The loss and its scaled gradient queued, the mean added into the slot on the device: no copy, no wait. */
+/* The loss and its scaled (and rounded) gradient queued, the mean added into the slot on the device: no copy, no
+ * wait. */
 static void cuda_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, const int *targets, int N,
-                                       int V, int ignore_index, float dlogits_scale, int slot) {
+                                       int V, int ignore_index, float dlogits_scale, dtype dlogits_dtype, int slot) {
     cuda_device_state *s = state_of(d);
     check_slots(s, "cross_entropy_to_slot", slot, 1);
     LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, dlogits_scale,
-                                   s->loss_slots + 2 * (size_t)slot, s->scratch, s->compute));
+                                   dlogits_dtype == DTYPE_BFLOAT16, s->loss_slots + 2 * (size_t)slot, s->scratch,
+                                   s->compute));
 }
 
 /* The slots to the host: one copy, one wait; then zeroed, queued, for the next step's micro-batches. */
@@ -495,6 +499,11 @@ static void cuda_loss_slots_read(device *d, double *sums, double *counts, int fi
 static void cuda_add_inplace(device *d, float *out, const float *inp, size_t count) {
     cuda_device_state *s = state_of(d);
     LAUNCH(s, add_inplace_launch(out, inp, count, s->compute));
+}
+
+static void cuda_add_inplace_bf16(device *d, float *out, const float *inp, size_t count) {
+    cuda_device_state *s = state_of(d);
+    LAUNCH(s, add_rounded_bf16_launch(out, inp, count, s->compute));
 }
 
 /* out += inp widened to float32: a float32 input is add_inplace; a bfloat16 one its own kernel. */
@@ -649,4 +658,5 @@ void cuda_ops_install(device *d) {
     d->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
     d->swiglu_backward_bf16 = cuda_swiglu_backward_bf16;
     d->linear_backward_input_stacked_bf16 = cuda_linear_backward_input_stacked_bf16;
+    d->add_inplace_bf16 = cuda_add_inplace_bf16;
 }

@@ -345,6 +345,18 @@ cudaError_t bias_broadcast_launch(floatX *out, const floatX *bias, int N, int OC
     return cudaGetLastError();
 }
 
+template <typename Index> __global__ void bias_add_bf16_kernel(Index count, floatX *out, const floatX *bias, int OC) {
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < count; i += (Index)gridDim.x * blockDim.x)
+        out[i] = (floatX)km_bf16_round((float)out[i] + (float)bias[i % (Index)OC]);
+}
+
+cudaError_t bias_add_bf16_launch(floatX *out, const floatX *bias, int N, int OC, cudaStream_t stream) {
+    size_t count = (size_t)N * OC;
+    if (count == 0) return cudaSuccess;
+    LAUNCH_INDEXED(bias_add_bf16_kernel, count, stream, out, bias, OC);
+    return cudaGetLastError();
+}
+
 cudaError_t bias_backward_launch(floatX *dbias, const floatX *dout, int N, int OC, cudaStream_t stream) {
     column_term term = {dout, OC};
     return column_sum_launch(dbias, N, OC, term, stream);
@@ -627,11 +639,11 @@ __global__ void __launch_bounds__(1024)
 
 /* Block b takes rows b, b + gridDim.x, ... in order: per row the max, the double sum of exps, log_sum, the row's
  * loss (log_sum - x_target) added to the block's partial, and the row's dlogits (the CPU's formulas) times
- * dlogits_scale (one float multiply: what a `scale` kernel after it would do, without a second pass). An ignored
- * row's dlogits are 0. */
+ * dlogits_scale (one float multiply: what a `scale` kernel after it would do, without a second pass), rounded to
+ * bfloat16 when round_bf16 is set (the same: no pass of its own). An ignored row's dlogits are 0. */
 __global__ void __launch_bounds__(1024)
     cross_entropy_rows_kernel(floatX *dlogits, const floatX *logits, const int *targets, int N, int V, int ignore_index,
-                              float dlogits_scale, void *scratch) {
+                              float dlogits_scale, int round_bf16, void *scratch) {
     int count = scratch_result(scratch)->count;
     double block_loss = 0.0;
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
@@ -655,7 +667,8 @@ __global__ void __launch_bounds__(1024)
             for (int j = threadIdx.x; j < V; j += blockDim.x) {
                 float d = km_cross_entropy_dlogit((float)row[j], log_sum, inverse_count);
                 if (j == target) d -= inverse_count;
-                drow[j] = (floatX)(d * dlogits_scale);
+                float scaled = d * dlogits_scale;
+                drow[j] = (floatX)(round_bf16 ? km_bf16_round(scaled) : scaled);
             }
         }
     }
@@ -680,14 +693,14 @@ __global__ void cross_entropy_mean_kernel(int blocks, void *scratch, double *slo
 }
 
 cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
-                                 int ignore_index, float dlogits_scale, double *slot, void *scratch,
+                                 int ignore_index, float dlogits_scale, int round_bf16, double *slot, void *scratch,
                                  cudaStream_t stream) {
     int blocks = N < KERNELS_REDUCE_BLOCKS ? (N > 0 ? N : 1) : KERNELS_REDUCE_BLOCKS;
     cross_entropy_count_kernel<<<1, 1024, 0, stream>>>(targets, N, ignore_index, scratch);
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     cross_entropy_rows_kernel<<<blocks, 1024, 0, stream>>>(dlogits, logits, targets, N, V, ignore_index,
-                                                           dlogits_scale, scratch);
+                                                           dlogits_scale, round_bf16, scratch);
     status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     cross_entropy_mean_kernel<<<1, THREADS, 0, stream>>>(blocks, scratch, slot);

@@ -54,6 +54,8 @@ cudaError_t rmsnorm_backward_launch(floatX *dinp, const floatX *dresidual, float
                                     cudaStream_t stream);
 /* out (N, OC) = bias in every row (before a GEMM with beta = 1). */
 cudaError_t bias_broadcast_launch(floatX *out, const floatX *bias, int N, int OC, cudaStream_t stream);
+/* out (N, OC) = bf16(out + bias in every row) (after a GEMM with beta = 0: the bias and the rounding in one pass). */
+cudaError_t bias_add_bf16_launch(floatX *out, const floatX *bias, int N, int OC, cudaStream_t stream);
 /* dbias (OC) += column sums of dout (N, OC). */
 cudaError_t bias_backward_launch(floatX *dbias, const floatX *dout, int N, int OC, cudaStream_t stream);
 /* direction +1: forward; -1: backward (the transpose). */
@@ -81,9 +83,10 @@ cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int
 cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                    cudaStream_t stream);
 /* Leaves the mean loss and the count in the scratch's kernels_result; dlogits (may be NULL) times dlogits_scale in
- * the same kernel; slot (NULL: none) a device (sum, count) pair the mean and count are added into. 3 launches. */
+ * the same kernel, then rounded to bfloat16 when round_bf16 is set; slot (NULL: none) a device (sum, count) pair the
+ * mean and count are added into. 3 launches. */
 cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
-                                 int ignore_index, float dlogits_scale, double *slot, void *scratch,
+                                 int ignore_index, float dlogits_scale, int round_bf16, double *slot, void *scratch,
                                  cudaStream_t stream);
 
 /* ---- the layers in bfloat16 (core/kernels/layers_bf16.h's rules; every input a bfloat16 value in a float) ---- */

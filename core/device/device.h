@@ -121,9 +121,10 @@ struct device {
     /* The same loss kept on the device, nothing returned and nothing waited for: loss slot `slot` (below) gets the
      * mean loss m (float, as returned above) added as (double)m * count, and count added to its count; dlogits (NULL:
      * none) = cross_entropy_forward_backward's, each element then times dlogits_scale in float (one rounding, as a
-     * `scale` after it: the scale is fused into the loss's pass, not a second pass over N x V). */
+     * `scale` after it) and rounded to dlogits_dtype (float32: not at all; bfloat16: the gradient of logits.float()
+     * in bfloat16 compute): the scale and the rounding are fused into the loss's pass, not more passes over N x V. */
     void (*cross_entropy_to_slot)(device *d, float *dlogits, const float *logits, const int *targets, int N, int V,
-                                  int ignore_index, float dlogits_scale, int slot);
+                                  int ignore_index, float dlogits_scale, dtype dlogits_dtype, int slot);
     /* ---- the loss slots: a micro-batch's loss stays on the device until the step's end ----
      * DEVICE_LOSS_SLOTS pairs (sum, count) of doubles, in the device's own memory made at init (outside the caching
      * allocator, like the reductions' scratch), zero at init. loss_slots_read copies slots first .. first + count - 1
@@ -172,6 +173,8 @@ struct device {
     /* Overwrites dinp; scratch: N IC floats (layers_bf16.h). */
     void (*linear_backward_input_stacked_bf16)(device *d, float *dinp, float *scratch, const float *dout,
                                                const float *weight, int N, int IC, int OC);
+    /* out = bf16(bf16(out) + bf16(inp)) (layers_bf16.h's add_bf16): the add and its rounding in one pass. */
+    void (*add_inplace_bf16)(device *d, float *out, const float *inp, size_t count);
 
     /* ---- vectors (the runtime's element loops) ---- */
     void (*add_inplace)(device *d, float *out, const float *inp, size_t count);          /* out += inp */

@@ -159,12 +159,14 @@ static void check_slots(const char *what, int first, int count) {
 /* The loss as cross_entropy_forward_backward computes it, its dlogits then scaled as `scale` would (x *= factor),
  * the mean added into the slot as the CUDA device's kernel adds it. */
 static void cpu_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, const int *targets, int N, int V,
-                                      int ignore_index, float dlogits_scale, int slot) {
+                                      int ignore_index, float dlogits_scale, dtype dlogits_dtype, int slot) {
     check_slots("cross_entropy_to_slot", slot, 1);
     int count = 0;
     float mean = cross_entropy_forward_backward(dlogits, logits, targets, N, V, ignore_index, &count);
-    if (dlogits != NULL)
+    if (dlogits != NULL) {
         for (size_t i = 0; i < (size_t)N * V; i++) dlogits[i] *= dlogits_scale;
+        dtype_round_to(dlogits, (size_t)N * V, dlogits_dtype);
+    }
     d->loss_slots[slot][0] += (double)mean * count;
     d->loss_slots[slot][1] += count;
 }
@@ -317,6 +319,11 @@ static void cpu_linear_backward_input_stacked_bf16(device *d, float *dinp, float
     linear_backward_input_stacked_bf16(dinp, scratch, dout, weight, N, IC, OC);
 }
 
+static void cpu_add_inplace_bf16(device *d, float *out, const float *inp, size_t count) {
+    (void)d;
+    add_bf16(out, inp, count);
+}
+
 void device_cpu_init(device *d) {
     memset(d, 0, sizeof *d);
     d->name = "cpu";
@@ -363,6 +370,7 @@ void device_cpu_init(device *d) {
     d->swiglu_forward_bf16 = cpu_swiglu_forward_bf16;
     d->swiglu_backward_bf16 = cpu_swiglu_backward_bf16;
     d->linear_backward_input_stacked_bf16 = cpu_linear_backward_input_stacked_bf16;
+    d->add_inplace_bf16 = cpu_add_inplace_bf16;
     d->add_inplace = cpu_add_inplace;
     d->accumulate = cpu_accumulate;
     d->scale = cpu_scale;

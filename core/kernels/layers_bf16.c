@@ -211,5 +211,9 @@ void linear_backward_input_stacked_bf16(float *dinp, float *scratch, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, 2 * OC, weight, IC, 0.0f, dinp, IC);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout + OC, 2 * OC,
                 weight + (size_t)OC * IC, IC, 0.0f, scratch, IC);
-    for (size_t i = 0; i < count; i++) dinp[i] = km_bf16_add_rounded(dinp[i], scratch[i]);
+    add_bf16(dinp, scratch, count);
+}
+
+void add_bf16(float *out, const float *inp, size_t count) {
+    for (size_t i = 0; i < count; i++) out[i] = km_bf16_add_rounded(out[i], inp[i]);
 }

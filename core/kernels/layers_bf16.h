@@ -67,6 +67,10 @@ void swiglu_forward_bf16(float *out, const float *gate_up, int N, int width);
 /* dgate_up (N, 2 width) = [bf16(bf16(dout * up) * silu'(gate)), bf16(dout * bf16(silu(gate)))]. */
 void swiglu_backward_bf16(float *dgate_up, const float *dout, const float *gate_up, int N, int width);
 
+/* out = bf16(bf16(out) + bf16(inp)): two bfloat16 tensors added (a residual connection's add, autograd's sum of an
+ * input's two gradients), one rounding. */
+void add_bf16(float *out, const float *inp, size_t count);
+
 /* The input gradient of two Linear modules reading the same input whose weights are stacked as in layers.h's
  * SwiGLU (weight (2 OC, IC): the first OC rows one module's, the next OC the other's; dout (N, 2 OC) likewise):
  * dinp (N, IC) = bf16(bf16(dout_first weight_first) + bf16(dout_second weight_second)), autograd's sum of the

@@ -633,8 +633,8 @@ static void ensure_rope(qwen2_model *model, int T) {
  * Under MixedPrecision(param_dtype=bfloat16) torch runs every op on bfloat16 tensors: each op's output is rounded to
  * bfloat16 (core/kernels/layers_bf16.h says where, op by op). The model does the same when its units gather in
  * bfloat16: it calls the device's bfloat16 layers (device.h's *_bf16 entries: the `if (bf16_compute(model))` branches
- * and model_linear_forward / model_linear_backward below), and every other op's output goes through round_activation.
- * The float32 path is untouched. */
+ * and model_linear_forward / model_linear_backward below); the other ops round their outputs as they write them
+ * (add_activation's add, the loss's gradient: logits_gradient_dtype). The float32 path is untouched. */
 
 /* What the layers compute in: the gathered parameters' dtype (the root unit's param_dtype; float32 without mixed
  * precision, and for a model outside FSDP). */
@@ -644,12 +644,6 @@ static dtype compute_dtype(const qwen2_model *model) {
 
 static int bf16_compute(const qwen2_model *model) { return compute_dtype(model) == DTYPE_BFLOAT16; }
 
-/* An op's float32 output becomes the tensor torch would hold: rounded to the compute dtype (nothing in float32). */
-static void round_activation(qwen2_model *model, float *buffer, size_t count) {
-    dtype type = compute_dtype(model);
-    device *d = &model->ctx->device;
-    if (type != DTYPE_FLOAT32) d->round_to(d, buffer, count, type);
-}
 
 /* FSDP2's MixedPrecisionPolicy(output_dtype=bfloat16) over float32 compute: every fully_shard module's forward
  * output is cast to bfloat16: each decoder layer's output (the next layer's input, cast back to float32 by its
@@ -668,11 +662,12 @@ static void round_output(qwen2_model *model, float *buffer, size_t count) {
     if (output_rounds(model)) d->round_to(d, buffer, count, DTYPE_BFLOAT16);
 }
 
-/* out += inp, then rounded: a residual add, or autograd's sum of two gradients, in the compute dtype. */
+/* out += inp, then rounded: a residual add, or autograd's sum of two gradients, in the compute dtype (in bfloat16
+ * the add and its rounding are one pass). */
 static void add_activation(qwen2_model *model, float *out, const float *inp, size_t count) {
     device *d = &model->ctx->device;
-    d->add_inplace(d, out, inp, count);
-    round_activation(model, out, count);
+    if (bf16_compute(model)) d->add_inplace_bf16(d, out, inp, count);
+    else d->add_inplace(d, out, inp, count);
 }
 
 /* A Linear module's GEMM in the compute dtype: in bfloat16 its inputs hold bfloat16 values and its output is rounded
@@ -918,18 +913,17 @@ static void head_logits(qwen2_model *model, float *logits, const float *final_no
     round_output(model, logits, (size_t)rows * model->config.vocab_size);
 }
 
-/* The loss's gradient as it reaches lm_head: logits.float()'s backward rounds it to the compute dtype, output_dtype's
- * cast to bfloat16 (both no-ops in float32). */
-static void round_logits_gradient(qwen2_model *model, float *dlogits, size_t count) {
-    round_activation(model, dlogits, count);
-    round_output(model, dlogits, count);
+/* The dtype of the loss's gradient as it reaches lm_head: logits.float()'s backward rounds it to the compute dtype,
+ * output_dtype's cast to bfloat16 (float32: neither). The loss's kernel rounds it as it writes it. */
+static dtype logits_gradient_dtype(const qwen2_model *model) {
+    return bf16_compute(model) || output_rounds(model) ? DTYPE_BFLOAT16 : DTYPE_FLOAT32;
 }
 
-/* The chunk's gradient into dnorm's rows and the tied embedding's gradient: dlogits (scaled by the loss's kernel)
- * rounded to the compute dtype (logits.float()'s backward), then the lm_head's two backward GEMMs. */
-static void head_chunk_backward(qwen2_model *model, qwen2_activations *acts, float *dlogits, int first, int rows) {
+/* The chunk's gradient into dnorm's rows and the tied embedding's gradient: dlogits (scaled and rounded by the loss's
+ * kernel), then the lm_head's two backward GEMMs. */
+static void head_chunk_backward(qwen2_model *model, qwen2_activations *acts, const float *dlogits, int first,
+                                int rows) {
     int C = model->config.hidden_size, V = model->config.vocab_size;
-    round_logits_gradient(model, dlogits, (size_t)rows * V);
     model_linear_backward(model, acts->dnorm + (size_t)first * C, qwen2_param_grad(model, embed_param()), NULL, dlogits,
                           acts->final_norm + (size_t)first * C, qwen2_param_data(model, embed_param()), rows, C, V);
 }
@@ -953,7 +947,8 @@ static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
         float factor = dlogits != NULL && chunk_count > 0
                            ? (float)((double)chunk_count / acts->counted_targets) * acts->loss_gradient_scale
                            : 1.0f;
-        d->cross_entropy_to_slot(d, dlogits, logits, acts->targets + first, n, V, QWEN2_IGNORE_INDEX, factor, slot);
+        d->cross_entropy_to_slot(d, dlogits, logits, acts->targets + first, n, V, QWEN2_IGNORE_INDEX, factor,
+                                 logits_gradient_dtype(model), slot);
         if (dlogits != NULL && chunk_count > 0) head_chunk_backward(model, acts, dlogits, first, n);
     }
     release(model, &logits);
@@ -983,7 +978,7 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
      * x without accumulation) */
     int slot = head_slot(acts);
     d->cross_entropy_to_slot(d, acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
-                             acts->loss_gradient_scale, slot);
+                             acts->loss_gradient_scale, logits_gradient_dtype(model), slot);
     return finish_loss(model, acts, slot);
 }
 
@@ -1007,9 +1002,7 @@ void qwen2_head_backward(qwen2_model *model, qwen2_activations *acts) {
     acts->dnorm = NULL;
     if (!chunked) { /* (chunked: the head's forward did the lm_head's backward, into dnorm) */
         dnorm = output_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
-        /* logits.float()'s backward: the loss's float32 gradient (already scaled for accumulation) in the compute
-         * dtype */
-        round_logits_gradient(model, acts->dlogits, (size_t)N * V);
+        /* (the loss's kernel wrote dlogits scaled for accumulation and in the compute dtype: logits_gradient_dtype) */
         /* lm_head's share of the tied gradient stays float32 until the embedding's is added to it: one rounding, at
          * the reduce (torch rounds each share and their sum; that would need a vocabulary-sized buffer here) */
         model_linear_backward(model, dnorm, qwen2_param_grad(model, embed_param()), NULL, acts->dlogits,

@@ -144,11 +144,14 @@ check "emulated CUDA: the loss read once a step (LOSS_CHUNK=20 stops as often as
 # in bfloat16 ln1's two shares, not dln1) and 1 per micro-batch (dnorm): 81 -> 15 copies in float32, 102 -> 20 in
 # bfloat16; ln1's gradient adds its three shares in float32 as in bfloat16 (2 adds per layer and micro-batch:
 # 490 -> 506 launches), and bfloat16 rounds dq, dk, dv and the attention's output as they are written (4 launches
-# fewer per layer and micro-batch: 757 -> 725) (tests/host_waits.sh on main at 680e888, then after).
-check "emulated CUDA: residual add in the norm; input gradients written (launches <= 506, 725 bf16; copies <= 15, 20)" \
+# fewer per layer and micro-batch: 757 -> 725) (tests/host_waits.sh on main at 680e888, then after). Then bfloat16's
+# other roundings went into the pass that writes the value: the adds of add_activation (the layer's output, ln1's
+# gradient shares: 3), the biases of q, k, v (bias_add_bf16 after a GEMM with beta = 0: 3) per layer and
+# micro-batch, and the loss's gradient per micro-batch: 725 -> 675 launches (tests/host_waits.sh at 859efb8, then).
+check "emulated CUDA: residual add in the norm; input gradients written (launches <= 506, 675 bf16; copies <= 15, 20)" \
   bash -c 'fp32=$(tests/host_waits.sh) && bf16=$(tests/host_waits.sh MP=bf16) || exit 1
     echo "float32: $fp32"; echo "MP=bf16: $bf16"
-    echo "$fp32" | awk "{exit !(\$8 <= 506 && \$10 <= 15)}" && echo "$bf16" | awk "{exit !(\$8 <= 725 && \$10 <= 20)}"'
+    echo "$fp32" | awk "{exit !(\$8 <= 506 && \$10 <= 15)}" && echo "$bf16" | awk "{exit !(\$8 <= 675 && \$10 <= 20)}"'
 # BACKEND=nccl's comm waits on the device (comm_wait: the compute stream waits for the collective's end event, the host
 # goes on; core/comm/comm.h): the host stops (looks at the GPU with work queued since its last look;
 # tests/host_waits.sh) 4 times a step, none of them in a collective's wait: the next micro-batch's tokens (the last
