@@ -149,15 +149,34 @@ device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_de
 ((void)0, CUDA_CHECK(')|check-cuda-emulated"
 )
 
+# A mutation's expression applied to its file (python3 -c "$mutate" FILE EXPRESSION check|write): every .replace in
+# it must find its text (the text is a str whose replace refuses a missing one: a chain whose later part no longer
+# matches would otherwise still change the file, and pass for applied), and the result must differ. On failure it
+# exits naming what is missing; `write` writes the mutant over FILE.
+mutate='
+import sys
+class Text(str):
+    def replace(self, old, new, *count):
+        if old not in self:
+            sys.exit("no longer has the text " + repr(old[:70]))
+        return Text(str.replace(self, old, new, *count))
+path, expression, mode = sys.argv[1:4]
+s = open(path).read()
+mutant = str(eval(expression, {"s": Text(s)}))
+if mutant == s:
+    sys.exit("is unchanged by it")
+if mode == "write":
+    open(path, "w").write(mutant)
+'
+
 if [ "${1:-}" = --applies ]; then
   stale=0
   for entry in "${mutations[@]}"; do
     IFS='|' read -r name file expression target <<<"$entry"
-    if python3 -c 'import sys; s = open(sys.argv[1]).read(); sys.exit(eval(sys.argv[2], {"s": s}) == s)' \
-      "$root/$file" "$expression"; then
+    if why=$(python3 -c "$mutate" "$root/$file" "$expression" check 2>&1); then
       echo "applies  $name ($file)"
     else
-      echo "STALE    $name: $file no longer has the text it replaces; update tests/mutations.sh"
+      echo "STALE    $name: $file $why; update tests/mutations.sh"
       stale=$((stale + 1))
     fi
   done
@@ -178,17 +197,8 @@ for entry in "${mutations[@]}"; do
   started=$(date +%s)
   # The tree as it is here (built objects included, so only the mutated file recompiles), minus old runs.
   mkdir -p "$copy" && tar -C "$root" --exclude=./runs --exclude=./.git -cf - . | tar -C "$copy" -xf -
-  if ! python3 - "$copy/$file" "$expression" <<'EOF'
-import sys
-path, expression = sys.argv[1], sys.argv[2]
-s = open(path).read()
-mutant = eval(expression, {"s": s})
-if mutant == s:
-    sys.exit(f"the mutation does not apply to {path}: its text has changed; update tests/mutations.sh")
-open(path, "w").write(mutant)
-EOF
-  then
-    echo "FAIL  $name: not applied"
+  if ! why=$(python3 -c "$mutate" "$copy/$file" "$expression" write 2>&1); then
+    echo "FAIL  $name: not applied: $file $why; update tests/mutations.sh"
     failed=$((failed + 1))
     continue
   fi
