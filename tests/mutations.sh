@@ -147,6 +147,12 @@ CUDA_CHECK(device->rank, cudaStreamSynchronize(stream));')|check-cuda-emulated"
   "profile-untimed-fill|core/cuda/cuda_device.c|s.replace('    cuda_device_state *device = state;\n    CUDA_TIMED(\
 device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_device_state *device = state;\n    \
 ((void)0, CUDA_CHECK(')|check-cuda-emulated"
+  # the memory check on a GPU against the host's MemAvailable again (a run too big for the GPU started, then failed)
+  "memory-check-host-for-gpu|core/models/memory_model.c|s.replace('d->memory_info(d, &free_bytes, &total_bytes);', "\
+"'(void)mem_host_info(&free_bytes, &total_bytes);')|check-cuda-emulated"
+  # the GPU's free memory split among every rank of the machine, not those on the GPU (one GPU a rank refused)
+  "memory-check-gpu-shared-by-node|core/models/memory_model.c|s.replace('ranks_sharing(ctx, d->ordinal)', "\
+"'ranks_sharing(ctx, 0)')|check-cuda-emulated"
 )
 
 # A mutation's expression applied to its file (python3 -c "$mutate" FILE EXPRESSION check|write): every .replace in

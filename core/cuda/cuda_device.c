@@ -234,6 +234,12 @@ static void cuda_synchronize(device *d) {
     cuda_compute_wait(device, "the host's wait for the GPU");
 }
 
+/* cudaMemGetInfo of this rank's GPU (its context is current: cudaSetDevice at init). */
+static void cuda_memory_info(device *d, size_t *free_bytes, size_t *total_bytes) {
+    cuda_device_state *device = d->impl;
+    CUDA_CHECK(device->rank, cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 /* ---- timers (device.h: compute spans read once a step) ---- */
 
 static double monotonic_seconds(void) {
@@ -361,6 +367,7 @@ int cuda_device_init(device *d, int local_rank, int local_size, char *error, siz
     d->zero = cuda_zero;
     d->copy = cuda_copy;
     d->synchronize = cuda_synchronize;
+    d->memory_info = cuda_memory_info;
     d->copy_from_pinned = cuda_copy_from_pinned;
     d->pinned_copies_wait = cuda_pinned_copies_wait;
     d->timers_deferred = 1;

@@ -16,7 +16,8 @@
  * ordered on the device's compute stream: on CPU it is done when the call returns; on CUDA it is queued, and a
  * function that returns a value to the host (sum_squares, first_nonfinite, cross_entropy_forward_backward's loss,
  * loss_slots_read) or copies to the host waits for it. The layer functions have the signatures and meaning of
- * core/kernels/layers.h (read it), on device pointers: backward functions ADD into gradients.
+ * core/kernels/layers.h (read it), on device pointers: a backward writes its input's gradient and adds into its
+ * weights'.
  *
  * Host pointers: `tokens` and `targets` live in device memory too (category data, int32), copied there by
  * device_copy from the batch; nothing here takes a host pointer except the copies' host side.
@@ -62,6 +63,10 @@ struct device {
     void (*pinned_copies_wait)(device *d);
     /* The host waits for every queued operation of the device (CUDA: an event after the compute stream's work). */
     void (*synchronize)(device *d);
+    /* The memory the device pool's segments come from: *free_bytes that can still be had, *total_bytes in all (the
+     * host's MemAvailable and MemTotal on the CPU; cudaMemGetInfo of this rank's GPU on CUDA, which every process
+     * using the GPU shares). Both 0 when the device cannot say. The memory model's check reads it before a run. */
+    void (*memory_info)(device *d, size_t *free_bytes, size_t *total_bytes);
     /* device_destroy's work for this device: NULL on the CPU (nothing beyond the table). */
     void (*destroy)(device *d);
 

@@ -16,6 +16,7 @@
 #include "core/kernels/layers.h"
 #include "core/kernels/layers_bf16.h"
 #include "core/kernels/adamw_kernel.h"
+#include "core/memory/mem.h"
 
 static void cpu_zero(device *d, void *ptr, size_t bytes) {
     (void)d;
@@ -29,6 +30,12 @@ static void cpu_copy(device *d, void *dst, const void *src, size_t bytes, device
 }
 
 static void cpu_synchronize(device *d) { (void)d; }
+
+/* The device pool is host memory. */
+static void cpu_memory_info(device *d, size_t *free_bytes, size_t *total_bytes) {
+    (void)d;
+    (void)mem_host_info(free_bytes, total_bytes);
+}
 
 static void cpu_copy_from_pinned(device *d, void *dst, const void *src, size_t bytes) {
     cpu_copy(d, dst, src, bytes, DEVICE_H2H);
@@ -333,6 +340,7 @@ void device_cpu_init(device *d) {
     d->zero = cpu_zero;
     d->copy = cpu_copy;
     d->synchronize = cpu_synchronize;
+    d->memory_info = cpu_memory_info;
     d->copy_from_pinned = cpu_copy_from_pinned;
     d->pinned_copies_wait = cpu_pinned_copies_wait;
     d->timers_deferred = 0;

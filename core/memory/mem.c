@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const category_names[MEM_CATEGORY_COUNT] = {
     "param_shard", "param_unsharded", "grad_unsharded", "grad_shard",  "optim_state",
@@ -323,4 +324,25 @@ const char *mem_format_bytes(size_t bytes, char *buffer, size_t buffer_size) {
     else if (bytes >= 1000ull) snprintf(buffer, buffer_size, "%.1f KB", (double)bytes / 1e3);
     else snprintf(buffer, buffer_size, "%zu B", bytes);
     return buffer;
+}
+
+int mem_host_info(size_t *available, size_t *total) {
+    double kib_available = -1.0, kib_total = -1.0, kib;
+    char line[256];
+    FILE *file = fopen("/proc/meminfo", "r");
+    while (file != NULL && fgets(line, sizeof line, file) != NULL) {
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) kib_available = kib;
+        if (sscanf(line, "MemTotal: %lf kB", &kib) == 1) kib_total = kib;
+    }
+    if (file != NULL) fclose(file);
+    if (kib_available >= 0.0 && kib_total >= 0.0) {
+        *available = (size_t)(kib_available * 1024.0);
+        *total = (size_t)(kib_total * 1024.0);
+        return 0;
+    }
+    long free_pages = sysconf(_SC_AVPHYS_PAGES), pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    int known = free_pages > 0 && pages > 0 && page_size > 0;
+    *available = known ? (size_t)free_pages * (size_t)page_size : 0;
+    *total = known ? (size_t)pages * (size_t)page_size : 0;
+    return known ? 0 : -1;
 }

@@ -135,4 +135,9 @@ size_t mem_shutdown(mem_tracker *tracker);
 /* "12.3 MB", "4.0 KB", "17 B": binary-free SI-ish units, as the seed's log prints (1 MB = 1e6 bytes). */
 const char *mem_format_bytes(size_t bytes, char *buffer, size_t buffer_size);
 
+/* The host's memory: *available = MemAvailable (what the kernel can hand out without swapping), *total = MemTotal,
+ * from /proc/meminfo, or the free and all physical pages where there is no /proc. Returns -1 (both 0) when neither
+ * says. The CPU device's memory_info, and the memory model's check of the host pool beside a GPU's. */
+int mem_host_info(size_t *available, size_t *total);
+
 #endif

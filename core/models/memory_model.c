@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/device/device.h"
 #include "core/runtime/env.h"
@@ -498,44 +497,70 @@ int memory_model_predict_config(memory_prediction *p, context *ctx, const qwen2_
     return unit_count > 0 ? 0 : error_set(ctx->error, sizeof ctx->error, "the wrap policy made no units");
 }
 
-/* The bytes this process may use: MemAvailable from /proc/meminfo (what the kernel can hand out without swapping),
- * or the free pages when there is no /proc. 0 when neither says. */
-static double available_bytes(void) {
-    FILE *file = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kib = -1.0;
-    while (file != NULL && fgets(line, sizeof line, file) != NULL)
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
-    if (file != NULL) fclose(file);
-    if (kib >= 0.0) return kib * 1024.0;
-    long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page_size > 0 ? (double)pages * (double)page_size : 0.0;
+/* One memory's check: each rank's `predicted` bytes against its share of what the memory has free (free_bytes, split
+ * evenly among the `sharing` ranks that use it). Every rank reaches the same verdict: the rank with the least room
+ * speaks for all, naming the memory (`gpu`: this rank's GPU; -1: the host's, on every rank) and what to lower.
+ * Collective. */
+static void require_room(context *ctx, double predicted, size_t free_bytes, size_t total_bytes, int sharing, int gpu,
+                         const char *pool) {
+    double available = (double)free_bytes / sharing;
+    struct {
+        double room;
+        int rank;
+    } worst = {total_bytes > 0 ? available - predicted : 0.0, ctx->rank}; /* a memory that cannot say passes */
+    world_allreduce(ctx, &worst, 1, MPI_DOUBLE_INT, MPI_MINLOC, "the memory check");
+    if (worst.room >= 0.0) return;
+    /* the worst rank's predicted, available, free, total, sharing ranks, GPU */
+    double figures[6] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    if (ctx->rank == worst.rank)
+        figures[0] = predicted, figures[1] = available, figures[2] = (double)free_bytes,
+        figures[3] = (double)total_bytes, figures[4] = sharing, figures[5] = gpu;
+    world_allreduce(ctx, figures, 6, MPI_DOUBLE, MPI_SUM, "the memory check");
+    char peak[32], share[32], free_text[32], total_text[32], where[160];
+    mem_format_bytes((size_t)figures[0], peak, sizeof peak);
+    mem_format_bytes((size_t)figures[1], share, sizeof share);
+    mem_format_bytes((size_t)figures[2], free_text, sizeof free_text);
+    mem_format_bytes((size_t)figures[3], total_text, sizeof total_text);
+    if (gpu >= 0)
+        snprintf(where, sizeof where, "GPU %d: %s free of %s, shared by %d rank%s", (int)figures[5], free_text,
+                 total_text, (int)figures[4], figures[4] == 1 ? "" : "s");
+    else
+        snprintf(where, sizeof where, "MemAvailable %s shared by %d rank%s on this machine", free_text,
+                 (int)figures[4], figures[4] == 1 ? "" : "s");
+    world_exit_all(ctx, 2, "rank %d: predicted peak %s%s per rank (core/models/memory_model.h: model, MBS, SEQ, "
+                 "strategy) but %s available (%s); lower MBS or SEQ, or use more %s (MEMORY_CHECK=0 skips this check)",
+                 worst.rank, peak, pool, share, where, gpu >= 0 ? "GPUs" : "ranks");
+}
+
+/* The ranks of this machine that use this rank's memory: all of them on the CPU, those on its GPU on CUDA (more ranks
+ * than GPUs share them: BACKEND=mpi). Collective. */
+static int ranks_sharing(context *ctx, int gpu) {
+    MPI_Comm node, same;
+    int sharing = 1;
+    WORLD_MPI(ctx, MPI_Comm_split_type(ctx->comm, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &node));
+    WORLD_MPI(ctx, MPI_Comm_split(node, gpu, ctx->rank, &same));
+    WORLD_MPI(ctx, MPI_Comm_size(same, &sharing));
+    WORLD_MPI(ctx, MPI_Comm_free(&same));
+    WORLD_MPI(ctx, MPI_Comm_free(&node));
+    return sharing;
 }
 
 void memory_model_require_fit(context *ctx, const memory_prediction *prediction) {
     if (env_int(ctx, "MEMORY_CHECK", 1, 0, 1) == 0) return;
-    /* Ranks on one machine share its memory: each may count on its share. */
-    MPI_Comm node;
-    int local_ranks = 1;
-    WORLD_MPI(ctx, MPI_Comm_split_type(ctx->comm, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &node));
-    WORLD_MPI(ctx, MPI_Comm_size(node, &local_ranks));
-    WORLD_MPI(ctx, MPI_Comm_free(&node));
-    double machine = available_bytes(), available = machine / local_ranks;
-    double predicted = (double)prediction->sum_of_peaks + (double)prediction->host_sum_of_peaks; /* one machine */
-    /* Every rank reaches the same verdict: the rank with the least room (available - predicted) speaks for all. */
-    struct {
-        double room;
-        int rank;
-    } worst = {machine > 0.0 ? available - predicted : 0.0, ctx->rank};
-    world_allreduce(ctx, &worst, 1, MPI_DOUBLE_INT, MPI_MINLOC, "the memory check");
-    if (worst.room >= 0.0) return;
-    double figures[3] = {0.0, 0.0, 0.0}; /* the worst rank's predicted, available, machine-wide available */
-    if (ctx->rank == worst.rank) figures[0] = predicted, figures[1] = available, figures[2] = machine;
-    world_allreduce(ctx, figures, 3, MPI_DOUBLE, MPI_SUM, "the memory check");
-    world_exit_all(ctx, 2, "rank %d: predicted peak %.2f GB per rank (core/models/memory_model.h: model, MBS, "
-                 "SEQ, strategy) but %.2f GB available (MemAvailable %.2f GB shared by %d ranks on this machine); "
-                 "lower MBS or SEQ, or use more ranks (MEMORY_CHECK=0 skips this check)", worst.rank, figures[0] / 1e9,
-                 figures[1] / 1e9, figures[2] / 1e9, local_ranks);
+    device *d = &ctx->device;
+    size_t free_bytes = 0, total_bytes = 0;
+    d->memory_info(d, &free_bytes, &total_bytes);
+    if (d->kind == DEVICE_CPU) { /* one memory: the device pool and the host pool are both the host's */
+        require_room(ctx, (double)prediction->sum_of_peaks + (double)prediction->host_sum_of_peaks, free_bytes,
+                     total_bytes, ranks_sharing(ctx, 0), -1, "");
+        return;
+    }
+    /* A GPU: the device pool against the GPU's free memory, then the host pool (CPU offload's) against the host's. */
+    require_room(ctx, (double)prediction->sum_of_peaks, free_bytes, total_bytes, ranks_sharing(ctx, d->ordinal),
+                 d->ordinal, " of GPU memory");
+    (void)mem_host_info(&free_bytes, &total_bytes);
+    require_room(ctx, (double)prediction->host_sum_of_peaks, free_bytes, total_bytes, ranks_sharing(ctx, 0), -1,
+                 " of host memory");
 }
 
 memory_prediction memory_model_host_part(const memory_prediction *prediction) {

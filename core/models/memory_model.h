@@ -57,9 +57,11 @@ void memory_model_predict(memory_prediction *prediction, const qwen2_model *mode
 int memory_model_predict_config(memory_prediction *prediction, context *ctx, const qwen2_config *config,
                                 fsdp_wrap_fn wrap, void *wrap_user, const fsdp_options *options, int B, int T,
                                 size_t data_stream_bytes, int forward_passes);
-/* Refuses a run whose predicted peak (sum_of_peaks) is more than this rank's share of the machine's available
- * memory (MemAvailable, divided among the ranks on the machine), naming both in GB and what to lower; every rank
- * exits together (status 2). MEMORY_CHECK=0 turns it off. Collective. */
+/* Refuses a run whose predicted peak is more than this rank's share of the memory it comes from, naming both in GB
+ * and what to lower; every rank exits together (status 2). On the CPU: sum_of_peaks and the host pool's against the
+ * host's MemAvailable, divided among the ranks on the machine. On a GPU: sum_of_peaks against the GPU's free memory
+ * (device.memory_info: cudaMemGetInfo), divided among the ranks on that GPU, and the host pool's (CPU offload)
+ * against MemAvailable. MEMORY_CHECK=0 turns it off. Collective. */
 void memory_model_require_fit(context *ctx, const memory_prediction *prediction);
 /* The host pool's part of a prediction as a prediction of its own (category_peak = host_category_peak, its sum,
  * no reserved bound), to report beside the host pool's measured peaks with memory_model_report. */

@@ -20,13 +20,16 @@
  *     reports with the rank and line; cudaGetLastError returns and clears the calling thread's last error.
  *   - cuBLAS (cublas_v2.h): OpenBLAS's column-major cblas_sgemm, cuBLAS's exact meaning; the GemmEx GEMMs under
  *     CUBLAS_COMPUTE_32F_FAST_16BF also check that every A and B element is a bfloat16 value (abort otherwise).
- *   - GPUs: CUDA_EMULATOR_DEVICES (default 1) of them, all the same memory; cudaSetDevice per thread.
+ *   - GPUs: CUDA_EMULATOR_DEVICES (default 1) of them, all the same memory; cudaSetDevice per thread. Each one's
+ *     size, as cudaMemGetInfo says it: CUDA_EMULATOR_MEMORY bytes (default the host's MemTotal); its free bytes that
+ *     size less this process's live cudaMalloc blocks, and at most the host's MemAvailable.
  *
  * What it does not model: asynchrony (no work is ever in flight, so a missing cudaStreamSynchronize, event or
  * cudaStreamWaitEvent is never seen), races between blocks or between streams, kernels reading host memory (a kernel
- * may dereference any pointer), the bus (PCIe bandwidth, pinned vs pageable speed), device memory capacity (no
- * cudaErrorMemoryAllocation), timing (cudaEventElapsedTime is host time), TF32 (the math mode is recorded only), and
- * CUDA's own arithmetic (expf, rsqrtf, fma contraction by nvcc). NCCL's calls are MPI's here (nccl.h says how).
+ * may dereference any pointer), the bus (PCIe bandwidth, pinned vs pageable speed), device memory capacity beyond the
+ * query (cudaMalloc never fails for want of it; another process's blocks are not counted), timing
+ * (cudaEventElapsedTime is host time), TF32 (the math mode is recorded only), and CUDA's own arithmetic (expf, rsqrtf,
+ * fma contraction by nvcc). NCCL's calls are MPI's here (nccl.h says how).
  */
 #ifndef FSDPLAB_CUDA_EMULATOR_RUNTIME_H
 #define FSDPLAB_CUDA_EMULATOR_RUNTIME_H
@@ -81,6 +84,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMallocHost(void **ptr, size_t bytes);
 cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -259,6 +260,32 @@ cudaError_t cudaFree(void *ptr) {
     if (it == blocks.end() || !it->second.device) return emulator_fail(cudaErrorInvalidValue, "cudaFree");
     munmap(ptr, it->second.mapped);
     blocks.erase(it);
+    return cudaSuccess;
+}
+
+/* The host's MemAvailable or MemTotal from /proc/meminfo (key "MemAvailable:" or "MemTotal:"), 0 when absent. */
+static size_t host_meminfo(const char *key) {
+    FILE *file = fopen("/proc/meminfo", "r");
+    char line[256], name[64];
+    double kib = 0.0, value;
+    while (file != NULL && fgets(line, sizeof line, file) != NULL)
+        if (sscanf(line, "%63s %lf", name, &value) == 2 && strcmp(name, key) == 0) kib = value;
+    if (file != NULL) fclose(file);
+    return (size_t)(kib * 1024.0);
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    const char *text = getenv("CUDA_EMULATOR_MEMORY");
+    size_t total = text != NULL && *text != '\0' ? strtoull(text, NULL, 10) : host_meminfo("MemTotal:"), used = 0;
+    if (total == 0) return emulator_fail(cudaErrorInvalidValue, "cudaMemGetInfo (CUDA_EMULATOR_MEMORY)");
+    {
+        std::lock_guard<std::mutex> guard(memory_lock);
+        for (auto &entry : blocks)
+            if (entry.second.device) used += entry.second.mapped;
+    }
+    size_t free = used < total ? total - used : 0, host = host_meminfo("MemAvailable:");
+    *free_bytes = host < free ? host : free;
+    *total_bytes = total;
     return cudaSuccess;
 }
 
