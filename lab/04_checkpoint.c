@@ -1,11 +1,12 @@
 /* lab 04 — activation checkpointing: trade a second forward for most of the activation memory.
  *
  * What it teaches
- *   Backward needs what forward computed (normalised inputs, q/k/v, attention probabilities, MLP activations...),
- *   so by the end of forward every layer's saved tensors are alive at once: activation memory grows with layers x
- *   batch x sequence, and often outweighs the sharded parameters. With checkpointing a layer keeps only its input
- *   (checkpoint_input) and drops the rest right after its forward; in backward, after the unit is unsharded again,
- *   the layer's forward runs a second time to rebuild them, then its backward. Same numbers, bit for bit: the
+ *   Backward needs what forward computed (normalised inputs, q/k/v, MLP activations...; the attention probabilities,
+ *   B H T^2 a layer, it makes again from q and k, as torch's scaled_dot_product_attention does: this lab's trade in
+ *   the small), so by the end of forward every layer's saved tensors are alive at once: activation memory grows with
+ *   layers x batch x sequence, and often outweighs the sharded parameters. With checkpointing a layer keeps only its
+ *   input (checkpoint_input) and drops the rest right after its forward; in backward, after the unit is unsharded
+ *   again, the layer's forward runs a second time to rebuild them, then its backward. Same numbers, bit for bit: the
  *   recomputation is the same arithmetic on the same inputs. The price is one more forward of every layer: about a
  *   third more compute for a step (forward 1x + backward 2x becomes 2x + 2x, for the layers).
  *

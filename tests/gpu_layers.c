@@ -410,6 +410,36 @@ static void check_work(const char *what, unsigned long long before, unsigned lon
     check_count(what, work_count() - before, expected);
 }
 
+static device cpu_device(void);
+
+/* The backward's recompute (attention_probs, attention_probs_bf16): each device's forward probs to the bit, the CPU's
+ * into a buffer of other numbers, the GPU's into NaN from a scratch of NaN (so it reads nothing it did not write). */
+static void check_probs_again(int B, int T, int H, int KVH, int D, int bf16, const float *probs, const float *g_probs,
+                              const float *q, const float *k, buffer d_q, buffer d_k) {
+    char name[160];
+    device host = cpu_device();
+    size_t n_p = (size_t)B * H * T * T, n_scratch = device_attention_backward_scratch_floats(B, T, H, KVH, D);
+    float *again = random_floats(n_p, 47, 1.0f), *nans = nan_floats(n_p > n_scratch ? n_p : n_scratch);
+    buffer d_again = to_device(nans, n_p * 4), d_scratch = to_device(nans, n_scratch * 4);
+    if (bf16) host.attention_probs_bf16(&host, again, NULL, q, k, B, T, H, KVH, D);
+    else host.attention_probs(&host, again, NULL, q, k, B, T, H, KVH, D);
+    snprintf(name, sizeof name, "attention_probs%s = the forward's, CPU B=%d T=%d H=%d KVH=%d", bf16 ? "_bf16" : "",
+             B, T, H, KVH);
+    compare(name, probs, again, NULL, n_p);
+    unsigned long long work = work_count();
+    if (bf16) gpu.attention_probs_bf16(&gpu, d_again.ptr, d_scratch.ptr, d_q.ptr, d_k.ptr, B, T, H, KVH, D);
+    else gpu.attention_probs(&gpu, d_again.ptr, d_scratch.ptr, d_q.ptr, d_k.ptr, B, T, H, KVH, D);
+    snprintf(name, sizeof name, "attention_probs%s launches B=%d T=%d H=%d KVH=%d", bf16 ? "_bf16" : "", B, T, H, KVH);
+    check_work(name, work, bf16 ? 5 : 4); /* q, k laid out; the scores' GEMM, (bf16: their scaling,) the softmax */
+    float *g_again = from_device(d_again, n_p * 4);
+    snprintf(name, sizeof name, "attention_probs%s = the forward's, GPU B=%d T=%d H=%d KVH=%d", bf16 ? "_bf16" : "",
+             B, T, H, KVH);
+    compare(name, g_probs, g_again, NULL, n_p);
+    device_free(d_again);
+    device_free(d_scratch);
+    free(again), free(nans), free(g_again);
+}
+
 static void check_attention(int B, int T, int past, int H, int KVH, int D, float scale_qk) {
     char name[128];
     int keys = past + T, group = H / KVH;
@@ -428,6 +458,7 @@ static void check_attention(int B, int T, int past, int H, int KVH, int D, float
     check_work(name, work, 7);
     device_free(d_forward_scratch);
     float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
+    if (past == 0) check_probs_again(B, T, H, KVH, D, 0, probs, g_probs, q, k, d_q, d_k);
 
     /* Scores s_j = scale q.k_j: a dot of D, then the scale (alpha): each device within gamma(D + 1) scale
      * sum_d |q k_j|, so the two within ds_j = 2 gamma(D + 1) scale sum |q k_j|. Softmax: p_j = exp(s_j - max) / S.
@@ -1421,6 +1452,7 @@ static void check_attention_bf16(int B, int T, int past, int H, int KVH, int D, 
     snprintf(name, sizeof name, "attention_forward_bf16 launches B=%d T=%d past=%d H=%d KVH=%d", B, T, past, H, KVH);
     check_work(name, work, 9);
     float *g_out = from_device(d_out, n_q * 4), *g_probs = from_device(d_probs, n_p * 4);
+    if (past == 0) check_probs_again(B, T, H, KVH, D, 1, probs, g_probs, q, k, d_q, d_k);
     /* Per row of a head: s_j = bf16(bf16(q.k_j) scale) (a D-term GEMM, two roundings); the float32 softmax:
      * max (exact of the s's), e_j = expf(fl(s_j - max)), S = their double sum (keys additions), p_j =
      * fl(e_j fl(1 / S)); saved float32 probs; out = bf16(sum_j bf16(p_j) v_j) (a keys-term GEMM). */

@@ -35,6 +35,9 @@ mutations=(
 "'return numel / world * world;')"
   "post-forward-keeps-layer-0|core/fsdp/fsdp.c|s.replace('int free_unsharded = unit != 0 &&', "\
 "'int free_unsharded = unit > 1 &&')"
+  # the backward's attention probabilities not made again: it reads whatever its workspace held (another layer's)
+  "attention-probs-not-recomputed|core/models/qwen2.c|s.replace('        d->attention_probs(d, probs, scratch, a->q, "\
+"a->k, B, T, H, KVH, D);\n', '')"
   # gradient accumulation without its 1/ACC: every ACC=2 gradient doubled (caught against ACC=1 with one micro-batch)
   "acc-missing-scale|core/fsdp/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps;', '1.0f;')"
   # HYBRID_SHARD (lab 08)

@@ -167,16 +167,34 @@ static void check_heads(cuda_device_state *s, const char *what, int H, int KVH) 
     ops_fatal(s, message);
 }
 
-/* q, k, v into the scratch's (B, heads, T, D) blocks: q at the start (later the output's), k and v after it. */
-static void attention_forward_layouts(cuda_device_state *s, float *scratch, const float *q, const float *k,
-                                      const float *v, int B, int T, int keys, int H, int KVH, int D, float **qt,
-                                      float **kt, float **vt) {
+/* q and k into the scratch's (B, heads, T, D) blocks: q at the start (later the output's), k after it (then v, for
+ * the forward). The backward's scratch starts the same way (attention_backward_layouts). */
+static void attention_qk_layouts(cuda_device_state *s, float *scratch, const float *q, const float *k, int B, int T,
+                                 int keys, int H, int KVH, int D, float **qt, float **kt) {
     *qt = scratch;
     *kt = *qt + (size_t)B * T * H * D;
-    *vt = *kt + (size_t)B * keys * KVH * D;
     LAUNCH(s, heads_layout_launch(*qt, q, B, T, H, D, HEADS_TO_MAJOR, s->compute));
     LAUNCH(s, heads_layout_launch(*kt, k, B, keys, KVH, D, HEADS_TO_MAJOR, s->compute));
-    LAUNCH(s, heads_layout_launch(*vt, v, B, keys, KVH, D, HEADS_TO_MAJOR, s->compute));
+}
+
+static float *attention_v_layout(cuda_device_state *s, float *kt, const float *v, int B, int keys, int KVH, int D) {
+    float *vt = kt + (size_t)B * keys * KVH * D;
+    LAUNCH(s, heads_layout_launch(vt, v, B, keys, KVH, D, HEADS_TO_MAJOR, s->compute));
+    return vt;
+}
+
+/* probs (B, H, T, keys) from the laid-out q and k: scores (the scaling as the GEMM's alpha), the causal softmax.
+ * The forward's and the backward's recompute (cuda_attention_probs): the same calls, the same values. */
+static void attention_probs_batched(cuda_device_state *s, float *probs, const float *qt, const float *kt, int B, int T,
+                                    int past, int H, int KVH, int D) {
+    int rows = H / KVH * T, keys = past + T;
+    float scale = 1.0f / sqrtf((float)D);
+    const float zero = 0.0f;
+    long long kv_block = (long long)keys * D, q_block = (long long)rows * D, p_block = (long long)rows * keys;
+    GEMM(s, "cublasSgemmStridedBatched", keys, rows, D,
+         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &scale, kt, D, kv_block, qt, D,
+                                   q_block, &zero, probs, keys, p_block, B * KVH));
+    LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
 }
 
 static void cuda_attention_forward_at(device *d, float *out, float *probs, float *scratch, const float *q,
@@ -185,15 +203,12 @@ static void cuda_attention_forward_at(device *d, float *out, float *probs, float
     if (B <= 0 || T <= 0 || H <= 0) return;
     check_heads(s, "attention_forward_at", H, KVH);
     int group = H / KVH, keys = past + T, rows = group * T;
-    float scale = 1.0f / sqrtf((float)D);
     const float one = 1.0f, zero = 0.0f;
-    float *qt, *kt, *vt;
-    attention_forward_layouts(s, scratch, q, k, v, B, T, keys, H, KVH, D, &qt, &kt, &vt);
+    float *qt, *kt;
+    attention_qk_layouts(s, scratch, q, k, B, T, keys, H, KVH, D, &qt, &kt);
+    float *vt = attention_v_layout(s, kt, v, B, keys, KVH, D);
     long long kv_block = (long long)keys * D, q_block = (long long)rows * D, p_block = (long long)rows * keys;
-    GEMM(s, "cublasSgemmStridedBatched", keys, rows, D,
-         cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &scale, kt, D, kv_block, qt, D,
-                                   q_block, &zero, probs, keys, p_block, B * KVH));
-    LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
+    attention_probs_batched(s, probs, qt, kt, B, T, past, H, KVH, D);
     float *out_t = qt; /* q's block is read: it holds the output now */
     GEMM(s, "cublasSgemmStridedBatched", D, rows, keys,
          cublasSgemmStridedBatched(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, keys, &one, vt, D, kv_block, probs,
@@ -360,9 +375,45 @@ static void cuda_rope_backward_bf16(device *d, float *dx, const float *cos_table
     LAUNCH(s, rope_bf16_launch(dx, cos_table, sin_table, B, T, H, D, 1, s->compute));
 }
 
+/* The bfloat16 attention's probs from the laid-out q and k: scores (alpha 1: the scaling is its own rounded op), then
+ * bf16(bf16(s) * scale) (a kernel) and the float32 causal softmax. The forward's and the recompute's. */
+static void attention_probs_batched_bf16(cuda_device_state *s, float *probs, const float *qt, const float *kt, int B,
+                                         int T, int past, int H, int KVH, int D) {
+    int rows = H / KVH * T, keys = past + T;
+    const float one = 1.0f, zero = 0.0f;
+    long long kv_block = (long long)keys * D, q_block = (long long)rows * D, p_block = (long long)rows * keys;
+    GEMM_BF16_BATCHED(s, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &one, kt, D, kv_block, qt, D, q_block, &zero, probs,
+                      keys, p_block, B * KVH);
+    LAUNCH(s, attention_scores_bf16_launch(probs, (size_t)B * H * T * keys, attention_scale_bf16(D), s->compute));
+    LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
+}
+
+/* The backward's recompute of the probs (past = 0): q and k laid out at the start of its scratch, as the backward
+ * lays them out after, then the forward's own calls. */
+static void attention_probs_again(device *d, const char *what, float *probs, float *scratch, const float *q,
+                                  const float *k, int B, int T, int H, int KVH, int D, int bf16) {
+    cuda_device_state *s = state_of(d);
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    check_heads(s, what, H, KVH);
+    float *qt, *kt;
+    attention_qk_layouts(s, scratch, q, k, B, T, T, H, KVH, D, &qt, &kt);
+    if (bf16) attention_probs_batched_bf16(s, probs, qt, kt, B, T, 0, H, KVH, D);
+    else attention_probs_batched(s, probs, qt, kt, B, T, 0, H, KVH, D);
+}
+
+static void cuda_attention_probs(device *d, float *probs, float *scratch, const float *q, const float *k, int B, int T,
+                                 int H, int KVH, int D) {
+    attention_probs_again(d, "attention_probs", probs, scratch, q, k, B, T, H, KVH, D, 0);
+}
+
+static void cuda_attention_probs_bf16(device *d, float *probs, float *scratch, const float *q, const float *k, int B,
+                                      int T, int H, int KVH, int D) {
+    attention_probs_again(d, "attention_probs_bf16", probs, scratch, q, k, B, T, H, KVH, D, 1);
+}
+
 /* HF's eager attention in bfloat16 (layers_bf16.h), the float32 attention's batched GEMMs and layouts (above):
- *   scores: alpha 1 (the scaling is its own rounded op); then on all of probs bf16(bf16(s) * scale) (a kernel) and
- *           the float32 causal softmax, saved;
+ *   probs: attention_probs_batched_bf16 (the scores, their scaling, the float32 causal softmax; what the backward
+ *          makes again);
  *   rounded = bf16(probs) into the scratch (after k and v), and out = rounded @ v as above;
  *   then out transposed back and rounded in the same pass (HEADS_FROM_MAJOR_BF16: each element is written once,
  *   so rounding at the end is the CPU's per-head rounding). */
@@ -374,15 +425,13 @@ static void cuda_attention_forward_bf16(device *d, float *out, float *probs, flo
     check_heads(s, "attention_forward_bf16", H, KVH);
     int group = H / KVH, keys = past + T, rows = group * T;
     const float one = 1.0f, zero = 0.0f;
-    float *qt, *kt, *vt;
-    attention_forward_layouts(s, scratch, q, k, v, B, T, keys, H, KVH, D, &qt, &kt, &vt);
+    float *qt, *kt;
+    attention_qk_layouts(s, scratch, q, k, B, T, keys, H, KVH, D, &qt, &kt);
+    float *vt = attention_v_layout(s, kt, v, B, keys, KVH, D);
     float *rounded = vt + (size_t)B * keys * KVH * D;
     long long kv_block = (long long)keys * D, q_block = (long long)rows * D, p_block = (long long)rows * keys;
     size_t p_count = (size_t)B * H * T * keys;
-    GEMM_BF16_BATCHED(s, CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, D, &one, kt, D, kv_block, qt, D, q_block, &zero, probs,
-                      keys, p_block, B * KVH);
-    LAUNCH(s, attention_scores_bf16_launch(probs, p_count, attention_scale_bf16(D), s->compute));
-    LAUNCH(s, causal_softmax_launch(probs, B * H, T, past, s->compute));
+    attention_probs_batched_bf16(s, probs, qt, kt, B, T, past, H, KVH, D);
     LAUNCH(s, round_copy_bf16_launch(rounded, probs, p_count, s->compute));
     float *out_t = qt;
     GEMM_BF16_BATCHED(s, CUBLAS_OP_N, CUBLAS_OP_N, D, rows, keys, &one, vt, D, kv_block, rounded, keys, p_block,
@@ -630,6 +679,7 @@ void cuda_ops_install(device *d) {
     d->rope_forward = cuda_rope_forward;
     d->rope_backward = cuda_rope_backward;
     d->attention_forward_at = cuda_attention_forward_at;
+    d->attention_probs = cuda_attention_probs;
     d->attention_backward = cuda_attention_backward;
     d->swiglu_forward = cuda_swiglu_forward;
     d->swiglu_backward = cuda_swiglu_backward;
@@ -654,6 +704,7 @@ void cuda_ops_install(device *d) {
     d->rope_forward_bf16 = cuda_rope_forward_bf16;
     d->rope_backward_bf16 = cuda_rope_backward_bf16;
     d->attention_forward_bf16 = cuda_attention_forward_bf16;
+    d->attention_probs_bf16 = cuda_attention_probs_bf16;
     d->attention_backward_bf16 = cuda_attention_backward_bf16;
     d->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
     d->swiglu_backward_bf16 = cuda_swiglu_backward_bf16;

@@ -114,6 +114,11 @@ struct device {
     /* scratch: device_attention_forward_scratch_floats(B, T, past, H, KVH, D, 0) floats (the CPU reads none). */
     void (*attention_forward_at)(device *d, float *out, float *probs, float *scratch, const float *q, const float *k,
                                  const float *v, int B, int T, int past, int H, int KVH, int D);
+    /* The forward's probs again (past = 0), by its own lines: equal to the bit (layers.h's attention_probs_at), for
+     * the backward, which the model keeps no probs for. scratch: the backward's (the GPU lays q and k out at its
+     * start, as the backward then does; the CPU reads none). */
+    void (*attention_probs)(device *d, float *probs, float *scratch, const float *q, const float *k, int B, int T,
+                            int H, int KVH, int D);
     /* scratch: device_attention_backward_scratch_floats(B, T, H, KVH, D) floats (the CPU reads T T of them). */
     void (*attention_backward)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *probs, const float *q, const float *k, const float *v, int B, int T,
@@ -167,6 +172,9 @@ struct device {
      * of them, layers_bf16.h). */
     void (*attention_forward_bf16)(device *d, float *out, float *probs, float *scratch, const float *q,
                                    const float *k, const float *v, int B, int T, int past, int H, int KVH, int D);
+    /* attention_probs of the bfloat16 attention (layers_bf16.h's attention_probs_bf16). */
+    void (*attention_probs_bf16)(device *d, float *probs, float *scratch, const float *q, const float *k, int B,
+                                 int T, int H, int KVH, int D);
     /* dq, dk, dv written; scratch: device_attention_backward_scratch_floats(B, T, H, KVH, D) floats (the CPU
      * reads 2 T T + T D of them, layers_bf16.h). */
     void (*attention_backward_bf16)(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,

@@ -131,6 +131,12 @@ static void cpu_attention_forward_at(device *d, float *out, float *probs, float 
     attention_forward_at(out, probs, q, k, v, B, T, past, H, KVH, D);
 }
 
+static void cpu_attention_probs(device *d, float *probs, float *scratch, const float *q, const float *k, int B, int T,
+                                int H, int KVH, int D) {
+    (void)d, (void)scratch;
+    attention_probs_at(probs, q, k, B, T, 0, H, KVH, D);
+}
+
 static void cpu_attention_backward(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                    const float *probs, const float *q, const float *k, const float *v, int B, int T,
                                    int H, int KVH, int D) {
@@ -302,6 +308,12 @@ static void cpu_attention_forward_bf16(device *d, float *out, float *probs, floa
     attention_forward_bf16(out, probs, scratch, q, k, v, B, T, past, H, KVH, D);
 }
 
+static void cpu_attention_probs_bf16(device *d, float *probs, float *scratch, const float *q, const float *k, int B,
+                                     int T, int H, int KVH, int D) {
+    (void)d, (void)scratch;
+    attention_probs_bf16(probs, q, k, B, T, 0, H, KVH, D);
+}
+
 static void cpu_attention_backward_bf16(device *d, float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                         const float *probs, const float *q, const float *k, const float *v, int B,
                                         int T, int H, int KVH, int D) {
@@ -360,6 +372,7 @@ void device_cpu_init(device *d) {
     d->rope_forward = cpu_rope_forward;
     d->rope_backward = cpu_rope_backward;
     d->attention_forward_at = cpu_attention_forward_at;
+    d->attention_probs = cpu_attention_probs;
     d->attention_backward = cpu_attention_backward;
     d->swiglu_forward = cpu_swiglu_forward;
     d->swiglu_backward = cpu_swiglu_backward;
@@ -374,6 +387,7 @@ void device_cpu_init(device *d) {
     d->rope_forward_bf16 = cpu_rope_forward_bf16;
     d->rope_backward_bf16 = cpu_rope_backward_bf16;
     d->attention_forward_bf16 = cpu_attention_forward_bf16;
+    d->attention_probs_bf16 = cpu_attention_probs_bf16;
     d->attention_backward_bf16 = cpu_attention_backward_bf16;
     d->swiglu_forward_bf16 = cpu_swiglu_forward_bf16;
     d->swiglu_backward_bf16 = cpu_swiglu_backward_bf16;

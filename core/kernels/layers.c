@@ -155,8 +155,7 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
     attention_forward_at(out, probs, q, k, v, B, T, 0, H, KVH, D);
 }
 
-void attention_forward_at(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T,
-                          int past, int H, int KVH, int D) {
+void attention_probs_at(float *probs, const float *q, const float *k, int B, int T, int past, int H, int KVH, int D) {
     int group = H / KVH, keys = past + T;
     size_t q_stride = (size_t)H * D, kv_stride = (size_t)KVH * D;
     float scale = 1.0f / sqrtf((float)D);
@@ -164,13 +163,25 @@ void attention_forward_at(float *out, float *probs, const float *q, const float 
         for (int h = 0; h < H; h++) {
             const float *q_head = q + (size_t)b * T * q_stride + (size_t)h * D;
             const float *k_head = k + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
-            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
             float *p = probs + ((size_t)b * H + h) * T * keys;
-            float *o = out + (size_t)b * T * q_stride + (size_t)h * D;
             /* scores (T, keys) = scale * q_head (T, D) @ k_head^T; rows strided by the heads between them */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, D, scale, q_head, (int)q_stride, k_head,
                         (int)kv_stride, 0.0f, p, keys);
             causal_softmax_rows(p, T, past);
+        }
+    }
+}
+
+void attention_forward_at(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T,
+                          int past, int H, int KVH, int D) {
+    int group = H / KVH, keys = past + T;
+    size_t q_stride = (size_t)H * D, kv_stride = (size_t)KVH * D;
+    attention_probs_at(probs, q, k, B, T, past, H, KVH, D);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
+            const float *p = probs + ((size_t)b * H + h) * T * keys;
+            float *o = out + (size_t)b * T * q_stride + (size_t)h * D;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, keys, 1.0f, p, keys, v_head, (int)kv_stride,
                         0.0f, o, (int)q_stride);
         }

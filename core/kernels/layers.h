@@ -49,7 +49,9 @@ void rope_forward(float *x, const float *cos_table, const float *sin_table, int 
 void rope_backward(float *dx, const float *cos_table, const float *sin_table, int B, int T, int H, int D);
 
 /* Causal grouped-query attention. q (B, T, H, D), k and v (B, T, KVH, D), query head h reads key/value head
- * h / (H / KVH) (HF's repeat_kv). out (B, T, H, D) = softmax(q k^T / sqrt(D), causal) v. Saves probs (B, H, T, T). */
+ * h / (H / KVH) (HF's repeat_kv). out (B, T, H, D) = softmax(q k^T / sqrt(D), causal) v, with probs (B, H, T, T)
+ * the softmax. The model keeps no probs for backward: attention_probs_at makes them again there, by the same lines
+ * (torch's scaled_dot_product_attention keeps none either). */
 void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T, int H,
                        int KVH, int D);
 /* The same for T new positions after `past` earlier ones (a KV cache): q (B, T, H, D) at positions past .. past+T-1,
@@ -57,6 +59,9 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
  * past = 0 is attention_forward, computed by the same lines. */
 void attention_forward_at(float *out, float *probs, const float *q, const float *k, const float *v, int B, int T,
                           int past, int H, int KVH, int D);
+/* Its probabilities alone: probs (B, H, T, past + T) = softmax(q k^T / sqrt(D), causal), the lines the forward runs
+ * (the same values to the bit), for the backward's recompute (past = 0). */
+void attention_probs_at(float *probs, const float *q, const float *k, int B, int T, int past, int H, int KVH, int D);
 /* In place on scores (T, past + T): row t (query position past + t) becomes the softmax of its columns 0 .. past + t,
  * the rest 0 (the causal mask). The attention's own; layers_bf16.c's bfloat16 attention shares it. */
 void causal_softmax_rows(float *scores, int T, int past);

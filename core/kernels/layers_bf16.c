@@ -107,8 +107,8 @@ static void round_block(float *block, int rows, int columns, size_t ld) {
         for (int j = 0; j < columns; j++) block[(size_t)i * ld + j] = r16(block[(size_t)i * ld + j]);
 }
 
-void attention_forward_bf16(float *out, float *probs, float *scratch, const float *q, const float *k, const float *v,
-                            int B, int T, int past, int H, int KVH, int D) {
+void attention_probs_bf16(float *probs, const float *q, const float *k, int B, int T, int past, int H, int KVH,
+                          int D) {
     int group = H / KVH, keys = past + T;
     size_t q_stride = (size_t)H * D, kv_stride = (size_t)KVH * D, block = (size_t)T * keys;
     float scale = attention_scale(D);
@@ -116,13 +116,25 @@ void attention_forward_bf16(float *out, float *probs, float *scratch, const floa
         for (int h = 0; h < H; h++) {
             const float *q_head = q + (size_t)b * T * q_stride + (size_t)h * D;
             const float *k_head = k + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
-            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
             float *p = probs + ((size_t)b * H + h) * block;
-            float *o = out + (size_t)b * T * q_stride + (size_t)h * D;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, keys, D, 1.0f, q_head, (int)q_stride, k_head,
                         (int)kv_stride, 0.0f, p, keys);
             for (size_t i = 0; i < block; i++) p[i] = km_bf16_attention_score(p[i], scale); /* matmul, * scaling */
             causal_softmax_rows(p, T, past); /* layers.c's: the float32 softmax, masked */
+        }
+    }
+}
+
+void attention_forward_bf16(float *out, float *probs, float *scratch, const float *q, const float *k, const float *v,
+                            int B, int T, int past, int H, int KVH, int D) {
+    int group = H / KVH, keys = past + T;
+    size_t q_stride = (size_t)H * D, kv_stride = (size_t)KVH * D, block = (size_t)T * keys;
+    attention_probs_bf16(probs, q, k, B, T, past, H, KVH, D);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const float *v_head = v + (size_t)b * keys * kv_stride + (size_t)(h / group) * D;
+            const float *p = probs + ((size_t)b * H + h) * block;
+            float *o = out + (size_t)b * T * q_stride + (size_t)h * D;
             for (size_t i = 0; i < block; i++) scratch[i] = r16(p[i]); /* .to(query.dtype) */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, keys, 1.0f, scratch, keys, v_head,
                         (int)kv_stride, 0.0f, o, (int)q_stride);

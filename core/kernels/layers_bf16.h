@@ -51,10 +51,14 @@ void rope_backward_bf16(float *dx, const float *cos_table, const float *sin_tabl
 
 /* HF's eager attention on bfloat16 q (B, T, H, D), k and v (B, past + T, KVH, D), per head: scores bf16(q k^T),
  * scaled bf16(scores * D^-1/2), the causal mask (adding 0 keeps a score; masked ones are out), the float32 softmax
- * saved in probs (B, H, T, past + T) as float32 (what its backward reads), rounded to bfloat16 for the product with v:
+ * written to probs (B, H, T, past + T) as float32 (what its backward reads, made again: attention_probs_bf16), rounded
+ * to bfloat16 for the product with v:
  * out = bf16(bf16(probs) v). scratch: T * (past + T) floats. */
 void attention_forward_bf16(float *out, float *probs, float *scratch, const float *q, const float *k, const float *v,
                             int B, int T, int past, int H, int KVH, int D);
+/* Its probs alone, by the same lines (the backward's recompute, as layers.h's attention_probs_at). */
+void attention_probs_bf16(float *probs, const float *q, const float *k, int B, int T, int past, int H, int KVH,
+                          int D);
 /* Its backward (past = 0): dv_head = bf16(bf16(probs)^T dout), dp = bf16(dout v^T), ds = bf16(softmax backward in
  * float32), ds = bf16(ds * D^-1/2), dq = bf16(ds k), dk_head = bf16(ds^T q); a key/value head's dk and dv are the
  * float32 sums of its query heads' (repeat_kv's backward), rounded once. dq, dk, dv are written (the first gradient

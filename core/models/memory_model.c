@@ -20,12 +20,11 @@ static count max_of(count a, count b) { return a > b ? a : b; }
 static size_t bytes(count value) { return value >= 18446744073709549568.0 ? SIZE_MAX : (size_t)value; }
 
 /* Floats one decoder layer's forward saves for its backward (qwen2_layer_activations), plus its output. */
-static count layer_activation_floats(const qwen2_config *c, count N, count B, count T) {
+static count layer_activation_floats(const qwen2_config *c, count N) {
     count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
     count KVH = c->num_key_value_heads, D = c->head_dim;
     return N * C + N                        /* input_layernorm output, rstd */
-           + N * H * D + 2 * N * KVH * D    /* q, k, v */
-           + B * H * T * T                  /* attention probabilities */
+           + N * H * D + 2 * N * KVH * D    /* q, k, v (the probabilities are made again in backward) */
            + N * H * D                      /* attention output */
            + N * C + N * C + N              /* residual_mid, post_attention_layernorm output, rstd */
            + 2 * N * I + N * I              /* gate_up, swiglu */
@@ -37,15 +36,18 @@ static count layer_activation_floats(const qwen2_config *c, count N, count B, co
  * its backward temporaries exist). The attention's scratch is core/device/device.h's size, the same on both devices.
  * ln1's gradient is added from its three Linear modules' through one share at a time. bf16_compute (MixedPrecision
  * with param_dtype bfloat16, core/kernels/layers_bf16.h) adds its scratch buffers: up_proj's share of the MLP's input
- * gradient beside gate_proj's, and in forward the attention's bfloat16 probabilities (inside its forward scratch). */
+ * gradient beside gate_proj's, and in forward the attention's bfloat16 probabilities (inside its forward scratch).
+ * The attention's probabilities (B H T T) are a temporary of both: the forward's, then the backward's made again. */
 static count layer_workspace_floats(const qwen2_config *c, count N, count B, count T, int bf16_compute) {
     count C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads;
     count KVH = c->num_key_value_heads, D = c->head_dim;
     count attention_scratch = (count)device_attention_backward_scratch_floats((int)B, (int)T, (int)H, (int)KVH, (int)D);
-    count forward_scratch =
+    count probs = B * H * T * T;
+    count forward_scratch = probs +
         (count)device_attention_forward_scratch_floats((int)B, (int)T, 0, (int)H, (int)KVH, (int)D, bf16_compute);
     count mlp = N * C + N * I + 2 * N * I;                                   /* dmid, dact, dgate_up */
-    count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + attention_scratch; /* dmid, dout, dq, dk, dv */
+    /* dmid, dout, dq, dk, dv, the scratch, the probabilities made again */
+    count attention = N * C + N * H * D + N * H * D + 2 * N * KVH * D + attention_scratch + probs;
     count norm = N * C + N * H * D + 2 * N * KVH * D + 2 * N * C;          /* dmid, dq, dk, dv, dln1, a share */
     if (bf16_compute) mlp = max_of(mlp, N * C + 2 * N * I + N * C + N * C); /* dmid, dgate_up, dln2, up's share */
     return max_of(max_of(max_of(mlp, attention), norm), forward_scratch);
@@ -360,7 +362,7 @@ static void predict(memory_prediction *p, const qwen2_config *c, const unit_size
     /* Activations: without checkpointing, all layers' saved tensors at the end of forward, plus the head's (final
      * norm, logits and their gradient). With it, each layer's input becomes checkpoint_input and only one layer's
      * saved tensors live at a time (in forward, and again when backward recomputes it). */
-    count layer = layer_activation_floats(c, N, B, T);
+    count layer = layer_activation_floats(c, N);
     /* LOSS_CHUNK (k < N rows at a time): no N x V logits or gradient kept; two k x V workspace buffers instead */
     int chunked = options->loss_chunk > 0 && options->loss_chunk < N;
     /* the head's saved tensors (final norm, rstd) plus the larger of the logits and their gradient (unchunked) and

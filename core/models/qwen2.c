@@ -740,7 +740,7 @@ int qwen2_activations_begin(qwen2_model *model, qwen2_activations *acts, const i
 }
 
 void qwen2_layer_activations_free(qwen2_model *model, qwen2_layer_activations *a) {
-    float **buffers[] = {&a->ln1, &a->ln1_rstd, &a->q, &a->k, &a->v, &a->probs, &a->attention, &a->mid,
+    float **buffers[] = {&a->ln1, &a->ln1_rstd, &a->q, &a->k, &a->v, &a->attention, &a->mid,
                          &a->ln2, &a->ln2_rstd, &a->gate_up, &a->swiglu};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) release(model, buffers[i]);
 }
@@ -823,16 +823,19 @@ void qwen2_layer_forward(qwen2_model *model, qwen2_activations *acts, int l) {
         keys = cache->k[l];
         values = cache->v[l];
     }
-    a->probs = output_buffer(model, (size_t)B * H * T * (past + T), "self_attn.probs", l, MEM_ACTIVATION);
     a->attention = output_buffer(model, (size_t)N * H * D, "self_attn.output", l, MEM_ACTIVATION);
-    /* The scratch: the heads transposed for the GPU's batched GEMMs (and the bfloat16 probabilities multiplying v). */
+    /* The probabilities (B, H, T, past + T) are not kept for backward: it makes them again from q and k
+     * (attention_probs), as torch's scaled_dot_product_attention does, so B H T^2 floats a layer are not held from
+     * the forward to the backward. The scratch: the heads transposed for the GPU's batched GEMMs (and the bfloat16
+     * probabilities multiplying v). */
+    float *probs = output_buffer(model, (size_t)B * H * T * (past + T), "self_attn.probs", l, MEM_WORKSPACE);
     size_t scratch_floats = device_attention_forward_scratch_floats(B, T, past, H, KVH, D, bf16_compute(model));
     float *scratch = output_buffer(model, scratch_floats, "self_attn.scratch", l, MEM_WORKSPACE);
     if (bf16_compute(model))
-        d->attention_forward_bf16(d, a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
-    else
-        d->attention_forward_at(d, a->attention, a->probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
+        d->attention_forward_bf16(d, a->attention, probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
+    else d->attention_forward_at(d, a->attention, probs, scratch, a->q, keys, values, B, T, past, H, KVH, D);
     release(model, &scratch);
+    release(model, &probs);
     a->mid = output_buffer(model, (size_t)N * C, "residual_mid", l, MEM_ACTIVATION);
     model_linear_forward(model, a->mid, a->attention, w[O_WEIGHT], NULL, N, H * D, C);
 
@@ -1081,14 +1084,21 @@ void qwen2_layer_backward(qwen2_model *model, qwen2_activations *acts, int l) {
     float *dv = output_buffer(model, (size_t)N * KVH * D, "self_attn.dv", l, MEM_WORKSPACE);
     float *scratch = output_buffer(model, device_attention_backward_scratch_floats(B, T, H, KVH, D),
                                    "self_attn.dscores", l, MEM_WORKSPACE);
+    /* the forward's probabilities made again, the same values (the forward kept none) */
+    float *probs = output_buffer(model, (size_t)B * H * T * T, "self_attn.probs", l, MEM_WORKSPACE);
     if (bf16_compute(model)) {
-        d->attention_backward_bf16(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
-        release(model, &scratch);
+        d->attention_probs_bf16(d, probs, scratch, a->q, a->k, B, T, H, KVH, D);
+        d->attention_backward_bf16(d, dq, dk, dv, scratch, dattention, probs, a->q, a->k, a->v, B, T, H, KVH, D);
+    } else {
+        d->attention_probs(d, probs, scratch, a->q, a->k, B, T, H, KVH, D);
+        d->attention_backward(d, dq, dk, dv, scratch, dattention, probs, a->q, a->k, a->v, B, T, H, KVH, D);
+    }
+    release(model, &probs);
+    release(model, &scratch);
+    if (bf16_compute(model)) {
         d->rope_backward_bf16(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
         d->rope_backward_bf16(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     } else {
-        d->attention_backward(d, dq, dk, dv, scratch, dattention, a->probs, a->q, a->k, a->v, B, T, H, KVH, D);
-        release(model, &scratch);
         d->rope_backward(d, dq, model->rope_cos, model->rope_sin, B, T, H, D);
         d->rope_backward(d, dk, model->rope_cos, model->rope_sin, B, T, KVH, D);
     }

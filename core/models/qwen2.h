@@ -153,8 +153,8 @@ int qwen2_find_param(const qwen2_model *model, const char *name);
 /* ---- Activations: what forward saves for backward ---- */
 typedef struct qwen2_layer_activations {
     float *ln1, *ln1_rstd;        /* input_layernorm output (N, C) and 1/rms (N) */
-    float *q, *k, *v;             /* after RoPE (q, k): (N, H*D), (N, KVH*D), (N, KVH*D) */
-    float *probs;                 /* attention probabilities (B, H, T, T) */
+    float *q, *k, *v;             /* after RoPE (q, k): (N, H*D), (N, KVH*D), (N, KVH*D); the backward makes the
+                                   * attention's probabilities again from q and k (none are kept) */
     float *attention;             /* attention output before o_proj (N, H*D) */
     float *mid;                   /* x + o_proj(attention): the residual between the two halves (N, C) */
     float *ln2, *ln2_rstd;        /* post_attention_layernorm output and 1/rms */
