@@ -22,12 +22,13 @@
  *     CUBLAS_COMPUTE_32F_FAST_16BF also check that every A and B element is a bfloat16 value (abort otherwise).
  *   - GPUs: CUDA_EMULATOR_DEVICES (default 1) of them, all the same memory; cudaSetDevice per thread. Each one's
  *     size, as cudaMemGetInfo says it: CUDA_EMULATOR_MEMORY bytes (default the host's MemTotal); its free bytes that
- *     size less this process's live cudaMalloc blocks, and at most the host's MemAvailable.
+ *     size less this process's live cudaMalloc blocks, and at most the host's MemAvailable. With CUDA_EMULATOR_MEMORY
+ *     set, a cudaMalloc past it fails with cudaErrorMemoryAllocation, as on a full GPU.
  *
  * What it does not model: asynchrony (no work is ever in flight, so a missing cudaStreamSynchronize, event or
  * cudaStreamWaitEvent is never seen), races between blocks or between streams, kernels reading host memory (a kernel
- * may dereference any pointer), the bus (PCIe bandwidth, pinned vs pageable speed), device memory capacity beyond the
- * query (cudaMalloc never fails for want of it; another process's blocks are not counted), timing
+ * may dereference any pointer), the bus (PCIe bandwidth, pinned vs pageable speed), GPU memory shared between processes
+ * (each counts only its own blocks against CUDA_EMULATOR_MEMORY, and without it cudaMalloc never fails), timing
  * (cudaEventElapsedTime is host time), TF32 (the math mode is recorded only), and CUDA's own arithmetic (expf, rsqrtf,
  * fma contraction by nvcc). NCCL's calls are MPI's here (nccl.h says how).
  */

@@ -235,11 +235,54 @@ cudaError_t cudaDeviceSynchronize(void) {
     return cudaSuccess;
 }
 
+/* The host's MemAvailable or MemTotal from /proc/meminfo (key "MemAvailable:" or "MemTotal:"), 0 when absent. */
+static size_t host_meminfo(const char *key) {
+    FILE *file = fopen("/proc/meminfo", "r");
+    char line[256], name[64];
+    double kib = 0.0, value;
+    while (file != NULL && fgets(line, sizeof line, file) != NULL)
+        if (sscanf(line, "%63s %lf", name, &value) == 2 && strcmp(name, key) == 0) kib = value;
+    if (file != NULL) fclose(file);
+    return (size_t)(kib * 1024.0);
+}
+
+/* CUDA_EMULATOR_MEMORY: each emulated GPU's bytes (0: not set). */
+static size_t emulated_memory(void) {
+    const char *text = getenv("CUDA_EMULATOR_MEMORY");
+    return text != NULL && *text != '\0' ? strtoull(text, NULL, 10) : 0;
+}
+
+/* The bytes of this process's live cudaMalloc blocks (whole pages). With memory_lock held. */
+static size_t device_bytes_locked(void) {
+    size_t used = 0;
+    for (auto &entry : blocks)
+        if (entry.second.device) used += entry.second.mapped;
+    return used;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    size_t total = emulated_memory() > 0 ? emulated_memory() : host_meminfo("MemTotal:"), used;
+    if (total == 0) return emulator_fail(cudaErrorInvalidValue, "cudaMemGetInfo (no MemTotal, CUDA_EMULATOR_MEMORY)");
+    {
+        std::lock_guard<std::mutex> guard(memory_lock);
+        used = device_bytes_locked();
+    }
+    size_t free = used < total ? total - used : 0, host = host_meminfo("MemAvailable:");
+    *free_bytes = host < free ? host : free;
+    *total_bytes = total;
+    return cudaSuccess;
+}
+
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     *ptr = NULL;
     if (bytes == 0) return cudaSuccess;
     install_segv_handler_once();
-    size_t page = page_size(), mapped = (bytes + page - 1) / page * page;
+    size_t page = page_size(), mapped = (bytes + page - 1) / page * page, limit = emulated_memory();
+    if (limit > 0) { /* a GPU of CUDA_EMULATOR_MEMORY bytes: refused beyond it, as a full GPU refuses */
+        std::lock_guard<std::mutex> guard(memory_lock);
+        if (device_bytes_locked() + mapped > limit)
+            return emulator_fail(cudaErrorMemoryAllocation, "cudaMalloc (beyond CUDA_EMULATOR_MEMORY)");
+    }
     void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return emulator_fail(cudaErrorMemoryAllocation, "cudaMalloc");
     memset(p, 0xff, mapped); /* fresh GPU memory holds garbage: here a NaN in every float */
@@ -260,32 +303,6 @@ cudaError_t cudaFree(void *ptr) {
     if (it == blocks.end() || !it->second.device) return emulator_fail(cudaErrorInvalidValue, "cudaFree");
     munmap(ptr, it->second.mapped);
     blocks.erase(it);
-    return cudaSuccess;
-}
-
-/* The host's MemAvailable or MemTotal from /proc/meminfo (key "MemAvailable:" or "MemTotal:"), 0 when absent. */
-static size_t host_meminfo(const char *key) {
-    FILE *file = fopen("/proc/meminfo", "r");
-    char line[256], name[64];
-    double kib = 0.0, value;
-    while (file != NULL && fgets(line, sizeof line, file) != NULL)
-        if (sscanf(line, "%63s %lf", name, &value) == 2 && strcmp(name, key) == 0) kib = value;
-    if (file != NULL) fclose(file);
-    return (size_t)(kib * 1024.0);
-}
-
-cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
-    const char *text = getenv("CUDA_EMULATOR_MEMORY");
-    size_t total = text != NULL && *text != '\0' ? strtoull(text, NULL, 10) : host_meminfo("MemTotal:"), used = 0;
-    if (total == 0) return emulator_fail(cudaErrorInvalidValue, "cudaMemGetInfo (CUDA_EMULATOR_MEMORY)");
-    {
-        std::lock_guard<std::mutex> guard(memory_lock);
-        for (auto &entry : blocks)
-            if (entry.second.device) used += entry.second.mapped;
-    }
-    size_t free = used < total ? total - used : 0, host = host_meminfo("MemAvailable:");
-    *free_bytes = host < free ? host : free;
-    *total_bytes = total;
     return cudaSuccess;
 }
 

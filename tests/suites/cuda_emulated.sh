@@ -101,7 +101,7 @@ check_fails "emulated CUDA: BACKEND=nccl with 2 ranks on 1 GPU refused, naming B
 # The memory check on a GPU (memory_model_require_fit): the device pool's predicted peak against the GPU's free memory
 # (device.memory_info: cudaMemGetInfo; the emulator's GPU has CUDA_EMULATOR_MEMORY bytes) split among the ranks on that
 # GPU, not against the host's MemAvailable (24 GB here, which let every GPU run through before). The tiny model at these
-# settings is predicted at 10.9 MB a rank and the device's own buffers take 1.1 MB of a 16 MB GPU: 7.4 MB each for 2
+# settings is predicted at 10.8 MB a rank and the device's own buffers take 1.1 MB of a 16 MB GPU: 7.5 MB each for 2
 # ranks on one GPU (BACKEND=mpi) is refused before the model is made; a 16 MB GPU a rank (BACKEND=nccl) runs.
 EMU_SMALL="STEPS=1 ACC=2 SEQ=32 MBS=2 DEVICE=cuda CUDA_EMULATOR_MEMORY=16000000"
 check_fails "emulated CUDA: 2 ranks on one 16 MB GPU refused, naming the GPU's free memory and the ranks sharing it" \
@@ -111,6 +111,15 @@ ranks\); lower MBS or SEQ, or use more GPUs" \
 check "emulated CUDA: the same, one 16 MB GPU a rank (BACKEND=nccl): fits, runs" \
   env OUT=runs/check/emu_memory_check $EMU_SMALL BACKEND=nccl CUDA_EMULATOR_DEVICES=2 $MPIRUN -np 2 \
   $EMU/lab/05_full_step
+# Past the check (MEMORY_CHECK=0) on a 6 MB GPU a rank: cudaMalloc refuses a segment (the emulator, as a full GPU),
+# the caching allocator gives its free segments back and asks again, then names the rank, the bytes, the category and
+# the buffer it could not place: the path a full GPU takes (cuda_device.c's segment_or_null), which the emulator could
+# not reach before it had a size.
+check_fails "emulated CUDA: MEMORY_CHECK=0 on a 6 MB GPU a rank: out of memory, naming the rank, bytes and buffer" \
+  "rank [01]: out of memory allocating [0-9]+ bytes of [a-z_]+ for '[a-z0-9_.]+' \([0-9]+ bytes live, [0-9]+ \
+reserved, the cache emptied\)" \
+  env OUT=runs/check/emu_memory_check $EMU_SMALL CUDA_EMULATOR_MEMORY=6000000 MEMORY_CHECK=0 BACKEND=nccl \
+  CUDA_EMULATOR_DEVICES=2 $MPIRUN -np 2 $EMU/lab/05_full_step
 # Lab 06 on the GPU: every mode, the same arithmetic (each rank's parameters and losses equal across the modes), the
 # memory model exact, overlap only with the comm streams; tests/check_lab06.py, as check-06 runs it on the CPU.
 rm -rf runs/check/emu06
