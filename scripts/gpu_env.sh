@@ -13,8 +13,8 @@
 # with PATH, the compiler's and linker's paths, pkg-config and OpenMPI's OPAL_PREFIX pointed there; Qwen2's vocabulary
 # from the bundle into data/ when data/qwen2 is missing. Then the CUDA toolkit (CUDA_HOME, default /usr/local/cuda, or
 # the one whose nvcc is on PATH), and NCCL and cuBLAS from the toolkit or else pip's nvidia-* packages (NCCL_HOME,
-# CUBLAS_HOME: homes of links made under /tmp). Everything is exported, so a script the caller runs next finds it all at
-# once and unpacks nothing twice. GPU_ENV_BUNDLE=1 takes the bundle even where the system has the libraries: how a
+# CUBLAS_HOME: homes of links made under GPU_ENV_LINKS, default /tmp). Everything is exported, so a script the caller
+# runs next finds it all at once and unpacks nothing twice. GPU_ENV_BUNDLE=1 takes the bundle even where the system has the libraries: how a
 # development machine tries the lent machine's path (tests/gpu_env_check.sh). Returns 1 with one line on stderr when the
 # libraries are missing and there is no bundle.
 #
@@ -92,7 +92,7 @@ gpu_env_has_library() { ls "$1"/lib64/"$2".so* "$1"/lib/"$2".so* >/dev/null 2>&1
 # of links to pip's nvidia-* package that ships it (a namespace package: searched under every sys.path entry), with the
 # unversioned NAME.so the linker looks for
 gpu_env_pip_library() {
-  local found home=/tmp/fsdplab-$1
+  local found home=${GPU_ENV_LINKS:-/tmp}/fsdplab-$1
   found=$(python3 - "$1" "$2" <<'PY'
 import glob, os, sys
 name, header = sys.argv[1], sys.argv[2]

@@ -108,10 +108,12 @@ done
 (
   export PYTHONPATH=$site CUDA_HOME=$(pwd)/$work/no_toolkit PATH=/usr/bin:/bin
   unset NCCL_HOME CUBLAS_HOME
-  rm -rf /tmp/fsdplab-libnccl /tmp/fsdplab-libcublas
+  export GPU_ENV_LINKS=$(pwd)/$work/links # not /tmp's, which a real setup on this machine may be using
   . scripts/gpu_env.sh
   gpu_env_setup || fail "gpu_env_setup returned non-zero (pip's libraries)"
   [ -f "${NCCL_HOME:-}/include/nccl.h" ] || fail "NCCL_HOME='${NCCL_HOME:-}' has no include/nccl.h"
+  [[ $NCCL_HOME == "$GPU_ENV_LINKS"/* && $CUBLAS_HOME == "$GPU_ENV_LINKS"/* ]] ||
+    fail "NCCL_HOME=$NCCL_HOME, CUBLAS_HOME=$CUBLAS_HOME: not under GPU_ENV_LINKS=$GPU_ENV_LINKS"
   [ -e "$NCCL_HOME/lib/libnccl.so" ] && [ -e "$NCCL_HOME/lib/libnccl.so.2" ] ||
     fail "NCCL_HOME/lib lacks libnccl.so or libnccl.so.2: $(ls "$NCCL_HOME/lib")"
   [ -f "${CUBLAS_HOME:-}/include/cublas_v2.h" ] || fail "CUBLAS_HOME='${CUBLAS_HOME:-}' has no include/cublas_v2.h"
