@@ -411,6 +411,7 @@ static void check_work(const char *what, unsigned long long before, unsigned lon
 }
 
 static device cpu_device(void);
+static float *random_bf16(size_t count, uint64_t stream, float scale);
 
 /* The backward's recompute (attention_probs, attention_probs_bf16): each device's forward probs to the bit, the CPU's
  * into a buffer of other numbers, the GPU's into NaN from a scratch of NaN (so it reads nothing it did not write). */
@@ -753,8 +754,8 @@ static void check_loss_slots(int N, int V, int ignore_every, float dlogits_scale
     for (size_t i = 0; i < count_all; i++) unscaled[i] *= dlogits_scale;
     dtype_round_to(unscaled, count_all, dlogits_dtype);
     unsigned long long work = work_count(), waits = host_wait_count();
-    gpu.cross_entropy_to_slot(&gpu, d_dlogits.ptr, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale,
-                              dlogits_dtype, slot);
+    gpu.cross_entropy_to_slot(&gpu, d_dlogits.ptr, d_logits.ptr, DTYPE_FLOAT32, d_targets.ptr, N, V, ignore_index,
+                              dlogits_scale, dlogits_dtype, slot);
     snprintf(name, sizeof name, "cross_entropy_to_slot launches N=%d V=%d (scale, %s fused)", N, V,
              dtype_name(dlogits_dtype));
     check_work(name, work, 3);
@@ -764,10 +765,10 @@ static void check_loss_slots(int N, int V, int ignore_every, float dlogits_scale
     snprintf(name, sizeof name, "cross_entropy_to_slot dlogits x %g as %s N=%d V=%d (bits)", dlogits_scale,
              dtype_name(dlogits_dtype), N, V);
     compare(name, unscaled, g_dlogits, NULL, count_all);
-    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale,
-                              dlogits_dtype, slot);
-    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, d_targets.ptr, N, V, ignore_index, dlogits_scale,
-                              dlogits_dtype, slot + 1);
+    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, DTYPE_FLOAT32, d_targets.ptr, N, V, ignore_index,
+                              dlogits_scale, dlogits_dtype, slot);
+    gpu.cross_entropy_to_slot(&gpu, NULL, d_logits.ptr, DTYPE_FLOAT32, d_targets.ptr, N, V, ignore_index,
+                              dlogits_scale, dlogits_dtype, slot + 1);
     double sums[3] = {-1.0, -1.0, -1.0}, counts[3] = {-1.0, -1.0, -1.0};
     waits = host_wait_count();
     gpu.loss_slots_read(&gpu, sums, counts, slot, 2);
@@ -786,6 +787,71 @@ static void check_loss_slots(int N, int V, int ignore_every, float dlogits_scale
     check_exact(name, fabs(sums[0]) + fabs(sums[1]) + fabs(sums[2]) + counts[0] + counts[1] + counts[2], 0.0);
     device_free(d_logits), device_free(d_targets), device_free(d_dlogits);
     free(logits), free(targets), free(unscaled), free(g_dlogits);
+}
+
+/* The head's rounding done by the loss (LOSS_CHUNK under bfloat16 compute): cross_entropy_to_slot with logits_dtype
+ * bfloat16 on float32 sums that are not bfloat16 values gives, on each device, the loss and dlogits it gives from
+ * those sums rounded first (bits: the rounding is the same function, done as each logit is read), in the same 3
+ * launches; and linear_forward_bf16_sums, rounded, is linear_forward_bf16 (bits, 1 launch where that takes 2). */
+static void check_rounded_logits(int N, int V, int C, int ignore_every) {
+    char name[128];
+    const int ignore_index = -100;
+    size_t count_all = (size_t)N * V;
+    device host = cpu_device();
+    float *logits = random_floats(count_all, 65, 4.0f), *rounded = copy_floats(logits, count_all);
+    dtype_round_to(rounded, count_all, DTYPE_BFLOAT16);
+    int *targets = host_alloc((size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++)
+        targets[n] = ignore_every > 0 && n % ignore_every == 0 ? ignore_index : (int)(rng_bits(8, 64, n) % (uint64_t)V);
+    float *read = host_alloc(count_all * 4), *first = host_alloc(count_all * 4);
+    host.cross_entropy_to_slot(&host, read, logits, DTYPE_BFLOAT16, targets, N, V, ignore_index, 0.5f, DTYPE_BFLOAT16,
+                               0);
+    host.cross_entropy_to_slot(&host, first, rounded, DTYPE_FLOAT32, targets, N, V, ignore_index, 0.5f,
+                               DTYPE_BFLOAT16, 1);
+    double sums[2], counts[2];
+    host.loss_slots_read(&host, sums, counts, 0, 2);
+    snprintf(name, sizeof name, "CPU loss, logits rounded as read = rounded first N=%d V=%d", N, V);
+    check_exact(name, sums[0], sums[1]);
+    snprintf(name, sizeof name, "CPU dlogits, logits rounded as read = rounded first (bits)");
+    compare(name, first, read, NULL, count_all);
+    buffer d_logits = to_device(logits, count_all * 4), d_rounded = to_device(rounded, count_all * 4);
+    buffer d_targets = to_device(targets, (size_t)N * 4), d_read = device_alloc(count_all * 4);
+    buffer d_first = device_alloc(count_all * 4);
+    unsigned long long work = work_count();
+    gpu.cross_entropy_to_slot(&gpu, d_read.ptr, d_logits.ptr, DTYPE_BFLOAT16, d_targets.ptr, N, V, ignore_index, 0.5f,
+                              DTYPE_BFLOAT16, 0);
+    snprintf(name, sizeof name, "cross_entropy_to_slot launches, logits rounded as read");
+    check_work(name, work, 3);
+    gpu.cross_entropy_to_slot(&gpu, d_first.ptr, d_rounded.ptr, DTYPE_FLOAT32, d_targets.ptr, N, V, ignore_index,
+                              0.5f, DTYPE_BFLOAT16, 1);
+    gpu.loss_slots_read(&gpu, sums, counts, 0, 2);
+    snprintf(name, sizeof name, "GPU loss, logits rounded as read = rounded first N=%d V=%d", N, V);
+    check_exact(name, sums[0], sums[1]);
+    float *g_read = from_device(d_read, count_all * 4), *g_first = from_device(d_first, count_all * 4);
+    snprintf(name, sizeof name, "GPU dlogits, logits rounded as read = rounded first (bits)");
+    compare(name, g_first, g_read, NULL, count_all);
+
+    /* the head's GEMM: its sums, rounded, are linear_forward_bf16's output, on each device */
+    float *inp = random_bf16((size_t)N * C, 66, 1.0f), *weight = random_bf16((size_t)V * C, 67, 0.1f);
+    host.linear_forward_bf16_sums(&host, read, inp, weight, N, C, V);
+    host.linear_forward_bf16(&host, first, inp, weight, NULL, N, C, V);
+    dtype_round_to(read, count_all, DTYPE_BFLOAT16);
+    snprintf(name, sizeof name, "CPU linear_forward_bf16_sums, rounded = linear_forward_bf16 (bits)");
+    compare(name, first, read, NULL, count_all);
+    buffer d_inp = to_device(inp, (size_t)N * C * 4), d_weight = to_device(weight, (size_t)V * C * 4);
+    work = work_count();
+    gpu.linear_forward_bf16_sums(&gpu, d_read.ptr, d_inp.ptr, d_weight.ptr, N, C, V);
+    check_work("linear_forward_bf16_sums launches (the GEMM alone)", work, 1);
+    gpu.linear_forward_bf16(&gpu, d_first.ptr, d_inp.ptr, d_weight.ptr, NULL, N, C, V);
+    free(g_read), free(g_first);
+    g_read = from_device(d_read, count_all * 4), g_first = from_device(d_first, count_all * 4);
+    dtype_round_to(g_read, count_all, DTYPE_BFLOAT16);
+    snprintf(name, sizeof name, "GPU linear_forward_bf16_sums, rounded = linear_forward_bf16 (bits)");
+    compare(name, g_first, g_read, NULL, count_all);
+    device_free(d_logits), device_free(d_rounded), device_free(d_targets), device_free(d_read), device_free(d_first);
+    device_free(d_inp), device_free(d_weight);
+    free(logits), free(rounded), free(targets), free(read), free(first), free(g_read), free(g_first), free(inp);
+    free(weight);
 }
 
 /* ---- vectors ---- */
@@ -1741,6 +1807,7 @@ int main(void) {
     /* more rows than the reduction's blocks; a scale that rounds; then logits.float()'s gradient in bfloat16 */
     check_loss_slots(300, 260, 0, 1.0f / 3.0f, DTYPE_FLOAT32);
     check_loss_slots(300, 260, 7, 1.0f / 3.0f, DTYPE_BFLOAT16);
+    check_rounded_logits(37, 700, 24, 5);
     check_vectors(1);
     check_vectors(1001);
     check_vectors((size_t)3 << 20);

@@ -120,8 +120,8 @@ mutations=(
 "+ 2 * (size_t)first, 0, bytes, s->compute))', '(void)0')|check-unit"
   "cuda-loss-scale-dropped|core/cuda/kernels.cu|s.replace('float scaled = d * dlogits_scale;', "\
 "'float scaled = d;')|check-unit"
-  "cuda-loss-scale-own-kernel|core/cuda/cuda_ops.cu|s.replace('ignore_index, dlogits_scale,\n', "\
-"'ignore_index, 1.0f,\n')"\
+  "cuda-loss-scale-own-kernel|core/cuda/cuda_ops.cu|s.replace('                                   dlogits_scale, "\
+"dlogits_dtype == DTYPE_BFLOAT16', '                                   1.0f, dlogits_dtype == DTYPE_BFLOAT16')"\
 ".replace('s->compute));\n}\n\n/* The slots to the host', 's->compute));\n    if (dlogits != "\
 "NULL) LAUNCH(s, scale_launch(dlogits, dlogits_scale, (size_t)N * V, s->compute));\n}\n\n/* The slots to the host')"\
 "|check-unit"
@@ -150,6 +150,9 @@ CUDA_CHECK(device->rank, cudaStreamSynchronize(stream));')|check-cuda-emulated"
   "profile-untimed-fill|core/cuda/cuda_device.c|s.replace('    cuda_device_state *device = state;\n    CUDA_TIMED(\
 device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_device_state *device = state;\n    \
 ((void)0, CUDA_CHECK(')|check-cuda-emulated"
+  # the loss kernel reading the head's float32 sums as they are, not as their bfloat16 rounding (LOSS_CHUNK, bf16)
+  "cuda-loss-logits-unrounded|core/cuda/kernels.cu|s.replace('return bf16 ? km_bf16_round((float)row[j]) : "\
+"(float)row[j];', 'return (float)row[j];')|check-unit"
   # the memory check on a GPU against the host's MemAvailable again (a run too big for the GPU started, then failed)
   "memory-check-host-for-gpu|core/models/memory_model.c|s.replace('d->memory_info(d, &free_bytes, &total_bytes);', "\
 "'(void)mem_host_info(&free_bytes, &total_bytes);')|check-cuda-emulated"

@@ -299,6 +299,16 @@ static void cuda_attention_backward(device *d, float *dq, float *dk, float *dv, 
 /* HF's scaling, head_dim ** -0.5 in double taken to float32 (layers_bf16.c's, not the float32 layer's sqrtf). */
 static float attention_scale_bf16(int D) { return (float)(1.0 / sqrt((double)D)); }
 
+/* cuda_linear_forward's GEMM (m = OC, n = N, k = IC) on the tensor cores with beta = 0, nothing after it: the
+ * float32 sums, rounded by their reader (or by cuda_linear_forward_bf16 below). */
+static void cuda_linear_forward_bf16_sums(device *d, float *out, const float *inp, const float *weight, int N, int IC,
+                                          int OC) {
+    cuda_device_state *s = state_of(d);
+    if (N <= 0 || OC <= 0) return;
+    const float one = 1.0f, zero = 0.0f;
+    GEMM_BF16(s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp, IC, &zero, out, OC);
+}
+
 /* out = bf16(inp @ weight^T + bias): cuda_linear_forward's GEMM (m = OC, n = N, k = IC) on the tensor cores with
  * beta = 0, then one pass that adds the bias to the float32 sum and rounds once (bias_add_bf16; without a bias, the
  * rounding alone): the float32 value acc + bias that beta = 1 over a broadcast bias gave, one launch fewer. */
@@ -306,8 +316,7 @@ static void cuda_linear_forward_bf16(device *d, float *out, const float *inp, co
                                      int N, int IC, int OC) {
     cuda_device_state *s = state_of(d);
     if (N <= 0 || OC <= 0) return;
-    const float one = 1.0f, zero = 0.0f;
-    GEMM_BF16(s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp, IC, &zero, out, OC);
+    cuda_linear_forward_bf16_sums(d, out, inp, weight, N, IC, OC);
     if (bias != NULL) LAUNCH(s, bias_add_bf16_launch(out, bias, N, OC, s->compute));
     else LAUNCH(s, round_to_bf16_launch(out, (size_t)N * OC, s->compute));
 }
@@ -500,7 +509,7 @@ static void cuda_swiglu_backward(device *d, float *dgate_up, const float *dout, 
 static float cuda_cross_entropy_forward_backward(device *d, float *dlogits, const float *logits, const int *targets,
                                                  int N, int V, int ignore_index, int *count_out) {
     cuda_device_state *s = state_of(d);
-    LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, 1.0f, 0, NULL, s->scratch,
+    LAUNCH(s, cross_entropy_launch(dlogits, logits, 0, targets, N, V, ignore_index, 1.0f, 0, NULL, s->scratch,
                                    s->compute));
     kernels_result result = read_result(s);
     if (count_out != NULL) *count_out = result.count;
@@ -516,15 +525,16 @@ static void check_slots(const cuda_device_state *s, const char *what, int first,
     ops_fatal(s, message);
 }
 
-/* The loss and its scaled (and rounded) gradient queued, the mean added into the slot on the device: no copy, no
- * wait. */
-static void cuda_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, const int *targets, int N,
-                                       int V, int ignore_index, float dlogits_scale, dtype dlogits_dtype, int slot) {
+/* The loss (on the logits rounded as read, when logits_dtype says so) and its scaled (and rounded) gradient queued,
+ * the mean added into the slot on the device: no copy, no wait. */
+static void cuda_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, dtype logits_dtype,
+                                       const int *targets, int N, int V, int ignore_index, float dlogits_scale,
+                                       dtype dlogits_dtype, int slot) {
     cuda_device_state *s = state_of(d);
     check_slots(s, "cross_entropy_to_slot", slot, 1);
-    LAUNCH(s, cross_entropy_launch(dlogits, logits, targets, N, V, ignore_index, dlogits_scale,
-                                   dlogits_dtype == DTYPE_BFLOAT16, s->loss_slots + 2 * (size_t)slot, s->scratch,
-                                   s->compute));
+    LAUNCH(s, cross_entropy_launch(dlogits, logits, logits_dtype == DTYPE_BFLOAT16, targets, N, V, ignore_index,
+                                   dlogits_scale, dlogits_dtype == DTYPE_BFLOAT16, s->loss_slots + 2 * (size_t)slot,
+                                   s->scratch, s->compute));
 }
 
 /* The slots to the host: one copy, one wait; then zeroed, queued, for the next step's micro-batches. */
@@ -697,6 +707,7 @@ void cuda_ops_install(device *d) {
     d->round_to = cuda_round_to;
     d->adamw_update = cuda_adamw_update;
     d->linear_forward_bf16 = cuda_linear_forward_bf16;
+    d->linear_forward_bf16_sums = cuda_linear_forward_bf16_sums;
     d->linear_backward_bf16 = cuda_linear_backward_bf16;
     d->rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;
     d->residual_rmsnorm_forward_bf16 = cuda_residual_rmsnorm_forward_bf16;

@@ -637,13 +637,19 @@ __global__ void __launch_bounds__(1024)
     if (threadIdx.x == 0) scratch_result(scratch)->count = (int)counted;
 }
 
+/* A logit as the loss reads it: its bfloat16 rounding when `bf16` (layers.c's read_logit). */
+__device__ float read_logit(const floatX *row, int j, int bf16) {
+    return bf16 ? km_bf16_round((float)row[j]) : (float)row[j];
+}
+
 /* Block b takes rows b, b + gridDim.x, ... in order: per row the max, the double sum of exps, log_sum, the row's
  * loss (log_sum - x_target) added to the block's partial, and the row's dlogits (the CPU's formulas) times
  * dlogits_scale (one float multiply: what a `scale` kernel after it would do, without a second pass), rounded to
- * bfloat16 when round_bf16 is set (the same: no pass of its own). An ignored row's dlogits are 0. */
+ * bfloat16 when round_bf16 is set (the same: no pass of its own). Each logit is read as its bfloat16 rounding when
+ * logits_bf16 is set (the head's rounding, no pass of its own either). An ignored row's dlogits are 0. */
 __global__ void __launch_bounds__(1024)
-    cross_entropy_rows_kernel(floatX *dlogits, const floatX *logits, const int *targets, int N, int V, int ignore_index,
-                              float dlogits_scale, int round_bf16, void *scratch) {
+    cross_entropy_rows_kernel(floatX *dlogits, const floatX *logits, int logits_bf16, const int *targets, int N, int V,
+                              int ignore_index, float dlogits_scale, int round_bf16, void *scratch) {
     int count = scratch_result(scratch)->count;
     double block_loss = 0.0;
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
@@ -656,16 +662,17 @@ __global__ void __launch_bounds__(1024)
             continue;
         }
         float max_value = -INFINITY;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) max_value = km_max(max_value, (float)row[j]);
+        for (int j = threadIdx.x; j < V; j += blockDim.x) max_value = km_max(max_value, read_logit(row, j, logits_bf16));
         max_value = block_max(max_value);
         double sum = 0.0;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) sum += km_cross_entropy_exp((float)row[j], max_value);
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            sum += km_cross_entropy_exp(read_logit(row, j, logits_bf16), max_value);
         double log_sum = km_cross_entropy_log_sum(block_sum(sum), max_value);
-        block_loss += log_sum - (float)row[target];
+        block_loss += log_sum - read_logit(row, target, logits_bf16);
         if (drow != NULL) {
             float inverse_count = km_cross_entropy_inverse_count(count);
             for (int j = threadIdx.x; j < V; j += blockDim.x) {
-                float d = km_cross_entropy_dlogit((float)row[j], log_sum, inverse_count);
+                float d = km_cross_entropy_dlogit(read_logit(row, j, logits_bf16), log_sum, inverse_count);
                 if (j == target) d -= inverse_count;
                 float scaled = d * dlogits_scale;
                 drow[j] = (floatX)(round_bf16 ? km_bf16_round(scaled) : scaled);
@@ -692,14 +699,14 @@ __global__ void cross_entropy_mean_kernel(int blocks, void *scratch, double *slo
     }
 }
 
-cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
-                                 int ignore_index, float dlogits_scale, int round_bf16, double *slot, void *scratch,
-                                 cudaStream_t stream) {
+cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, int logits_bf16, const int *targets, int N,
+                                 int V, int ignore_index, float dlogits_scale, int round_bf16, double *slot,
+                                 void *scratch, cudaStream_t stream) {
     int blocks = N < KERNELS_REDUCE_BLOCKS ? (N > 0 ? N : 1) : KERNELS_REDUCE_BLOCKS;
     cross_entropy_count_kernel<<<1, 1024, 0, stream>>>(targets, N, ignore_index, scratch);
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
-    cross_entropy_rows_kernel<<<blocks, 1024, 0, stream>>>(dlogits, logits, targets, N, V, ignore_index,
+    cross_entropy_rows_kernel<<<blocks, 1024, 0, stream>>>(dlogits, logits, logits_bf16, targets, N, V, ignore_index,
                                                            dlogits_scale, round_bf16, scratch);
     status = cudaGetLastError();
     if (status != cudaSuccess) return status;

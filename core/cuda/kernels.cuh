@@ -82,12 +82,13 @@ cudaError_t group_sum_launch(float *dst, const float *terms, int B, int T, int K
 cudaError_t swiglu_forward_launch(floatX *out, const floatX *gate_up, int N, int width, cudaStream_t stream);
 cudaError_t swiglu_backward_launch(floatX *dgate_up, const floatX *dout, const floatX *gate_up, int N, int width,
                                    cudaStream_t stream);
-/* Leaves the mean loss and the count in the scratch's kernels_result; dlogits (may be NULL) times dlogits_scale in
- * the same kernel, then rounded to bfloat16 when round_bf16 is set; slot (NULL: none) a device (sum, count) pair the
- * mean and count are added into. 3 launches. */
-cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, const int *targets, int N, int V,
-                                 int ignore_index, float dlogits_scale, int round_bf16, double *slot, void *scratch,
-                                 cudaStream_t stream);
+/* Leaves the mean loss and the count in the scratch's kernels_result; the logits read as their bfloat16 rounding
+ * when logits_bf16 is set; dlogits (may be NULL) times dlogits_scale in the same kernel, then rounded to bfloat16
+ * when round_bf16 is set; slot (NULL: none) a device (sum, count) pair the mean and count are added into.
+ * 3 launches. */
+cudaError_t cross_entropy_launch(floatX *dlogits, const floatX *logits, int logits_bf16, const int *targets, int N,
+                                 int V, int ignore_index, float dlogits_scale, int round_bf16, double *slot,
+                                 void *scratch, cudaStream_t stream);
 
 /* ---- the layers in bfloat16 (core/kernels/layers_bf16.h's rules; every input a bfloat16 value in a float) ---- */
 cudaError_t rmsnorm_forward_bf16_launch(floatX *out, float *rstd, const floatX *inp, const floatX *weight, int N,

@@ -132,9 +132,12 @@ struct device {
      * mean loss m (float, as returned above) added as (double)m * count, and count added to its count; dlogits (NULL:
      * none) = cross_entropy_forward_backward's, each element then times dlogits_scale in float (one rounding, as a
      * `scale` after it) and rounded to dlogits_dtype (float32: not at all; bfloat16: the gradient of logits.float()
-     * in bfloat16 compute): the scale and the rounding are fused into the loss's pass, not more passes over N x V. */
-    void (*cross_entropy_to_slot)(device *d, float *dlogits, const float *logits, const int *targets, int N, int V,
-                                  int ignore_index, float dlogits_scale, dtype dlogits_dtype, int slot);
+     * in bfloat16 compute). The logits are read as their rounding to logits_dtype (bfloat16: the sums of
+     * linear_forward_bf16_sums, the head's rounding done here; float32: as they are). Each rounding and the scale
+     * are fused into the loss's pass, not more passes over N x V. */
+    void (*cross_entropy_to_slot)(device *d, float *dlogits, const float *logits, dtype logits_dtype,
+                                  const int *targets, int N, int V, int ignore_index, float dlogits_scale,
+                                  dtype dlogits_dtype, int slot);
     /* ---- the loss slots: a micro-batch's loss stays on the device until the step's end ----
      * DEVICE_LOSS_SLOTS pairs (sum, count) of doubles, in the device's own memory made at init (outside the caching
      * allocator, like the reductions' scratch), zero at init. loss_slots_read copies slots first .. first + count - 1
@@ -153,6 +156,11 @@ struct device {
     /* out = bf16(inp @ weight^T + bias): linear_forward, its output rounded. */
     void (*linear_forward_bf16)(device *d, float *out, const float *inp, const float *weight, const float *bias,
                                 int N, int IC, int OC);
+    /* Its GEMM (no bias) without the rounding: out holds the float32 sums whose bfloat16 rounding is the output, for
+     * a reader that rounds as it reads (cross_entropy_to_slot's logits_dtype): the CPU's float32 GEMM, the GPU's GEMM
+     * on the tensor cores with no pass after it. */
+    void (*linear_forward_bf16_sums)(device *d, float *out, const float *inp, const float *weight, int N, int IC,
+                                     int OC);
     /* linear_backward with dinp (when not NULL) rounded: dinp = bf16(dout @ weight);
      * dweight and dbias add float32 sums (rounded once, at the reduce: flat_param.c). */
     void (*linear_backward_bf16)(device *d, float *dinp, float *dweight, float *dbias, const float *dout,

@@ -169,13 +169,16 @@ static void check_slots(const char *what, int first, int count) {
     abort();
 }
 
-/* The loss as cross_entropy_forward_backward computes it, its dlogits then scaled as `scale` would (x *= factor),
- * the mean added into the slot as the CUDA device's kernel adds it. */
-static void cpu_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, const int *targets, int N, int V,
-                                      int ignore_index, float dlogits_scale, dtype dlogits_dtype, int slot) {
+/* The loss as cross_entropy_forward_backward computes it (on the logits read as their bfloat16 rounding when
+ * logits_dtype says so), its dlogits then scaled as `scale` would (x *= factor), the mean added into the slot as the
+ * CUDA device's kernel adds it. */
+static void cpu_cross_entropy_to_slot(device *d, float *dlogits, const float *logits, dtype logits_dtype,
+                                      const int *targets, int N, int V, int ignore_index, float dlogits_scale,
+                                      dtype dlogits_dtype, int slot) {
     check_slots("cross_entropy_to_slot", slot, 1);
     int count = 0;
-    float mean = cross_entropy_forward_backward(dlogits, logits, targets, N, V, ignore_index, &count);
+    float mean = cross_entropy_forward_backward_of(dlogits, logits, logits_dtype == DTYPE_BFLOAT16, targets, N, V,
+                                                   ignore_index, &count);
     if (dlogits != NULL) {
         for (size_t i = 0; i < (size_t)N * V; i++) dlogits[i] *= dlogits_scale;
         dtype_round_to(dlogits, (size_t)N * V, dlogits_dtype);
@@ -262,6 +265,12 @@ static void cpu_linear_forward_bf16(device *d, float *out, const float *inp, con
     (void)d;
     linear_forward(out, inp, weight, bias, N, IC, OC);
     dtype_round_to(out, (size_t)N * OC, DTYPE_BFLOAT16);
+}
+
+static void cpu_linear_forward_bf16_sums(device *d, float *out, const float *inp, const float *weight, int N, int IC,
+                                         int OC) {
+    (void)d;
+    linear_forward(out, inp, weight, NULL, N, IC, OC);
 }
 
 static void cpu_linear_backward_bf16(device *d, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -380,6 +389,7 @@ void device_cpu_init(device *d) {
     d->cross_entropy_to_slot = cpu_cross_entropy_to_slot;
     d->loss_slots_read = cpu_loss_slots_read;
     d->linear_forward_bf16 = cpu_linear_forward_bf16;
+    d->linear_forward_bf16_sums = cpu_linear_forward_bf16_sums;
     d->linear_backward_bf16 = cpu_linear_backward_bf16;
     d->rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16;
     d->residual_rmsnorm_forward_bf16 = cpu_residual_rmsnorm_forward_bf16;

@@ -245,6 +245,14 @@ void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, i
 
 float cross_entropy_forward_backward(float *dlogits, const float *logits, const int *targets, int N, int V,
                                      int ignore_index, int *count_out) {
+    return cross_entropy_forward_backward_of(dlogits, logits, 0, targets, N, V, ignore_index, count_out);
+}
+
+/* A logit as the loss reads it: rounded to bfloat16 first when `bf16` (km_bf16_round: bits, no arithmetic). */
+static inline float read_logit(const float *row, int j, int bf16) { return bf16 ? km_bf16_round(row[j]) : row[j]; }
+
+float cross_entropy_forward_backward_of(float *dlogits, const float *logits, int logits_bf16, const int *targets,
+                                        int N, int V, int ignore_index, int *count_out) {
     int count = 0;
     for (int n = 0; n < N; n++) count += targets[n] != ignore_index;
     if (count_out != NULL) *count_out = count;
@@ -256,16 +264,18 @@ float cross_entropy_forward_backward(float *dlogits, const float *logits, const 
             if (drow != NULL) memset(drow, 0, (size_t)V * sizeof(float));
             continue;
         }
-        float max_value = row[0];
-        for (int j = 1; j < V; j++) max_value = km_max(max_value, row[j]);
+        int bf16 = logits_bf16;
+        float max_value = read_logit(row, 0, bf16);
+        for (int j = 1; j < V; j++) max_value = km_max(max_value, read_logit(row, j, bf16));
         double sum = 0.0;
-        for (int j = 0; j < V; j++) sum += km_cross_entropy_exp(row[j], max_value);
+        for (int j = 0; j < V; j++) sum += km_cross_entropy_exp(read_logit(row, j, bf16), max_value);
         double log_sum = km_cross_entropy_log_sum(sum, max_value);
-        loss += log_sum - row[targets[n]];
+        loss += log_sum - read_logit(row, targets[n], bf16);
         if (drow != NULL) {
             /* d(mean loss)/d(logit j) = (softmax_j - [j == target]) / count */
             float inverse_count = km_cross_entropy_inverse_count(count);
-            for (int j = 0; j < V; j++) drow[j] = km_cross_entropy_dlogit(row[j], log_sum, inverse_count);
+            for (int j = 0; j < V; j++)
+                drow[j] = km_cross_entropy_dlogit(read_logit(row, j, bf16), log_sum, inverse_count);
             drow[targets[n]] -= inverse_count;
         }
     }

@@ -80,6 +80,11 @@ void swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, i
  * target is ignored (and dlogits = 0), like HF's nan-free path. count_out: tokens counted. */
 float cross_entropy_forward_backward(float *dlogits, const float *logits, const int *targets, int N, int V,
                                      int ignore_index, int *count_out);
+/* The same on logits read as their bfloat16 rounding when logits_bf16 is set: float32 sums a GEMM left unrounded,
+ * the rounding of bfloat16 compute's lm_head done as the loss reads them, not in a pass of its own (the same loss and
+ * dlogits as from the rounded logits, to the bit). */
+float cross_entropy_forward_backward_of(float *dlogits, const float *logits, int logits_bf16, const int *targets,
+                                        int N, int V, int ignore_index, int *count_out);
 
 /* out[i] += inp[i]: the residual connections' backward and forward. */
 void add_inplace(float *out, const float *inp, size_t count);

@@ -917,7 +917,9 @@ static void head_logits(qwen2_model *model, float *logits, const float *final_no
 }
 
 /* The dtype of the loss's gradient as it reaches lm_head: logits.float()'s backward rounds it to the compute dtype,
- * output_dtype's cast to bfloat16 (float32: neither). The loss's kernel rounds it as it writes it. */
+ * output_dtype's cast to bfloat16 (float32: neither). The loss's kernel rounds it as it writes it. The logits
+ * themselves are rounded to the same dtype (lm_head's output, output_dtype's cast): under LOSS_CHUNK by the loss's
+ * kernel as it reads them. */
 static dtype logits_gradient_dtype(const qwen2_model *model) {
     return bf16_compute(model) || output_rounds(model) ? DTYPE_BFLOAT16 : DTYPE_FLOAT32;
 }
@@ -942,16 +944,22 @@ static float head_forward_chunked(qwen2_model *model, qwen2_activations *acts) {
         acts->dnorm = sum_buffer(model, (size_t)N * C, "norm.doutput", -1, MEM_WORKSPACE);
     }
     int slot = head_slot(acts);
+    /* A chunk's logits are read by the loss alone: they are left as the GEMM's float32 sums, and the loss's kernel
+     * rounds each as it reads it (bfloat16 compute's lm_head, output_dtype's cast), not a pass over rows x V. */
+    dtype rounding = logits_gradient_dtype(model);
+    const float *embed = qwen2_param_data(model, embed_param());
     for (int first = 0, chunk = 0; first < N; first += rows, chunk++) {
         int n = N - first < rows ? N - first : rows, chunk_count = acts->chunk_counts[chunk];
-        head_logits(model, logits, acts->final_norm + (size_t)first * C, n);
+        const float *normed = acts->final_norm + (size_t)first * C;
+        if (bf16_compute(model)) d->linear_forward_bf16_sums(d, logits, normed, embed, n, C, V);
+        else d->linear_forward(d, logits, normed, embed, NULL, n, C, V);
         /* the chunk's mean -> its share of the batch's mean (count_c / count, both counted on the host), times the
          * accumulation factor: applied by the loss's own kernel as it writes dlogits */
         float factor = dlogits != NULL && chunk_count > 0
                            ? (float)((double)chunk_count / acts->counted_targets) * acts->loss_gradient_scale
                            : 1.0f;
-        d->cross_entropy_to_slot(d, dlogits, logits, acts->targets + first, n, V, QWEN2_IGNORE_INDEX, factor,
-                                 logits_gradient_dtype(model), slot);
+        d->cross_entropy_to_slot(d, dlogits, logits, rounding, acts->targets + first, n, V, QWEN2_IGNORE_INDEX, factor,
+                                 rounding, slot);
         if (dlogits != NULL && chunk_count > 0) head_chunk_backward(model, acts, dlogits, first, n);
     }
     release(model, &logits);
@@ -980,8 +988,8 @@ float qwen2_head_forward(qwen2_model *model, qwen2_activations *acts) {
     /* (loss / accumulation_steps).backward()'s factor, applied by the loss's kernel as it writes dlogits (x * 1.0f is
      * x without accumulation) */
     int slot = head_slot(acts);
-    d->cross_entropy_to_slot(d, acts->dlogits, acts->logits, acts->targets, N, V, QWEN2_IGNORE_INDEX,
-                             acts->loss_gradient_scale, logits_gradient_dtype(model), slot);
+    d->cross_entropy_to_slot(d, acts->dlogits, acts->logits, DTYPE_FLOAT32, acts->targets, N, V, QWEN2_IGNORE_INDEX,
+                             acts->loss_gradient_scale, logits_gradient_dtype(model), slot); /* logits rounded above */
     return finish_loss(model, acts, slot);
 }
 
