@@ -662,7 +662,8 @@ __global__ void __launch_bounds__(1024)
             continue;
         }
         float max_value = -INFINITY;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) max_value = km_max(max_value, read_logit(row, j, logits_bf16));
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            max_value = km_max(max_value, read_logit(row, j, logits_bf16));
         max_value = block_max(max_value);
         double sum = 0.0;
         for (int j = threadIdx.x; j < V; j += blockDim.x)
