@@ -14,9 +14,9 @@
 # from the bundle into data/ when data/qwen2 is missing. Then the CUDA toolkit (CUDA_HOME, default /usr/local/cuda, or
 # the one whose nvcc is on PATH), and NCCL and cuBLAS from the toolkit or else pip's nvidia-* packages (NCCL_HOME,
 # CUBLAS_HOME: homes of links made under GPU_ENV_LINKS, default /tmp). Everything is exported, so a script the caller
-# runs next finds it all at once and unpacks nothing twice. GPU_ENV_BUNDLE=1 takes the bundle even where the system has the libraries: how a
-# development machine tries the lent machine's path (tests/gpu_env_check.sh). Returns 1 with one line on stderr when the
-# libraries are missing and there is no bundle.
+# runs next finds it all at once and unpacks nothing twice. GPU_ENV_BUNDLE=1 takes the bundle even where the system has
+# the libraries: how a development machine tries the lent machine's path (tests/gpu_env_check.sh). Returns 1 with one
+# line on stderr when the libraries are missing and there is no bundle.
 #
 # gpu_peaks: the dense peaks (no sparsity) of the GPU nvidia-smi names first, from NVIDIA's datasheets (H100: "NVIDIA
 # H100 Tensor Core GPU" datasheet, SXM and PCIe columns; H200: "NVIDIA H200 Tensor Core GPU" datasheet, SXM; A100:
