@@ -268,9 +268,9 @@ run: lab-05
 # Suites are in tests/suites/<name>.sh; tests/run_checks.sh runs them and prints the closing summary line. `make check`
 # runs two lanes side by side (much of a check is one process waiting on another, so two keep 2 cores busier than one);
 # suites that share a build tree (unit and cuda_emulated: build/cuda_emulated) stay in one lane.
-CHECK_LANE_1 := unit cuda_emulated lab05 resume lab08 badinput docs layout
+CHECK_LANE_1 := unit cuda_emulated lab05 lab08 badinput docs layout
 CHECK_LANE_2 := tokenizer trace model lab01 lab02 lab03 lab04 lab06 lab07 lab09 lab10 train notebooks \
-  cuda_build exercises
+  cuda_build exercises resume
 check: all
 	@tests/run_checks.sh --lanes "$(CHECK_LANE_1)" "$(CHECK_LANE_2)"
 # The sanitizer suite (tests/suites/sanitize.sh) runs the binaries of build/sanitize/.
