@@ -264,7 +264,7 @@ float cross_entropy_forward_backward_of(float *dlogits, const float *logits, int
             if (drow != NULL) memset(drow, 0, (size_t)V * sizeof(float));
             continue;
         }
-        int bf16 = logits_bf16;
+        int bf16 = logits_bf16; /* (a short name for the reads below) */
         float max_value = read_logit(row, 0, bf16);
         for (int j = 1; j < V; j++) max_value = km_max(max_value, read_logit(row, j, bf16));
         double sum = 0.0;

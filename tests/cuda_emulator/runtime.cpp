@@ -235,16 +235,8 @@ cudaError_t cudaDeviceSynchronize(void) {
     return cudaSuccess;
 }
 
-/* The host's MemAvailable or MemTotal from /proc/meminfo (key "MemAvailable:" or "MemTotal:"), 0 when absent. */
-static size_t host_meminfo(const char *key) {
-    FILE *file = fopen("/proc/meminfo", "r");
-    char line[256], name[64];
-    double kib = 0.0, value;
-    while (file != NULL && fgets(line, sizeof line, file) != NULL)
-        if (sscanf(line, "%63s %lf", name, &value) == 2 && strcmp(name, key) == 0) kib = value;
-    if (file != NULL) fclose(file);
-    return (size_t)(kib * 1024.0);
-}
+/* The host's memory (core/memory/mem.h's, linked beside this file into the emulated build). */
+int mem_host_info(size_t *available, size_t *total);
 
 /* CUDA_EMULATOR_MEMORY: each emulated GPU's bytes (0: not set). */
 static size_t emulated_memory(void) {
@@ -261,13 +253,15 @@ static size_t device_bytes_locked(void) {
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
-    size_t total = emulated_memory() > 0 ? emulated_memory() : host_meminfo("MemTotal:"), used;
+    size_t host = 0, host_total = 0, used;
+    (void)mem_host_info(&host, &host_total);
+    size_t total = emulated_memory() > 0 ? emulated_memory() : host_total;
     if (total == 0) return emulator_fail(cudaErrorInvalidValue, "cudaMemGetInfo (no MemTotal, CUDA_EMULATOR_MEMORY)");
     {
         std::lock_guard<std::mutex> guard(memory_lock);
         used = device_bytes_locked();
     }
-    size_t free = used < total ? total - used : 0, host = host_meminfo("MemAvailable:");
+    size_t free = used < total ? total - used : 0;
     *free_bytes = host < free ? host : free;
     *total_bytes = total;
     return cudaSuccess;
