@@ -159,6 +159,9 @@ device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_de
   # the GPU's free memory split among every rank of the machine, not those on the GPU (one GPU a rank refused)
   "memory-check-gpu-shared-by-node|core/models/memory_model.c|s.replace('ranks_sharing(ctx, d->ordinal)', "\
 "'ranks_sharing(ctx, 0)')|check-cuda-emulated"
+  # the emulator's shuffles in one set of words (one barrier a shuffle: a lane's next write lands before others read)
+  "emulator-shuffle-one-set|tests/cuda_emulator/emulator.cpp|s.replace('lanes[warp_barriers[warp].generation & 1]"\
+"[warp]', 'lanes[0][warp]')|check-unit"
 )
 
 # A mutation's expression applied to its file (python3 -c "$mutate" FILE EXPRESSION check|write): every .replace in

@@ -144,21 +144,23 @@ void emulator_launch(dim3 grid, dim3 block, cudaStream_t stream, std::function<v
 void __syncthreads();
 void emulator_warp_barrier();
 unsigned emulator_linear_thread();
-extern uint64_t emulator_lanes[32][32];
+/* The words a warp's shuffle exchanges: two sets per warp, its shuffles alternating by the generation of the warp's
+ * barrier. Every lane of one shuffle writes in the same generation (none passes the barrier before all have written),
+ * and a lane that writes a set again has passed a barrier every lane reached after its read of that set: so one
+ * barrier a shuffle suffices (a single set would need a second, before anyone may write the next round). */
+uint64_t *emulator_shuffle_lanes(unsigned warp);
 
-/* Every lane of the warp writes its value, waits for the others, reads lane + offset's (its own past the end),
- * and waits again before anyone may write the next round. */
+/* Every lane of the warp writes its value, waits for the others, and reads lane + offset's (its own past the end). */
 template <typename T>
 T __shfl_down_sync(unsigned, T value, int offset) {
     static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
-    unsigned thread = emulator_linear_thread(), warp = thread / 32, lane = thread % 32;
-    uint64_t raw = 0;
+    unsigned thread = emulator_linear_thread(), lane = thread % 32;
+    uint64_t *lanes = emulator_shuffle_lanes(thread / 32), raw = 0;
     memcpy(&raw, &value, sizeof(T));
-    emulator_lanes[warp][lane] = raw;
+    lanes[lane] = raw;
     emulator_warp_barrier();
     T result = value;
-    if (lane + offset < 32) memcpy(&result, &emulator_lanes[warp][lane + offset], sizeof(T));
-    emulator_warp_barrier();
+    if (lane + offset < 32) memcpy(&result, &lanes[lane + offset], sizeof(T));
     return result;
 }
 

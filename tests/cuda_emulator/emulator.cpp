@@ -1,11 +1,12 @@
 /* emulator.cpp — the CUDA emulator's kernel launches (see cuda_runtime.h here): each block's threads as fibers.
  *
  * A fiber is a stack of its own, made once and kept for every later launch: it runs the kernel for the thread it is
- * given, parks, and on its next resume runs it again for the next. A switch between a fiber and the scheduler saves
- * the callee-saved registers on the stack being left and loads the other's stack pointer (emulator_switch, x86-64):
- * a kernel switches at every barrier of every thread, so this is the emulator's inner loop (swapcontext would make a
- * system call per switch, setjmp/longjmp unwind checks). A fiber parked at a barrier that has not opened yet is not
- * resumed at all. */
+ * given, hands on, and on its next resume runs it again for the next. A switch saves the callee-saved registers on the
+ * stack being left and loads the other's stack pointer (emulator_switch, x86-64): a kernel switches at every barrier
+ * of every thread, so this is the emulator's inner loop (swapcontext would make a system call per switch,
+ * setjmp/longjmp unwind checks). A thread that stops at a barrier hands the block straight to the next fiber that can
+ * run (pass_on), not back to the launch to pick the next: one switch a barrier, not two. A fiber parked at a
+ * barrier that has not opened yet is not resumed at all. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -35,7 +36,6 @@ asm(".text\n"
 
 emulator_index emulator_thread, emulator_block;
 dim3 emulator_block_dim, emulator_grid_dim;
-uint64_t emulator_lanes[32][32];
 
 namespace {
 const size_t STACK_BYTES = 256 * 1024;
@@ -53,20 +53,43 @@ struct fiber {
     const barrier *waiting = NULL; /* parked at this barrier, until its generation passes `generation` */
     unsigned long generation = 0;
 };
-void *scheduler_sp;
+void *launch_sp; /* the launching thread's stack while its block runs */
 std::vector<fiber> fibers; /* made on first need, kept */
 std::vector<emulator_index> thread_index;
 std::vector<int> finished;
-int current = -1, threads = 0;
-unsigned long progress = 0; /* arrivals, openings and ends: a round without any is a deadlock */
+int current = -1, threads = 0, alive = 0;
 std::function<void()> *kernel;
 std::mutex launch_lock;
 
-void yield_to_scheduler() { emulator_switch(&fibers[current].sp, scheduler_sp); }
+/* Whether fiber t, parked at a barrier, would only find it still closed. */
+bool still_waiting(int t) { return fibers[t].waiting != NULL && fibers[t].waiting->generation == fibers[t].generation; }
+
+/* The running fiber stops (parked at a barrier, or ended) and hands the block on: to the next fiber after it, round
+ * robin, that can run (not ended, not parked at a barrier still closed), or back to the launch (launch_sp) once
+ * every fiber has ended. No fiber able to run while some have not ended is a deadlock: a barrier some threads never
+ * reach. A switch goes straight from fiber to fiber, so a barrier costs each thread one switch, not two through the
+ * launch. */
+void pass_on() {
+    void **save = &fibers[current].sp;
+    if (alive == 0) {
+        emulator_switch(save, launch_sp);
+        return;
+    }
+    for (int i = 1; i <= threads; i++) {
+        int t = (current + i) % threads;
+        if (finished[t] || still_waiting(t)) continue;
+        current = t;
+        emulator_thread = thread_index[t];
+        emulator_switch(save, fibers[t].sp);
+        return;
+    }
+    fprintf(stderr, "cuda emulator: block (%u, %u, %u): %d threads wait at a barrier the others never reach\n",
+            emulator_block.x, emulator_block.y, emulator_block.z, alive);
+    abort();
+}
 
 void wait_at(barrier &b, int size) {
     unsigned long generation = b.generation;
-    progress++;
     if (++b.arrived == size) {
         b.arrived = 0;
         b.generation++;
@@ -74,17 +97,17 @@ void wait_at(barrier &b, int size) {
     }
     fibers[current].waiting = &b;
     fibers[current].generation = generation;
-    while (b.generation == generation) yield_to_scheduler();
+    while (b.generation == generation) pass_on();
     fibers[current].waiting = NULL;
 }
 
-/* A fiber's whole life: run the kernel as thread `current`, mark it ended, park; again on the next resume. */
+/* A fiber's whole life: run the kernel as thread `current`, mark it ended, hand on; again on the next resume. */
 [[noreturn]] void fiber_main() {
     for (;;) {
         (*kernel)();
         finished[current] = 1;
-        progress++;
-        yield_to_scheduler();
+        alive--;
+        pass_on();
     }
 }
 
@@ -109,10 +132,8 @@ void make_fibers(int n) {
     }
 }
 
-/* Whether fiber t, parked at a barrier, would only find it still closed. */
-bool still_waiting(int t) { return fibers[t].waiting != NULL && fibers[t].waiting->generation == fibers[t].generation; }
-
-/* One block: its threads as fibers, round robin until every one has ended. */
+/* One block: its threads as fibers, from thread 0 on, handing on to each other (pass_on) until every one has
+ * ended; the last hands back here. */
 void run_block(emulator_index where, dim3 block) {
     emulator_block = where;
     block_barrier = barrier();
@@ -120,26 +141,12 @@ void run_block(emulator_index where, dim3 block) {
     for (int t = 0; t < threads; t++) {
         thread_index[t] = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
         finished[t] = 0;
+        fibers[t].waiting = NULL;
     }
-    /* Round robin: each unfinished fiber runs until it waits at a barrier or ends. A round in which
-     * every fiber only waits again is a deadlock (a barrier some threads never reach). */
-    for (int alive = threads; alive > 0;) {
-        unsigned long before = progress;
-        int ended = 0;
-        for (int t = 0; t < threads; t++) {
-            if (finished[t] || still_waiting(t)) continue;
-            current = t;
-            emulator_thread = thread_index[t];
-            emulator_switch(&scheduler_sp, fibers[t].sp);
-            if (finished[t]) ended++;
-        }
-        alive -= ended;
-        if (alive > 0 && progress == before) {
-            fprintf(stderr, "cuda emulator: block (%u, %u, %u): %d threads wait at a barrier the others "
-                            "never reach\n", where.x, where.y, where.z, alive);
-            abort();
-        }
-    }
+    alive = threads;
+    current = 0;
+    emulator_thread = thread_index[0];
+    emulator_switch(&launch_sp, fibers[0].sp);
 }
 } // namespace
 
@@ -149,6 +156,11 @@ unsigned emulator_linear_thread() {
 }
 
 void __syncthreads() { wait_at(block_barrier, threads); }
+
+uint64_t *emulator_shuffle_lanes(unsigned warp) {
+    static uint64_t lanes[2][32][32];
+    return lanes[warp_barriers[warp].generation & 1][warp];
+}
 
 void emulator_warp_barrier() {
     int warp = (int)(emulator_linear_thread() / 32);

@@ -17,6 +17,16 @@ check "test_rng: counter-based, any range alone, normal statistics" tests/bin/te
 check "test_dtype: bfloat16 round to nearest even, NaN kept, every value round-trips" tests/bin/test_dtype
 check "test_kernel_math: the per-element math CPU and GPU share vs double references within derived bounds" \
   tests/bin/test_kernel_math
+# The emulator's own barriers, which gpu_layers and the emulated labs rely on (tests/cuda_emulator/self_test.cu):
+# shuffles and __syncthreads give the serial sums, and a barrier one thread never reaches aborts, naming the block.
+check "emulator_self_test: the CUDA emulator's shuffles and block barriers give the serial sums, 8 block shapes" \
+  bash -c 'env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated \
+    build/cuda_emulated/tests/bin/emulator_self_test > /dev/null && build/cuda_emulated/tests/bin/emulator_self_test'
+check_fails "emulator_self_test stuck: a barrier one thread never reaches aborts, naming the block and the waiters" \
+  "block \(0, 0, 0\): 63 threads wait at a barrier the others never reach" \
+  bash -c 'env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated \
+    build/cuda_emulated/tests/bin/emulator_self_test > /dev/null &&
+    build/cuda_emulated/tests/bin/emulator_self_test stuck'
 check "gpu_layers on the CUDA emulator: core/cuda's kernels and cuBLAS calls vs the CPU layers, derived bounds" \
   tests/cuda_emulator/run.sh runs/check/cuda_emulator
 # The GEMM storage benchmark the GPU lease runs (tests/gpu_gemm_bench.c), at 1/32 of Qwen2-0.5B's sizes on the
