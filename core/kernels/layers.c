@@ -264,18 +264,17 @@ float cross_entropy_forward_backward_of(float *dlogits, const float *logits, int
             if (drow != NULL) memset(drow, 0, (size_t)V * sizeof(float));
             continue;
         }
-        int bf16 = logits_bf16; /* (a short name for the reads below) */
-        float max_value = read_logit(row, 0, bf16);
-        for (int j = 1; j < V; j++) max_value = km_max(max_value, read_logit(row, j, bf16));
+        float max_value = read_logit(row, 0, logits_bf16);
+        for (int j = 1; j < V; j++) max_value = km_max(max_value, read_logit(row, j, logits_bf16));
         double sum = 0.0;
-        for (int j = 0; j < V; j++) sum += km_cross_entropy_exp(read_logit(row, j, bf16), max_value);
+        for (int j = 0; j < V; j++) sum += km_cross_entropy_exp(read_logit(row, j, logits_bf16), max_value);
         double log_sum = km_cross_entropy_log_sum(sum, max_value);
-        loss += log_sum - read_logit(row, targets[n], bf16);
+        loss += log_sum - read_logit(row, targets[n], logits_bf16);
         if (drow != NULL) {
             /* d(mean loss)/d(logit j) = (softmax_j - [j == target]) / count */
             float inverse_count = km_cross_entropy_inverse_count(count);
             for (int j = 0; j < V; j++)
-                drow[j] = km_cross_entropy_dlogit(read_logit(row, j, bf16), log_sum, inverse_count);
+                drow[j] = km_cross_entropy_dlogit(read_logit(row, j, logits_bf16), log_sum, inverse_count);
             drow[targets[n]] -= inverse_count;
         }
     }

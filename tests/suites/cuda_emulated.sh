@@ -15,8 +15,8 @@ check "make CUDA=emulated builds every lab on the CUDA emulator" \
 
 source tests/lab05_equal.sh
 STEPS05=2 ACC05=2 SEQ05=32 LR05=1e-3 GLOBAL05=4
-# emulated05 TAG ENV...: the CPU build's run (the reference) and the emulated CUDA device's, the same settings, then
-# the three equivalence checks; then (MEMORY=0: not, and why is said there) one more emulated run without GRADS (its
+# emulated05 TAG ENV...: the CPU build's run (the reference) and the emulated CUDA device's, the same settings (2
+# ranks; NP=3 first: 3 ranks, 6 sequences a micro-batch over all), then the three equivalence checks; then (MEMORY=0: not, and why is said there) one more emulated run without GRADS (its
 # gathered gradients would count in the peak) whose device pool's memory table must equal the model's to the byte.
 # BF16=1 (after MEMORY=0, if both): the runs compute in bfloat16 (MP=bf16), and the checks are the bfloat16 ones:
 # every op's output is rounded at the same places on both devices, only float32 summation orders differ (cuBLAS's
@@ -27,15 +27,16 @@ STEPS05=2 ACC05=2 SEQ05=32 LR05=1e-3 GLOBAL05=4
 # the real core/cuda/nccl_comm.c on the emulator's NCCL, which runs each collective over MPI
 # (tests/cuda_emulator/nccl.h)
 emulated05() {
-  local tag=$1 memory=1 bf16=0 backend=BACKEND=mpi log dir
+  local tag=$1 memory=1 bf16=0 backend=BACKEND=mpi log dir ranks=2 GLOBAL05=$GLOBAL05
   shift
+  [ "${1:-}" = NP=3 ] && { ranks=3; GLOBAL05=6; shift; }
   [ "${1:-}" = MEMORY=0 ] && { memory=0; shift; }
   [ "${1:-}" = BF16=1 ] && { bf16=1; shift; }
   [ "${1:-}" = NCCL=1 ] && { backend="BACKEND=nccl CUDA_EMULATOR_DEVICES=2"; shift; }
   REFERENCE05=runs/check/emu05_cpu_$tag
   dir=runs/check/emu05_cuda_$tag
-  lab05 "05_full_step -np 2 $tag (CPU build)" 2 $REFERENCE05 "$@"
-  lab05 "05_full_step -np 2 $tag (emulated CUDA device)" 2 $dir DEVICE=cuda $backend "$@"
+  lab05 "05_full_step -np $ranks $tag (CPU build)" $ranks $REFERENCE05 "$@"
+  lab05 "05_full_step -np $ranks $tag (emulated CUDA device)" $ranks $dir DEVICE=cuda $backend "$@"
   if [ $bf16 = 1 ]; then
     check "emulated CUDA $tag vs CPU: losses within the bfloat16 flip bound and drift" python3 tests/compare_losses.py \
       $REFERENCE05 $dir $((GLOBAL05 * SEQ05 * ACC05)) $SEQ05 $LR05 bf16
@@ -48,7 +49,7 @@ emulated05() {
   if [ $memory = 1 ]; then
     log=runs/check/emu05_memory_$tag.log
     check "emulated CUDA $tag: device memory model exact to the byte" bash -c "env OUT=runs/check/emu05_memory \
-      DEVICE=cuda $backend STEPS=1 ACC=$ACC05 SEQ=$SEQ05 MBS=$((GLOBAL05 / 2)) $* $MPIRUN -np 2 \
+      DEVICE=cuda $backend STEPS=1 ACC=$ACC05 SEQ=$SEQ05 MBS=$((GLOBAL05 / ranks)) $* $MPIRUN -np $ranks \
       $EMU/lab/05_full_step > $log && python3 tests/check_memory_model.py $log"
   fi
 }
@@ -83,6 +84,11 @@ emulated05 NCCL_COMM_STREAMS_BACKWARD_PRE NCCL=1 STRATEGY=FULL_SHARD COMM_STREAM
 emulated05 NCCL_MP_bf16 BF16=1 NCCL=1 STRATEGY=FULL_SHARD MP=bf16 COMM_STREAMS=1
 # NO_SHARD: the gradients all-reduced in place (ncclAllReduce), which FULL_SHARD never calls
 emulated05 NCCL_NO_SHARD NCCL=1 STRATEGY=NO_SHARD
+# FSDP_VERSION=2 (lab 10's fully_shard): every parameter sharded on dim 0, the all-gather's copy-out and the
+# reduce-scatter's copy-in done by the CUDA device; on 3 ranks in float32 (rows that do not divide: shards of unequal
+# rows, the copy-in's zero padding rows), on 2 under MixedPrecisionPolicy(param_dtype=bf16)
+emulated05 FSDP2 NP=3 STRATEGY=FULL_SHARD FSDP_VERSION=2
+emulated05 FSDP2_MP_bf16 BF16=1 STRATEGY=FULL_SHARD FSDP_VERSION=2 MP=bf16
 # What users open, from the CUDA device's runs, in the clients they use (the device mark, the cudaMalloc segments'
 # backend names, the comm streams' threads): the timeline in Perfetto UI and Catapult, the memory page in headless
 # Chromium, the snapshot in PyTorch's memory viewer's format
