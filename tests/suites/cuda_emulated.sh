@@ -16,8 +16,9 @@ check "make CUDA=emulated builds every lab on the CUDA emulator" \
 source tests/lab05_equal.sh
 STEPS05=2 ACC05=2 SEQ05=32 LR05=1e-3 GLOBAL05=4
 # emulated05 TAG ENV...: the CPU build's run (the reference) and the emulated CUDA device's, the same settings (2
-# ranks; NP=3 first: 3 ranks, 6 sequences a micro-batch over all), then the three equivalence checks; then (MEMORY=0: not, and why is said there) one more emulated run without GRADS (its
-# gathered gradients would count in the peak) whose device pool's memory table must equal the model's to the byte.
+# ranks; NP=3 first: 3 ranks, 6 sequences a micro-batch over all), then the three equivalence checks; then (MEMORY=0:
+# not, and why is said there) one more emulated run without GRADS (its gathered gradients would count in the peak)
+# whose device pool's memory table must equal the model's to the byte.
 # BF16=1 (after MEMORY=0, if both): the runs compute in bfloat16 (MP=bf16), and the checks are the bfloat16 ones:
 # every op's output is rounded at the same places on both devices, only float32 summation orders differ (cuBLAS's
 # bfloat16 tensor-core GEMMs against OpenBLAS's), so the losses are compared as check_train_parity.sh compares them
