@@ -38,6 +38,9 @@ mutations=(
   # the backward's attention probabilities not made again: it reads whatever its workspace held (another layer's)
   "attention-probs-not-recomputed|core/models/qwen2.c|s.replace('        d->attention_probs(d, probs, scratch, a->q, "\
 "a->k, B, T, H, KVH, D);\n', '')"
+  # the same in bfloat16 (MP=bf16): lab 07's bfloat16 runs read another layer's probabilities
+  "attention-probs-bf16-not-recomputed|core/models/qwen2.c|s.replace('        d->attention_probs_bf16(d, probs, "\
+"scratch, a->q, a->k, B, T, H, KVH, D);\n', '')|check-07"
   # gradient accumulation without its 1/ACC: every ACC=2 gradient doubled (caught against ACC=1 with one micro-batch)
   "acc-missing-scale|core/fsdp/fsdp.c|s.replace('1.0f / (float)runtime->options.accumulation_steps;', '1.0f;')"
   # HYBRID_SHARD (lab 08)
