@@ -141,7 +141,6 @@ void run_block(emulator_index where, dim3 block) {
     for (int t = 0; t < threads; t++) {
         thread_index[t] = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
         finished[t] = 0;
-        fibers[t].waiting = NULL;
     }
     alive = threads;
     current = 0;

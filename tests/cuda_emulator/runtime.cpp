@@ -12,6 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
+extern "C" {
+#include "core/memory/mem.h" /* mem_host_info: the host's memory (linked beside this file into the emulated build) */
+}
+
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -235,8 +239,6 @@ cudaError_t cudaDeviceSynchronize(void) {
     return cudaSuccess;
 }
 
-/* The host's memory (core/memory/mem.h's, linked beside this file into the emulated build). */
-int mem_host_info(size_t *available, size_t *total);
 
 /* CUDA_EMULATOR_MEMORY: each emulated GPU's bytes (0: not set). */
 static size_t emulated_memory(void) {

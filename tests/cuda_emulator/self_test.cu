@@ -16,16 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime.h>
-
-#define CHECK(call)                                                                                                \
-    do {                                                                                                           \
-        cudaError_t err_ = (call);                                                                                 \
-        if (err_ != cudaSuccess) {                                                                                 \
-            fprintf(stderr, "emulator_self_test: %s: %s\n", #call, cudaGetErrorString(err_));                      \
-            exit(2);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#include "core/cuda/cuda_check.h" /* CUDA_CHECK: a failed call aborts, naming the call */
 
 enum { ROUNDS = 16 };
 
@@ -84,15 +75,15 @@ static int check_shape(int blocks, int threads) {
     }
     for (int i = 0; i < n; i++) host_in[i] = (long long)(i * 7919 % 1009) - 500;
     long long *in, *out_shuffle, *out_block;
-    CHECK(cudaMalloc((void **)&in, total * sizeof(long long)));
-    CHECK(cudaMalloc((void **)&out_shuffle, total * sizeof(long long)));
-    CHECK(cudaMalloc((void **)&out_block, blocks * sizeof(long long)));
-    CHECK(cudaMemcpyAsync(in, host_in, total * sizeof(long long), cudaMemcpyHostToDevice, 0));
+    CUDA_CHECK(0, cudaMalloc((void **)&in, total * sizeof(long long)));
+    CUDA_CHECK(0, cudaMalloc((void **)&out_shuffle, total * sizeof(long long)));
+    CUDA_CHECK(0, cudaMalloc((void **)&out_block, blocks * sizeof(long long)));
+    CUDA_CHECK(0, cudaMemcpyAsync(in, host_in, total * sizeof(long long), cudaMemcpyHostToDevice, 0));
     barriers_kernel<<<blocks, threads>>>(out_shuffle, out_block, in, n);
-    CHECK(cudaGetLastError());
-    CHECK(cudaMemcpyAsync(got_shuffle, out_shuffle, n * sizeof(long long), cudaMemcpyDeviceToHost, 0));
-    CHECK(cudaMemcpyAsync(got_block, out_block, blocks * sizeof(long long), cudaMemcpyDeviceToHost, 0));
-    CHECK(cudaStreamSynchronize(0));
+    CUDA_CHECK(0, cudaGetLastError());
+    CUDA_CHECK(0, cudaMemcpyAsync(got_shuffle, out_shuffle, n * sizeof(long long), cudaMemcpyDeviceToHost, 0));
+    CUDA_CHECK(0, cudaMemcpyAsync(got_block, out_block, blocks * sizeof(long long), cudaMemcpyDeviceToHost, 0));
+    CUDA_CHECK(0, cudaStreamSynchronize(0));
     int bad = 0;
     for (int b = 0; b < blocks; b++) {
         long long sum = 0;
@@ -115,9 +106,9 @@ static int check_shape(int blocks, int threads) {
         }
     printf("%s: %d blocks of %d threads (%d values): shuffles and the block's tree\n", bad ? "FAIL" : "PASS", blocks,
            threads, n);
-    CHECK(cudaFree(in));
-    CHECK(cudaFree(out_shuffle));
-    CHECK(cudaFree(out_block));
+    CUDA_CHECK(0, cudaFree(in));
+    CUDA_CHECK(0, cudaFree(out_shuffle));
+    CUDA_CHECK(0, cudaFree(out_block));
     free(host_in);
     free(expect_shuffle);
     free(got_shuffle);
@@ -128,9 +119,9 @@ static int check_shape(int blocks, int threads) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "stuck") == 0) {
         float *out;
-        CHECK(cudaMalloc((void **)&out, 64 * sizeof(float)));
+        CUDA_CHECK(0, cudaMalloc((void **)&out, 64 * sizeof(float)));
         stuck_kernel<<<2, 64>>>(out);
-        CHECK(cudaStreamSynchronize(0));
+        CUDA_CHECK(0, cudaStreamSynchronize(0));
         printf("stuck_kernel returned: the emulator did not see the barrier thread 0 never reaches\n");
         return 1;
     }

@@ -20,23 +20,18 @@ check "test_kernel_math: the per-element math CPU and GPU share vs double refere
 # The emulator's own barriers, which gpu_layers and the emulated labs rely on (tests/cuda_emulator/self_test.cu):
 # shuffles and __syncthreads give the serial sums, and a barrier one thread never reaches aborts, naming the block.
 check "emulator_self_test: the CUDA emulator's shuffles and block barriers give the serial sums, 8 block shapes" \
-  bash -c 'env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated \
-    build/cuda_emulated/tests/bin/emulator_self_test > /dev/null && build/cuda_emulated/tests/bin/emulator_self_test'
+  tests/cuda_emulator/run.sh emulator_self_test
 check_fails "emulator_self_test stuck: a barrier one thread never reaches aborts, naming the block and the waiters" \
   "block \(0, 0, 0\): 63 threads wait at a barrier the others never reach" \
-  bash -c 'env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated \
-    build/cuda_emulated/tests/bin/emulator_self_test > /dev/null &&
-    build/cuda_emulated/tests/bin/emulator_self_test stuck'
+  tests/cuda_emulator/run.sh emulator_self_test stuck
 check "gpu_layers on the CUDA emulator: core/cuda's kernels and cuBLAS calls vs the CPU layers, derived bounds" \
-  tests/cuda_emulator/run.sh runs/check/cuda_emulator
+  tests/cuda_emulator/run.sh gpu_layers
 # The GEMM storage benchmark the GPU lease runs (tests/gpu_gemm_bench.c), at 1/32 of Qwen2-0.5B's sizes on the
 # emulator: its 14 shapes x 4 storages (float32, float32 under FAST_16BF, bfloat16 operands with a float32 or a
 # bfloat16 C) each against double dot products within the derived bound, so the program and the emulator's bfloat16
 # GEMMs are right before a lease times them.
 check "gpu_gemm_bench small on the CUDA emulator: 56 GEMMs in float32 and bfloat16 storage within derived bounds" \
-  bash -c 'env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j2 CUDA=emulated \
-    build/cuda_emulated/tests/bin/gpu_gemm_bench > /dev/null && build/cuda_emulated/tests/bin/gpu_gemm_bench small |
-    tee /dev/stderr | grep -c " PASS$" | grep -qx 56'
+  bash -c 'tests/cuda_emulator/run.sh gpu_gemm_bench small | tee /dev/stderr | grep -c " PASS$" | grep -qx 56'
 mpi_suite "test_comm: collectives vs Send/Recv reference" tests/bin/test_comm 1 2 3 4
 mpi_suite "test_flat_param: reassembly, views, gradient mean" tests/bin/test_flat_param 1 2 3 4
 mpi_suite "test_data: tokenizer, stories, loaders, world-size independent batches" tests/bin/test_data 1 2 4
