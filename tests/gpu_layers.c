@@ -997,6 +997,62 @@ static void check_vectors(size_t count) {
     free(g_rounded);
 }
 
+/* ---- FSDP2's rank-major copies ---- */
+
+/* rows_copy on a made-up unit of param_count parameters (d0 from 1 to 13 rows, so at `world` ranks some pieces are
+ * short and some all padding; rows of 1 to 5 elements) between its full buffer and the rank-major slices of ranks
+ * [first_rank, first_rank + ranks): the copy-in (full -> slices, rounded to `type`, padding zeroed) and the copy-out
+ * (slices -> full, widened), each to the bit against the CPU device on buffers filled alike beforehand (the slices
+ * and the full buffer with all-ones bytes, NaN in either type: an element a device leaves alone stays NaN on both, one
+ * it writes must agree). With every rank, the copy-out of the copy-in gives the full buffer back (rounded to `type`),
+ * a check of the mapping itself. The GPU launches once per 32 parameters (kernels.cuh's KERNELS_ROWS_PARAMS). */
+static void check_rows_copy(int param_count, int world, int first_rank, int ranks, dtype type) {
+    char name[160];
+    device host = cpu_device();
+    device_rows_param *params = host_alloc((size_t)param_count * sizeof *params);
+    size_t numel = 0, sharded_numel = 0, element = dtype_size(type);
+    for (int i = 0; i < param_count; i++) {
+        size_t rows = 1 + (size_t)(i * 7) % 13, row_numel = 1 + (size_t)i % 5, shard_rows = (rows + world - 1) / world;
+        params[i] = (device_rows_param){numel, rows * row_numel, sharded_numel, shard_rows * row_numel};
+        numel += rows * row_numel;
+        sharded_numel += shard_rows * row_numel;
+    }
+    size_t slices_bytes = (size_t)ranks * sharded_numel * element;
+    float *full = random_floats(numel, 80, 2.0f);
+    void *slices = host_alloc(slices_bytes);
+    memset(slices, 0xff, slices_bytes);
+    buffer d_full = to_device(full, numel * 4), d_slices = to_device(slices, slices_bytes);
+
+    unsigned long long work = work_count();
+    host.rows_copy(&host, slices, type, full, 0, params, param_count, sharded_numel, first_rank, ranks);
+    gpu.rows_copy(&gpu, d_slices.ptr, type, d_full.ptr, 0, params, param_count, sharded_numel, first_rank, ranks);
+    snprintf(name, sizeof name, "rows_copy in: %d params, ranks %d-%d/%d, %s (launches)", param_count, first_rank,
+             first_rank + ranks - 1, world, dtype_name(type));
+    check_work(name, work, (unsigned long long)(param_count + 31) / 32);
+    void *g_slices = from_device(d_slices, slices_bytes);
+    snprintf(name, sizeof name, "rows_copy in: %d params, ranks %d-%d/%d, %s (bits)", param_count, first_rank,
+             first_rank + ranks - 1, world, dtype_name(type));
+    compare_exact_bytes(name, slices, g_slices, slices_bytes);
+
+    float *back = host_alloc(numel * 4);
+    memset(back, 0xff, numel * 4);
+    buffer d_back = to_device(back, numel * 4);
+    host.rows_copy(&host, slices, type, back, 1, params, param_count, sharded_numel, first_rank, ranks);
+    gpu.rows_copy(&gpu, d_slices.ptr, type, d_back.ptr, 1, params, param_count, sharded_numel, first_rank, ranks);
+    float *g_back = from_device(d_back, numel * 4);
+    snprintf(name, sizeof name, "rows_copy out: %d params, ranks %d-%d/%d, %s (bits)", param_count, first_rank,
+             first_rank + ranks - 1, world, dtype_name(type));
+    compare_exact_bytes(name, back, g_back, numel * 4);
+    if (first_rank == 0 && ranks == world) {
+        dtype_round_to(full, numel, type);
+        snprintf(name, sizeof name, "rows_copy out of in = rounded input: %d params, %s", param_count,
+                 dtype_name(type));
+        compare_exact_bytes(name, full, g_back, numel * 4);
+    }
+    device_free(d_full), device_free(d_slices), device_free(d_back);
+    free(params), free(full), free(slices), free(g_slices), free(back), free(g_back);
+}
+
 /* ---- AdamW ---- */
 
 static void check_adamw(size_t count, int step, float lerp_weight) {
@@ -1811,6 +1867,10 @@ int main(void) {
     check_vectors(1);
     check_vectors(1001);
     check_vectors((size_t)3 << 20);
+    check_rows_copy(12, 3, 0, 3, DTYPE_FLOAT32);
+    check_rows_copy(12, 3, 0, 3, DTYPE_BFLOAT16);
+    check_rows_copy(40, 4, 1, 2, DTYPE_BFLOAT16); /* two launches; a subset of the ranks (reshard_after_forward=N) */
+    check_rows_copy(40, 1, 0, 1, DTYPE_FLOAT32);
     check_adamw(100003, 1, 0.1f);
     check_adamw(4097, 1000, 0.1f);
     check_adamw(513, 3, 0.75f); /* lerp's other branch */

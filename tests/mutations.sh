@@ -73,8 +73,9 @@ mutations=(
   # layout skipped), the memory model forgetting the all-gather buffer beside the parameters, a save that gathers
   "fsdp2-rows-per-rank-rounded-down|core/fsdp/flat_param.c|s.replace('info->shard_rows = (rows + world - 1) / "\
 "world;', 'info->shard_rows = rows / world;')|check-10"
-  "fsdp2-copy-out-skips-padding|core/fsdp/flat_param.c|s.replace('char *slice = (char *)rank_major + at * element;', "\
-"'char *slice = (char *)rank_major + (to_full ? info->offset + first * info->row_numel : at) * element;')|check-10"
+  "fsdp2-copy-out-skips-padding|core/device/device_cpu.c|s.replace('char *piece = (char *)rank_major + ((size_t)r * "\
+"sharded_numel + p->shard_offset) * element;', 'char *piece = (char *)rank_major + (to_full ? p->offset + begin : "\
+"(size_t)r * sharded_numel + p->shard_offset) * element;')|check-10"
   # reshard_after_forward=N (RESHARD_AFTER_FORWARD): backward's all-gather of the post-forward shards run on the world
   # instead of the group of N (each rank sends the first W-th of its slice), the post-forward slice taken at member
   # s's world rank instead of s W/N (rows of the wrong ranks), the memory model without the post-forward shards
@@ -165,12 +166,10 @@ device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_de
   # the emulator's shuffles in one set of words (one barrier a shuffle: a lane's next write lands before others read)
   "emulator-shuffle-one-set|tests/cuda_emulator/emulator.cpp|s.replace('lanes[warp_barriers[warp].generation & 1]"\
 "[warp]', 'lanes[0][warp]')|check-unit"
-  # the CUDA device's small fills skipped (FSDP2's zero padding rows of an uneven shard: the emulator's fresh GPU
-  # memory is NaN, so the reduce-scatter carries NaN into a shard)
-  "cuda-small-zero-skipped|core/cuda/cuda_device.c|s.replace('size_t bytes) {\n    cuda_device_state *device = "\
-"d->impl;\n    if (bytes == 0) return;\n    CUDA_TIMED(device, \"cudaMemsetAsync\"', 'size_t bytes) {\n    "\
-"cuda_device_state *device = d->impl;\n    if (bytes < 4096) return;\n    CUDA_TIMED(device, \"cudaMemsetAsync\"')"\
-"|check-cuda-emulated"
+  # FSDP2's copy-in on the GPU leaves padding rows as they were (the emulator's fresh memory is NaN): the 3-rank runs
+  "cuda-rows-padding-not-zeroed|core/cuda/kernels.cu|s.replace('else if (!to_full) rows_store(&piece[j], j < held ? "\
+"full[p.offset + begin + j] : 0.0f);', 'else if (!to_full && j < held) rows_store(&piece[j], "\
+"full[p.offset + begin + j]);')|check-cuda-emulated"
 )
 
 # A mutation's expression applied to its file (python3 -c "$mutate" FILE EXPRESSION check|write): every .replace in

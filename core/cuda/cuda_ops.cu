@@ -653,6 +653,20 @@ static void cuda_convert(device *d, void *dst, dtype to, const void *src, dtype 
     }
 }
 
+static void cuda_rows_copy(device *d, void *rank_major, dtype type, float *full, int to_full,
+                           const device_rows_param *params, int param_count, size_t sharded_numel, int first_rank,
+                           int ranks) {
+    cuda_device_state *s = state_of(d);
+    if (type != DTYPE_FLOAT32 && type != DTYPE_BFLOAT16) {
+        char what[120];
+        snprintf(what, sizeof what, "rows_copy: a rank-major buffer of %s (float32 or bfloat16 only)",
+                 dtype_name(type));
+        ops_fatal(s, what);
+    }
+    LAUNCH(s, rows_copy_launch(rank_major, type == DTYPE_BFLOAT16, full, to_full, params, param_count, sharded_numel,
+                               first_rank, ranks, s->compute));
+}
+
 static void cuda_round_to(device *d, float *x, size_t count, dtype type) {
     cuda_device_state *s = state_of(d);
     if (type == DTYPE_BFLOAT16) LAUNCH(s, round_to_bf16_launch(x, count, s->compute));
@@ -705,6 +719,7 @@ void cuda_ops_install(device *d) {
     d->first_nonfinite_of = cuda_first_nonfinite_of;
     d->convert = cuda_convert;
     d->round_to = cuda_round_to;
+    d->rows_copy = cuda_rows_copy;
     d->adamw_update = cuda_adamw_update;
     d->linear_forward_bf16 = cuda_linear_forward_bf16;
     d->linear_forward_bf16_sums = cuda_linear_forward_bf16_sums;

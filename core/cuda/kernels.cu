@@ -857,6 +857,77 @@ cudaError_t round_to_bf16_launch(float *x, size_t count, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+/* ---- FSDP2's rank-major copies (device.h's rows_copy) ---- */
+
+/* A launch's share: up to KERNELS_ROWS_PARAMS parameters of `ranks` ranks, passed by value (1 KB of the kernel's
+ * 4 KB of arguments), so nothing is copied to the device first. */
+typedef struct rows_batch {
+    device_rows_param params[KERNELS_ROWS_PARAMS];
+    int count, first_rank;
+    size_t sharded_numel;
+} rows_batch;
+
+__device__ static inline float rows_load(float x) { return x; }
+__device__ static inline float rows_load(uint16_t x) { return km_bf16_to_float(x); }
+__device__ static inline void rows_store(float *to, float x) { *to = x; }
+__device__ static inline void rows_store(uint16_t *to, float x) { *to = km_bf16_from_float(x); }
+
+/* Block row y = r count + i: parameter i's piece in rank r's slice (no search, no division per element); the x blocks
+ * stride over the piece's shard_numel elements, as the CPU's copy, conversion and zero fill of it. */
+template <typename T>
+__global__ void rows_copy_kernel(T *rank_major, float *full, int to_full, rows_batch b) {
+    int i = (int)(blockIdx.y % (unsigned)b.count), r = (int)(blockIdx.y / (unsigned)b.count);
+    const device_rows_param p = b.params[i];
+    size_t begin = (size_t)(b.first_rank + r) * p.shard_numel; /* the parameter's first element the piece holds */
+    size_t held = begin >= p.numel ? 0 : p.numel - begin < p.shard_numel ? p.numel - begin : p.shard_numel;
+    T *piece = rank_major + (size_t)r * b.sharded_numel + p.shard_offset;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < p.shard_numel; j += stride) {
+        if (to_full && j < held) full[p.offset + begin + j] = rows_load(piece[j]);
+        else if (!to_full) rows_store(&piece[j], j < held ? full[p.offset + begin + j] : 0.0f);
+    }
+}
+
+/* Launches of at most KERNELS_ROWS_PARAMS parameters and as many ranks as the grid's y dimension (65,535 rows)
+ * takes; the x blocks are enough for the largest piece, at most 1,024 (each thread then strides). */
+template <typename T>
+static cudaError_t rows_copy_typed(T *rank_major, float *full, int to_full, const device_rows_param *params,
+                                   int param_count, size_t sharded_numel, int first_rank, int ranks,
+                                   cudaStream_t stream) {
+    for (int first = 0; first < param_count; first += KERNELS_ROWS_PARAMS) {
+        rows_batch b;
+        b.count = param_count - first < KERNELS_ROWS_PARAMS ? param_count - first : KERNELS_ROWS_PARAMS;
+        b.sharded_numel = sharded_numel;
+        size_t largest = 0;
+        for (int i = 0; i < b.count; i++) {
+            b.params[i] = params[first + i];
+            largest = params[first + i].shard_numel > largest ? params[first + i].shard_numel : largest;
+        }
+        unsigned blocks = grid_for(largest, THREADS);
+        blocks = blocks < 1024 ? blocks : 1024;
+        int ranks_per_launch = 65535 / b.count;
+        for (int r = 0; r < ranks; r += ranks_per_launch) {
+            int these = ranks - r < ranks_per_launch ? ranks - r : ranks_per_launch;
+            b.first_rank = first_rank + r;
+            dim3 grid(blocks, (unsigned)(these * b.count));
+            rows_copy_kernel<<<grid, THREADS, 0, stream>>>(rank_major + (size_t)r * sharded_numel, full, to_full, b);
+            cudaError_t status = cudaGetLastError();
+            if (status != cudaSuccess) return status;
+        }
+    }
+    return cudaSuccess;
+}
+
+cudaError_t rows_copy_launch(void *rank_major, int bf16, float *full, int to_full, const device_rows_param *params,
+                             int param_count, size_t sharded_numel, int first_rank, int ranks, cudaStream_t stream) {
+    if (param_count < 1 || ranks < 1) return cudaSuccess;
+    if (bf16)
+        return rows_copy_typed((uint16_t *)rank_major, full, to_full, params, param_count, sharded_numel, first_rank,
+                               ranks, stream);
+    return rows_copy_typed((float *)rank_major, full, to_full, params, param_count, sharded_numel, first_rank, ranks,
+                           stream);
+}
+
 /* ---- AdamW: the CPU's element (kernel_math.h), to the bit ---- */
 
 __global__ void adamw_kernel(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,

@@ -122,6 +122,11 @@ cudaError_t first_nonfinite_launch(const floatX *x, size_t count, void *scratch,
 cudaError_t float_to_bf16_launch(uint16_t *dst, const float *src, size_t count, cudaStream_t stream);
 cudaError_t bf16_to_float_launch(float *dst, const uint16_t *src, size_t count, cudaStream_t stream);
 cudaError_t round_to_bf16_launch(float *x, size_t count, cudaStream_t stream);
+/* device.h's rows_copy; bf16: rank_major holds bfloat16 elements (else float32). One launch per KERNELS_ROWS_PARAMS
+ * parameters. */
+#define KERNELS_ROWS_PARAMS 32
+cudaError_t rows_copy_launch(void *rank_major, int bf16, float *full, int to_full, const device_rows_param *params,
+                             int param_count, size_t sharded_numel, int first_rank, int ranks, cudaStream_t stream);
 cudaError_t adamw_launch(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t count,
                          adamw_kernel_scalars scalars, cudaStream_t stream);
 

@@ -43,6 +43,13 @@ typedef enum device_copy_kind { DEVICE_H2D, DEVICE_D2H, DEVICE_D2D, DEVICE_H2H }
 /* Loss slots one device holds (device.cross_entropy_to_slot): a step's micro-batches' losses, read at its end. */
 #define DEVICE_LOSS_SLOTS 64
 
+/* One parameter of FSDP2's rank-major layout (flat_param.h's FLAT_PARAM_ROWS) for rows_copy: its elements at
+ * [offset, offset + numel) of the unsharded buffer; every rank's piece of it, shard_numel elements (the rank's c rows,
+ * padding rows included), at shard_offset of that rank's slice of the rank-major buffer. */
+typedef struct device_rows_param {
+    size_t offset, numel, shard_offset, shard_numel;
+} device_rows_param;
+
 typedef struct device device;
 struct device {
     const char *name;             /* "cpu" or "cuda" (the meta event's `device`) */
@@ -211,6 +218,16 @@ struct device {
      * first_nonfinite of each, with one host wait for them all (CUDA: the reductions queued, their results copied
      * back together) where n calls of first_nonfinite wait n times. */
     int (*first_nonfinite_of)(device *d, const float *const *xs, const size_t *counts, int n);
+    /* FSDP2's copies between a unit's rank-major buffer and its unpadded parameters, every parameter of every rank
+     * in one pass (torch's split_with_sizes_copy after the all-gather, chunk_cat before the reduce-scatter): one
+     * launch on a GPU where a copy per parameter per rank made dozens. rank_major holds `ranks` slices of
+     * sharded_numel elements of rank_major_type (float32 or bfloat16), ranks first_rank .. first_rank + ranks - 1;
+     * parameter i's piece in rank r's slice (params[i].shard_numel elements at params[i].shard_offset) is its
+     * elements from r * shard_numel on, as far as numel (the rest: padding rows). to_full 1: rank_major -> full,
+     * widened (exact), padding left behind; 0: full -> rank_major, rounded to rank_major_type, padding zeroed. */
+    void (*rows_copy)(device *d, void *rank_major, dtype rank_major_type, float *full, int to_full,
+                      const device_rows_param *params, int param_count, size_t sharded_numel, int first_rank,
+                      int ranks);
     /* dtype.h's dtype_convert and dtype_round_to on device memory (the same rounding: kernel_math.h). */
     void (*convert)(device *d, void *dst, dtype to, const void *src, dtype from, size_t count);
     void (*round_to)(device *d, float *x, size_t count, dtype type);

@@ -247,6 +247,24 @@ static void cpu_convert(device *d, void *dst, dtype to, const void *src, dtype f
     dtype_convert(dst, to, src, from, count);
 }
 
+/* Piece by piece: a copy (or a conversion) of the elements a rank's piece holds, then its padding zeroed. */
+static void cpu_rows_copy(device *d, void *rank_major, dtype type, float *full, int to_full,
+                          const device_rows_param *params, int param_count, size_t sharded_numel, int first_rank,
+                          int ranks) {
+    (void)d;
+    size_t element = dtype_size(type);
+    for (int r = 0; r < ranks; r++)
+        for (int i = 0; i < param_count; i++) {
+            const device_rows_param *p = &params[i];
+            size_t begin = (size_t)(first_rank + r) * p->shard_numel; /* the parameter's first element it holds */
+            size_t held = begin >= p->numel ? 0 : p->numel - begin < p->shard_numel ? p->numel - begin : p->shard_numel;
+            char *piece = (char *)rank_major + ((size_t)r * sharded_numel + p->shard_offset) * element;
+            if (held > 0 && to_full) dtype_convert(full + p->offset + begin, DTYPE_FLOAT32, piece, type, held);
+            else if (held > 0) dtype_convert(piece, type, full + p->offset + begin, DTYPE_FLOAT32, held);
+            if (!to_full) memset(piece + held * element, 0, (p->shard_numel - held) * element);
+        }
+}
+
 static void cpu_round_to(device *d, float *x, size_t count, dtype type) {
     (void)d;
     dtype_round_to(x, count, type);
@@ -412,5 +430,6 @@ void device_cpu_init(device *d) {
     d->first_nonfinite_of = cpu_first_nonfinite_of;
     d->convert = cpu_convert;
     d->round_to = cpu_round_to;
+    d->rows_copy = cpu_rows_copy;
     d->adamw_update = cpu_adamw_update;
 }

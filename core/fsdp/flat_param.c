@@ -280,34 +280,28 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
 
 /* FSDP2's two copies between the rank-major padded layout (rank r's slice at r * sharded_numel, its rows of parameter
  * p at p's shard offset) and the unpadded full buffer (p at its offset). to_full: the copy-out of an all-gather
- * (torch's split_with_sizes_copy; the padding rows stay behind); else the copy-in of foreach_reduce, each rank's rows
- * padded with zero rows to c, so the reduce-scatter hands rank r exactly its local shard's layout. The rank-major
- * buffer holds elements of `type` (mixed precision: param_dtype gathered, reduce_dtype reduced), the full buffer
- * float32 (what the layers read and write): a bfloat16 copy-out widens (exact), a bfloat16 copy-in rounds (the
- * gradient is already rounded to param_dtype's values, so nothing changes when both are bfloat16). */
+ * (torch's split_with_sizes_copy; the padding rows stay behind); else the copy-in of foreach_reduce (torch's
+ * chunk_cat), each rank's rows padded with zero rows to c, so the reduce-scatter hands rank r exactly its local
+ * shard's layout. The rank-major buffer holds elements of `type` (mixed precision: param_dtype gathered, reduce_dtype
+ * reduced), the full buffer float32 (what the layers read and write): a bfloat16 copy-out widens (exact), a bfloat16
+ * copy-in rounds (the gradient is already rounded to param_dtype's values, so nothing changes when both are
+ * bfloat16). Every piece of every rank in one device call (device.h's rows_copy: one launch on a GPU). */
 /* The same for world ranks [first_rank, first_rank + ranks) only, rank_major starting at first_rank's slice. */
 static void rows_copy_ranks(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full,
                             int first_rank, int ranks) {
-    device *d = &fp->ctx->device;
-    size_t element = dtype_size(type);
-    for (int rank = first_rank; rank < first_rank + ranks; rank++)
-        for (int i = 0; i < fp->param_count; i++) {
-            const flat_param_param_info *info = &fp->params[i];
-            size_t first, last;
-            held_rows(info, rank, &first, &last);
-            size_t at = (size_t)(rank - first_rank) * fp->sharded_numel + info->shard_offset;
-            char *slice = (char *)rank_major + at * element;
-            float *rows = full + info->offset + first * info->row_numel;
-            size_t held = (last - first) * info->row_numel, padded = info->shard_rows * info->row_numel;
-            if (held > 0 && type == DTYPE_FLOAT32)
-                d->copy(d, to_full ? (void *)rows : slice, to_full ? (void *)slice : rows, held * sizeof(float),
-                        DEVICE_D2D);
-            else if (held > 0 && to_full)
-                d->convert(d, rows, DTYPE_FLOAT32, slice, type, held);
-            else if (held > 0)
-                d->convert(d, slice, type, rows, DTYPE_FLOAT32, held);
-            if (!to_full && held < padded) d->zero(d, slice + held * element, (padded - held) * element);
-        }
+    device_rows_param *params = calloc((size_t)fp->param_count, sizeof *params); /* layout metadata */
+    if (params == NULL)
+        world_fatal(fp->ctx, "unit '%s': out of host memory for the layout of %d parameters", fp->unit,
+                    fp->param_count);
+    for (int i = 0; i < fp->param_count; i++) {
+        const flat_param_param_info *info = &fp->params[i];
+        params[i] = (device_rows_param){.offset = info->offset, .numel = info->numel,
+                                        .shard_offset = info->shard_offset,
+                                        .shard_numel = info->shard_rows * info->row_numel};
+    }
+    fp->ctx->device.rows_copy(&fp->ctx->device, rank_major, type, full, to_full, params, fp->param_count,
+                              fp->sharded_numel, first_rank, ranks);
+    free(params);
 }
 
 static void rows_copy(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full) {

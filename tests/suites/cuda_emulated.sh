@@ -184,6 +184,15 @@ check "emulated CUDA: residual add in the norm; input gradients written (launche
   bash -c 'fp32=$(tests/host_waits.sh) && bf16=$(tests/host_waits.sh MP=bf16) || exit 1
     echo "float32: $fp32"; echo "MP=bf16: $bf16"
     echo "$fp32" | awk "{exit !(\$8 <= 538 && \$10 <= 15)}" && echo "$bf16" | awk "{exit !(\$8 <= 715 && \$10 <= 20)}"'
+# FSDP2's copy-in and copy-out (lab 10: torch's chunk_cat before the reduce-scatter, split_with_sizes_copy after the
+# all-gather) one device call for every parameter of every rank (device.h's rows_copy, one launch per 32 parameters):
+# per step (ACC=2, 2 ranks) 607 -> 15 device copies and 538 -> 566 launches in float32 (a copy per parameter per rank
+# became a launch per unit), 1,279 -> 715 launches with MP=bf16 (a conversion per parameter per rank)
+# (tests/host_waits.sh FSDP_VERSION=2 on main at a636706, then after). Launches: field 8, copies 10.
+check "emulated CUDA FSDP2: copy-in and copy-out one launch a unit (launches <= 566, 715 bf16; copies <= 15, 20)" \
+  bash -c 'fp32=$(tests/host_waits.sh FSDP_VERSION=2) && bf16=$(tests/host_waits.sh FSDP_VERSION=2 MP=bf16) || exit 1
+    echo "float32: $fp32"; echo "MP=bf16: $bf16"
+    echo "$fp32" | awk "{exit !(\$8 <= 566 && \$10 <= 15)}" && echo "$bf16" | awk "{exit !(\$8 <= 715 && \$10 <= 20)}"'
 # BACKEND=nccl's comm waits on the device (comm_wait: the compute stream waits for the collective's end event, the host
 # goes on; core/comm/comm.h): the host stops (looks at the GPU with work queued since its last look;
 # tests/host_waits.sh) 4 times a step, none of them in a collective's wait: the next micro-batch's tokens (the last
