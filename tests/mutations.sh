@@ -166,6 +166,9 @@ device, \"cudaMemsetAsync\", 0, 0, 0,\n               CUDA_CHECK(', '    cuda_de
   # the emulator's shuffles in one set of words (one barrier a shuffle: a lane's next write lands before others read)
   "emulator-shuffle-one-set|tests/cuda_emulator/emulator.cpp|s.replace('lanes[warp_barriers[warp].generation & 1]"\
 "[warp]', 'lanes[0][warp]')|check-unit"
+  # clip_grad_norm_'s all-reduce on the host's float again: NCCL and MPI's staging read it as GPU memory
+  "clip-norm-reduced-on-host|core/fsdp/optim.c|s.replace('comm_all_reduce(ctx, on_device, 1, COMM_SUM, "\
+"\"clip_grad_norm\")', 'comm_all_reduce(ctx, &sum_of_squares, 1, COMM_SUM, \"clip_grad_norm\")')|check-cuda-emulated"
   # FSDP2's copy-in on the GPU leaves padding rows as they were (the emulator's fresh memory is NaN): the 3-rank runs
   "cuda-rows-padding-not-zeroed|core/cuda/kernels.cu|s.replace('else if (!to_full) rows_store(&piece[j], j < held ? "\
 "full[p.offset + begin + j] : 0.0f);', 'else if (!to_full && j < held) rows_store(&piece[j], "\

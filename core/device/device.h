@@ -240,6 +240,10 @@ struct device {
 static inline device_copy_kind device_from_host(const device *d) {
     return d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_H2D;
 }
+/* And back: device memory into host memory. */
+static inline device_copy_kind device_to_host(const device *d) {
+    return d->kind == DEVICE_CPU ? DEVICE_H2H : DEVICE_D2H;
+}
 
 /* The attention's scratch, one size for both devices (so the memory model need not know which runs). The CPU loops
  * over heads and reads one head's share; the CUDA device batches every (batch, head) pair into one strided-batched

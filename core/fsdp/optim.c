@@ -111,17 +111,24 @@ double adamw_clip_grad_norm(context *ctx, flat_param *units, int unit_count, dou
      * on floats, and the norm only sets a scale factor, so float's 7 digits are plenty. The padding's gradient is 0
      * and adds nothing, so the sum is the squared norm of the whole unpadded gradient. */
     float sum_of_squares = (float)sharded_sum_of_squares;
+    /* The collectives move the device's memory (NCCL reads only GPU memory; BACKEND=mpi on a GPU stages from it), so
+     * the float goes through a buffer of the device, as torch's total_norm is a tensor on the GPU. */
+    device *d = &ctx->device;
+    float *on_device = mem_alloc_uninitialized(&ctx->mem, sizeof(float), MEM_WORKSPACE, "clip_grad_norm.norm_squared");
+    d->copy(d, on_device, &sum_of_squares, sizeof(float), device_from_host(d));
     /* HYBRID_SHARD: every replicate group holds the same shards, so the sum runs over one shard group (torch
      * all-reduces over the FSDP state's process_group, the shard group, too). */
     const comm_group *group = unit_count > 0 ? units[0].shard_group : NULL;
     if (group != NULL) {
         comm_handle handle;
-        COMM_CHECK(ctx, comm_all_reduce_group_start(ctx, group, NULL, &sum_of_squares, 1, COMM_SUM, "clip_grad_norm",
+        COMM_CHECK(ctx, comm_all_reduce_group_start(ctx, group, NULL, on_device, 1, COMM_SUM, "clip_grad_norm",
                                                     &handle));
         COMM_CHECK(ctx, comm_wait(ctx, &handle, NULL));
     } else {
-        COMM_CHECK(ctx, comm_all_reduce(ctx, &sum_of_squares, 1, COMM_SUM, "clip_grad_norm"));
+        COMM_CHECK(ctx, comm_all_reduce(ctx, on_device, 1, COMM_SUM, "clip_grad_norm"));
     }
+    d->copy(d, &sum_of_squares, on_device, sizeof(float), device_to_host(d));
+    mem_free(&ctx->mem, on_device);
     double total_norm = sqrt((double)sum_of_squares + replicated_sum_of_squares);
 
     /* torch multiplies by min(clip_coef, 1); multiplying by 1 changes nothing, so only a real clip touches memory. */

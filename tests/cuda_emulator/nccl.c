@@ -94,8 +94,12 @@ const char *ncclGetLastError(ncclComm_t comm) {
 
 static size_t type_size(ncclDataType_t type) { return type == ncclBfloat16 ? 2 : 4; }
 
-/* Whether a call's arguments are ones this emulator serves; its buffers are opened to the host by the caller. */
-static int call_ok(ncclComm_t comm, ncclDataType_t type, size_t bytes, cudaStream_t stream, const char *call) {
+/* Whether a call's arguments are ones this emulator serves; its buffers are opened to the host by the caller.
+ * send_bytes of sendbuff and recv_bytes of recvbuff (0: not read) must be GPU memory: NCCL's kernels read and write
+ * them on the GPU, where a host pointer is refused by NCCL's argument check or, unchecked, an illegal address found
+ * later as the stream's error. Here the call refuses it at once, naming it. */
+static int call_ok(ncclComm_t comm, ncclDataType_t type, size_t bytes, cudaStream_t stream, const char *call,
+                   const void *sendbuff, size_t send_bytes, const void *recvbuff, size_t recv_bytes) {
     if (comm == NULL || (type != ncclFloat32 && type != ncclBfloat16) || !emulator_stream_ok(stream)) {
         fprintf(stderr, "nccl emulator: %s: a communicator, float32 or bfloat16 and a live stream, please\n", call);
         return 0;
@@ -104,6 +108,14 @@ static int call_ok(ncclComm_t comm, ncclDataType_t type, size_t bytes, cudaStrea
         fprintf(stderr, "nccl emulator: %s of %zu bytes: too large for one MPI call here\n", call, bytes);
         return 0;
     }
+    const void *buffers[2] = {sendbuff, recvbuff};
+    const size_t sizes[2] = {send_bytes, recv_bytes};
+    for (int i = 0; i < 2; i++)
+        if (sizes[i] > 0 && !emulator_is_device(buffers[i], sizes[i])) {
+            fprintf(stderr, "nccl emulator: %s: its %s buffer %p (%zu bytes) is not GPU memory\n", call,
+                    i == 0 ? "send" : "receive", buffers[i], sizes[i]);
+            return 0;
+        }
     return 1;
 }
 
@@ -133,7 +145,9 @@ static void reduce_blocks(void *out, const void *all, size_t count, int ranks, n
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     size_t bytes = sendcount * type_size(datatype);
-    if (!call_ok(comm, datatype, bytes, stream, "ncclAllGather")) return ncclInvalidArgument;
+    if (!call_ok(comm, datatype, bytes, stream, "ncclAllGather", sendbuff, bytes, recvbuff,
+                 bytes * (size_t)comm->size))
+        return ncclInvalidArgument;
     const char *own = (const char *)recvbuff + (size_t)comm->rank * bytes;
     emulator_device_access_begin();
     int rc = MPI_Allgather(sendbuff == own ? MPI_IN_PLACE : sendbuff, (int)bytes, MPI_BYTE, recvbuff, (int)bytes,
@@ -148,7 +162,10 @@ static ncclResult_t exchange_reduce(const char *call, int all_to_all, const void
                                     size_t count, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                     cudaStream_t stream) {
     size_t bytes = count * type_size(datatype);
-    if (!call_ok(comm, datatype, bytes, stream, call) || (op != ncclSum && op != ncclAvg)) return ncclInvalidArgument;
+    size_t all_bytes = bytes * (size_t)comm->size;
+    if (!call_ok(comm, datatype, bytes, stream, call, sendbuff, all_to_all ? all_bytes : bytes, recvbuff, bytes) ||
+        (op != ncclSum && op != ncclAvg))
+        return ncclInvalidArgument;
     void *blocks = malloc(bytes * (size_t)comm->size + 1);
     if (blocks == NULL) return ncclSystemError;
     emulator_device_access_begin();
@@ -173,7 +190,8 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     size_t bytes = count * type_size(datatype);
-    if (!call_ok(comm, datatype, bytes, stream, "ncclBroadcast") || root < 0 || root >= comm->size)
+    if (!call_ok(comm, datatype, bytes, stream, "ncclBroadcast", sendbuff, comm->rank == root ? bytes : 0, recvbuff,
+                 bytes) || root < 0 || root >= comm->size)
         return ncclInvalidArgument;
     emulator_device_access_begin();
     if (comm->rank == root && sendbuff != recvbuff) memmove(recvbuff, sendbuff, bytes);

@@ -71,8 +71,9 @@ emulated05 CKPT STRATEGY=FULL_SHARD CKPT=1
 # MP=fp32,reduce=bf16: float32 parameters gathered as without mixed precision, the gradient reduced in bfloat16
 emulated05 MP_reduce_bf16 STRATEGY=FULL_SHARD MP=fp32,reduce=bf16
 # OFFLOAD: the host pool's table on the CUDA device also holds the MPI staging buffers and the data, which
-# core/models/memory_model.c does not predict yet: equivalence only.
-emulated05 OFFLOAD MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1
+# core/models/memory_model.c does not predict yet: equivalence only. With CLIP: the norm's sums over host shards, its
+# all-reduce on the device's buffer
+emulated05 OFFLOAD_CLIP MEMORY=0 STRATEGY=FULL_SHARD OFFLOAD=1 CLIP=0.5
 # MP=bf16: the CUDA device's bfloat16 layers (cuBLAS GEMMs under CUBLAS_COMPUTE_32F_FAST_16BF, which the emulator
 # aborts on if any input is not a bfloat16 value) against the CPU's core/kernels/layers_bf16.c; with LOSS_CHUNK and CKPT
 # too
@@ -85,6 +86,11 @@ emulated05 NCCL_COMM_STREAMS_BACKWARD_PRE NCCL=1 STRATEGY=FULL_SHARD COMM_STREAM
 emulated05 NCCL_MP_bf16 BF16=1 NCCL=1 STRATEGY=FULL_SHARD MP=bf16 COMM_STREAMS=1
 # NO_SHARD: the gradients all-reduced in place (ncclAllReduce), which FULL_SHARD never calls
 emulated05 NCCL_NO_SHARD NCCL=1 STRATEGY=NO_SHARD
+# CLIP (clip_grad_norm_): the squared norm's all-reduce on a buffer of the device, over MPI's staging and over NCCL,
+# which reads only GPU memory (the emulator's refuses a host pointer, as a GPU would fault on one); on the host's
+# float, BACKEND=mpi crashed on its staging copy and NCCL failed "not GPU memory" (main at 1e11a8f)
+emulated05 CLIP STRATEGY=FULL_SHARD CLIP=0.5
+emulated05 NCCL_CLIP NCCL=1 STRATEGY=FULL_SHARD CLIP=0.5
 # FSDP_VERSION=2 (lab 10's fully_shard): every parameter sharded on dim 0, the all-gather's copy-out and the
 # reduce-scatter's copy-in done by the CUDA device; on 3 ranks in float32 (rows that do not divide: shards of unequal
 # rows, the copy-in's zero padding rows), on 2 under MixedPrecisionPolicy(param_dtype=bf16)
