@@ -32,8 +32,12 @@ static int bad_spec(flat_param *fp, int index, const char *why) {
 
 /* FSDP2's layout (flat_param.h): every parameter cut on dim 0 into W pieces of c = ceil(d0 / W) rows; a rank's
  * local shard is its c rows of each parameter, back to back, so the all-gather's output is rank-major. */
-static void rows_layout(flat_param *fp, size_t world) {
+static int rows_layout(flat_param *fp, size_t world) {
     fp->layout = FLAT_PARAM_ROWS;
+    fp->rows = calloc((size_t)fp->param_count, sizeof *fp->rows); /* layout metadata, not tensor memory */
+    if (fp->rows == NULL)
+        return error_set(fp->ctx->error, sizeof fp->ctx->error, "rank %d: unit '%s': out of host memory for the "
+                         "layout of %d parameters", fp->ctx->rank, fp->unit, fp->param_count);
     size_t shard_offset = 0;
     for (int i = 0; i < fp->param_count; i++) {
         flat_param_param_info *info = &fp->params[i];
@@ -44,10 +48,14 @@ static void rows_layout(flat_param *fp, size_t world) {
         /* EXERCISE 10-rows END */
         info->shard_offset = shard_offset;
         shard_offset += info->shard_rows * info->row_numel;
+        fp->rows[i] = (device_rows_param){.offset = info->offset, .numel = info->numel,
+                                          .shard_offset = info->shard_offset,
+                                          .shard_numel = info->shard_rows * info->row_numel};
     }
     fp->sharded_numel = shard_offset;
     fp->padded_unsharded_numel = shard_offset * world; /* the all-gather buffer, padding rows included */
     fp->full_numel = fp->unpadded_numel;               /* each parameter unpadded, at FSDP1's offsets */
+    return 0;
 }
 
 static int init_layout(flat_param *fp, context *ctx, const char *unit, const flat_param_tensor_spec *specs, int count,
@@ -102,7 +110,11 @@ static int init_layout(flat_param *fp, context *ctx, const char *unit, const fla
             fp->params = NULL;
             return -1;
         }
-        rows_layout(fp, world);
+        if (rows_layout(fp, world) != 0) {
+            free(fp->params);
+            fp->params = NULL;
+            return -1;
+        }
     }
     fp->pad_numel = fp->padded_unsharded_numel - offset;
 
@@ -144,6 +156,7 @@ void flat_param_free(flat_param *fp) {
     mem_free(mem, fp->low_precision_reduce_output);
     free(fp->local_grad_l1);
     free(fp->params);
+    free(fp->rows);
     memset(fp, 0, sizeof *fp);
 }
 
@@ -289,19 +302,8 @@ static int unshard_low_precision_start(flat_param *fp, stream *on, const char *h
 /* The same for world ranks [first_rank, first_rank + ranks) only, rank_major starting at first_rank's slice. */
 static void rows_copy_ranks(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full,
                             int first_rank, int ranks) {
-    device_rows_param *params = calloc((size_t)fp->param_count, sizeof *params); /* layout metadata */
-    if (params == NULL)
-        world_fatal(fp->ctx, "unit '%s': out of host memory for the layout of %d parameters", fp->unit,
-                    fp->param_count);
-    for (int i = 0; i < fp->param_count; i++) {
-        const flat_param_param_info *info = &fp->params[i];
-        params[i] = (device_rows_param){.offset = info->offset, .numel = info->numel,
-                                        .shard_offset = info->shard_offset,
-                                        .shard_numel = info->shard_rows * info->row_numel};
-    }
-    fp->ctx->device.rows_copy(&fp->ctx->device, rank_major, type, full, to_full, params, fp->param_count,
+    fp->ctx->device.rows_copy(&fp->ctx->device, rank_major, type, full, to_full, fp->rows, fp->param_count,
                               fp->sharded_numel, first_rank, ranks);
-    free(params);
 }
 
 static void rows_copy(const flat_param *fp, void *rank_major, dtype type, float *full, int to_full) {

@@ -112,6 +112,7 @@ typedef struct flat_param {
     int param_count;
     flat_param_layout layout;        /* FLAT_PARAM_FLAT (FSDP1) or FLAT_PARAM_ROWS (FSDP2, fully_shard) */
     flat_param_param_info *params;           /* registration order */
+    device_rows_param *rows;         /* FLAT_PARAM_ROWS: each parameter's place for the device's rows_copy */
     size_t unpadded_numel;           /* sum of the parameters' numel */
     size_t padded_unsharded_numel;   /* unpadded_numel rounded up to a multiple of the world size */
     size_t pad_numel;                /* padded_unsharded_numel - unpadded_numel, zeros at the end */
